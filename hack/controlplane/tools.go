@@ -1,0 +1,9 @@
+//go:build tools
+
+// Package controlplane pins the Kubernetes commands built from this module.
+package controlplane
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)
