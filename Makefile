@@ -1,0 +1,39 @@
+# Machinist. `make test` is the one test command; `make help` lists targets.
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := build
+
+CONTROLLER_GEN := go tool controller-gen
+# How long `go test` may run before it is stopped with a stack dump.
+TEST_TIMEOUT ?= 20m
+
+.PHONY: help
+help: ## List the targets.
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+.PHONY: build
+build: ## Compile every package.
+	go build ./...
+
+.PHONY: generate
+generate: ## Generate deepcopy code for the API types.
+	$(CONTROLLER_GEN) object paths=./api/...
+
+.PHONY: manifests
+manifests: ## Generate the CRDs (config/crd/bases) and the manager's ClusterRole (config/rbac).
+	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
+	$(CONTROLLER_GEN) rbac:roleName=machinist-manager paths=./internal/rbac/... output:rbac:artifacts:config=config/rbac
+
+.PHONY: controlplane
+controlplane: ## Build the pinned etcd, kube-apiserver and kubectl into bin/ (skipped when already built).
+	bash hack/controlplane/build.sh
+
+.PHONY: lint
+lint: ## Check formatting (gofmt) and run go vet.
+	@out=$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	go vet ./...
+
+.PHONY: test
+test: controlplane lint ## Run every test against a real etcd and kube-apiserver.
+	go test -count=1 -timeout $(TEST_TIMEOUT) ./...

@@ -1,0 +1,38 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// DrainSettings says how a Machine's Node is drained before the Machine is
+// rebooted, repaired or deleted. A Machine's settings override its class's,
+// field by field.
+type DrainSettings struct {
+	// Timeout bounds the whole drain; a drain that takes longer holds the
+	// Machine in Draining with the reason in a condition. Zero means no limit.
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+$')",message="drain timeout must be a duration such as 90s, 5m or 1h30m"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +optional
+	Timeout *metav1.Duration `json:"timeout,omitempty"`
+
+	// GracePeriodSeconds overrides each evicted pod's own termination grace
+	// period. Unset keeps the pod's own.
+	// +kubebuilder:validation:XValidation:rule="self >= 0",message="drain gracePeriodSeconds must be zero or more"
+	// +optional
+	GracePeriodSeconds *int64 `json:"gracePeriodSeconds,omitempty"`
+}
+
+// NodeTaints is a list of taints for a Node, validated so that a typo in an
+// effect is caught when the object is written, not when the Node is tainted.
+// +kubebuilder:validation:MaxItems=64
+// +kubebuilder:validation:XValidation:rule="self.all(t, !has(t.effect) || t.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute'])",message="taint effect must be one of NoSchedule, PreferNoSchedule or NoExecute"
+// +kubebuilder:validation:XValidation:rule="self.all(t, has(t.key) && size(t.key) > 0)",message="every taint needs a key"
+type NodeTaints []corev1.Taint
+
+// Condition types and reasons shared by the kinds in this package.
+const (
+	// ConditionReady is True when the object has reached what its spec asks.
+	ConditionReady = "Ready"
+)

@@ -1,0 +1,229 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// MachinePhase is where a Machine stands in its lifecycle. The lifecycle
+// package's state machine is the only thing that moves a Machine from one
+// phase to another.
+type MachinePhase string
+
+// The phases a Machine passes through.
+const (
+	// MachinePending: accepted, nothing created yet.
+	MachinePending MachinePhase = "Pending"
+	// MachineProvisioning: the provider is creating the instance and its Node
+	// has not yet become Ready.
+	MachineProvisioning MachinePhase = "Provisioning"
+	// MachineRunning: the Node is registered and Ready.
+	MachineRunning MachinePhase = "Running"
+	// MachineDraining: the Node is cordoned and its pods are being evicted.
+	MachineDraining MachinePhase = "Draining"
+	// MachineRebooting: the provider is rebooting the instance.
+	MachineRebooting MachinePhase = "Rebooting"
+	// MachineRepairing: the provider is re-imaging the instance.
+	MachineRepairing MachinePhase = "Repairing"
+	// MachineDeleting: the provider is destroying the instance.
+	MachineDeleting MachinePhase = "Deleting"
+	// MachineFailed: the Machine cannot make progress without a person.
+	MachineFailed MachinePhase = "Failed"
+)
+
+// ClassReference names a MachineClass in the Machine's own namespace.
+// +kubebuilder:validation:XValidation:rule="has(self.name) && size(self.name) > 0",message="classRef.name is required: name the MachineClass this Machine is built from"
+type ClassReference struct {
+	// Name of the MachineClass.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	Name string `json:"name,omitempty"`
+}
+
+// MachineSpec is what a Machine should be.
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.providerID) || has(self.providerID)",message="providerID cannot be removed once set"
+type MachineSpec struct {
+	// ClassRef names the MachineClass that says which provider builds this
+	// Machine and how.
+	// +required
+	ClassRef ClassReference `json:"classRef"`
+
+	// Version is the node (kubelet) version this Machine runs. Changing it in
+	// a MachineDeployment's template rolls every Machine to the new version.
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	Version string `json:"version,omitempty"`
+
+	// ProviderID names an existing provider instance for this Machine to
+	// adopt instead of creating one. It cannot change once set.
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="providerID is immutable once set: delete the Machine and create a new one to use another instance"
+	// +kubebuilder:validation:MaxLength=512
+	// +optional
+	ProviderID string `json:"providerID,omitempty"`
+
+	// NodeLabels are put on this Machine's Node, in addition to the class's.
+	// +optional
+	NodeLabels map[string]string `json:"nodeLabels,omitempty"`
+
+	// NodeTaints are put on this Machine's Node, in addition to the class's.
+	// +optional
+	NodeTaints NodeTaints `json:"nodeTaints,omitempty"`
+
+	// Drain overrides the class's drain settings for this Machine.
+	// +optional
+	Drain *DrainSettings `json:"drain,omitempty"`
+}
+
+// NodeReference names the Node a Machine became.
+type NodeReference struct {
+	// Name of the Node.
+	Name string `json:"name"`
+	// UID of the Node, so a Node re-created under the same name is noticed.
+	// +optional
+	UID string `json:"uid,omitempty"`
+}
+
+// Transition records one move of the lifecycle state machine.
+type Transition struct {
+	// From is the phase the Machine left.
+	From MachinePhase `json:"from"`
+	// To is the phase the Machine entered.
+	To MachinePhase `json:"to"`
+	// Event is the state machine event that moved it.
+	Event string `json:"event"`
+	// Time is when it moved.
+	Time metav1.Time `json:"time"`
+}
+
+// OperationType is a verb carried out on a running Machine.
+// +kubebuilder:validation:Enum=Reboot;Repair
+type OperationType string
+
+// The operations a Machine can be asked to perform.
+const (
+	// OperationReboot restarts the instance; the Node's boot ID changes.
+	OperationReboot OperationType = "Reboot"
+	// OperationRepair re-images the instance.
+	OperationRepair OperationType = "Repair"
+)
+
+// OperationState is how far an operation has come.
+// +kubebuilder:validation:Enum=Pending;Running;Succeeded;Failed
+type OperationState string
+
+// The states of an operation.
+const (
+	// OperationPending: recorded, not started.
+	OperationPending OperationState = "Pending"
+	// OperationRunning: the controller is carrying it out.
+	OperationRunning OperationState = "Running"
+	// OperationSucceeded: done.
+	OperationSucceeded OperationState = "Succeeded"
+	// OperationFailed: given up; Message says why.
+	OperationFailed OperationState = "Failed"
+)
+
+// Operation is a verb requested on a Machine, recorded durably so that a
+// restarted controller resumes it and never repeats a finished one.
+type Operation struct {
+	// Type is the verb.
+	Type OperationType `json:"type"`
+	// ID identifies this request; it is returned to the caller.
+	ID string `json:"id"`
+	// State is how far the operation has come.
+	State OperationState `json:"state"`
+	// RequestedBy is the user who asked for it.
+	// +optional
+	RequestedBy string `json:"requestedBy,omitempty"`
+	// RequestedAt is when it was asked for.
+	// +optional
+	RequestedAt *metav1.Time `json:"requestedAt,omitempty"`
+	// StartedAt is when the controller began it.
+	// +optional
+	StartedAt *metav1.Time `json:"startedAt,omitempty"`
+	// CompletedAt is when it succeeded or failed.
+	// +optional
+	CompletedAt *metav1.Time `json:"completedAt,omitempty"`
+	// Message says what happened, especially why it failed.
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// MachineStatus is what the Machine controller observed and did.
+type MachineStatus struct {
+	// Phase is the Machine's lifecycle state.
+	// +optional
+	Phase MachinePhase `json:"phase,omitempty"`
+
+	// NodeRef names the Node this Machine became.
+	// +optional
+	NodeRef *NodeReference `json:"nodeRef,omitempty"`
+
+	// ProviderID is the instance the provider created or adopted.
+	// +optional
+	ProviderID string `json:"providerID,omitempty"`
+
+	// BootID is the Node's boot ID when last seen; a reboot changes it.
+	// +optional
+	BootID string `json:"bootID,omitempty"`
+
+	// LastTransition is the state machine's most recent move.
+	// +optional
+	LastTransition *Transition `json:"lastTransition,omitempty"`
+
+	// Operation is the verb in progress, or the last one finished.
+	// +optional
+	Operation *Operation `json:"operation,omitempty"`
+
+	// Conditions report details of the Machine's state, such as Ready,
+	// NodeHealthy and Drained.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// ObservedGeneration is the generation last acted on.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// FailureReason is a machine-readable reason for the Failed phase.
+	// +optional
+	FailureReason string `json:"failureReason,omitempty"`
+
+	// FailureMessage explains the Failed phase to a person.
+	// +optional
+	FailureMessage string `json:"failureMessage,omitempty"`
+}
+
+// Machine is one machine (and so one Node), driven through its lifecycle
+// by the Machine controller.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=ma,categories=machinist
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.nodeRef.name`
+// +kubebuilder:printcolumn:name="ProviderID",type=string,JSONPath=`.status.providerID`
+// +kubebuilder:printcolumn:name="Version",type=string,JSONPath=`.spec.version`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Machine struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec MachineSpec `json:"spec"`
+	// +optional
+	Status MachineStatus `json:"status,omitempty"`
+}
+
+// MachineList is a list of Machines.
+//
+// +kubebuilder:object:root=true
+type MachineList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Machine `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&Machine{}, &MachineList{})
+}

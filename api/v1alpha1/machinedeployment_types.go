@@ -1,0 +1,200 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// StrategyType is how a MachineDeployment replaces old Machines.
+// +kubebuilder:validation:Enum=RollingUpdate;Recreate;OnDelete
+type StrategyType string
+
+// The rollout strategies.
+const (
+	// RollingUpdateStrategy replaces Machines a few at a time, bounded by
+	// maxSurge and maxUnavailable.
+	RollingUpdateStrategy StrategyType = "RollingUpdate"
+	// RecreateStrategy removes every old Machine before creating new ones.
+	RecreateStrategy StrategyType = "Recreate"
+	// OnDeleteStrategy replaces an old Machine only after someone deletes it.
+	OnDeleteStrategy StrategyType = "OnDelete"
+)
+
+// RolloutPhase is where a MachineDeployment's rollout stands.
+type RolloutPhase string
+
+// The rollout phases.
+const (
+	// RolloutStable: every Machine matches the current template.
+	RolloutStable RolloutPhase = "Stable"
+	// RolloutProgressing: old Machines are being replaced.
+	RolloutProgressing RolloutPhase = "Progressing"
+	// RolloutPaused: spec.paused froze the rollout.
+	RolloutPaused RolloutPhase = "Paused"
+	// RolloutStalled: no progress within progressDeadlineSeconds.
+	RolloutStalled RolloutPhase = "Stalled"
+)
+
+// MachineDeploymentStrategy is how a template change is rolled out.
+// +kubebuilder:validation:XValidation:rule="!has(self.rollingUpdate) || !has(self.type) || self.type == 'RollingUpdate'",message="rollingUpdate may only be set when the strategy type is RollingUpdate"
+type MachineDeploymentStrategy struct {
+	// Type is RollingUpdate, Recreate or OnDelete.
+	// +kubebuilder:default=RollingUpdate
+	// +optional
+	Type StrategyType `json:"type,omitempty"`
+
+	// RollingUpdate bounds a RollingUpdate. Unset means maxSurge 1 and
+	// maxUnavailable 0: never fewer Machines than asked for.
+	// +optional
+	RollingUpdate *RollingUpdate `json:"rollingUpdate,omitempty"`
+}
+
+// RollingUpdate bounds how far a rollout may stray from spec.replicas.
+// Percentages are of spec.replicas; maxSurge rounds up and maxUnavailable
+// rounds down, as Deployments do.
+// +kubebuilder:validation:XValidation:rule="!(has(self.maxSurge) && has(self.maxUnavailable) && (type(self.maxSurge) == int ? self.maxSurge == 0 : self.maxSurge == '0%') && (type(self.maxUnavailable) == int ? self.maxUnavailable == 0 : self.maxUnavailable == '0%'))",message="maxSurge and maxUnavailable cannot both be zero: the rollout could never replace a Machine"
+type RollingUpdate struct {
+	// MaxSurge is how many Machines may exist above spec.replicas.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 0 : self.matches('^(0|[1-9][0-9]*)%$')",message="maxSurge must be a whole number of Machines (0 or more) or a percentage such as 25%"
+	// +optional
+	MaxSurge *intstr.IntOrString `json:"maxSurge,omitempty"`
+
+	// MaxUnavailable is how many Machines may be unavailable below
+	// spec.replicas.
+	// +kubebuilder:default=0
+	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 0 : self.matches('^(100|[1-9]?[0-9])%$')",message="maxUnavailable must be a whole number of Machines (0 or more) or a percentage from 0% to 100%"
+	// +optional
+	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
+}
+
+// MachineDeploymentSpec is the Machines a deployment should run and how
+// changes to them roll out.
+// +kubebuilder:validation:XValidation:rule="(has(self.selector.matchLabels) && size(self.selector.matchLabels) > 0) || (has(self.selector.matchExpressions) && size(self.selector.matchExpressions) > 0)",message="selector must not be empty: an empty selector would claim every Machine in the namespace"
+// +kubebuilder:validation:XValidation:rule="!has(self.selector.matchLabels) || self.selector.matchLabels.all(k, has(self.template.metadata) && has(self.template.metadata.labels) && k in self.template.metadata.labels && self.template.metadata.labels[k] == self.selector.matchLabels[k])",message="selector does not match the template's labels: every Machine made from the template must be selected by the selector"
+// +kubebuilder:validation:XValidation:rule="!has(self.selector.matchExpressions) || self.selector.matchExpressions.all(e, e.operator == 'In' ? (has(self.template.metadata) && has(self.template.metadata.labels) && e.key in self.template.metadata.labels && has(e.values) && self.template.metadata.labels[e.key] in e.values) : e.operator == 'NotIn' ? (!has(self.template.metadata) || !has(self.template.metadata.labels) || !(e.key in self.template.metadata.labels) || !has(e.values) || !(self.template.metadata.labels[e.key] in e.values)) : e.operator == 'Exists' ? (has(self.template.metadata) && has(self.template.metadata.labels) && e.key in self.template.metadata.labels) : (!has(self.template.metadata) || !has(self.template.metadata.labels) || !(e.key in self.template.metadata.labels)))",message="selector's matchExpressions do not match the template's labels: every Machine made from the template must be selected by the selector"
+// +kubebuilder:validation:XValidation:rule="!has(self.progressDeadlineSeconds) || self.progressDeadlineSeconds > (has(self.minReadySeconds) ? self.minReadySeconds : 0)",message="progressDeadlineSeconds must be greater than minReadySeconds, or every rollout would stall before a new Machine could count as available"
+type MachineDeploymentSpec struct {
+	// Replicas is how many Machines should run.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:XValidation:rule="self >= 0",message="replicas must be zero or more"
+	// +optional
+	Replicas *int32 `json:"replicas,omitempty"`
+
+	// Selector picks the Machines (through their MachineSets) this
+	// deployment owns. It cannot change.
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="selector is immutable: create a new MachineDeployment to select other Machines"
+	// +required
+	Selector LabelSelector `json:"selector"`
+
+	// Template is the Machine to run; changing it starts a rollout.
+	// +required
+	Template MachineTemplateSpec `json:"template"`
+
+	// Strategy is how template changes replace old Machines.
+	// +kubebuilder:default={type: RollingUpdate}
+	// +optional
+	Strategy MachineDeploymentStrategy `json:"strategy,omitempty"`
+
+	// MinReadySeconds is how long a new Machine must be Ready before it
+	// counts as available.
+	// +kubebuilder:validation:XValidation:rule="self >= 0",message="minReadySeconds must be zero or more"
+	// +optional
+	MinReadySeconds int32 `json:"minReadySeconds,omitempty"`
+
+	// RevisionHistoryLimit is how many old, empty MachineSets are kept for
+	// rollback.
+	// +kubebuilder:default=10
+	// +kubebuilder:validation:XValidation:rule="self >= 0",message="revisionHistoryLimit must be zero or more"
+	// +optional
+	RevisionHistoryLimit *int32 `json:"revisionHistoryLimit,omitempty"`
+
+	// Paused freezes the rollout; scaling still happens.
+	// +optional
+	Paused bool `json:"paused,omitempty"`
+
+	// ProgressDeadlineSeconds is how long a rollout may make no progress
+	// before it is reported Stalled.
+	// +kubebuilder:default=600
+	// +kubebuilder:validation:XValidation:rule="self > 0",message="progressDeadlineSeconds must be more than zero"
+	// +optional
+	ProgressDeadlineSeconds *int32 `json:"progressDeadlineSeconds,omitempty"`
+}
+
+// MachineDeploymentStatus is what the MachineDeployment controller observed.
+type MachineDeploymentStatus struct {
+	// Replicas is how many Machines the deployment owns, old and new.
+	// +optional
+	Replicas int32 `json:"replicas"`
+
+	// UpdatedReplicas is how many match the current template.
+	// +optional
+	UpdatedReplicas int32 `json:"updatedReplicas,omitempty"`
+
+	// ReadyReplicas is how many have a Ready Node.
+	// +optional
+	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+
+	// AvailableReplicas is how many have been Ready for minReadySeconds.
+	// +optional
+	AvailableReplicas int32 `json:"availableReplicas,omitempty"`
+
+	// UnavailableReplicas is how many more must become available to reach
+	// spec.replicas.
+	// +optional
+	UnavailableReplicas int32 `json:"unavailableReplicas,omitempty"`
+
+	// Selector is spec.selector as a string, for the scale subresource.
+	// +optional
+	Selector string `json:"selector,omitempty"`
+
+	// Phase is where the rollout stands.
+	// +optional
+	Phase RolloutPhase `json:"phase,omitempty"`
+
+	// ObservedGeneration is the generation last acted on.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// Conditions report the deployment's state, such as Available and
+	// Progressing.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// MachineDeployment rolls a Machine template out through MachineSets.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector
+// +kubebuilder:resource:shortName=md,categories=machinist
+// +kubebuilder:printcolumn:name="Desired",type=integer,JSONPath=`.spec.replicas`
+// +kubebuilder:printcolumn:name="Updated",type=integer,JSONPath=`.status.updatedReplicas`
+// +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyReplicas`
+// +kubebuilder:printcolumn:name="Available",type=integer,JSONPath=`.status.availableReplicas`
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type MachineDeployment struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec MachineDeploymentSpec `json:"spec"`
+	// +optional
+	Status MachineDeploymentStatus `json:"status,omitempty"`
+}
+
+// MachineDeploymentList is a list of MachineDeployments.
+//
+// +kubebuilder:object:root=true
+type MachineDeploymentList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []MachineDeployment `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&MachineDeployment{}, &MachineDeploymentList{})
+}

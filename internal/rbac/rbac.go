@@ -1,0 +1,28 @@
+// Package rbac declares the permissions the Machinist manager runs with.
+//
+// The declarations are controller-gen markers; `make manifests` turns them
+// into config/rbac/role.yaml. They sit in one place, beside no controller,
+// because every controller of the manager shares one ServiceAccount and one
+// ClusterRole.
+package rbac
+
+// Machinist's own kinds: the controllers read and write them all, and their
+// status; they set finalizers on Machines.
+//
+// +kubebuilder:rbac:groups=machinist.dev,resources=machines;machinesets;machinedeployments;machineclasses,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=machinist.dev,resources=machines/status;machinesets/status;machinedeployments/status;machineclasses/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=machinist.dev,resources=machines/finalizers;machinesets/finalizers;machinedeployments/finalizers,verbs=update
+
+// The Machine controller labels, taints, cordons and deletes Nodes, and
+// drains them by evicting their pods.
+//
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create
+// +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get;list;watch
+// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch
+
+// Events record every lifecycle transition; Leases carry leader election.
+//
+// +kubebuilder:rbac:groups="";events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
