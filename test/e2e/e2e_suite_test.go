@@ -1,0 +1,50 @@
+// Package e2e holds Machinist's end-to-end specs. One real etcd and
+// kube-apiserver serve the whole suite; every spec works in a namespace of
+// its own so specs never see each other's objects.
+package e2e
+
+import (
+	"context"
+	"testing"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/machinist-dev/machinist/internal/testenv"
+)
+
+var (
+	env *testenv.Env
+	k8s client.Client
+)
+
+func TestE2E(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "Machinist end-to-end")
+}
+
+var _ = BeforeSuite(func() {
+	var err error
+	env, err = testenv.Start()
+	Expect(err).NotTo(HaveOccurred())
+	k8s = env.Client
+})
+
+var _ = AfterSuite(func() {
+	if env != nil {
+		Expect(env.Stop()).To(Succeed())
+	}
+})
+
+// newNamespace creates a namespace for one spec and deletes it afterwards.
+func newNamespace(ctx context.Context) string {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-"}}
+	Expect(k8s.Create(ctx, ns)).To(Succeed())
+	DeferCleanup(func(ctx SpecContext) {
+		Expect(client.IgnoreNotFound(k8s.Delete(ctx, ns))).To(Succeed())
+	})
+	return ns.Name
+}
