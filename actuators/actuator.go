@@ -1,0 +1,108 @@
+// Package actuators defines what a provider must do for Machinist (the
+// Actuator interface) and a registry that picks one by
+// MachineClass.spec.provider. Providers live in subpackages.
+package actuators
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+)
+
+// Actuator creates, inspects, reboots, repairs and destroys the instance
+// behind a Machine. The Machine controller is its only caller; it calls from
+// many goroutines at once, so implementations must be safe for concurrent use.
+//
+// Errors are transient (the controller retries with backoff) unless wrapped
+// with Permanent, which moves the Machine to Failed.
+type Actuator interface {
+	// Create makes the instance for m and returns its providerID. It is
+	// idempotent on m.UID: calling it again for the same Machine returns the
+	// same instance. When m.Spec.ProviderID is set, Create adopts that
+	// instance instead and fails permanently if it does not exist.
+	Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass) (providerID string, err error)
+
+	// Exists reports whether the instance named by providerID still exists.
+	Exists(ctx context.Context, providerID string) (bool, error)
+
+	// Delete destroys the instance. Deleting one that is gone is not an error.
+	Delete(ctx context.Context, providerID string) error
+
+	// Reboot restarts the instance; its Node reports a new boot ID after.
+	Reboot(ctx context.Context, providerID string) error
+
+	// Repair re-images the instance: fresh state, a new boot ID.
+	Repair(ctx context.Context, providerID string) error
+}
+
+type permanentError struct{ err error }
+
+func (e permanentError) Error() string { return e.err.Error() }
+func (e permanentError) Unwrap() error { return e.err }
+
+// Permanent marks err as one that retrying cannot fix, such as a request the
+// provider rejects outright.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanentError{err}
+}
+
+// IsPermanent reports whether err, or an error it wraps, was marked Permanent.
+func IsPermanent(err error) bool {
+	var p permanentError
+	return errors.As(err, &p)
+}
+
+// Registry maps provider names to actuators.
+type Registry struct {
+	mu        sync.RWMutex
+	actuators map[string]Actuator
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry {
+	return &Registry{actuators: map[string]Actuator{}}
+}
+
+// Register makes a available under name; a name can be registered once.
+func (r *Registry) Register(name string, a Actuator) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.actuators[name]; ok {
+		return fmt.Errorf("provider %q is already registered", name)
+	}
+	r.actuators[name] = a
+	return nil
+}
+
+// Get returns the actuator registered under name.
+func (r *Registry) Get(name string) (Actuator, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if a, ok := r.actuators[name]; ok {
+		return a, nil
+	}
+	return nil, fmt.Errorf("no provider %q is registered (registered: %v)", name, r.namesLocked())
+}
+
+// Names lists the registered providers in order.
+func (r *Registry) Names() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.namesLocked()
+}
+
+func (r *Registry) namesLocked() []string {
+	names := make([]string, 0, len(r.actuators))
+	for n := range r.actuators {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
