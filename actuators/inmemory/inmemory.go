@@ -1,0 +1,565 @@
+// Package inmemory is a provider whose machines are goroutines: each
+// Machine's instance is a nodeagent.Agent in this process, registering a
+// real Node with the real apiserver. It exists for tests, demos and scale
+// benchmarks, so it can also misbehave on request (see ProviderSpec).
+package inmemory
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/machinist-dev/machinist/actuators"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/nodeagent"
+)
+
+// Name is the provider name MachineClasses use for this provider.
+const Name = "inmemory"
+
+// providerIDPrefix starts every providerID; the rest is
+// <namespace>/<name>/<uid> of the Machine the instance was created for.
+const providerIDPrefix = "inmemory:///"
+
+// ErrTransient is wrapped by every fault-injected transient error, so tests
+// can tell injected failures from real ones.
+var ErrTransient = errors.New("inmemory: injected transient failure")
+
+// ProviderSpec is MachineClass.spec.providerSpec for this provider. Every
+// field injects a fault; the zero value is a well-behaved machine. Unknown
+// fields are rejected so that a typo does not silently disable a fault.
+//
+//	providerSpec:
+//	  createLatency: 2s      # Create takes this long (cancellable)
+//	  errorRate: 0.5         # fraction of Create and Delete calls failing transiently
+//	  neverReady: true       # Nodes register but never become Ready
+//	  failCreate: "quota exceeded"  # Create fails permanently with this message
+type ProviderSpec struct {
+	// CreateLatency is how long creating a new instance takes.
+	CreateLatency metav1.Duration `json:"createLatency,omitempty"`
+	// ErrorRate, from 0 to 1, is the fraction of Create and Delete calls
+	// that fail with a transient error before doing anything.
+	ErrorRate float64 `json:"errorRate,omitempty"`
+	// NeverReady makes the instance's Node report Ready=False forever.
+	NeverReady bool `json:"neverReady,omitempty"`
+	// FailCreate, when set, is the message of a permanent error every
+	// Create of a new instance fails with.
+	FailCreate string `json:"failCreate,omitempty"`
+}
+
+// ParseProviderSpec decodes raw strictly: unknown fields, trailing data and
+// out-of-range values are errors. Empty raw is the zero ProviderSpec.
+func ParseProviderSpec(raw []byte) (ProviderSpec, error) {
+	var spec ProviderSpec
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return spec, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&spec); err != nil {
+		return ProviderSpec{}, fmt.Errorf("inmemory providerSpec: %w (known fields: createLatency, errorRate, neverReady, failCreate)", err)
+	}
+	if dec.More() {
+		return ProviderSpec{}, errors.New("inmemory providerSpec: unexpected data after the JSON object")
+	}
+	if spec.ErrorRate < 0 || spec.ErrorRate > 1 {
+		return ProviderSpec{}, fmt.Errorf("inmemory providerSpec: errorRate %v is not between 0 and 1", spec.ErrorRate)
+	}
+	if spec.CreateLatency.Duration < 0 {
+		return ProviderSpec{}, fmt.Errorf("inmemory providerSpec: createLatency %v is negative", spec.CreateLatency.Duration)
+	}
+	return spec, nil
+}
+
+// over returns s with every zero field taken from base, so a class can
+// strengthen the faults set on the Provider without repeating them.
+func (s ProviderSpec) over(base ProviderSpec) ProviderSpec {
+	if s.CreateLatency.Duration == 0 {
+		s.CreateLatency = base.CreateLatency
+	}
+	if s.ErrorRate == 0 {
+		s.ErrorRate = base.ErrorRate
+	}
+	s.NeverReady = s.NeverReady || base.NeverReady
+	if s.FailCreate == "" {
+		s.FailCreate = base.FailCreate
+	}
+	return s
+}
+
+// Options configure a Provider.
+type Options struct {
+	// Client reaches the apiserver. When nil, one is built from Config.
+	Client kubernetes.Interface
+	// Config is used when Client is nil. A zero QPS is raised to 500 (burst
+	// 1000) because every instance writes through this one client.
+	Config *rest.Config
+	// LeaseDurationSeconds is each Node's Lease duration; zero means the
+	// kubelet's 40.
+	LeaseDurationSeconds int32
+	// RenewInterval is how often each Node's Lease is renewed; zero means
+	// the kubelet's 10s.
+	RenewInterval time.Duration
+	// PodWorkers bounds how many pods all instances work on at once; zero
+	// means nodeagent.DefaultPodWorkers.
+	PodWorkers int
+	// Seed makes ErrorRate's choices repeatable.
+	Seed uint64
+}
+
+// Provider is the in-memory actuators.Actuator. Its instances live until
+// deleted or until Stop.
+type Provider struct {
+	client kubernetes.Interface
+	opts   Options
+	pods   *nodeagent.Pods
+	ctx    context.Context
+	stop   context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu        sync.Mutex
+	faults    ProviderSpec
+	failNext  int
+	rand      *rand.Rand
+	byID      map[string]*instance
+	byUID     map[types.UID]*instance
+	creating  map[types.UID]chan struct{}
+	isStopped bool
+}
+
+var _ actuators.Actuator = (*Provider)(nil)
+
+// New starts a Provider with its shared pod hub; call Stop to end it.
+func New(opts Options) (*Provider, error) {
+	client := opts.Client
+	if client == nil {
+		if opts.Config == nil {
+			return nil, errors.New("inmemory: Options needs a Client or a Config")
+		}
+		cfg := rest.CopyConfig(opts.Config)
+		if cfg.QPS == 0 {
+			cfg.QPS, cfg.Burst = 500, 1000
+		}
+		var err error
+		if client, err = kubernetes.NewForConfig(cfg); err != nil {
+			return nil, fmt.Errorf("inmemory: building a client: %w", err)
+		}
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	p := &Provider{
+		client:   client,
+		opts:     opts,
+		pods:     nodeagent.NewPods(client, opts.PodWorkers),
+		ctx:      ctx,
+		stop:     stop,
+		rand:     rand.New(rand.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15)),
+		byID:     map[string]*instance{},
+		byUID:    map[types.UID]*instance{},
+		creating: map[types.UID]chan struct{}{},
+	}
+	p.wg.Go(func() { _ = p.pods.Run(ctx) })
+	return p, nil
+}
+
+// Stop powers off every instance and the pod hub and waits for them. The
+// Nodes stay, with Leases that expire. Calls after Stop fail.
+func (p *Provider) Stop() {
+	p.mu.Lock()
+	p.isStopped = true
+	p.mu.Unlock()
+	p.stop()
+	p.wg.Wait()
+}
+
+// SetFaults sets faults that apply to every Machine; a class's
+// providerSpec overrides them field by field where it sets a field.
+func (p *Provider) SetFaults(f ProviderSpec) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.faults = f
+}
+
+// FailNext makes the next n Create, Delete, Reboot or Repair calls fail
+// with a transient error before doing anything. Exists is spared because
+// the controller polls it at its own pace, which would make n unpredictable.
+func (p *Provider) FailNext(n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.failNext = max(n, 0)
+}
+
+// NodeName returns the Node name of the instance providerID names.
+func (p *Provider) NodeName(providerID string) (string, error) {
+	in, err := p.lookup(providerID)
+	if err != nil {
+		return "", err
+	}
+	return in.nodeName, nil
+}
+
+// BootID returns the current boot ID of the instance providerID names,
+// empty if it has not booted yet.
+func (p *Provider) BootID(providerID string) (string, error) {
+	in, err := p.lookup(providerID)
+	if err != nil {
+		return "", err
+	}
+	return in.agent().BootID(), nil
+}
+
+// Crash kills the instance as a hardware failure would: its agent stops at
+// once and its Lease expires, but the instance still exists. Reboot or
+// Repair bring it back.
+func (p *Provider) Crash(providerID string) error {
+	in, err := p.lookup(providerID)
+	if err != nil {
+		return err
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.powerOff()
+	return nil
+}
+
+// Create implements actuators.Actuator.
+func (p *Provider) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass) (string, error) {
+	if err := p.injectFailure(nil); err != nil {
+		return "", err
+	}
+	spec, err := p.classFaults(class)
+	if err != nil {
+		return "", err
+	}
+
+	if m.Spec.ProviderID != "" {
+		in, err := p.lookup(m.Spec.ProviderID)
+		if err != nil {
+			return "", actuators.Permanent(fmt.Errorf("cannot adopt %q: %w", m.Spec.ProviderID, err))
+		}
+		p.mu.Lock()
+		p.byUID[m.UID] = in
+		p.mu.Unlock()
+		return in.providerID, nil
+	}
+
+	for {
+		p.mu.Lock()
+		if p.isStopped {
+			p.mu.Unlock()
+			return "", errors.New("inmemory: provider is stopped")
+		}
+		if in, ok := p.byUID[m.UID]; ok {
+			p.mu.Unlock()
+			return in.providerID, nil
+		}
+		if p.roll(spec.ErrorRate) {
+			p.mu.Unlock()
+			return "", fmt.Errorf("creating instance for machine %s/%s: %w (errorRate %v)", m.Namespace, m.Name, ErrTransient, spec.ErrorRate)
+		}
+		wait, busy := p.creating[m.UID]
+		if !busy {
+			p.creating[m.UID] = make(chan struct{})
+		}
+		p.mu.Unlock()
+		if !busy {
+			break
+		}
+		// Another call is creating this Machine's instance: its result is
+		// ours too, so wait rather than create a second one.
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+	in, err := p.create(ctx, m, class, spec)
+	p.mu.Lock()
+	close(p.creating[m.UID])
+	delete(p.creating, m.UID)
+	if err == nil {
+		p.byID[in.providerID] = in
+		p.byUID[m.UID] = in
+	}
+	p.mu.Unlock()
+	if err != nil {
+		return "", err
+	}
+	in.mu.Lock()
+	in.powerOn()
+	in.mu.Unlock()
+	return in.providerID, nil
+}
+
+func (p *Provider) create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, spec ProviderSpec) (*instance, error) {
+	if spec.FailCreate != "" {
+		return nil, actuators.Permanent(fmt.Errorf("creating instance for machine %s/%s: %s", m.Namespace, m.Name, spec.FailCreate))
+	}
+	if m.UID == "" {
+		return nil, actuators.Permanent(fmt.Errorf("machine %s/%s has no UID", m.Namespace, m.Name))
+	}
+	if d := spec.CreateLatency.Duration; d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	providerID := providerIDPrefix + m.Namespace + "/" + m.Name + "/" + string(m.UID)
+	cfg := nodeagent.Config{
+		Client:               p.client,
+		NodeName:             nodeName(m.Name, m.UID),
+		ProviderID:           providerID,
+		Version:              m.Spec.Version,
+		LeaseDurationSeconds: p.opts.LeaseDurationSeconds,
+		RenewInterval:        p.opts.RenewInterval,
+		NeverReady:           spec.NeverReady,
+		Pods:                 p.pods,
+	}
+	if class != nil && class.Spec.NodeTemplate != nil {
+		cfg.Capacity = class.Spec.NodeTemplate.Capacity.DeepCopy()
+	}
+	return &instance{
+		providerID: providerID,
+		nodeName:   cfg.NodeName,
+		faults:     spec,
+		cfg:        cfg,
+		current:    nodeagent.New(cfg),
+		p:          p,
+	}, nil
+}
+
+// Exists implements actuators.Actuator. A crashed instance exists; only
+// Delete ends one.
+func (p *Provider) Exists(_ context.Context, providerID string) (bool, error) {
+	if _, _, _, err := parseProviderID(providerID); err != nil {
+		return false, actuators.Permanent(err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.byID[providerID]
+	return ok, nil
+}
+
+// Delete implements actuators.Actuator. It powers the instance off and
+// forgets it; the Node is the controller's to delete.
+func (p *Provider) Delete(_ context.Context, providerID string) error {
+	if _, _, _, err := parseProviderID(providerID); err != nil {
+		return actuators.Permanent(err)
+	}
+	p.mu.Lock()
+	in, ok := p.byID[providerID]
+	p.mu.Unlock()
+	var faults *ProviderSpec
+	if ok {
+		faults = &in.faults
+	}
+	if err := p.injectFailure(faults); err != nil {
+		return err
+	}
+	if !ok {
+		return nil
+	}
+	in.mu.Lock()
+	in.powerOff()
+	in.mu.Unlock()
+	p.mu.Lock()
+	delete(p.byID, providerID)
+	for uid, other := range p.byUID {
+		if other == in {
+			delete(p.byUID, uid)
+		}
+	}
+	p.mu.Unlock()
+	return nil
+}
+
+// Reboot implements actuators.Actuator: the agent stops and boots again
+// with a new boot ID; the Node keeps what others put on it. A crashed
+// instance comes back.
+func (p *Provider) Reboot(_ context.Context, providerID string) error {
+	return p.restart(providerID, false)
+}
+
+// Repair implements actuators.Actuator: like Reboot, but the machine comes
+// back from a fresh image, so nothing of its previous agent survives.
+func (p *Provider) Repair(_ context.Context, providerID string) error {
+	return p.restart(providerID, true)
+}
+
+func (p *Provider) restart(providerID string, wipe bool) error {
+	if err := p.injectFailure(nil); err != nil {
+		return err
+	}
+	in, err := p.lookup(providerID)
+	if err != nil {
+		return actuators.Permanent(err)
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.powerOff()
+	if wipe {
+		in.current = nodeagent.New(in.cfg)
+	}
+	in.powerOn()
+	return nil
+}
+
+// injectFailure consumes one FailNext, or rolls the error rate of faults
+// (the Provider's when nil) merged over the Provider's.
+func (p *Provider) injectFailure(faults *ProviderSpec) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.isStopped {
+		return errors.New("inmemory: provider is stopped")
+	}
+	if p.failNext > 0 {
+		p.failNext--
+		return fmt.Errorf("%w (FailNext)", ErrTransient)
+	}
+	if faults == nil {
+		return nil
+	}
+	rate := faults.over(p.faults).ErrorRate
+	if p.roll(rate) {
+		return fmt.Errorf("%w (errorRate %v)", ErrTransient, rate)
+	}
+	return nil
+}
+
+// roll reports true with probability rate. Callers hold p.mu.
+func (p *Provider) roll(rate float64) bool {
+	return rate > 0 && p.rand.Float64() < rate
+}
+
+// classFaults returns the faults for a Machine of class: its providerSpec
+// over the Provider's. A providerSpec that does not parse is permanent: no
+// retry makes it valid.
+func (p *Provider) classFaults(class *machinistv1.MachineClass) (ProviderSpec, error) {
+	var spec ProviderSpec
+	if class != nil {
+		raw := class.Spec.ProviderSpec.Raw
+		if raw == nil && class.Spec.ProviderSpec.Object != nil {
+			var err error
+			if raw, err = json.Marshal(class.Spec.ProviderSpec.Object); err != nil {
+				return ProviderSpec{}, actuators.Permanent(fmt.Errorf("inmemory providerSpec: %w", err))
+			}
+		}
+		var err error
+		if spec, err = ParseProviderSpec(raw); err != nil {
+			return ProviderSpec{}, actuators.Permanent(fmt.Errorf("machineclass %s/%s: %w", class.Namespace, class.Name, err))
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return spec.over(p.faults), nil
+}
+
+func (p *Provider) lookup(providerID string) (*instance, error) {
+	if _, _, _, err := parseProviderID(providerID); err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	in, ok := p.byID[providerID]
+	if !ok {
+		return nil, fmt.Errorf("inmemory: no instance %q", providerID)
+	}
+	return in, nil
+}
+
+// parseProviderID splits an inmemory providerID into the namespace, name and
+// UID of the Machine it was created for.
+func parseProviderID(providerID string) (namespace, name string, uid types.UID, err error) {
+	rest, ok := strings.CutPrefix(providerID, providerIDPrefix)
+	parts := strings.Split(rest, "/")
+	if !ok || len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
+		return "", "", "", fmt.Errorf("inmemory: %q is not an inmemory providerID (%s<namespace>/<name>/<uid>)", providerID, providerIDPrefix)
+	}
+	return parts[0], parts[1], types.UID(parts[2]), nil
+}
+
+// nodeName makes a Node name unique across namespaces from a Machine's name
+// and UID, short enough to be a valid hostname label value too.
+func nodeName(machine string, uid types.UID) string {
+	suffix := strings.ReplaceAll(string(uid), "-", "")
+	suffix = suffix[:min(8, len(suffix))]
+	machine = strings.TrimRight(machine[:min(len(machine), 63-1-len(suffix))], "-.")
+	return machine + "-" + suffix
+}
+
+// instance is one machine. Its mutex orders power changes so that a Reboot
+// racing a Crash or Delete leaves one agent running or none.
+type instance struct {
+	providerID string
+	nodeName   string
+	faults     ProviderSpec
+	cfg        nodeagent.Config
+	p          *Provider
+
+	mu      sync.Mutex
+	current *nodeagent.Agent
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+func (in *instance) agent() *nodeagent.Agent {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.current
+}
+
+// powerOn boots the agent unless it runs or the Provider has stopped.
+// Callers hold in.mu.
+func (in *instance) powerOn() {
+	if in.cancel != nil {
+		return
+	}
+	p := in.p
+	// Counting the goroutine under p.mu, where Stop marks the Provider
+	// stopped, keeps Stop's Wait from missing an agent that boots meanwhile.
+	p.mu.Lock()
+	if p.isStopped {
+		p.mu.Unlock()
+		return
+	}
+	p.wg.Add(1)
+	p.mu.Unlock()
+	ctx, cancel := context.WithCancel(p.ctx)
+	ctx = ctrllog.IntoContext(ctx, ctrllog.FromContext(ctx).WithValues("providerID", in.providerID))
+	done := make(chan struct{})
+	in.cancel, in.done = cancel, done
+	agent := in.current
+	go func() {
+		defer p.wg.Done()
+		defer close(done)
+		if err := agent.Run(ctx); err != nil {
+			ctrllog.FromContext(ctx).Error(err, "Machine agent stopped")
+		}
+	}()
+}
+
+// powerOff stops the agent and waits until it can write no more. Callers
+// hold in.mu.
+func (in *instance) powerOff() {
+	if in.cancel == nil {
+		return
+	}
+	in.cancel()
+	<-in.done
+	in.cancel, in.done = nil, nil
+}

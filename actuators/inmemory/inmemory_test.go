@@ -1,0 +1,475 @@
+package inmemory_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/machinist-dev/machinist/actuators"
+	"github.com/machinist-dev/machinist/actuators/inmemory"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/testenv"
+)
+
+var (
+	env       *testenv.Env
+	clientset kubernetes.Interface
+)
+
+func TestMain(m *testing.M) {
+	var err error
+	if env, err = testenv.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	clientset = kubernetes.NewForConfigOrDie(env.Config)
+	code := m.Run()
+	if err := env.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	}
+	os.Exit(code)
+}
+
+const (
+	renew = 500 * time.Millisecond
+	wait  = 20 * time.Second
+)
+
+func newProvider(t *testing.T) *inmemory.Provider {
+	t.Helper()
+	p, err := inmemory.New(inmemory.Options{Config: env.Config, LeaseDurationSeconds: 3, RenewInterval: renew, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Stop)
+	return p
+}
+
+// machine creates a namespace (if needed), a MachineClass with providerSpec
+// and a Machine of that class in the real apiserver, so UIDs are real.
+func machine(t *testing.T, namespace, name, providerSpec string, mutate ...func(*machinistv1.Machine, *machinistv1.MachineClass)) (*machinistv1.Machine, *machinistv1.MachineClass) {
+	t.Helper()
+	ctx := context.Background()
+	g := NewWithT(t)
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}
+	if err := env.Client.Create(ctx, ns); err != nil && !strings.Contains(err.Error(), "already exists") {
+		t.Fatal(err)
+	}
+	class := &machinistv1.MachineClass{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name + "-class"},
+		Spec:       machinistv1.MachineClassSpec{Provider: inmemory.Name},
+	}
+	if providerSpec != "" {
+		class.Spec.ProviderSpec = runtime.RawExtension{Raw: []byte(providerSpec)}
+	}
+	m := &machinistv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
+		Spec: machinistv1.MachineSpec{
+			ClassRef: machinistv1.ClassReference{Name: class.Name},
+			Version:  "v1.37.2",
+		},
+	}
+	for _, f := range mutate {
+		f(m, class)
+	}
+	g.Expect(env.Client.Create(ctx, class)).To(Succeed())
+	g.Expect(env.Client.Create(ctx, m)).To(Succeed())
+	return m, class
+}
+
+func nodeFor(g Gomega, p *inmemory.Provider, providerID string) *corev1.Node {
+	name, err := p.NodeName(providerID)
+	g.Expect(err).NotTo(HaveOccurred())
+	n, err := clientset.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+	return n
+}
+
+func readyStatus(n *corev1.Node) corev1.ConditionStatus {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status
+		}
+	}
+	return corev1.ConditionUnknown
+}
+
+func renewTime(g Gomega, node string) time.Time {
+	l, err := clientset.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(context.Background(), node, metav1.GetOptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+	return l.Spec.RenewTime.Time
+}
+
+func TestCreateIsIdempotentAndNodesAreUniqueAcrossNamespaces(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p := newProvider(t)
+	m, class := machine(t, "idem-a", "worker", "", func(_ *machinistv1.Machine, c *machinistv1.MachineClass) {
+		c.Spec.NodeTemplate = &machinistv1.NodeTemplate{Capacity: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("16")}}
+	})
+
+	// Racing calls for one Machine, as a controller with retries makes them,
+	// must still make one instance.
+	ids := make([]string, 5)
+	errs := make([]error, 5)
+	var wg sync.WaitGroup
+	for i := range ids {
+		wg.Go(func() { ids[i], errs[i] = p.Create(ctx, m, class) })
+	}
+	wg.Wait()
+	g.Expect(errs).To(HaveEach(Succeed()))
+	g.Expect(ids[0]).To(HavePrefix("inmemory:///idem-a/worker/"))
+	g.Expect(ids).To(HaveEach(ids[0]))
+	again, err := p.Create(ctx, m, class)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(again).To(Equal(ids[0]))
+
+	g.Eventually(func(g Gomega) {
+		n := nodeFor(g, p, ids[0])
+		g.Expect(readyStatus(n)).To(Equal(corev1.ConditionTrue))
+		g.Expect(n.Spec.ProviderID).To(Equal(ids[0]))
+		g.Expect(n.Status.NodeInfo.KubeletVersion).To(Equal("v1.37.2"))
+		cpu := n.Status.Capacity[corev1.ResourceCPU]
+		g.Expect(cpu.String()).To(Equal("16"))
+	}).WithTimeout(wait).Should(Succeed())
+	nodes, err := clientset.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+	count := 0
+	for _, n := range nodes.Items {
+		if n.Spec.ProviderID == ids[0] {
+			count++
+		}
+	}
+	g.Expect(count).To(Equal(1))
+
+	// The same Machine name in another namespace is another Node.
+	other, otherClass := machine(t, "idem-b", "worker", "")
+	otherID, err := p.Create(ctx, other, otherClass)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(otherID).NotTo(Equal(ids[0]))
+	n1, _ := p.NodeName(ids[0])
+	n2, _ := p.NodeName(otherID)
+	g.Expect(n1).NotTo(Equal(n2))
+	g.Eventually(func(g Gomega) {
+		g.Expect(readyStatus(nodeFor(g, p, otherID))).To(Equal(corev1.ConditionTrue))
+	}).WithTimeout(wait).Should(Succeed())
+}
+
+func TestLongMachineNameGivesValidNodeName(t *testing.T) {
+	g := NewWithT(t)
+	p := newProvider(t)
+	m, class := machine(t, "longname", strings.Repeat("a", 70)+"-b.c", "")
+	id, err := p.Create(context.Background(), m, class)
+	g.Expect(err).NotTo(HaveOccurred())
+	name, err := p.NodeName(id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(len(name)).To(BeNumerically("<=", 63))
+	g.Eventually(func(g Gomega) {
+		g.Expect(nodeFor(g, p, id).Labels).To(HaveKeyWithValue(corev1.LabelHostname, name))
+	}).WithTimeout(wait).Should(Succeed())
+}
+
+func TestAdoption(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p := newProvider(t)
+	orig, class := machine(t, "adopt", "orig", "")
+	id, err := p.Create(ctx, orig, class)
+	g.Expect(err).NotTo(HaveOccurred())
+
+	adopter, adopterClass := machine(t, "adopt", "adopter", "", func(m *machinistv1.Machine, _ *machinistv1.MachineClass) {
+		m.Spec.ProviderID = id
+	})
+	got, err := p.Create(ctx, adopter, adopterClass)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(got).To(Equal(id))
+
+	stranger, strangerClass := machine(t, "adopt", "stranger", "", func(m *machinistv1.Machine, _ *machinistv1.MachineClass) {
+		m.Spec.ProviderID = "inmemory:///adopt/ghost/00000000-0000-0000-0000-000000000000"
+	})
+	_, err = p.Create(ctx, stranger, strangerClass)
+	g.Expect(err).To(HaveOccurred())
+	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "adopting an unknown instance cannot succeed later: %v", err)
+}
+
+func TestFailNextIsTransient(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p := newProvider(t)
+	m, class := machine(t, "failnext", "m", "")
+	p.FailNext(2)
+	for range 2 {
+		_, err := p.Create(ctx, m, class)
+		g.Expect(err).To(MatchError(inmemory.ErrTransient))
+		g.Expect(actuators.IsPermanent(err)).To(BeFalse())
+	}
+	id, err := p.Create(ctx, m, class)
+	g.Expect(err).NotTo(HaveOccurred())
+
+	p.FailNext(1)
+	g.Expect(p.Delete(ctx, id)).To(MatchError(inmemory.ErrTransient))
+	exists, err := p.Exists(ctx, id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(exists).To(BeTrue(), "a failed Delete deleted nothing")
+	g.Expect(p.Delete(ctx, id)).To(Succeed())
+}
+
+func TestErrorRate(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p := newProvider(t)
+	always, alwaysClass := machine(t, "errorrate", "always", `{"errorRate": 1}`)
+	for range 3 {
+		_, err := p.Create(ctx, always, alwaysClass)
+		g.Expect(err).To(MatchError(inmemory.ErrTransient))
+		g.Expect(actuators.IsPermanent(err)).To(BeFalse())
+	}
+
+	// With failCreate as well, no call ever creates anything, so every call
+	// rolls the dice: about half must fail transiently, the rest reach
+	// failCreate.
+	half, halfClass := machine(t, "errorrate", "half", `{"errorRate": 0.5, "failCreate": "no"}`)
+	transient := 0
+	for range 200 {
+		_, err := p.Create(ctx, half, halfClass)
+		g.Expect(err).To(HaveOccurred())
+		if errors.Is(err, inmemory.ErrTransient) {
+			g.Expect(actuators.IsPermanent(err)).To(BeFalse())
+			transient++
+		} else {
+			g.Expect(actuators.IsPermanent(err)).To(BeTrue())
+		}
+	}
+	g.Expect(transient).To(BeNumerically("~", 100, 40))
+
+	// Delete rolls the error rate of the class the instance was made from.
+	some, someClass := machine(t, "errorrate", "some", `{"errorRate": 0.5}`)
+	var id string
+	g.Eventually(func() error {
+		var err error
+		id, err = p.Create(ctx, some, someClass)
+		return err
+	}).WithTimeout(wait).WithPolling(time.Millisecond).Should(Succeed())
+	g.Eventually(func() error {
+		err := p.Delete(ctx, id)
+		if err != nil {
+			g.Expect(err).To(MatchError(inmemory.ErrTransient))
+		}
+		return err
+	}).WithTimeout(wait).WithPolling(time.Millisecond).Should(Succeed())
+	exists, err := p.Exists(ctx, id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(exists).To(BeFalse())
+}
+
+func TestFailCreateIsPermanent(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p := newProvider(t)
+	m, class := machine(t, "failcreate", "m", `{"failCreate": "quota exceeded"}`)
+	_, err := p.Create(ctx, m, class)
+	g.Expect(err).To(MatchError(ContainSubstring("quota exceeded")))
+	g.Expect(actuators.IsPermanent(err)).To(BeTrue())
+
+	// Set on the Provider instead of the class.
+	m2, class2 := machine(t, "failcreate", "m2", "")
+	p.SetFaults(inmemory.ProviderSpec{FailCreate: "out of capacity"})
+	_, err = p.Create(ctx, m2, class2)
+	g.Expect(actuators.IsPermanent(err)).To(BeTrue())
+	g.Expect(err).To(MatchError(ContainSubstring("out of capacity")))
+	p.SetFaults(inmemory.ProviderSpec{})
+	_, err = p.Create(ctx, m2, class2)
+	g.Expect(err).NotTo(HaveOccurred())
+}
+
+func TestBadProviderSpecIsPermanent(t *testing.T) {
+	g := NewWithT(t)
+	p := newProvider(t)
+	for i, spec := range []string{`{"createLatencyy": "1s"}`, `{"errorRate": 2}`, `{"createLatency": "soon"}`, `{"neverReady": "yes"}`} {
+		m, class := machine(t, "badspec", fmt.Sprintf("m%d", i), spec)
+		_, err := p.Create(context.Background(), m, class)
+		g.Expect(err).To(HaveOccurred(), spec)
+		g.Expect(actuators.IsPermanent(err)).To(BeTrue(), spec)
+		g.Expect(err.Error()).To(ContainSubstring("providerSpec"))
+	}
+	_, err := inmemory.ParseProviderSpec([]byte(`{"createLatencyy": "1s"}`))
+	g.Expect(err).To(MatchError(ContainSubstring(`unknown field "createLatencyy"`)))
+	spec, err := inmemory.ParseProviderSpec([]byte(`{"createLatency":"2s","errorRate":0.5,"neverReady":true,"failCreate":"quota exceeded"}`))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(spec).To(Equal(inmemory.ProviderSpec{CreateLatency: metav1.Duration{Duration: 2 * time.Second}, ErrorRate: 0.5, NeverReady: true, FailCreate: "quota exceeded"}))
+}
+
+func TestCreateLatency(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p := newProvider(t)
+	m, class := machine(t, "latency", "m", `{"createLatency": "1500ms"}`)
+
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	began := time.Now()
+	_, err := p.Create(short, m, class)
+	g.Expect(err).To(MatchError(context.DeadlineExceeded))
+	g.Expect(time.Since(began)).To(BeNumerically("<", time.Second), "a cancelled Create returns at once")
+
+	began = time.Now()
+	id, err := p.Create(ctx, m, class)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(time.Since(began)).To(BeNumerically(">=", 1500*time.Millisecond), "the cancelled call created nothing, so this one waits in full")
+	began = time.Now()
+	again, err := p.Create(ctx, m, class)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(again).To(Equal(id))
+	g.Expect(time.Since(began)).To(BeNumerically("<", time.Second), "an existing instance is returned without latency")
+}
+
+func TestNeverReady(t *testing.T) {
+	g := NewWithT(t)
+	p := newProvider(t)
+	m, class := machine(t, "neverready", "m", `{"neverReady": true}`)
+	id, err := p.Create(context.Background(), m, class)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Eventually(func(g Gomega) {
+		g.Expect(readyStatus(nodeFor(g, p, id))).To(Equal(corev1.ConditionFalse))
+	}).WithTimeout(wait).Should(Succeed())
+}
+
+func TestRebootAndRepairChangeBootID(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p := newProvider(t)
+	m, class := machine(t, "reboot", "m", "")
+	id, err := p.Create(ctx, m, class)
+	g.Expect(err).NotTo(HaveOccurred())
+
+	bootOnNode := func(g Gomega) string {
+		n := nodeFor(g, p, id)
+		g.Expect(readyStatus(n)).To(Equal(corev1.ConditionTrue))
+		return n.Status.NodeInfo.BootID
+	}
+	var boot string
+	g.Eventually(func(g Gomega) { boot = bootOnNode(g) }).WithTimeout(wait).Should(Succeed())
+	g.Expect(boot).NotTo(BeEmpty())
+
+	for _, op := range []struct {
+		name string
+		do   func(context.Context, string) error
+	}{{"reboot", p.Reboot}, {"repair", p.Repair}} {
+		g.Expect(op.do(ctx, id)).To(Succeed(), op.name)
+		g.Eventually(func(g Gomega) {
+			g.Expect(bootOnNode(g)).NotTo(Equal(boot))
+		}).WithTimeout(wait).Should(Succeed(), op.name)
+		now, err := p.BootID(id)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(bootOnNode(g)).To(Equal(now), op.name)
+		boot = now
+	}
+
+	err = p.Reboot(ctx, "inmemory:///reboot/ghost/0000")
+	g.Expect(actuators.IsPermanent(err)).To(BeTrue())
+}
+
+func TestCrashStopsLeaseButInstanceExists(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p := newProvider(t)
+	m, class := machine(t, "crash", "m", "")
+	id, err := p.Create(ctx, m, class)
+	g.Expect(err).NotTo(HaveOccurred())
+	node, err := p.NodeName(id)
+	g.Expect(err).NotTo(HaveOccurred())
+	var first time.Time
+	g.Eventually(func(g Gomega) { first = renewTime(g, node) }).WithTimeout(wait).Should(Succeed())
+	g.Eventually(func(g Gomega) {
+		g.Expect(renewTime(g, node)).To(BeTemporally(">", first))
+	}).WithTimeout(wait).Should(Succeed())
+
+	g.Expect(p.Crash(id)).To(Succeed())
+	stopped := renewTime(g, node)
+	g.Consistently(func(g Gomega) time.Time { return renewTime(g, node) }).
+		WithTimeout(4 * renew).WithPolling(renew / 4).Should(Equal(stopped))
+	exists, err := p.Exists(ctx, id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(exists).To(BeTrue(), "a crashed machine is not a deleted one")
+
+	// Power-cycling brings it back.
+	g.Expect(p.Reboot(ctx, id)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		g.Expect(renewTime(g, node)).To(BeTemporally(">", stopped))
+	}).WithTimeout(wait).Should(Succeed())
+}
+
+func TestDelete(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p := newProvider(t)
+	m, class := machine(t, "delete", "m", "")
+	id, err := p.Create(ctx, m, class)
+	g.Expect(err).NotTo(HaveOccurred())
+	node, err := p.NodeName(id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Eventually(func(g Gomega) { renewTime(g, node) }).WithTimeout(wait).Should(Succeed())
+
+	g.Expect(p.Delete(ctx, id)).To(Succeed())
+	exists, err := p.Exists(ctx, id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(exists).To(BeFalse())
+	g.Expect(p.Delete(ctx, id)).To(Succeed(), "deleting a deleted instance is fine")
+	stopped := renewTime(g, node)
+	g.Consistently(func(g Gomega) time.Time { return renewTime(g, node) }).
+		WithTimeout(4 * renew).WithPolling(renew / 4).Should(Equal(stopped))
+
+	// After Delete the Machine's UID is free: Create makes a new instance.
+	id2, err := p.Create(ctx, m, class)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(id2).To(Equal(id), "the providerID derives from the Machine")
+	g.Eventually(func(g Gomega) {
+		g.Expect(renewTime(g, node)).To(BeTemporally(">", stopped))
+	}).WithTimeout(wait).Should(Succeed())
+
+	_, err = p.Exists(ctx, "aws:///us-east-1/i-123")
+	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "another provider's ID is a caller bug")
+	g.Expect(p.Delete(ctx, "inmemory:///delete/never/1234")).To(Succeed(), "an instance never made is already gone")
+}
+
+func TestAgentsSharePodHub(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p := newProvider(t)
+	var nodes []string
+	for i := range 3 {
+		m, class := machine(t, "pods", fmt.Sprintf("m%d", i), "")
+		id, err := p.Create(ctx, m, class)
+		g.Expect(err).NotTo(HaveOccurred())
+		node, _ := p.NodeName(id)
+		nodes = append(nodes, node)
+	}
+	for _, node := range nodes {
+		g.Eventually(func(g Gomega) { renewTime(g, node) }).WithTimeout(wait).Should(Succeed())
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "pods", Name: "p-" + node},
+			Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "img"}}},
+		}
+		_, err := clientset.CoreV1().Pods("pods").Create(ctx, pod, metav1.CreateOptions{})
+		g.Expect(err).NotTo(HaveOccurred())
+	}
+	for _, node := range nodes {
+		g.Eventually(func(g Gomega) corev1.PodPhase {
+			pod, err := clientset.CoreV1().Pods("pods").Get(ctx, "p-"+node, metav1.GetOptions{})
+			g.Expect(err).NotTo(HaveOccurred())
+			return pod.Status.Phase
+		}).WithTimeout(wait).Should(Equal(corev1.PodRunning))
+	}
+}
