@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -81,6 +82,26 @@ type NodeReference struct {
 	// +optional
 	UID string `json:"uid,omitempty"`
 }
+
+// Annotations on a Machine that users and other controllers set.
+const (
+	// PreDrainHookPrefix starts the name of an annotation that holds a
+	// Machine in Draining, before its Node is cordoned, until removed. Each
+	// hook owner uses its own suffix: pre-drain.hook.machinist.dev/<owner>.
+	PreDrainHookPrefix = "pre-drain.hook.machinist.dev/"
+)
+
+// MachineFinalizer keeps a Machine until its instance and Node are gone.
+const MachineFinalizer = "machinist.dev/machine"
+
+// Condition types of a Machine.
+const (
+	// ConditionNodeHealthy is True while the Machine's Node is Ready and its
+	// kubelet's Lease is renewed in time.
+	ConditionNodeHealthy = "NodeHealthy"
+	// ConditionDrained reports the drain in progress or its outcome.
+	ConditionDrained = "Drained"
+)
 
 // Transition records one move of the lifecycle state machine.
 type Transition struct {
@@ -166,6 +187,10 @@ type MachineStatus struct {
 	// +optional
 	BootID string `json:"bootID,omitempty"`
 
+	// NodeInfo is what the Node reported about itself when last seen.
+	// +optional
+	NodeInfo *corev1.NodeSystemInfo `json:"nodeInfo,omitempty"`
+
 	// LastTransition is the state machine's most recent move.
 	// +optional
 	LastTransition *Transition `json:"lastTransition,omitempty"`
@@ -184,6 +209,11 @@ type MachineStatus struct {
 	// ObservedGeneration is the generation last acted on.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// ErrorCount is how many provider calls in a row failed with a
+	// transient error; the retry backoff grows with it. A transition resets it.
+	// +optional
+	ErrorCount int32 `json:"errorCount,omitempty"`
 
 	// FailureReason is a machine-readable reason for the Failed phase.
 	// +optional

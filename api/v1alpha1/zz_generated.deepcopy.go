@@ -546,6 +546,11 @@ func (in *MachineStatus) DeepCopyInto(out *MachineStatus) {
 		*out = new(NodeReference)
 		**out = **in
 	}
+	if in.NodeInfo != nil {
+		in, out := &in.NodeInfo, &out.NodeInfo
+		*out = new(corev1.NodeSystemInfo)
+		(*in).DeepCopyInto(*out)
+	}
 	if in.LastTransition != nil {
 		in, out := &in.LastTransition, &out.LastTransition
 		*out = new(Transition)
