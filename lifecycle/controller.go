@@ -1,0 +1,554 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/machinist-dev/machinist/actuators"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+)
+
+// Failure reasons a Machine can end with.
+const (
+	FailureCreate             = "CreateFailed"
+	FailureProvisioningTimout = "ProvisioningTimeout"
+)
+
+// Reconciler is the Machine controller: for every Machine it reads the
+// world, fires the events the table allows and the world justifies, and
+// writes the outcome in at most one status update.
+type Reconciler struct {
+	// Client reads from the manager's cache and writes to the API server.
+	Client client.Client
+	// Kube is used by the drain, which speaks client-go.
+	Kube kubernetes.Interface
+	// Recorder emits a Kubernetes Event per transition.
+	Recorder events.EventRecorder
+	// Actuators maps MachineClass.spec.provider to a provider.
+	Actuators *actuators.Registry
+	// Metrics is updated on every transition; nil records none.
+	Metrics *Metrics
+	// ProvisionTimeout is how long a Machine may stay in Provisioning before
+	// it is Failed. Zero means 10 minutes.
+	ProvisionTimeout time.Duration
+	// Backoff spaces retries after transient provider errors; its zero
+	// value is 1s doubling up to 5m.
+	Backoff Backoff
+	// DrainPoll is how often a drain in progress is looked at again.
+	// Zero means 2s.
+	DrainPoll time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Backoff is capped exponential backoff: Base, 2*Base, 4*Base, … up to Cap.
+type Backoff struct {
+	Base time.Duration
+	Cap  time.Duration
+}
+
+// After returns the delay before retry number n (1-based).
+func (b Backoff) After(n int32) time.Duration {
+	base, limit := b.Base, b.Cap
+	if base <= 0 {
+		base = time.Second
+	}
+	if limit <= 0 {
+		limit = 5 * time.Minute
+	}
+	d := base
+	for i := int32(1); i < n && d < limit; i++ {
+		d *= 2
+	}
+	return min(d, limit)
+}
+
+// SetupWithManager registers the controller, its cache indexes and watches.
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts controller.Options) error {
+	idx := mgr.GetFieldIndexer()
+	if err := idx.IndexField(ctx, &corev1.Node{}, nodeByProviderID, func(o client.Object) []string {
+		if id := o.(*corev1.Node).Spec.ProviderID; id != "" {
+			return []string{id}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	if err := idx.IndexField(ctx, &machinistv1.Machine{}, machineByProviderID, func(o client.Object) []string {
+		if id := o.(*machinistv1.Machine).Status.ProviderID; id != "" {
+			return []string{id}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&machinistv1.Machine{}).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.machinesForNode),
+			builder.WithPredicates(nodeChanged())).
+		WithOptions(opts).
+		Named("machine").
+		Complete(r)
+}
+
+// nodeChanged passes Node events that can change a Machine's conclusions;
+// kubelet heartbeats that change nothing else are dropped.
+func nodeChanged() predicate.Funcs {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
+		or, nr := nodeCondition(o, corev1.NodeReady), nodeCondition(n, corev1.NodeReady)
+		sameReady := (or == nil) == (nr == nil) && (or == nil || or.Status == nr.Status)
+		return !sameReady ||
+			o.Status.NodeInfo.BootID != n.Status.NodeInfo.BootID ||
+			o.Spec.ProviderID != n.Spec.ProviderID ||
+			o.Spec.Unschedulable != n.Spec.Unschedulable ||
+			!equality.Semantic.DeepEqual(o.Labels, n.Labels) ||
+			!equality.Semantic.DeepEqual(o.Spec.Taints, n.Spec.Taints)
+	}}
+}
+
+func (r *Reconciler) machinesForNode(ctx context.Context, o client.Object) []reconcile.Request {
+	node := o.(*corev1.Node)
+	if node.Spec.ProviderID == "" {
+		return nil
+	}
+	var list machinistv1.MachineList
+	if err := r.Client.List(ctx, &list, client.MatchingFields{machineByProviderID: node.Spec.ProviderID}); err != nil {
+		log.FromContext(ctx).Error(err, "mapping a Node to its Machine", "node", node.Name)
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for i := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+	}
+	return reqs
+}
+
+// step is one reconcile of one Machine: the state machine rebuilt from
+// status, the transitions fired so far, and when to look again.
+type step struct {
+	m       *machinistv1.Machine
+	fsm     *Machine
+	now     time.Time
+	fired   []machinistv1.Transition
+	entered []time.Time // when each fired transition's From phase was entered
+	requeue time.Duration
+	gone    bool
+}
+
+func (s *step) after(d time.Duration) {
+	if d > 0 && (s.requeue == 0 || d < s.requeue) {
+		s.requeue = d
+	}
+}
+
+// enteredAt is when the Machine entered its current phase.
+func (s *step) enteredAt() time.Time {
+	if t := s.m.Status.LastTransition; t != nil {
+		return t.Time.Time
+	}
+	return s.m.CreationTimestamp.Time
+}
+
+// fire moves the Machine by e and records the transition in status; an
+// event the table does not allow is an error and changes nothing.
+func (s *step) fire(e Event) error {
+	entered := s.enteredAt()
+	from, to, err := s.fsm.Fire(e)
+	if err != nil {
+		return err
+	}
+	t := machinistv1.Transition{From: from, To: to, Event: string(e), Time: metav1.NewTime(s.now)}
+	s.m.Status.Phase = to
+	s.m.Status.LastTransition = &t
+	s.m.Status.ErrorCount = 0
+	s.fired = append(s.fired, t)
+	s.entered = append(s.entered, entered)
+	return nil
+}
+
+// Reconcile implements reconcile.Reconciler.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	m := &machinistv1.Machine{}
+	if err := r.Client.Get(ctx, req.NamespacedName, m); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	before := m.Status.DeepCopy()
+	s := &step{m: m, fsm: New(m.Status.Phase), now: r.now()}
+
+	var err error
+	if m.DeletionTimestamp.IsZero() {
+		err = r.reconcileLive(ctx, s)
+	} else {
+		err = r.reconcileDelete(ctx, s)
+	}
+	if !s.gone && !equality.Semantic.DeepEqual(before, &m.Status) {
+		m.Status.ObservedGeneration = m.Generation
+		if werr := r.Client.Status().Update(ctx, m); werr != nil {
+			// Nothing fired is recorded: the next reconcile starts again
+			// from the phase that is really stored.
+			if apierrors.IsConflict(werr) {
+				// The newer Machine's watch event requeues it; this is a
+				// fallback only.
+				return reconcile.Result{RequeueAfter: time.Second}, nil
+			}
+			return reconcile.Result{}, errors.Join(err, werr)
+		}
+	}
+	r.record(s)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	return reconcile.Result{RequeueAfter: s.requeue}, nil
+}
+
+// record emits an Event and metrics for each transition that is now stored.
+func (r *Reconciler) record(s *step) {
+	for i, t := range s.fired {
+		if r.Metrics != nil {
+			r.Metrics.observe(t, s.entered[i])
+		}
+		if r.Recorder != nil {
+			r.Recorder.Eventf(s.m, nil, corev1.EventTypeNormal, eventReason(t), string(t.To),
+				"%s -> %s (%s)", t.From, t.To, t.Event)
+		}
+	}
+}
+
+func eventReason(t machinistv1.Transition) string {
+	return "Machine" + string(t.To)
+}
+
+func (r *Reconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+func (r *Reconciler) provisionTimeout() time.Duration {
+	if r.ProvisionTimeout > 0 {
+		return r.ProvisionTimeout
+	}
+	return 10 * time.Minute
+}
+
+func (r *Reconciler) drainPoll() time.Duration {
+	if r.DrainPoll > 0 {
+		return r.DrainPoll
+	}
+	return 2 * time.Second
+}
+
+// class returns the Machine's MachineClass, or nil if it does not exist.
+func (r *Reconciler) class(ctx context.Context, m *machinistv1.Machine) (*machinistv1.MachineClass, error) {
+	c := &machinistv1.MachineClass{}
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: m.Spec.ClassRef.Name}, c)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	return c, err
+}
+
+// actuatorFor picks the provider for a Machine: by its class while it has
+// no instance, then by its providerID's scheme, so a Machine can still be
+// deleted after its class is gone.
+func (r *Reconciler) actuatorFor(m *machinistv1.Machine, class *machinistv1.MachineClass) (actuators.Actuator, error) {
+	if id := m.Status.ProviderID; id != "" {
+		u, err := url.Parse(id)
+		if err != nil || u.Scheme == "" {
+			return nil, fmt.Errorf("providerID %q does not start with <provider>://", id)
+		}
+		return r.Actuators.Get(u.Scheme)
+	}
+	if class == nil {
+		return nil, fmt.Errorf("MachineClass %q not found", m.Spec.ClassRef.Name)
+	}
+	return r.Actuators.Get(class.Spec.Provider)
+}
+
+// retry records a transient error and schedules the next attempt.
+func (r *Reconciler) retry(s *step, reason string, err error) {
+	s.m.Status.ErrorCount++
+	meta.SetStatusCondition(&s.m.Status.Conditions, metav1.Condition{
+		Type: machinistv1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason,
+		Message: fmt.Sprintf("%v (attempt %d, retrying)", err, s.m.Status.ErrorCount), ObservedGeneration: s.m.Generation,
+	})
+	s.after(r.Backoff.After(s.m.Status.ErrorCount))
+}
+
+// failMachine moves the Machine to Failed with a reason for people.
+func (s *step) failMachine(reason, message string) error {
+	if err := s.fire(Fail); err != nil {
+		return err
+	}
+	s.m.Status.FailureReason = reason
+	s.m.Status.FailureMessage = message
+	meta.SetStatusCondition(&s.m.Status.Conditions, metav1.Condition{
+		Type: machinistv1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason,
+		Message: message, ObservedGeneration: s.m.Generation,
+	})
+	return nil
+}
+
+func (r *Reconciler) reconcileLive(ctx context.Context, s *step) error {
+	m := s.m
+	// A MachineSet sets the finalizer at creation; only a Machine made by
+	// hand costs this extra write.
+	if controllerutil.AddFinalizer(m, machinistv1.MachineFinalizer) {
+		if err := r.Client.Update(ctx, m); err != nil {
+			return err
+		}
+	}
+	class, err := r.class(ctx, m)
+	if err != nil {
+		return err
+	}
+
+	switch s.fsm.Phase() {
+	case machinistv1.MachinePending:
+		act, err := r.actuatorFor(m, class)
+		if err != nil {
+			r.retry(s, "ProviderUnavailable", err)
+			return nil
+		}
+		id, err := act.Create(ctx, m, class)
+		if actuators.IsPermanent(err) {
+			return s.failMachine(FailureCreate, err.Error())
+		}
+		if err != nil {
+			r.retry(s, "CreateError", err)
+			return nil
+		}
+		m.Status.ProviderID = id
+		if err := s.fire(Provision); err != nil {
+			return err
+		}
+		meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
+			Type: machinistv1.ConditionReady, Status: metav1.ConditionFalse, Reason: "Provisioning",
+			Message: "waiting for the Node with providerID " + id + " to become Ready", ObservedGeneration: m.Generation,
+		})
+		fallthrough
+
+	case machinistv1.MachineProvisioning:
+		node, err := r.nodeFor(ctx, m.Status.ProviderID)
+		if err != nil {
+			return err
+		}
+		if node == nil || !isReady(node) {
+			deadline := s.enteredAt().Add(r.provisionTimeout())
+			if !s.now.Before(deadline) {
+				return s.failMachine(FailureProvisioningTimout, fmt.Sprintf(
+					"no Ready Node with providerID %s after %s", m.Status.ProviderID, r.provisionTimeout()))
+			}
+			s.after(deadline.Sub(s.now))
+			return nil
+		}
+		r.observeNode(m, node)
+		if err := s.fire(Provisioned); err != nil {
+			return err
+		}
+		fallthrough
+
+	case machinistv1.MachineRunning:
+		node, err := r.nodeFor(ctx, m.Status.ProviderID)
+		if err != nil {
+			return err
+		}
+		h, err := r.nodeHealth(ctx, node, s.now)
+		if err != nil {
+			return err
+		}
+		setHealth(m, h)
+		if !h.recheck.IsZero() {
+			s.after(h.recheck.Sub(s.now) + time.Second)
+		}
+		if node == nil {
+			return nil
+		}
+		r.observeNode(m, node)
+		return r.applyNodeSpec(ctx, node, m, class)
+	}
+	return nil
+}
+
+func (r *Reconciler) reconcileDelete(ctx context.Context, s *step) error {
+	m := s.m
+	if !controllerutil.ContainsFinalizer(m, machinistv1.MachineFinalizer) {
+		return nil
+	}
+	class, err := r.class(ctx, m)
+	if err != nil {
+		return err
+	}
+	switch s.fsm.Phase() {
+	case machinistv1.MachineRunning:
+		if err := s.fire(Drain); err != nil {
+			return err
+		}
+		fallthrough
+
+	case machinistv1.MachineDraining:
+		done, err := r.drain(ctx, s, class)
+		if err != nil || !done {
+			return err
+		}
+		fallthrough
+
+	case machinistv1.MachinePending, machinistv1.MachineProvisioning, machinistv1.MachineRebooting,
+		machinistv1.MachineRepairing, machinistv1.MachineFailed:
+		if s.fsm.Phase() != machinistv1.MachineDeleting {
+			if err := s.fire(Delete); err != nil {
+				return err
+			}
+		}
+		fallthrough
+
+	case machinistv1.MachineDeleting:
+		if m.Status.ProviderID != "" {
+			act, err := r.actuatorFor(m, class)
+			if err != nil {
+				r.retry(s, "ProviderUnavailable", err)
+				return nil
+			}
+			if err := act.Delete(ctx, m.Status.ProviderID); err != nil {
+				r.retry(s, "DeleteError", err)
+				return nil
+			}
+			exists, err := act.Exists(ctx, m.Status.ProviderID)
+			if err != nil || exists {
+				if err == nil {
+					err = fmt.Errorf("instance %s still exists", m.Status.ProviderID)
+				}
+				r.retry(s, "DeleteError", err)
+				return nil
+			}
+		}
+		if err := r.deleteNode(ctx, m); err != nil {
+			return err
+		}
+		if err := s.fire(Deleted); err != nil {
+			return err
+		}
+		controllerutil.RemoveFinalizer(m, machinistv1.MachineFinalizer)
+		if err := r.Client.Update(ctx, m); err != nil {
+			s.fired = s.fired[:len(s.fired)-1]
+			s.entered = s.entered[:len(s.entered)-1]
+			return client.IgnoreNotFound(err)
+		}
+		s.gone = true
+	}
+	return nil
+}
+
+// drain does one round of draining and reports whether it is over.
+func (r *Reconciler) drain(ctx context.Context, s *step, class *machinistv1.MachineClass) (bool, error) {
+	m := s.m
+	setDrained := func(status metav1.ConditionStatus, reason, message string) {
+		meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
+			Type: machinistv1.ConditionDrained, Status: status, Reason: reason, Message: message, ObservedGeneration: m.Generation,
+		})
+	}
+	if hooks := preDrainHooks(m); len(hooks) > 0 {
+		setDrained(metav1.ConditionFalse, reasonPreDrainHook, fmt.Sprintf("waiting for pre-drain hook annotation(s) to be removed: %v", hooks))
+		return false, nil
+	}
+	node, err := r.nodeFor(ctx, m.Status.ProviderID)
+	if err != nil {
+		return false, err
+	}
+	if node == nil {
+		setDrained(metav1.ConditionTrue, reasonDrainComplete, "the Machine has no Node to drain")
+		return true, nil
+	}
+	h, err := r.nodeHealth(ctx, node, s.now)
+	if err != nil {
+		return false, err
+	}
+	setHealth(m, h)
+	settings := effectiveDrain(m, class)
+	out, err := drainStep(ctx, r.Kube, node, settings, h.healthy)
+	if err != nil {
+		return false, err
+	}
+	if out.done {
+		setDrained(metav1.ConditionTrue, out.reason, out.message)
+		return true, nil
+	}
+	if deadline := drainDeadline(s.enteredAt(), settings); !deadline.IsZero() {
+		if !s.now.Before(deadline) {
+			msg := fmt.Sprintf("drain timeout %s passed; deleting anyway: %s", settings.Timeout.Duration, out.message)
+			setDrained(metav1.ConditionFalse, reasonDrainTimeout, msg)
+			if r.Recorder != nil {
+				r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, reasonDrainTimeout, "Drain", msg)
+			}
+			return true, nil
+		}
+	}
+	setDrained(metav1.ConditionFalse, out.reason, out.message)
+	s.after(r.drainPoll())
+	return false, nil
+}
+
+// deleteNode deletes the Machine's Node, if there is one.
+func (r *Reconciler) deleteNode(ctx context.Context, m *machinistv1.Machine) error {
+	node, err := r.nodeFor(ctx, m.Status.ProviderID)
+	if err != nil || node == nil {
+		return err
+	}
+	if err := r.Client.Delete(ctx, node); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("deleting node %s: %w", node.Name, err)
+	}
+	// Drop the kubelet's Lease with it, as the node lifecycle would by
+	// garbage collection through its owner reference.
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: corev1.NamespaceNodeLease, Name: node.Name}}
+	return client.IgnoreNotFound(r.Client.Delete(ctx, lease))
+}
+
+// observeNode copies what the Machine records about its Node.
+func (r *Reconciler) observeNode(m *machinistv1.Machine, node *corev1.Node) {
+	m.Status.NodeRef = &machinistv1.NodeReference{Name: node.Name, UID: string(node.UID)}
+	m.Status.BootID = node.Status.NodeInfo.BootID
+	info := node.Status.NodeInfo
+	m.Status.NodeInfo = &info
+}
+
+func isReady(node *corev1.Node) bool {
+	c := nodeCondition(node, corev1.NodeReady)
+	return c != nil && c.Status == corev1.ConditionTrue
+}
+
+// setHealth writes the NodeHealthy and Ready conditions of a Running Machine.
+func setHealth(m *machinistv1.Machine, h health) {
+	status := metav1.ConditionFalse
+	if h.healthy {
+		status = metav1.ConditionTrue
+	}
+	for _, t := range []string{machinistv1.ConditionNodeHealthy, machinistv1.ConditionReady} {
+		meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
+			Type: t, Status: status, Reason: h.reason, Message: h.message, ObservedGeneration: m.Generation,
+		})
+	}
+}

@@ -1,0 +1,146 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/kubectl/pkg/drain"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+)
+
+// Reasons of the Drained condition.
+const (
+	reasonPreDrainHook  = "PreDrainHook"
+	reasonDraining      = "Draining"
+	reasonDrainBlocked  = "DisruptionBudget"
+	reasonDrainTimeout  = "DrainTimeout"
+	reasonDrainComplete = "Drained"
+)
+
+// drainOutcome is where one drain step left the Node.
+type drainOutcome struct {
+	done    bool
+	reason  string
+	message string
+}
+
+// preDrainHooks lists the hooks holding m, sorted.
+func preDrainHooks(m *machinistv1.Machine) []string {
+	var hooks []string
+	for k := range m.Annotations {
+		if strings.HasPrefix(k, machinistv1.PreDrainHookPrefix) {
+			hooks = append(hooks, k)
+		}
+	}
+	slices.Sort(hooks)
+	return hooks
+}
+
+// effectiveDrain merges a Machine's drain settings over its class's.
+func effectiveDrain(m *machinistv1.Machine, class *machinistv1.MachineClass) machinistv1.DrainSettings {
+	var s machinistv1.DrainSettings
+	if class != nil && class.Spec.Drain != nil {
+		s = *class.Spec.Drain.DeepCopy()
+	}
+	if d := m.Spec.Drain; d != nil {
+		if d.Timeout != nil {
+			s.Timeout = d.Timeout
+		}
+		if d.GracePeriodSeconds != nil {
+			s.GracePeriodSeconds = d.GracePeriodSeconds
+		}
+	}
+	return s
+}
+
+// drainStep does one non-blocking round of a drain: cordon, then evict
+// every pod that is not yet terminating, through the Eviction API so that
+// PodDisruptionBudgets hold. It never waits; the caller requeues until the
+// Node holds only pods that drains skip (DaemonSet and mirror pods).
+func drainStep(ctx context.Context, kube kubernetes.Interface, node *corev1.Node, settings machinistv1.DrainSettings, nodeHealthy bool) (drainOutcome, error) {
+	helper := &drain.Helper{
+		Ctx:                 ctx,
+		Client:              kube,
+		Force:               true, // pods without a controller go too: the machine is going away
+		IgnoreAllDaemonSets: true,
+		DeleteEmptyDirData:  true,
+		GracePeriodSeconds:  -1,
+		Out:                 io.Discard,
+		ErrOut:              io.Discard,
+	}
+	if settings.GracePeriodSeconds != nil {
+		helper.GracePeriodSeconds = int(*settings.GracePeriodSeconds)
+	}
+	if !nodeHealthy {
+		// No kubelet will finish terminating pods on a dead Node; once
+		// evicted they are as good as gone.
+		helper.SkipWaitForDeleteTimeoutSeconds = 1
+	}
+	if !node.Spec.Unschedulable {
+		if err := drain.RunCordonOrUncordon(helper, node, true); err != nil {
+			return drainOutcome{}, fmt.Errorf("cordoning node %s: %w", node.Name, err)
+		}
+	}
+	list, errs := helper.GetPodsForDeletion(node.Name)
+	if len(errs) > 0 {
+		return drainOutcome{}, fmt.Errorf("listing pods to evict from node %s: %w", node.Name, errors.Join(errs...))
+	}
+	pods := list.Pods()
+	if len(pods) == 0 {
+		return drainOutcome{done: true, reason: reasonDrainComplete, message: "every pod that a drain evicts is gone"}, nil
+	}
+	var blocked []string
+	terminating := 0
+	for _, pod := range pods {
+		if pod.DeletionTimestamp != nil {
+			terminating++
+			continue
+		}
+		err := helper.EvictPod(pod, policyv1.SchemeGroupVersion)
+		switch {
+		case err == nil, apierrors.IsNotFound(err):
+			terminating++
+		case apierrors.IsTooManyRequests(err):
+			blocked = append(blocked, fmt.Sprintf("%s/%s: %s", pod.Namespace, pod.Name, budgetMessage(err)))
+		default:
+			return drainOutcome{}, fmt.Errorf("evicting pod %s/%s: %w", pod.Namespace, pod.Name, err)
+		}
+	}
+	if len(blocked) > 0 {
+		return drainOutcome{reason: reasonDrainBlocked, message: fmt.Sprintf(
+			"eviction refused for %d pod(s): %s", len(blocked), strings.Join(blocked, "; "))}, nil
+	}
+	return drainOutcome{reason: reasonDraining, message: fmt.Sprintf("waiting for %d evicted pod(s) to terminate", terminating)}, nil
+}
+
+// budgetMessage names the PodDisruptionBudget behind a refused eviction.
+func budgetMessage(err error) string {
+	var status apierrors.APIStatus
+	if errors.As(err, &status) && status.Status().Details != nil {
+		for _, c := range status.Status().Details.Causes {
+			if c.Type == policyv1.DisruptionBudgetCause {
+				return c.Message
+			}
+		}
+	}
+	return err.Error()
+}
+
+// drainDeadline is when a drain that started at start must give up, or
+// zero for no limit.
+func drainDeadline(start time.Time, settings machinistv1.DrainSettings) time.Time {
+	if settings.Timeout == nil || settings.Timeout.Duration <= 0 {
+		return time.Time{}
+	}
+	return start.Add(settings.Timeout.Duration)
+}
