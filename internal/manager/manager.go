@@ -1,0 +1,103 @@
+// Package manager assembles Machinist's controllers into one
+// controller-runtime manager, so that tests, benchmarks and the machinist
+// binary all run the same wiring.
+package manager
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/machinist-dev/machinist/actuators"
+	"github.com/machinist-dev/machinist/lifecycle"
+	"github.com/machinist-dev/machinist/machineset"
+)
+
+// Options configure the controllers.
+type Options struct {
+	// Actuators are the providers Machines can use.
+	Actuators *actuators.Registry
+	// MachineWorkers and MachineSetWorkers are each controller's concurrent
+	// reconciles; zero means 16 and 4.
+	MachineWorkers, MachineSetWorkers int
+	// ProvisionTimeout, Backoff and DrainPoll tune the Machine controller;
+	// zero values take its defaults.
+	ProvisionTimeout time.Duration
+	Backoff          lifecycle.Backoff
+	DrainPoll        time.Duration
+	// MetricsAddr serves /metrics; "0" or empty serves nothing.
+	MetricsAddr string
+	// Registry receives the lifecycle metrics; nil means controller-runtime's
+	// registry, which MetricsAddr serves.
+	Registry prometheus.Registerer
+}
+
+// Manager is a controller-runtime manager with Machinist's controllers.
+type Manager struct {
+	ctrl.Manager
+	// Metrics are the lifecycle metrics the Machine controller updates.
+	Metrics *lifecycle.Metrics
+}
+
+// New builds a manager running the Machine and MachineSet controllers.
+func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Options) (*Manager, error) {
+	addr := opts.MetricsAddr
+	if addr == "" {
+		addr = "0"
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:  scheme,
+		Metrics: metricsserver.Options{BindAddress: addr},
+	})
+	if err != nil {
+		return nil, err
+	}
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	metrics := lifecycle.NewMetrics(mgr.GetClient())
+	reg := opts.Registry
+	if reg == nil {
+		reg = crmetrics.Registry
+	}
+	if err := metrics.Register(reg); err != nil {
+		return nil, err
+	}
+	machines := &lifecycle.Reconciler{
+		Client:           mgr.GetClient(),
+		Kube:             kube,
+		Recorder:         mgr.GetEventRecorder("machinist-machine"),
+		Actuators:        opts.Actuators,
+		Metrics:          metrics,
+		ProvisionTimeout: opts.ProvisionTimeout,
+		Backoff:          opts.Backoff,
+		DrainPoll:        opts.DrainPoll,
+	}
+	if err := machines.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineWorkers, 16)}); err != nil {
+		return nil, err
+	}
+	sets := &machineset.Reconciler{
+		Client:   mgr.GetClient(),
+		Recorder: mgr.GetEventRecorder("machinist-machineset"),
+	}
+	if err := sets.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4)}); err != nil {
+		return nil, err
+	}
+	return &Manager{Manager: mgr, Metrics: metrics}, nil
+}
+
+func or(v, def int) int {
+	if v > 0 {
+		return v
+	}
+	return def
+}

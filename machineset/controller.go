@@ -1,0 +1,464 @@
+// Package machineset keeps each MachineSet's number of Machines: it creates
+// Machines from the template, removes surplus ones in a declared order,
+// adopts orphans its selector matches and releases Machines that stop
+// matching.
+package machineset
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+)
+
+// Reasons of Events and of the Ready condition.
+const (
+	reasonAdopted      = "Adopted"
+	reasonReleased     = "Released"
+	reasonCreated      = "MachineCreated"
+	reasonDeleted      = "MachineDeleted"
+	reasonCreateFailed = "CreateFailed"
+	reasonReady        = "AllMachinesReady"
+	reasonScaling      = "Scaling"
+	reasonWaiting      = "WaitingForMachines"
+)
+
+// maxBatch caps how many Machines one reconcile creates or deletes in
+// parallel; creation starts at one and doubles while requests succeed (slow
+// start, as Kubernetes' ReplicaSet does), so a bad template costs one
+// failed request, not hundreds.
+const maxBatch = 64
+
+// Reconciler is the MachineSet controller.
+type Reconciler struct {
+	// Client reads from the manager's cache and writes to the API server.
+	Client client.Client
+	// Recorder emits Events on MachineSets.
+	Recorder events.EventRecorder
+	// StatusInterval is the shortest time between two status writes of one
+	// MachineSet whose spec did not change, so that a thousand Machines
+	// becoming Ready cost a few status writes, not a thousand. Zero means 1s.
+	StatusInterval time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+
+	once         sync.Once
+	expectations *expectations
+	rndMu        sync.Mutex
+	rnd          *rand.Rand
+	lastWrite    sync.Map // MachineSet UID -> time of its last status write
+}
+
+func (r *Reconciler) init() {
+	r.once.Do(func() {
+		if r.Now == nil {
+			r.Now = time.Now
+		}
+		r.expectations = newExpectations(r.Now)
+		r.rnd = rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x6d61636869))
+	})
+}
+
+// SetupWithManager registers the controller and its watches.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
+	r.init()
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&machinistv1.MachineSet{}).
+		Watches(&machinistv1.Machine{}, &machineHandler{r: r}).
+		WithOptions(opts).
+		Named("machineset").
+		Complete(r)
+}
+
+// Reconcile implements reconcile.Reconciler.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	r.init()
+	ms := &machinistv1.MachineSet{}
+	if err := r.Client.Get(ctx, req.NamespacedName, ms); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.expectations.forget(req.NamespacedName)
+		}
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	selector, err := metav1.LabelSelectorAsSelector(ms.Spec.Selector.AsMeta())
+	if err != nil {
+		return reconcile.Result{}, reconcile.TerminalError(fmt.Errorf("invalid selector: %w", err))
+	}
+	owned, err := r.claim(ctx, ms, selector)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+
+	// Scale only when the cache has caught up with every earlier write.
+	var scaleErr error
+	if ms.DeletionTimestamp.IsZero() && r.expectations.satisfied(req.NamespacedName) {
+		scaleErr = r.scale(ctx, ms, owned)
+	}
+	res, err := r.updateStatus(ctx, ms, owned, selector)
+	return res, errors.Join(scaleErr, err)
+}
+
+// claim returns the Machines ms owns after adopting matching orphans and
+// releasing owned Machines that no longer match.
+func (r *Reconciler) claim(ctx context.Context, ms *machinistv1.MachineSet, selector labels.Selector) ([]*machinistv1.Machine, error) {
+	var list machinistv1.MachineList
+	if err := r.Client.List(ctx, &list, client.InNamespace(ms.Namespace)); err != nil {
+		return nil, err
+	}
+	var owned []*machinistv1.Machine
+	for i := range list.Items {
+		m := &list.Items[i]
+		ref := metav1.GetControllerOf(m)
+		matches := selector.Matches(labels.Set(m.Labels))
+		switch {
+		case ref != nil && ref.UID == ms.UID && (matches || !m.DeletionTimestamp.IsZero()):
+			owned = append(owned, m)
+		case ref != nil && ref.UID == ms.UID:
+			if err := r.release(ctx, ms, m); err != nil {
+				return nil, err
+			}
+		case ref == nil && matches && m.DeletionTimestamp.IsZero() && ms.DeletionTimestamp.IsZero():
+			if err := r.adopt(ctx, ms, m); err != nil {
+				if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+					continue // changed under us; the next event brings it back
+				}
+				return nil, err
+			}
+			owned = append(owned, m)
+		}
+	}
+	return owned, nil
+}
+
+func (r *Reconciler) adopt(ctx context.Context, ms *machinistv1.MachineSet, m *machinistv1.Machine) error {
+	patched := m.DeepCopy()
+	patched.OwnerReferences = append(patched.OwnerReferences, *metav1.NewControllerRef(ms, machinistv1.GroupVersion.WithKind("MachineSet")))
+	// The optimistic lock makes adoption exclusive: if two sets race for an
+	// orphan, one of them gets a conflict.
+	if err := r.Client.Patch(ctx, patched, client.MergeFromWithOptions(m, client.MergeFromWithOptimisticLock{})); err != nil {
+		return err
+	}
+	*m = *patched
+	r.event(ms, corev1.EventTypeNormal, reasonAdopted, "Adopt", "adopted orphan Machine %s", m.Name)
+	return nil
+}
+
+func (r *Reconciler) release(ctx context.Context, ms *machinistv1.MachineSet, m *machinistv1.Machine) error {
+	patched := m.DeepCopy()
+	refs := patched.OwnerReferences[:0]
+	for _, ref := range patched.OwnerReferences {
+		if ref.UID != ms.UID {
+			refs = append(refs, ref)
+		}
+	}
+	patched.OwnerReferences = refs
+	if err := r.Client.Patch(ctx, patched, client.MergeFromWithOptions(m, client.MergeFromWithOptimisticLock{})); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	r.event(ms, corev1.EventTypeNormal, reasonReleased, "Release", "released Machine %s: its labels no longer match the selector", m.Name)
+	return nil
+}
+
+// scale creates or deletes Machines so that ms owns spec.replicas of them.
+// Machines already deleting still count, so the set never holds more
+// Machines than asked for; they are the first chosen on scale-down.
+func (r *Reconciler) scale(ctx context.Context, ms *machinistv1.MachineSet, owned []*machinistv1.Machine) error {
+	key := client.ObjectKeyFromObject(ms)
+	want := int(ptrOr(ms.Spec.Replicas, 1))
+	switch diff := len(owned) - want; {
+	case diff < 0:
+		n := -diff
+		r.expectations.expect(key, n, nil)
+		created, err := r.createMachines(ctx, ms, n)
+		for range n - created {
+			r.expectations.created(key) // never coming
+		}
+		if created > 0 {
+			r.event(ms, corev1.EventTypeNormal, reasonCreated, "Scale", "created %d Machine(s)", created)
+		}
+		return err
+
+	case diff > 0:
+		victims := pickForDeletion(owned, diff, ms.Spec.DeletePolicy, r.lockedRand())
+		var uids []types.UID
+		for _, m := range victims {
+			if m.DeletionTimestamp.IsZero() {
+				uids = append(uids, m.UID)
+			}
+		}
+		if len(uids) == 0 {
+			return nil
+		}
+		r.expectations.expect(key, 0, uids)
+		var errs []error
+		for _, m := range victims {
+			if !m.DeletionTimestamp.IsZero() {
+				continue
+			}
+			if err := r.Client.Delete(ctx, m); err != nil {
+				r.expectations.deleted(key, m.UID)
+				if !apierrors.IsNotFound(err) {
+					errs = append(errs, fmt.Errorf("deleting Machine %s: %w", m.Name, err))
+				}
+				continue
+			}
+			r.event(ms, corev1.EventTypeNormal, reasonDeleted, "Scale", "deleting Machine %s (%s)", m.Name, deleteWhy(m, ms.Spec.DeletePolicy))
+		}
+		return errors.Join(errs...)
+	}
+	return nil
+}
+
+func (r *Reconciler) lockedRand() *rand.Rand {
+	r.rndMu.Lock()
+	defer r.rndMu.Unlock()
+	return rand.New(rand.NewPCG(r.rnd.Uint64(), r.rnd.Uint64()))
+}
+
+func deleteWhy(m *machinistv1.Machine, policy machinistv1.DeletePolicy) string {
+	switch deleteRank(m) {
+	case 1:
+		return "marked with " + DeleteMachineAnnotation
+	case 2:
+		return "Failed"
+	case 3:
+		return "not Running and Ready"
+	}
+	return "delete policy " + string(policy)
+}
+
+// createMachines creates n Machines in growing parallel batches and
+// returns how many were created; it stops at the first failing batch.
+func (r *Reconciler) createMachines(ctx context.Context, ms *machinistv1.MachineSet, n int) (int, error) {
+	created := 0
+	for batch := 1; created < n; batch = min(batch*2, maxBatch) {
+		size := min(batch, n-created)
+		var wg sync.WaitGroup
+		errs := make([]error, size)
+		for i := range size {
+			wg.Go(func() { errs[i] = r.Client.Create(ctx, newMachine(ms)) })
+		}
+		wg.Wait()
+		failed := 0
+		for _, err := range errs {
+			if err != nil {
+				failed++
+			}
+		}
+		created += size - failed
+		if err := errors.Join(errs...); err != nil {
+			r.event(ms, corev1.EventTypeWarning, reasonCreateFailed, "Scale", "creating Machines: %v", err)
+			return created, err
+		}
+	}
+	return created, nil
+}
+
+// newMachine stamps a Machine out of ms's template, owned by ms and with
+// the Machine controller's finalizer already on, so that the Machine
+// controller need not spend a write adding it.
+func newMachine(ms *machinistv1.MachineSet) *machinistv1.Machine {
+	t := ms.Spec.Template.DeepCopy()
+	return &machinistv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{
+			GenerateName:    ms.Name + "-",
+			Namespace:       ms.Namespace,
+			Labels:          t.Metadata.Labels,
+			Annotations:     t.Metadata.Annotations,
+			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(ms, machinistv1.GroupVersion.WithKind("MachineSet"))},
+			Finalizers:      []string{machinistv1.MachineFinalizer},
+		},
+		Spec: t.Spec,
+	}
+}
+
+// updateStatus writes the observed counts, at most once per StatusInterval
+// unless the spec changed, and says when to look again.
+func (r *Reconciler) updateStatus(ctx context.Context, ms *machinistv1.MachineSet, owned []*machinistv1.Machine, selector labels.Selector) (reconcile.Result, error) {
+	now := r.Now()
+	want := ptrOr(ms.Spec.Replicas, 1)
+	st := ms.Status.DeepCopy()
+	st.Replicas = int32(len(owned))
+	st.ReadyReplicas, st.AvailableReplicas = 0, 0
+	st.Selector = selector.String()
+	var nextAvailable time.Duration
+	for _, m := range owned {
+		ready, wait := availability(m, ms.Spec.MinReadySeconds, now)
+		if ready {
+			st.ReadyReplicas++
+			if wait <= 0 {
+				st.AvailableReplicas++
+			} else if nextAvailable == 0 || wait < nextAvailable {
+				nextAvailable = wait
+			}
+		}
+	}
+	cond := metav1.Condition{Type: machinistv1.ConditionReady, ObservedGeneration: ms.Generation}
+	switch {
+	case st.Replicas != want:
+		cond.Status, cond.Reason = metav1.ConditionFalse, reasonScaling
+		cond.Message = fmt.Sprintf("scaling from %d to %d Machines", st.Replicas, want)
+	case st.ReadyReplicas < want:
+		cond.Status, cond.Reason = metav1.ConditionFalse, reasonWaiting
+		cond.Message = fmt.Sprintf("%d of %d Machines are Ready", st.ReadyReplicas, want)
+	default:
+		cond.Status, cond.Reason = metav1.ConditionTrue, reasonReady
+		cond.Message = fmt.Sprintf("all %d Machines are Ready", want)
+	}
+	meta.SetStatusCondition(&st.Conditions, cond)
+	st.ObservedGeneration = ms.Generation
+
+	res := reconcile.Result{RequeueAfter: nextAvailable}
+	if equality.Semantic.DeepEqual(st, &ms.Status) {
+		return res, nil
+	}
+	if wait := r.statusWait(ms, now); wait > 0 && ms.Status.ObservedGeneration == ms.Generation {
+		if res.RequeueAfter == 0 || wait < res.RequeueAfter {
+			res.RequeueAfter = wait
+		}
+		return res, nil
+	}
+	ms.Status = *st
+	if err := r.Client.Status().Update(ctx, ms); err != nil {
+		if apierrors.IsConflict(err) {
+			return reconcile.Result{RequeueAfter: time.Second}, nil
+		}
+		return res, err
+	}
+	r.wrote(ms, now)
+	return res, nil
+}
+
+// availability reports whether m is Running and Ready and how long until
+// it has been Ready for minReadySeconds.
+func availability(m *machinistv1.Machine, minReadySeconds int32, now time.Time) (bool, time.Duration) {
+	if !m.DeletionTimestamp.IsZero() || m.Status.Phase != machinistv1.MachineRunning {
+		return false, 0
+	}
+	c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionReady)
+	if c == nil || c.Status != metav1.ConditionTrue {
+		return false, 0
+	}
+	return true, c.LastTransitionTime.Add(time.Duration(minReadySeconds) * time.Second).Sub(now)
+}
+
+func (r *Reconciler) statusWait(ms *machinistv1.MachineSet, now time.Time) time.Duration {
+	v, ok := r.lastWrite.Load(ms.UID)
+	if !ok {
+		return 0
+	}
+	interval := r.StatusInterval
+	if interval <= 0 {
+		interval = time.Second
+	}
+	return v.(time.Time).Add(interval).Sub(now)
+}
+
+func (r *Reconciler) wrote(ms *machinistv1.MachineSet, now time.Time) { r.lastWrite.Store(ms.UID, now) }
+
+func (r *Reconciler) event(ms *machinistv1.MachineSet, kind, reason, action, format string, args ...any) {
+	if r.Recorder != nil {
+		r.Recorder.Eventf(ms, nil, kind, reason, action, format, args...)
+	}
+}
+
+func ptrOr(p *int32, def int32) int32 {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+var _ handler.EventHandler = &machineHandler{}
+
+// machineHandler turns Machine events into MachineSet reconciles and marks
+// expected creations and deletions as seen.
+type machineHandler struct{ r *Reconciler }
+
+func (h *machineHandler) Create(ctx context.Context, e event.TypedCreateEvent[client.Object], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	m := e.Object.(*machinistv1.Machine)
+	if key, ok := owner(m); ok {
+		h.r.expectations.created(key)
+		q.Add(reconcile.Request{NamespacedName: key})
+		return
+	}
+	h.enqueueMatching(ctx, m, q)
+}
+
+func (h *machineHandler) Update(ctx context.Context, e event.TypedUpdateEvent[client.Object], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	old, m := e.ObjectOld.(*machinistv1.Machine), e.ObjectNew.(*machinistv1.Machine)
+	oldKey, hadOwner := owner(old)
+	key, hasOwner := owner(m)
+	if hasOwner && old.DeletionTimestamp.IsZero() && !m.DeletionTimestamp.IsZero() {
+		h.r.expectations.deleted(key, m.UID)
+	}
+	if hadOwner && (!hasOwner || oldKey != key) {
+		q.Add(reconcile.Request{NamespacedName: oldKey})
+	}
+	if hasOwner {
+		q.Add(reconcile.Request{NamespacedName: key})
+		return
+	}
+	h.enqueueMatching(ctx, m, q)
+}
+
+func (h *machineHandler) Delete(ctx context.Context, e event.TypedDeleteEvent[client.Object], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	m, ok := e.Object.(*machinistv1.Machine)
+	if !ok {
+		return
+	}
+	if key, ok := owner(m); ok {
+		h.r.expectations.deleted(key, m.UID)
+		q.Add(reconcile.Request{NamespacedName: key})
+	}
+}
+
+func (h *machineHandler) Generic(ctx context.Context, e event.TypedGenericEvent[client.Object], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+}
+
+// enqueueMatching queues every MachineSet whose selector matches an orphan.
+func (h *machineHandler) enqueueMatching(ctx context.Context, m *machinistv1.Machine, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	if !m.DeletionTimestamp.IsZero() {
+		return
+	}
+	var sets machinistv1.MachineSetList
+	if err := h.r.Client.List(ctx, &sets, client.InNamespace(m.Namespace)); err != nil {
+		log.FromContext(ctx).Error(err, "listing MachineSets for an orphan Machine", "machine", m.Name)
+		return
+	}
+	for i := range sets.Items {
+		sel, err := metav1.LabelSelectorAsSelector(sets.Items[i].Spec.Selector.AsMeta())
+		if err == nil && sel.Matches(labels.Set(m.Labels)) {
+			q.Add(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&sets.Items[i])})
+		}
+	}
+}
+
+func owner(m *machinistv1.Machine) (types.NamespacedName, bool) {
+	ref := metav1.GetControllerOf(m)
+	if ref == nil || ref.Kind != "MachineSet" || ref.APIVersion != machinistv1.GroupVersion.String() {
+		return types.NamespacedName{}, false
+	}
+	return types.NamespacedName{Namespace: m.Namespace, Name: ref.Name}, true
+}

@@ -1,0 +1,64 @@
+package machineset_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/machinist-dev/machinist/actuators/inmemory"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/manager"
+	"github.com/machinist-dev/machinist/internal/testenv"
+)
+
+var (
+	env      *testenv.Env
+	k8s      client.Client
+	provider *inmemory.Provider
+)
+
+func TestMachineSets(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "MachineSet controller")
+}
+
+var _ = BeforeSuite(func() {
+	ctrl.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
+	var err error
+	env, err = testenv.Start()
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(env.Stop)
+	k8s = env.Client
+	controllers, err := env.StartControllers(manager.Options{ProvisionTimeout: 20 * time.Second},
+		testenv.Leases{DurationSeconds: 10, RenewInterval: 2 * time.Second})
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(controllers.Stop)
+	provider = controllers.Provider
+})
+
+// newNamespace creates a namespace and a MachineClass "small" in it.
+func newNamespace(ctx context.Context) string {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "machineset-"}}
+	Expect(k8s.Create(ctx, ns)).To(Succeed())
+	DeferCleanup(func(ctx SpecContext) {
+		Expect(client.IgnoreNotFound(k8s.Delete(ctx, ns))).To(Succeed())
+	})
+	Expect(k8s.Create(ctx, &machinistv1.MachineClass{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "small"},
+		Spec:       machinistv1.MachineClassSpec{Provider: inmemory.Name},
+	})).To(Succeed())
+	return ns.Name
+}
+
+var (
+	noFaults           = inmemory.ProviderSpec{}
+	inmemoryFailCreate = inmemory.ProviderSpec{FailCreate: "out of capacity"}
+)
