@@ -37,3 +37,7 @@ lint: ## Check formatting (gofmt) and run go vet.
 .PHONY: test
 test: controlplane lint ## Run every test against a real etcd and kube-apiserver.
 	go test -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+.PHONY: bench
+bench: controlplane ## Run the benchmarks against the real control plane (not part of make test).
+	go test -run '^$$' -bench . -benchtime 1x -timeout 60m ./test/bench/ | tee bench.out

@@ -80,15 +80,12 @@ func (l *phaseLog) get() []machinistv1.MachinePhase {
 // watchPhases starts a watch on the namespace's Machines before anything is
 // created, so no phase can be missed. An empty phase is logged as Pending.
 func watchPhases(ctx context.Context, ns, name string) *phaseLog {
-	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
-	Expect(err).NotTo(HaveOccurred())
-	w, err := wc.Watch(ctx, &machinistv1.MachineList{}, client.InNamespace(ns))
+	events, err := env.WatchMachines(ctx, ns)
 	Expect(err).NotTo(HaveOccurred())
 	l := &phaseLog{}
 	go func() {
 		defer GinkgoRecover()
-		defer w.Stop()
-		for ev := range w.ResultChan() {
+		for ev := range events {
 			m, ok := ev.Object.(*machinistv1.Machine)
 			if !ok || m.Name != name || ev.Type == watch.Deleted {
 				continue

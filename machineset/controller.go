@@ -122,8 +122,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 // claim returns the Machines ms owns after adopting matching orphans and
 // releasing owned Machines that no longer match.
 func (r *Reconciler) claim(ctx context.Context, ms *machinistv1.MachineSet, selector labels.Selector) ([]*machinistv1.Machine, error) {
+	// The cache's own objects, not copies: a set of thousands is listed on
+	// every reconcile, and nothing below modifies what it lists.
 	var list machinistv1.MachineList
-	if err := r.Client.List(ctx, &list, client.InNamespace(ms.Namespace)); err != nil {
+	if err := r.Client.List(ctx, &list, client.InNamespace(ms.Namespace), client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
 	}
 	var owned []*machinistv1.Machine
@@ -139,29 +141,29 @@ func (r *Reconciler) claim(ctx context.Context, ms *machinistv1.MachineSet, sele
 				return nil, err
 			}
 		case ref == nil && matches && m.DeletionTimestamp.IsZero() && ms.DeletionTimestamp.IsZero():
-			if err := r.adopt(ctx, ms, m); err != nil {
+			adopted, err := r.adopt(ctx, ms, m)
+			if err != nil {
 				if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 					continue // changed under us; the next event brings it back
 				}
 				return nil, err
 			}
-			owned = append(owned, m)
+			owned = append(owned, adopted)
 		}
 	}
 	return owned, nil
 }
 
-func (r *Reconciler) adopt(ctx context.Context, ms *machinistv1.MachineSet, m *machinistv1.Machine) error {
+func (r *Reconciler) adopt(ctx context.Context, ms *machinistv1.MachineSet, m *machinistv1.Machine) (*machinistv1.Machine, error) {
 	patched := m.DeepCopy()
 	patched.OwnerReferences = append(patched.OwnerReferences, *metav1.NewControllerRef(ms, machinistv1.GroupVersion.WithKind("MachineSet")))
 	// The optimistic lock makes adoption exclusive: if two sets race for an
 	// orphan, one of them gets a conflict.
 	if err := r.Client.Patch(ctx, patched, client.MergeFromWithOptions(m, client.MergeFromWithOptimisticLock{})); err != nil {
-		return err
+		return nil, err
 	}
-	*m = *patched
 	r.event(ms, corev1.EventTypeNormal, reasonAdopted, "Adopt", "adopted orphan Machine %s", m.Name)
-	return nil
+	return patched, nil
 }
 
 func (r *Reconciler) release(ctx context.Context, ms *machinistv1.MachineSet, m *machinistv1.Machine) error {

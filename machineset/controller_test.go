@@ -247,11 +247,11 @@ var _ = Describe("The MachineSet controller", func() {
 		var mu sync.Mutex
 		target, seen, most := 0, map[string]bool{}, 0
 		violations := []string{}
-		w, err := watchMachines(ctx, ns)
+		events, err := env.WatchMachines(ctx, ns)
 		Expect(err).NotTo(HaveOccurred())
 		go func() {
 			defer GinkgoRecover()
-			for ev := range w.ResultChan() {
+			for ev := range events {
 				m, ok := ev.Object.(*machinistv1.Machine)
 				if !ok {
 					mu.Lock()
@@ -333,12 +333,4 @@ func setEvents(ctx context.Context, ns, set string) []string {
 		}
 	}
 	return out
-}
-
-func watchMachines(ctx context.Context, ns string) (watch.Interface, error) {
-	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
-	if err != nil {
-		return nil, err
-	}
-	return wc.Watch(ctx, &machinistv1.MachineList{}, client.InNamespace(ns))
 }

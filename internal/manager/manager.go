@@ -33,6 +33,15 @@ type Options struct {
 	ProvisionTimeout time.Duration
 	Backoff          lifecycle.Backoff
 	DrainPoll        time.Duration
+	// QPS and Burst bound the manager's requests to the API server; zero
+	// keeps the rest.Config's own (client-go's default is 5 and 10, far too
+	// few for thousands of Machines).
+	QPS   float32
+	Burst int
+	// Repeatable lets one process build several managers one after another
+	// (benchmarks do); controller-runtime otherwise refuses a controller
+	// name it has seen before.
+	Repeatable bool
 	// MetricsAddr serves /metrics; "0" or empty serves nothing.
 	MetricsAddr string
 	// Registry receives the lifecycle metrics; nil means controller-runtime's
@@ -49,6 +58,13 @@ type Manager struct {
 
 // New builds a manager running the Machine and MachineSet controllers.
 func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Options) (*Manager, error) {
+	cfg = rest.CopyConfig(cfg)
+	if opts.QPS > 0 {
+		cfg.QPS = opts.QPS
+	}
+	if opts.Burst > 0 {
+		cfg.Burst = opts.Burst
+	}
 	addr := opts.MetricsAddr
 	if addr == "" {
 		addr = "0"
@@ -82,14 +98,14 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 		Backoff:          opts.Backoff,
 		DrainPoll:        opts.DrainPoll,
 	}
-	if err := machines.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineWorkers, 16)}); err != nil {
+	if err := machines.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineWorkers, 16), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err
 	}
 	sets := &machineset.Reconciler{
 		Client:   mgr.GetClient(),
 		Recorder: mgr.GetEventRecorder("machinist-machineset"),
 	}
-	if err := sets.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4)}); err != nil {
+	if err := sets.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err
 	}
 	return &Manager{Manager: mgr, Metrics: metrics}, nil

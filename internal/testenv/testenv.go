@@ -95,6 +95,9 @@ func Start() (*Env, error) {
 	}
 	cfg, err := env.Start()
 	if err != nil {
+		// Start can fail after the processes are up (installing CRDs);
+		// never leave them running.
+		_ = env.Stop()
 		return nil, fmt.Errorf("starting etcd and kube-apiserver from %s: %w", BinDir(), err)
 	}
 	e := &Env{Root: root, Config: cfg, Scheme: scheme, env: env}

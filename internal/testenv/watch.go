@@ -1,0 +1,41 @@
+package testenv
+
+import (
+	"context"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+)
+
+// WatchMachines streams every change to the Machines of a namespace from
+// now on, in order. The API server closes watches it thinks too slow (as a
+// busy test machine can be), so a plain watch would silently end; this one
+// resumes from the last resource version it delivered and so misses
+// nothing. It stops when ctx ends.
+func (e *Env) WatchMachines(ctx context.Context, ns string) (<-chan watch.Event, error) {
+	wc, err := client.NewWithWatch(e.Config, client.Options{Scheme: e.Scheme})
+	if err != nil {
+		return nil, err
+	}
+	var list machinistv1.MachineList
+	if err := wc.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		return nil, err
+	}
+	lw := &cache.ListWatch{WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+		return wc.Watch(ctx, &machinistv1.MachineList{}, client.InNamespace(ns), &client.ListOptions{Raw: &opts})
+	}}
+	rw, err := watchtools.NewRetryWatcherWithContext(ctx, list.ResourceVersion, lw)
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		<-ctx.Done()
+		rw.Stop()
+	}()
+	return rw.ResultChan(), nil
+}
