@@ -38,6 +38,16 @@ var (
 	envErr  error
 )
 
+// TestMain stops the shared control plane: its processes would outlive the
+// benchmark otherwise.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if env != nil {
+		_ = env.Stop()
+	}
+	os.Exit(code)
+}
+
 // sharedEnv starts one control plane for every benchmark in the process.
 func sharedEnv(b *testing.B) *testenv.Env {
 	envOnce.Do(func() { env, envErr = testenv.Start() })
@@ -63,7 +73,8 @@ func BenchmarkScaleUp(b *testing.B) {
 }
 
 func scaleUp(b *testing.B, n int) {
-	ctx := context.Background()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	env := sharedEnv(b)
 	kube, err := kubernetes.NewForConfig(env.Config)
 	if err != nil {
