@@ -8,8 +8,6 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/prometheus/client_golang/prometheus"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -59,14 +57,11 @@ var _ = BeforeSuite(func() {
 	metrics = controllers.Manager.Metrics
 })
 
-// newNamespace creates a namespace for one spec and deletes it afterwards.
+// newNamespace creates a namespace for one spec.
 func newNamespace(ctx context.Context) string {
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "lifecycle-"}}
-	Expect(k8s.Create(ctx, ns)).To(Succeed())
-	DeferCleanup(func(ctx SpecContext) {
-		Expect(client.IgnoreNotFound(k8s.Delete(ctx, ns))).To(Succeed())
-	})
-	return ns.Name
+	ns, err := env.Namespace(ctx, "lifecycle")
+	Expect(err).NotTo(HaveOccurred())
+	return ns
 }
 
 // metricsCollector returns the machines-by-phase gauge for inspection.

@@ -7,7 +7,6 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -46,16 +45,13 @@ var _ = BeforeSuite(func() {
 
 // newNamespace creates a namespace and a MachineClass "small" in it.
 func newNamespace(ctx context.Context) string {
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "machineset-"}}
-	Expect(k8s.Create(ctx, ns)).To(Succeed())
-	DeferCleanup(func(ctx SpecContext) {
-		Expect(client.IgnoreNotFound(k8s.Delete(ctx, ns))).To(Succeed())
-	})
+	ns, err := env.Namespace(ctx, "machineset")
+	Expect(err).NotTo(HaveOccurred())
 	Expect(k8s.Create(ctx, &machinistv1.MachineClass{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "small"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "small"},
 		Spec:       machinistv1.MachineClassSpec{Provider: inmemory.Name},
 	})).To(Succeed())
-	return ns.Name
+	return ns
 }
 
 var (

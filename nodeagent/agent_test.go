@@ -2,7 +2,6 @@ package nodeagent_test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -22,17 +21,9 @@ import (
 var clientset kubernetes.Interface
 
 func TestMain(m *testing.M) {
-	env, err := testenv.Start()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	clientset = kubernetes.NewForConfigOrDie(env.Config)
-	code := m.Run()
-	if err := env.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-	}
-	os.Exit(code)
+	os.Exit(testenv.Run(m, func(e *testenv.Env) {
+		clientset = kubernetes.NewForConfigOrDie(e.Config)
+	}))
 }
 
 const (

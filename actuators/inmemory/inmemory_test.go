@@ -29,17 +29,10 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	var err error
-	if env, err = testenv.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	clientset = kubernetes.NewForConfigOrDie(env.Config)
-	code := m.Run()
-	if err := env.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-	}
-	os.Exit(code)
+	os.Exit(testenv.Run(m, func(e *testenv.Env) {
+		env = e
+		clientset = kubernetes.NewForConfigOrDie(e.Config)
+	}))
 }
 
 const (

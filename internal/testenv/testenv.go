@@ -11,8 +11,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -138,4 +141,32 @@ func (e *Env) Kubectl(ctx context.Context, args ...string) (string, error) {
 		return stdout.String(), fmt.Errorf("kubectl %v: %w: %s", args, err, stderr.String())
 	}
 	return stdout.String(), nil
+}
+
+// Run is a TestMain body: it starts a control plane, hands it to ready,
+// runs the package's tests, stops the control plane and returns the exit
+// code for os.Exit.
+func Run(m *testing.M, ready func(*Env)) int {
+	e, err := Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ready(e)
+	code := m.Run()
+	if err := e.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "stopping the control plane:", err)
+	}
+	return code
+}
+
+// Namespace creates a namespace with a generated name for one test. Nothing
+// deletes it: without a namespace controller a deleted namespace only turns
+// Terminating, and then refuses the Events written into it.
+func (e *Env) Namespace(ctx context.Context, prefix string) (string, error) {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}
+	if err := e.Client.Create(ctx, ns); err != nil {
+		return "", err
+	}
+	return ns.Name, nil
 }

@@ -9,8 +9,6 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/machinist-dev/machinist/internal/testenv"
@@ -39,12 +37,9 @@ var _ = AfterSuite(func() {
 	}
 })
 
-// newNamespace creates a namespace for one spec and deletes it afterwards.
+// newNamespace creates a namespace for one spec.
 func newNamespace(ctx context.Context) string {
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-"}}
-	Expect(k8s.Create(ctx, ns)).To(Succeed())
-	DeferCleanup(func(ctx SpecContext) {
-		Expect(client.IgnoreNotFound(k8s.Delete(ctx, ns))).To(Succeed())
-	})
-	return ns.Name
+	ns, err := env.Namespace(ctx, "e2e")
+	Expect(err).NotTo(HaveOccurred())
+	return ns
 }
