@@ -327,7 +327,7 @@ func (r *Reconciler) reconcileLive(ctx context.Context, s *step) error {
 		return err
 	}
 
-	switch s.fsm.Phase() {
+	switch s.fsm.State() {
 	case machinistv1.MachinePending:
 		act, err := r.actuatorFor(m, class)
 		if err != nil {
@@ -403,7 +403,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *step) error {
 	if err != nil {
 		return err
 	}
-	switch s.fsm.Phase() {
+	switch s.fsm.State() {
 	case machinistv1.MachineRunning:
 		if err := s.fire(Drain); err != nil {
 			return err
@@ -419,7 +419,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *step) error {
 
 	case machinistv1.MachinePending, machinistv1.MachineProvisioning, machinistv1.MachineRebooting,
 		machinistv1.MachineRepairing, machinistv1.MachineFailed:
-		if s.fsm.Phase() != machinistv1.MachineDeleting {
+		if s.fsm.State() != machinistv1.MachineDeleting {
 			if err := s.fire(Delete); err != nil {
 				return err
 			}

@@ -6,14 +6,8 @@
 package lifecycle
 
 import (
-	"context"
-	"errors"
-	"fmt"
-	"slices"
-
-	"github.com/looplab/fsm"
-
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/statemachine"
 )
 
 // Event is a name for something that happened to a Machine.
@@ -48,123 +42,47 @@ const (
 // hold it in status.
 const Gone machinistv1.MachinePhase = "Deleted"
 
-// Rule is one row of the table: Event moves a Machine from any of From to To.
-type Rule struct {
-	Event Event
-	From  []machinistv1.MachinePhase
-	To    machinistv1.MachinePhase
-}
-
 // Table is the Machine state machine.
-var Table = []Rule{
-	{Provision, phases(machinistv1.MachinePending), machinistv1.MachineProvisioning},
-	{Provisioned, phases(machinistv1.MachineProvisioning), machinistv1.MachineRunning},
-	{Drain, phases(machinistv1.MachineRunning), machinistv1.MachineDraining},
-	{Reboot, phases(machinistv1.MachineRunning, machinistv1.MachineDraining), machinistv1.MachineRebooting},
-	{Rebooted, phases(machinistv1.MachineRebooting), machinistv1.MachineRunning},
-	{Repair, phases(machinistv1.MachineDraining), machinistv1.MachineRepairing},
-	{Repaired, phases(machinistv1.MachineRepairing), machinistv1.MachineRunning},
-	{Delete, phases(machinistv1.MachinePending, machinistv1.MachineProvisioning, machinistv1.MachineDraining,
-		machinistv1.MachineRebooting, machinistv1.MachineRepairing, machinistv1.MachineFailed), machinistv1.MachineDeleting},
-	{Deleted, phases(machinistv1.MachineDeleting), Gone},
-	{Fail, phases(machinistv1.MachinePending, machinistv1.MachineProvisioning, machinistv1.MachineRebooting,
-		machinistv1.MachineRepairing), machinistv1.MachineFailed},
+var Table = statemachine.Table[machinistv1.MachinePhase, Event]{
+	Initial: machinistv1.MachinePending,
+	Rules: []statemachine.Rule[machinistv1.MachinePhase, Event]{
+		{Event: Provision, From: phases(machinistv1.MachinePending), To: machinistv1.MachineProvisioning},
+		{Event: Provisioned, From: phases(machinistv1.MachineProvisioning), To: machinistv1.MachineRunning},
+		{Event: Drain, From: phases(machinistv1.MachineRunning), To: machinistv1.MachineDraining},
+		{Event: Reboot, From: phases(machinistv1.MachineRunning, machinistv1.MachineDraining), To: machinistv1.MachineRebooting},
+		{Event: Rebooted, From: phases(machinistv1.MachineRebooting), To: machinistv1.MachineRunning},
+		{Event: Repair, From: phases(machinistv1.MachineDraining), To: machinistv1.MachineRepairing},
+		{Event: Repaired, From: phases(machinistv1.MachineRepairing), To: machinistv1.MachineRunning},
+		{Event: Delete, From: phases(machinistv1.MachinePending, machinistv1.MachineProvisioning, machinistv1.MachineDraining,
+			machinistv1.MachineRebooting, machinistv1.MachineRepairing, machinistv1.MachineFailed), To: machinistv1.MachineDeleting},
+		{Event: Deleted, From: phases(machinistv1.MachineDeleting), To: Gone},
+		{Event: Fail, From: phases(machinistv1.MachinePending, machinistv1.MachineProvisioning, machinistv1.MachineRebooting,
+			machinistv1.MachineRepairing), To: machinistv1.MachineFailed},
+	},
 }
 
 func phases(p ...machinistv1.MachinePhase) []machinistv1.MachinePhase { return p }
 
 // Initial is the phase of a Machine the controller has not yet acted on.
 // An empty status.phase means Initial.
-const Initial = machinistv1.MachinePending
+var Initial = Table.Initial
 
-// States lists every state of the table, Initial first, then in the order
-// the table first mentions them.
-func States() []machinistv1.MachinePhase {
-	states := []machinistv1.MachinePhase{Initial}
-	add := func(p machinistv1.MachinePhase) {
-		if !slices.Contains(states, p) {
-			states = append(states, p)
-		}
-	}
-	for _, r := range Table {
-		for _, f := range r.From {
-			add(f)
-		}
-		add(r.To)
-	}
-	return states
-}
-
-// Events lists every event of the table in table order.
-func Events() []Event {
-	var events []Event
-	for _, r := range Table {
-		if !slices.Contains(events, r.Event) {
-			events = append(events, r.Event)
-		}
-	}
-	return events
-}
+// Machine is the state machine of one Machine, rebuilt from status.phase for
+// every reconcile: the phase in the API is the truth.
+type Machine = statemachine.Machine[machinistv1.MachinePhase, Event]
 
 // ErrNotAllowed is returned, wrapped, for an event the table does not allow
 // in the current phase.
-var ErrNotAllowed = errors.New("event not allowed")
-
-// Machine is the state machine of one Machine, rebuilt from status.phase for
-// every reconcile: looplab/fsm keeps no state across processes, and the
-// phase in the API is the truth.
-type Machine struct {
-	fsm *fsm.FSM
-}
+var ErrNotAllowed = statemachine.ErrNotAllowed
 
 // New returns the state machine standing in phase; "" means Initial.
-func New(phase machinistv1.MachinePhase) *Machine {
-	if phase == "" {
-		phase = Initial
-	}
-	return &Machine{fsm: fsm.NewFSM(string(phase), descriptions(), nil)}
-}
+func New(phase machinistv1.MachinePhase) *Machine { return Table.New(phase) }
 
-func descriptions() fsm.Events {
-	events := make(fsm.Events, 0, len(Table))
-	for _, r := range Table {
-		src := make([]string, len(r.From))
-		for i, f := range r.From {
-			src[i] = string(f)
-		}
-		events = append(events, fsm.EventDesc{Name: string(r.Event), Src: src, Dst: string(r.To)})
-	}
-	return events
-}
+// States lists every state of the table, Initial first.
+func States() []machinistv1.MachinePhase { return Table.States() }
 
-// Phase is the current state.
-func (m *Machine) Phase() machinistv1.MachinePhase {
-	return machinistv1.MachinePhase(m.fsm.Current())
-}
+// Events lists every event of the table in table order.
+func Events() []Event { return Table.Events() }
 
-// Can reports whether the table allows e now.
-func (m *Machine) Can(e Event) bool { return m.fsm.Can(string(e)) }
-
-// Fire moves the state machine by e, or returns an error wrapping
-// ErrNotAllowed and changes nothing.
-func (m *Machine) Fire(e Event) (from, to machinistv1.MachinePhase, err error) {
-	from = m.Phase()
-	if err := m.fsm.Event(context.Background(), string(e)); err != nil {
-		return from, from, fmt.Errorf("%w: %q in phase %s: %v", ErrNotAllowed, e, from, err)
-	}
-	return from, m.Phase(), nil
-}
-
-// Diagram renders the table as "mermaid" (a state diagram) or "dot"
-// (Graphviz), starting from Initial.
-func Diagram(format string) (string, error) {
-	f := New(Initial).fsm
-	switch format {
-	case "mermaid":
-		return fsm.VisualizeWithType(f, fsm.MermaidStateDiagram)
-	case "dot":
-		return fsm.VisualizeWithType(f, fsm.GRAPHVIZ)
-	default:
-		return "", fmt.Errorf("unknown format %q: use mermaid or dot", format)
-	}
-}
+// Diagram renders the table as "mermaid" or "dot".
+func Diagram(format string) (string, error) { return Table.Diagram(format) }

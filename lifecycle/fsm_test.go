@@ -8,19 +8,13 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 )
 
-// allowed returns the table's destination for e from p, if it has one.
 func allowed(p machinistv1.MachinePhase, e Event) (machinistv1.MachinePhase, bool) {
-	for _, r := range Table {
-		if r.Event == e && slices.Contains(r.From, p) {
-			return r.To, true
-		}
-	}
-	return "", false
+	return Table.Allowed(p, e)
 }
 
 func TestEveryDeclaredTransitionWorks(t *testing.T) {
 	n := 0
-	for _, r := range Table {
+	for _, r := range Table.Rules {
 		for _, from := range r.From {
 			m := New(from)
 			gotFrom, to, err := m.Fire(r.Event)
@@ -28,8 +22,8 @@ func TestEveryDeclaredTransitionWorks(t *testing.T) {
 				t.Errorf("%s --%s--> %s: %v", from, r.Event, r.To, err)
 				continue
 			}
-			if gotFrom != from || to != r.To || m.Phase() != r.To {
-				t.Errorf("%s --%s-->: got %s -> %s (phase %s), want %s", from, r.Event, gotFrom, to, m.Phase(), r.To)
+			if gotFrom != from || to != r.To || m.State() != r.To {
+				t.Errorf("%s --%s-->: got %s -> %s (phase %s), want %s", from, r.Event, gotFrom, to, m.State(), r.To)
 			}
 			n++
 		}
@@ -53,8 +47,8 @@ func TestEveryUndeclaredPairIsAnError(t *testing.T) {
 			if !errors.Is(err, ErrNotAllowed) {
 				t.Errorf("%s in %s: got err %v, want ErrNotAllowed", e, p, err)
 			}
-			if to != p || m.Phase() != p {
-				t.Errorf("%s in %s changed the phase to %s", e, p, m.Phase())
+			if to != p || m.State() != p {
+				t.Errorf("%s in %s changed the phase to %s", e, p, m.State())
 			}
 		}
 	}
@@ -64,8 +58,8 @@ func TestEveryUndeclaredPairIsAnError(t *testing.T) {
 }
 
 func TestEmptyPhaseIsInitial(t *testing.T) {
-	if got := New("").Phase(); got != Initial {
-		t.Fatalf("New(\"\").Phase() = %s, want %s", got, Initial)
+	if got := New("").State(); got != Initial {
+		t.Fatalf("New(\"\").State() = %s, want %s", got, Initial)
 	}
 }
 
@@ -95,7 +89,7 @@ func FuzzEventSequences(f *testing.F) {
 		m := New(Initial)
 		for _, b := range seq {
 			e := events[int(b)%len(events)]
-			before := m.Phase()
+			before := m.State()
 			want, ok := allowed(before, e)
 			_, to, err := m.Fire(e)
 			switch {
@@ -105,11 +99,11 @@ func FuzzEventSequences(f *testing.F) {
 				t.Fatalf("%s in %s: went to %s, want %s", e, before, to, want)
 			case !ok && err == nil:
 				t.Fatalf("%s in %s: undeclared, but it moved to %s", e, before, to)
-			case !ok && m.Phase() != before:
-				t.Fatalf("%s in %s: refused, but the phase changed to %s", e, before, m.Phase())
+			case !ok && m.State() != before:
+				t.Fatalf("%s in %s: refused, but the phase changed to %s", e, before, m.State())
 			}
-			if !slices.Contains(states, m.Phase()) {
-				t.Fatalf("reached undeclared state %s", m.Phase())
+			if !slices.Contains(states, m.State()) {
+				t.Fatalf("reached undeclared state %s", m.State())
 			}
 		}
 	})

@@ -27,7 +27,7 @@ func TestFSMPrintsEveryTransition(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", format, err)
 		}
-		for _, r := range lifecycle.Table {
+		for _, r := range lifecycle.Table.Rules {
 			for _, from := range r.From {
 				var want string
 				if format == "mermaid" {

@@ -1,0 +1,177 @@
+// Package deployment rolls MachineDeployments out through MachineSets.
+//
+// This file holds the rollout planner: pure arithmetic over the sets'
+// counts, with no API access, so that its invariants can be checked over
+// many simulated rollouts (plan_sim_test.go).
+package deployment
+
+import (
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+)
+
+// Set is what the planner knows of one MachineSet of a deployment.
+type Set struct {
+	// Name identifies the set in a Plan.
+	Name string
+	// Replicas is the set's spec.replicas.
+	Replicas int32
+	// Machines counts every Machine the set owns, including those being
+	// deleted: they still exist, so they count against maxSurge.
+	Machines int32
+	// Live counts the Machines the set owns that are not being deleted.
+	Live int32
+	// Available counts Machines Ready for at least minReadySeconds.
+	Available int32
+}
+
+// Strategy is a deployment's rollout strategy with its bounds resolved.
+type Strategy struct {
+	Type           machinistv1.StrategyType
+	MaxSurge       int32
+	MaxUnavailable int32
+}
+
+// Resolve turns a deployment's strategy into numbers for replicas: a
+// percentage of maxSurge rounds up and of maxUnavailable rounds down, as
+// Kubernetes Deployments do; if both come to zero, maxUnavailable becomes
+// one so that a rollout can always move.
+func Resolve(s machinistv1.MachineDeploymentStrategy, replicas int32) (Strategy, error) {
+	out := Strategy{Type: s.Type}
+	if out.Type == "" {
+		out.Type = machinistv1.RollingUpdateStrategy
+	}
+	if out.Type != machinistv1.RollingUpdateStrategy {
+		return out, nil
+	}
+	surge, unavailable := intstr.FromInt32(1), intstr.FromInt32(0)
+	if ru := s.RollingUpdate; ru != nil {
+		if ru.MaxSurge != nil {
+			surge = *ru.MaxSurge
+		}
+		if ru.MaxUnavailable != nil {
+			unavailable = *ru.MaxUnavailable
+		}
+	}
+	sv, err := intstr.GetScaledValueFromIntOrPercent(&surge, int(replicas), true)
+	if err != nil {
+		return out, fmt.Errorf("maxSurge: %w", err)
+	}
+	uv, err := intstr.GetScaledValueFromIntOrPercent(&unavailable, int(replicas), false)
+	if err != nil {
+		return out, fmt.Errorf("maxUnavailable: %w", err)
+	}
+	if sv == 0 && uv == 0 {
+		uv = 1
+	}
+	out.MaxSurge, out.MaxUnavailable = int32(sv), int32(uv)
+	return out, nil
+}
+
+// Plan is the spec.replicas each set should have next, by name. Sets it
+// does not name keep what they have.
+type Plan map[string]int32
+
+// Next plans one step of a rollout toward replicas Machines of the newest
+// template. newSet is the set of the current template; old are the others,
+// oldest first. A step never makes the deployment hold more than replicas +
+// maxSurge Machines (counting those being deleted) and never takes
+// available Machines below replicas - maxUnavailable by scaling down; the
+// caller applies the plan and calls Next again when counts change.
+func Next(replicas int32, s Strategy, newSet Set, old []Set) Plan {
+	switch s.Type {
+	case machinistv1.RecreateStrategy:
+		return recreate(replicas, newSet, old)
+	case machinistv1.OnDeleteStrategy:
+		return onDelete(replicas, newSet, old)
+	}
+	return rolling(replicas, s, newSet, old)
+}
+
+func rolling(replicas int32, s Strategy, newSet Set, old []Set) Plan {
+	plan := Plan{}
+	// Scale up the new set while the deployment is under its surge bound.
+	// What exists counts, not what is asked for: an old set scaled down
+	// still holds its Machines until they are drained and gone.
+	total := footprint(newSet)
+	for _, o := range old {
+		total += footprint(o)
+	}
+	if up := min(replicas+s.MaxSurge-total, replicas-newSet.Replicas); up > 0 {
+		plan[newSet.Name] = newSet.Replicas + up
+	} else if newSet.Replicas > replicas {
+		plan[newSet.Name] = replicas // replicas was lowered
+	}
+
+	// Scale old sets down, oldest first, as far as availability allows. A
+	// set removes Machines that are not Ready first, so unhealthy old
+	// Machines go before healthy ones without the planner choosing them.
+	minAvailable := replicas - s.MaxUnavailable
+	available := worstAvailable(newSet)
+	for _, o := range old {
+		available += worstAvailable(o)
+	}
+	budget := available - minAvailable
+	for _, o := range old {
+		if budget <= 0 {
+			break
+		}
+		if down := min(budget, o.Replicas); down > 0 {
+			plan[o.Name] = o.Replicas - down
+			budget -= down
+		}
+	}
+	return plan
+}
+
+// worstAvailable is how many of a set's available Machines are sure to
+// survive its spec.replicas. A set above its spec removes Machines that are
+// not Ready first, but one of those may become Ready before it acts, so any
+// Machine it removes may be an available one. Counting only survivors keeps
+// a planner that runs again before the set has acted from spending the same
+// availability twice.
+func worstAvailable(s Set) int32 {
+	return max(0, s.Available-max(0, s.Live-s.Replicas))
+}
+
+// footprint is how many Machines a set holds or is about to create.
+func footprint(s Set) int32 { return max(s.Replicas, s.Machines) }
+
+func recreate(replicas int32, newSet Set, old []Set) Plan {
+	plan := Plan{}
+	gone := true
+	for _, o := range old {
+		if o.Replicas != 0 {
+			plan[o.Name] = 0
+		}
+		if o.Machines > 0 || o.Replicas > 0 {
+			gone = false
+		}
+	}
+	if gone && newSet.Replicas != replicas {
+		plan[newSet.Name] = replicas
+	}
+	return plan
+}
+
+// onDelete replaces an old Machine only once someone deleted it: each old
+// set is held at the Machines it still has alive, so it never replaces
+// one, and the new set fills the rest.
+func onDelete(replicas int32, newSet Set, old []Set) Plan {
+	plan := Plan{}
+	remaining := replicas
+	for _, o := range old {
+		keep := min(o.Live, o.Replicas, max(remaining, 0))
+		if keep != o.Replicas {
+			plan[o.Name] = keep
+		}
+		remaining -= keep
+	}
+	if want := max(remaining, 0); want != newSet.Replicas {
+		plan[newSet.Name] = want
+	}
+	return plan
+}
