@@ -175,3 +175,46 @@ func onDelete(replicas int32, newSet Set, old []Set) Plan {
 	}
 	return plan
 }
+
+// Proportional spreads a change of replicas over every set that still has
+// Machines, in proportion to their sizes, as Kubernetes Deployments do: a
+// deployment scaled in the middle of a rollout keeps the rollout's ratio of
+// old to new instead of adding everything to one set. sets are oldest first,
+// the newest last; the new total is replicas + maxSurge, and what rounding
+// leaves over goes to the newest set on the way up and to the largest on the
+// way down. It returns nil when at most one set has Machines: the rollout
+// planner sizes a single set itself.
+func Proportional(replicas int32, s Strategy, sets []Set) Plan {
+	var active []Set
+	var total int32
+	for _, set := range sets {
+		if set.Replicas > 0 {
+			active = append(active, set)
+			total += set.Replicas
+		}
+	}
+	if len(active) <= 1 {
+		return nil
+	}
+	diff := replicas + s.MaxSurge - total
+	if diff == 0 {
+		return nil
+	}
+	plan := Plan{}
+	left := diff
+	for _, set := range active {
+		share := set.Replicas * diff / total
+		plan[set.Name] = set.Replicas + share
+		left -= share
+	}
+	target := active[len(active)-1]
+	if diff < 0 {
+		for _, set := range active {
+			if plan[set.Name] > plan[target.Name] {
+				target = set
+			}
+		}
+	}
+	plan[target.Name] = max(0, plan[target.Name]+left)
+	return plan
+}

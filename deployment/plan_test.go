@@ -92,3 +92,19 @@ func TestOnDeleteReplacesOnlyDeletedMachines(t *testing.T) {
 		t.Fatalf("%v, want old=2 new=1", got)
 	}
 }
+
+func TestProportionalKeepsTheRolloutRatio(t *testing.T) {
+	s := Strategy{Type: machinistv1.RollingUpdateStrategy, MaxSurge: 1}
+	// 6 -> 9 in the middle of a rollout: old 5, new 2 (7 = 6 + surge).
+	got := Proportional(9, s, []Set{{Name: "old", Replicas: 5}, {Name: "new", Replicas: 2}})
+	if got["old"]+got["new"] != 10 || got["old"] <= 5 || got["new"] <= 2 {
+		t.Fatalf("%v: want both sets to grow to 10 in all", got)
+	}
+	got = Proportional(3, s, []Set{{Name: "old", Replicas: 5}, {Name: "new", Replicas: 2}})
+	if got["old"]+got["new"] != 4 || got["old"] >= 5 || got["new"] > 2 {
+		t.Fatalf("%v: want both sets to shrink to 4 in all", got)
+	}
+	if got := Proportional(9, s, []Set{{Name: "old"}, {Name: "new", Replicas: 6}}); got != nil {
+		t.Fatalf("%v: one set with Machines is the planner's job", got)
+	}
+}

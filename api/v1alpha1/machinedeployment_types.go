@@ -35,6 +35,20 @@ const (
 	RolloutStalled RolloutPhase = "Stalled"
 )
 
+// Labels and annotations of MachineDeployments and their MachineSets.
+const (
+	// TemplateHashLabel is on a MachineDeployment's MachineSets and their
+	// Machines: a hash of the template they were made from.
+	TemplateHashLabel = "machinist.dev/template-hash"
+	// RevisionAnnotation numbers the templates a MachineDeployment has
+	// rolled out; the MachineSet of the current template has the highest.
+	RevisionAnnotation = "machinist.dev/revision"
+	// DesiredReplicasAnnotation is the deployment's spec.replicas when a
+	// MachineSet was last sized, so that a change of it is noticed and
+	// spread over the sets in proportion.
+	DesiredReplicasAnnotation = "machinist.dev/desired-replicas"
+)
+
 // MachineDeploymentStrategy is how a template change is rolled out.
 // +kubebuilder:validation:XValidation:rule="!has(self.rollingUpdate) || !has(self.type) || self.type == 'RollingUpdate'",message="rollingUpdate may only be set when the strategy type is RollingUpdate"
 type MachineDeploymentStrategy struct {
@@ -151,6 +165,12 @@ type MachineDeploymentStatus struct {
 	// Phase is where the rollout stands.
 	// +optional
 	Phase RolloutPhase `json:"phase,omitempty"`
+
+	// LastProgressTime is when the rollout last made progress: a Machine of
+	// the current template created or becoming available, or an old one
+	// removed. progressDeadlineSeconds counts from it.
+	// +optional
+	LastProgressTime *metav1.Time `json:"lastProgressTime,omitempty"`
 
 	// ObservedGeneration is the generation last acted on.
 	// +optional

@@ -17,6 +17,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/machinist-dev/machinist/actuators"
+	"github.com/machinist-dev/machinist/deployment"
 	"github.com/machinist-dev/machinist/lifecycle"
 	"github.com/machinist-dev/machinist/machineset"
 )
@@ -25,8 +26,9 @@ import (
 type Options struct {
 	// Actuators are the providers Machines can use.
 	Actuators *actuators.Registry
-	// MachineWorkers and MachineSetWorkers are each controller's concurrent
-	// reconciles; zero means 16 and 4.
+	// MachineWorkers and MachineSetWorkers are the concurrent reconciles of
+	// the Machine controller and of each set controller (MachineSet and
+	// MachineDeployment); zero means 16 and 4.
 	MachineWorkers, MachineSetWorkers int
 	// ProvisionTimeout, Backoff and DrainPoll tune the Machine controller;
 	// zero values take its defaults.
@@ -54,9 +56,12 @@ type Manager struct {
 	ctrl.Manager
 	// Metrics are the lifecycle metrics the Machine controller updates.
 	Metrics *lifecycle.Metrics
+	// Rollouts counts MachineDeployment rollout transitions.
+	Rollouts *prometheus.CounterVec
 }
 
-// New builds a manager running the Machine and MachineSet controllers.
+// New builds a manager running the Machine, MachineSet and MachineDeployment
+// controllers.
 func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Options) (*Manager, error) {
 	cfg = rest.CopyConfig(cfg)
 	if opts.QPS > 0 {
@@ -108,7 +113,19 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	if err := sets.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err
 	}
-	return &Manager{Manager: mgr, Metrics: metrics}, nil
+	rollouts := deployment.NewTransitionsMetric()
+	if err := reg.Register(rollouts); err != nil {
+		return nil, err
+	}
+	deployments := &deployment.Reconciler{
+		Client:      mgr.GetClient(),
+		Recorder:    mgr.GetEventRecorder("machinist-machinedeployment"),
+		Transitions: rollouts,
+	}
+	if err := deployments.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
+		return nil, err
+	}
+	return &Manager{Manager: mgr, Metrics: metrics, Rollouts: rollouts}, nil
 }
 
 func or(v, def int) int {

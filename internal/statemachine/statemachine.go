@@ -123,3 +123,28 @@ func (m *Machine[S, E]) Fire(e E) (from, to S, err error) {
 	}
 	return from, m.State(), nil
 }
+
+// Path returns the shortest sequence of events that leads from one state to
+// another, empty when they are the same, and false when none does.
+func (t Table[S, E]) Path(from, to S) ([]E, bool) {
+	type step struct {
+		state S
+		path  []E
+	}
+	seen := map[S]bool{from: true}
+	queue := []step{{state: from}}
+	for len(queue) > 0 {
+		cur := queue[0]
+		queue = queue[1:]
+		if cur.state == to {
+			return cur.path, true
+		}
+		for _, r := range t.Rules {
+			if slices.Contains(r.From, cur.state) && !seen[r.To] {
+				seen[r.To] = true
+				queue = append(queue, step{state: r.To, path: append(slices.Clone(cur.path), r.Event)})
+			}
+		}
+	}
+	return nil, false
+}

@@ -13,23 +13,29 @@ import (
 )
 
 // WatchMachines streams every change to the Machines of a namespace from
-// now on, in order. The API server closes watches it thinks too slow (as a
-// busy test machine can be), so a plain watch would silently end; this one
-// resumes from the last resource version it delivered and so misses
-// nothing. It stops when ctx ends.
+// now on, in order; see Watch.
 func (e *Env) WatchMachines(ctx context.Context, ns string) (<-chan watch.Event, error) {
+	return e.Watch(ctx, ns, func() client.ObjectList { return &machinistv1.MachineList{} })
+}
+
+// Watch streams every change to the objects of one kind (newList makes an
+// empty list of it) in a namespace from now on, in order. The API server
+// closes watches it thinks too slow (as a busy test machine can be), so a
+// plain watch would silently end; this one resumes from the last resource
+// version it delivered and so misses nothing. It stops when ctx ends.
+func (e *Env) Watch(ctx context.Context, ns string, newList func() client.ObjectList) (<-chan watch.Event, error) {
 	wc, err := client.NewWithWatch(e.Config, client.Options{Scheme: e.Scheme})
 	if err != nil {
 		return nil, err
 	}
-	var list machinistv1.MachineList
-	if err := wc.List(ctx, &list, client.InNamespace(ns)); err != nil {
+	list := newList()
+	if err := wc.List(ctx, list, client.InNamespace(ns)); err != nil {
 		return nil, err
 	}
 	lw := &cache.ListWatch{WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-		return wc.Watch(ctx, &machinistv1.MachineList{}, client.InNamespace(ns), &client.ListOptions{Raw: &opts})
+		return wc.Watch(ctx, newList(), client.InNamespace(ns), &client.ListOptions{Raw: &opts})
 	}}
-	rw, err := watchtools.NewRetryWatcherWithContext(ctx, list.ResourceVersion, lw)
+	rw, err := watchtools.NewRetryWatcherWithContext(ctx, list.GetResourceVersion(), lw)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,488 @@
+package deployment
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"maps"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+)
+
+// Condition types and reasons of a MachineDeployment.
+const (
+	ConditionProgressing = "Progressing"
+	ConditionAvailable   = "Available"
+
+	ReasonProgressDeadlineExceeded = "ProgressDeadlineExceeded"
+	reasonRollingOut               = "RollingOut"
+	reasonComplete                 = "NewMachineSetAvailable"
+	reasonPaused                   = "Paused"
+)
+
+// Reconciler is the MachineDeployment controller.
+type Reconciler struct {
+	// Client reads from the manager's cache and writes to the API server.
+	Client client.Client
+	// Recorder emits an Event per rollout transition.
+	Recorder events.EventRecorder
+	// Transitions counts rollout transitions by from, to and event; nil
+	// counts none.
+	Transitions *prometheus.CounterVec
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// NewTransitionsMetric returns the rollout transitions counter.
+func NewTransitionsMetric() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "machinist_rollout_transitions_total",
+		Help: "MachineDeployment rollout transitions, by from phase, to phase and event.",
+	}, []string{"from", "to", "event"})
+}
+
+// SetupWithManager registers the controller and its watches.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&machinistv1.MachineDeployment{}).
+		Owns(&machinistv1.MachineSet{}).
+		// A Machine deleted by hand changes no MachineSet status (it still
+		// counts until gone), but OnDelete rollouts act on it.
+		Watches(&machinistv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.deploymentOfMachine)).
+		WithOptions(opts).
+		Named("machinedeployment").
+		Complete(r)
+}
+
+func (r *Reconciler) deploymentOfMachine(ctx context.Context, o client.Object) []reconcile.Request {
+	ref := metav1.GetControllerOf(o)
+	if ref == nil || ref.Kind != "MachineSet" {
+		return nil
+	}
+	ms := &machinistv1.MachineSet{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: o.GetNamespace(), Name: ref.Name}, ms); err != nil {
+		return nil
+	}
+	if md := metav1.GetControllerOf(ms); md != nil && md.Kind == "MachineDeployment" {
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ms.Namespace, Name: md.Name}}}
+	}
+	return nil
+}
+
+func (r *Reconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+// TemplateHash names a template: equal templates hash equally, so applying
+// an earlier template finds that revision's MachineSet again.
+func TemplateHash(t machinistv1.MachineTemplateSpec) string {
+	data, _ := json.Marshal(t) // a plain struct always marshals
+	h := fnv.New32a()
+	h.Write(data)
+	return rand.SafeEncodeString(strconv.FormatUint(uint64(h.Sum32()), 10))
+}
+
+func revision(o metav1.Object) int64 {
+	v, _ := strconv.ParseInt(o.GetAnnotations()[machinistv1.RevisionAnnotation], 10, 64)
+	return v
+}
+
+// Reconcile implements reconcile.Reconciler.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	md := &machinistv1.MachineDeployment{}
+	if err := r.Client.Get(ctx, req.NamespacedName, md); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if !md.DeletionTimestamp.IsZero() {
+		return reconcile.Result{}, nil
+	}
+	sets, err := r.ownedSets(ctx, md)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	hash := TemplateHash(md.Spec.Template)
+	var newSet *machinistv1.MachineSet
+	var old []*machinistv1.MachineSet
+	for _, ms := range sets {
+		if ms.Labels[machinistv1.TemplateHashLabel] == hash && newSet == nil {
+			newSet = ms
+		} else {
+			old = append(old, ms)
+		}
+	}
+	slices.SortStableFunc(old, func(a, b *machinistv1.MachineSet) int { return int(revision(a) - revision(b)) })
+	maxOld := int64(0)
+	for _, ms := range old {
+		maxOld = max(maxOld, revision(ms))
+	}
+
+	if !md.Spec.Paused {
+		switch {
+		case newSet == nil:
+			if newSet, err = r.createSet(ctx, md, hash, maxOld+1); err != nil {
+				return reconcile.Result{}, err
+			}
+		case revision(newSet) <= maxOld:
+			// A rollback to an earlier template: its set becomes the newest
+			// revision again instead of a copy being made.
+			patched := newSet.DeepCopy()
+			patched.Annotations[machinistv1.RevisionAnnotation] = strconv.FormatInt(maxOld+1, 10)
+			if err := r.Client.Patch(ctx, patched, client.MergeFrom(newSet)); err != nil {
+				return reconcile.Result{}, err
+			}
+			newSet = patched
+			r.event(md, corev1.EventTypeNormal, "RolledBack", "Rollback", "template of revision %d is current again", revision(newSet))
+		}
+	}
+	// Oldest first, the newest last; a paused deployment may not have a set
+	// of its current template yet.
+	ordered := slices.Clone(old)
+	if newSet != nil {
+		ordered = append(ordered, newSet)
+	}
+	if err := r.scale(ctx, md, ordered, md.Spec.Paused); err != nil {
+		return reconcile.Result{}, err
+	}
+	if !md.Spec.Paused {
+		if err := r.pruneHistory(ctx, md, old); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+	return r.updateStatus(ctx, md, newSet, old)
+}
+
+func (r *Reconciler) ownedSets(ctx context.Context, md *machinistv1.MachineDeployment) ([]*machinistv1.MachineSet, error) {
+	var list machinistv1.MachineSetList
+	if err := r.Client.List(ctx, &list, client.InNamespace(md.Namespace)); err != nil {
+		return nil, err
+	}
+	var out []*machinistv1.MachineSet
+	for i := range list.Items {
+		if ref := metav1.GetControllerOf(&list.Items[i]); ref != nil && ref.UID == md.UID {
+			out = append(out, &list.Items[i])
+		}
+	}
+	return out, nil
+}
+
+// createSet makes the MachineSet of md's current template, empty: the
+// planner sizes it.
+func (r *Reconciler) createSet(ctx context.Context, md *machinistv1.MachineDeployment, hash string, rev int64) (*machinistv1.MachineSet, error) {
+	template := *md.Spec.Template.DeepCopy()
+	template.Metadata.Labels = withLabel(template.Metadata.Labels, machinistv1.TemplateHashLabel, hash)
+	selector := *md.Spec.Selector.DeepCopy()
+	selector.MatchLabels = withLabel(selector.MatchLabels, machinistv1.TemplateHashLabel, hash)
+	ms := &machinistv1.MachineSet{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: md.Namespace,
+			Name:      md.Name + "-" + hash,
+			Labels:    withLabel(maps.Clone(md.Spec.Template.Metadata.Labels), machinistv1.TemplateHashLabel, hash),
+			Annotations: map[string]string{
+				machinistv1.RevisionAnnotation:        strconv.FormatInt(rev, 10),
+				machinistv1.DesiredReplicasAnnotation: strconv.Itoa(int(replicasOf(md))),
+			},
+			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(md, machinistv1.GroupVersion.WithKind("MachineDeployment"))},
+		},
+		Spec: machinistv1.MachineSetSpec{
+			Replicas:        new(int32),
+			Selector:        selector,
+			Template:        template,
+			MinReadySeconds: md.Spec.MinReadySeconds,
+			DeletePolicy:    machinistv1.DeleteOldest,
+		},
+	}
+	err := r.Client.Create(ctx, ms)
+	if apierrors.IsAlreadyExists(err) {
+		// Made by an earlier reconcile whose write the cache has not shown.
+		err = r.Client.Get(ctx, client.ObjectKeyFromObject(ms), ms)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("creating MachineSet for revision %d: %w", rev, err)
+	}
+	r.event(md, corev1.EventTypeNormal, "MachineSetCreated", "RollOut", "created MachineSet %s for revision %d", ms.Name, rev)
+	return ms, nil
+}
+
+func withLabel(labels map[string]string, k, v string) map[string]string {
+	out := maps.Clone(labels)
+	if out == nil {
+		out = map[string]string{}
+	}
+	out[k] = v
+	return out
+}
+
+func replicasOf(md *machinistv1.MachineDeployment) int32 {
+	if md.Spec.Replicas == nil {
+		return 1
+	}
+	return *md.Spec.Replicas
+}
+
+// counts gathers what the planner needs to know of each set.
+func (r *Reconciler) counts(ctx context.Context, md *machinistv1.MachineDeployment, sets ...*machinistv1.MachineSet) (map[types.UID]*Set, error) {
+	out := map[types.UID]*Set{}
+	for _, ms := range sets {
+		out[ms.UID] = &Set{Name: ms.Name, Replicas: ptrOr(ms.Spec.Replicas)}
+	}
+	// Availability comes from the Machines themselves, not from the sets'
+	// status: a set writes its status at most once a second, and a stale
+	// count would let the planner remove Machines it must keep.
+	now := r.now()
+	minReady := time.Duration(md.Spec.MinReadySeconds) * time.Second
+	var machines machinistv1.MachineList
+	if err := r.Client.List(ctx, &machines, client.InNamespace(md.Namespace), client.UnsafeDisableDeepCopy); err != nil {
+		return nil, err
+	}
+	for i := range machines.Items {
+		m := &machines.Items[i]
+		ref := metav1.GetControllerOf(m)
+		if ref == nil {
+			continue
+		}
+		if s, ok := out[ref.UID]; ok {
+			s.Machines++
+			if m.DeletionTimestamp.IsZero() {
+				s.Live++
+				if c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionReady); m.Status.Phase == machinistv1.MachineRunning &&
+					c != nil && c.Status == metav1.ConditionTrue && !now.Before(c.LastTransitionTime.Add(minReady)) {
+					s.Available++
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+func ptrOr(p *int32) int32 {
+	if p == nil {
+		return 1
+	}
+	return *p
+}
+
+// scale sizes the sets (oldest first, the newest last): in proportion when
+// spec.replicas changed, else, unless paused, by one planner step.
+func (r *Reconciler) scale(ctx context.Context, md *machinistv1.MachineDeployment, ordered []*machinistv1.MachineSet, paused bool) error {
+	if len(ordered) == 0 {
+		return nil
+	}
+	counts, err := r.counts(ctx, md, ordered...)
+	if err != nil {
+		return err
+	}
+	strategy, err := Resolve(md.Spec.Strategy, replicasOf(md))
+	if err != nil {
+		return reconcile.TerminalError(err)
+	}
+	all := make([]Set, 0, len(ordered))
+	for _, ms := range ordered {
+		all = append(all, *counts[ms.UID])
+	}
+	var plan Plan
+	if scalingEvent(md, ordered) {
+		plan = Proportional(replicasOf(md), strategy, all)
+	}
+	if plan == nil && !paused {
+		plan = Next(replicasOf(md), strategy, all[len(all)-1], all[:len(all)-1])
+	}
+	desired := strconv.Itoa(int(replicasOf(md)))
+	var errs []error
+	for _, ms := range ordered {
+		n, ok := plan[ms.Name]
+		if (!ok || n == ptrOr(ms.Spec.Replicas)) && ms.Annotations[machinistv1.DesiredReplicasAnnotation] == desired {
+			continue
+		}
+		if !ok && paused {
+			continue // a paused deployment only resizes in proportion
+		}
+		patched := ms.DeepCopy()
+		if ok {
+			patched.Spec.Replicas = &n
+		}
+		if patched.Annotations == nil {
+			patched.Annotations = map[string]string{}
+		}
+		patched.Annotations[machinistv1.DesiredReplicasAnnotation] = desired
+		if err := r.Client.Patch(ctx, patched, client.MergeFrom(ms)); err != nil {
+			errs = append(errs, fmt.Errorf("scaling MachineSet %s: %w", ms.Name, err))
+			continue
+		}
+		if ok && n != ptrOr(ms.Spec.Replicas) {
+			r.event(md, corev1.EventTypeNormal, "Scaled", "RollOut", "scaled MachineSet %s from %d to %d", ms.Name, ptrOr(ms.Spec.Replicas), n)
+		}
+		*ms = *patched
+	}
+	return errors.Join(errs...)
+}
+
+// scalingEvent reports whether spec.replicas changed since the sets with
+// Machines were last sized.
+func scalingEvent(md *machinistv1.MachineDeployment, sets []*machinistv1.MachineSet) bool {
+	desired := strconv.Itoa(int(replicasOf(md)))
+	for _, ms := range sets {
+		if ptrOr(ms.Spec.Replicas) > 0 {
+			if v, ok := ms.Annotations[machinistv1.DesiredReplicasAnnotation]; ok && v != desired {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// pruneHistory deletes empty old sets beyond revisionHistoryLimit, oldest
+// first.
+func (r *Reconciler) pruneHistory(ctx context.Context, md *machinistv1.MachineDeployment, old []*machinistv1.MachineSet) error {
+	limit := 10
+	if md.Spec.RevisionHistoryLimit != nil {
+		limit = int(*md.Spec.RevisionHistoryLimit)
+	}
+	var empty []*machinistv1.MachineSet
+	for _, ms := range old {
+		if ptrOr(ms.Spec.Replicas) == 0 && ms.Status.Replicas == 0 && ms.DeletionTimestamp.IsZero() {
+			empty = append(empty, ms)
+		}
+	}
+	for _, ms := range empty[:max(0, len(empty)-limit)] {
+		if err := r.Client.Delete(ctx, ms); client.IgnoreNotFound(err) != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// updateStatus writes counts, conditions and the rollout phase, firing the
+// rollout table's events to get there.
+func (r *Reconciler) updateStatus(ctx context.Context, md *machinistv1.MachineDeployment, newSet *machinistv1.MachineSet, old []*machinistv1.MachineSet) (reconcile.Result, error) {
+	now := r.now()
+	replicas := replicasOf(md)
+	st := md.Status.DeepCopy()
+	st.Replicas, st.ReadyReplicas, st.AvailableReplicas, st.UpdatedReplicas = 0, 0, 0, 0
+	for _, ms := range append(slices.Clone(old), newSet) {
+		if ms == nil {
+			continue
+		}
+		st.Replicas += ms.Status.Replicas
+		st.ReadyReplicas += ms.Status.ReadyReplicas
+		st.AvailableReplicas += ms.Status.AvailableReplicas
+	}
+	newAvailable := int32(0)
+	if newSet != nil {
+		st.UpdatedReplicas = newSet.Status.Replicas
+		newAvailable = newSet.Status.AvailableReplicas
+	}
+	st.UnavailableReplicas = max(0, replicas-st.AvailableReplicas)
+	if sel, err := metav1.LabelSelectorAsSelector(md.Spec.Selector.AsMeta()); err == nil {
+		st.Selector = sel.String()
+	}
+	st.ObservedGeneration = md.Generation
+
+	complete := newSet != nil && newAvailable == replicas && st.UpdatedReplicas == replicas && st.Replicas == replicas
+	progressed := st.UpdatedReplicas != md.Status.UpdatedReplicas || st.AvailableReplicas != md.Status.AvailableReplicas ||
+		st.Replicas != md.Status.Replicas || md.Status.ObservedGeneration != md.Generation
+	if progressed || st.LastProgressTime == nil {
+		st.LastProgressTime = &metav1.Time{Time: now}
+	}
+	deadline := time.Duration(600) * time.Second
+	if md.Spec.ProgressDeadlineSeconds != nil {
+		deadline = time.Duration(*md.Spec.ProgressDeadlineSeconds) * time.Second
+	}
+	target := machinistv1.RolloutProgressing
+	switch {
+	case md.Spec.Paused:
+		target = machinistv1.RolloutPaused
+	case complete:
+		target = machinistv1.RolloutStable
+	case now.Sub(st.LastProgressTime.Time) >= deadline:
+		target = machinistv1.RolloutStalled
+	}
+	from := st.Phase
+	if from == "" {
+		from = Rollout.Initial
+	}
+	path, ok := Rollout.Path(from, target)
+	if !ok {
+		return reconcile.Result{}, fmt.Errorf("the rollout table has no way from %s to %s", from, target)
+	}
+	fsm := Rollout.New(from)
+	var fired [][3]string
+	for _, e := range path {
+		f, t, err := fsm.Fire(e)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		fired = append(fired, [3]string{string(f), string(t), string(e)})
+	}
+	st.Phase = fsm.State()
+
+	progressing := metav1.Condition{Type: ConditionProgressing, Status: metav1.ConditionTrue, Reason: reasonRollingOut,
+		Message: fmt.Sprintf("%d of %d Machines updated, %d available", st.UpdatedReplicas, replicas, st.AvailableReplicas), ObservedGeneration: md.Generation}
+	switch st.Phase {
+	case machinistv1.RolloutStable:
+		progressing.Reason, progressing.Message = reasonComplete, fmt.Sprintf("MachineSet %s is available", newSet.Name)
+	case machinistv1.RolloutPaused:
+		progressing.Status, progressing.Reason, progressing.Message = metav1.ConditionUnknown, reasonPaused, "the rollout is paused"
+	case machinistv1.RolloutStalled:
+		progressing.Status, progressing.Reason = metav1.ConditionFalse, ReasonProgressDeadlineExceeded
+		progressing.Message = fmt.Sprintf("no progress for %s: %s", deadline, progressing.Message)
+	}
+	meta.SetStatusCondition(&st.Conditions, progressing)
+	strategy, _ := Resolve(md.Spec.Strategy, replicas)
+	available := metav1.Condition{Type: ConditionAvailable, Status: metav1.ConditionFalse, Reason: "BelowMinimum", ObservedGeneration: md.Generation,
+		Message: fmt.Sprintf("%d available, %d needed", st.AvailableReplicas, replicas-strategy.MaxUnavailable)}
+	if st.AvailableReplicas >= replicas-strategy.MaxUnavailable {
+		available.Status, available.Reason = metav1.ConditionTrue, "MinimumAvailable"
+	}
+	meta.SetStatusCondition(&st.Conditions, available)
+
+	var res reconcile.Result
+	if st.Phase == machinistv1.RolloutProgressing {
+		res.RequeueAfter = st.LastProgressTime.Add(deadline).Sub(now) + time.Second
+	}
+	if equality.Semantic.DeepEqual(st, &md.Status) {
+		return res, nil
+	}
+	md.Status = *st
+	if err := r.Client.Status().Update(ctx, md); err != nil {
+		if apierrors.IsConflict(err) {
+			return reconcile.Result{RequeueAfter: time.Second}, nil
+		}
+		return res, err
+	}
+	for _, t := range fired {
+		if r.Transitions != nil {
+			r.Transitions.WithLabelValues(t[0], t[1], t[2]).Inc()
+		}
+		r.event(md, corev1.EventTypeNormal, "Rollout"+t[1], t[1], "%s -> %s (%s)", t[0], t[1], t[2])
+	}
+	return res, nil
+}
+
+func (r *Reconciler) event(md *machinistv1.MachineDeployment, kind, reason, action, format string, args ...any) {
+	if r.Recorder != nil {
+		r.Recorder.Eventf(md, nil, kind, reason, action, format, args...)
+	}
+}

@@ -1,0 +1,412 @@
+package deployment_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/deployment"
+)
+
+func newDeployment(ns, name string, replicas int32, strategy machinistv1.MachineDeploymentStrategy) *machinistv1.MachineDeployment {
+	labels := map[string]string{"pool": name}
+	return &machinistv1.MachineDeployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: machinistv1.MachineDeploymentSpec{
+			Replicas: ptr.To(replicas),
+			Selector: machinistv1.LabelSelector{MatchLabels: labels},
+			Strategy: strategy,
+			Template: machinistv1.MachineTemplateSpec{
+				Metadata: machinistv1.TemplateMetadata{Labels: labels},
+				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}, Version: "v1.37.1"},
+			},
+		},
+	}
+}
+
+func rolling(surge, unavailable intstr.IntOrString) machinistv1.MachineDeploymentStrategy {
+	return machinistv1.MachineDeploymentStrategy{
+		Type:          machinistv1.RollingUpdateStrategy,
+		RollingUpdate: &machinistv1.RollingUpdate{MaxSurge: &surge, MaxUnavailable: &unavailable},
+	}
+}
+
+func available(m *machinistv1.Machine) bool {
+	return m.DeletionTimestamp.IsZero() && m.Status.Phase == machinistv1.MachineRunning &&
+		meta.IsStatusConditionTrue(m.Status.Conditions, machinistv1.ConditionReady)
+}
+
+// monitor watches every Machine and rollout event of a namespace and
+// checks the invariants at each one.
+type monitor struct {
+	mu         sync.Mutex
+	machines   map[string]*machinistv1.Machine
+	phases     []machinistv1.RolloutPhase
+	violations []string
+	check      func(map[string]*machinistv1.Machine) string
+}
+
+func (m *monitor) bad() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.violations)
+}
+
+func (m *monitor) rolloutPhases() []machinistv1.RolloutPhase {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.phases)
+}
+
+func watchRollout(ctx context.Context, ns string, check func(map[string]*machinistv1.Machine) string) *monitor {
+	mon := &monitor{machines: map[string]*machinistv1.Machine{}, check: check}
+	for _, m := range machines(ctx, ns) {
+		mon.machines[m.Name] = m.DeepCopy()
+	}
+	var md machinistv1.MachineDeploymentList
+	Expect(k8s.List(ctx, &md, client.InNamespace(ns))).To(Succeed())
+	if len(md.Items) == 1 {
+		mon.phases = []machinistv1.RolloutPhase{md.Items[0].Status.Phase}
+	}
+	events, err := env.WatchMachines(ctx, ns)
+	Expect(err).NotTo(HaveOccurred())
+	rollouts, err := env.Watch(ctx, ns, func() client.ObjectList { return &machinistv1.MachineDeploymentList{} })
+	Expect(err).NotTo(HaveOccurred())
+	go func() {
+		defer GinkgoRecover()
+		for ev := range events {
+			m, ok := ev.Object.(*machinistv1.Machine)
+			if !ok {
+				continue
+			}
+			mon.mu.Lock()
+			if ev.Type == watch.Deleted {
+				delete(mon.machines, m.Name)
+			} else {
+				mon.machines[m.Name] = m
+			}
+			if v := mon.check(mon.machines); v != "" {
+				mon.violations = append(mon.violations, v)
+			}
+			mon.mu.Unlock()
+		}
+	}()
+	go func() {
+		defer GinkgoRecover()
+		for ev := range rollouts {
+			md, ok := ev.Object.(*machinistv1.MachineDeployment)
+			if !ok || md.Status.Phase == "" {
+				continue
+			}
+			mon.mu.Lock()
+			if n := len(mon.phases); n == 0 || mon.phases[n-1] != md.Status.Phase {
+				mon.phases = append(mon.phases, md.Status.Phase)
+			}
+			mon.mu.Unlock()
+		}
+	}()
+	return mon
+}
+
+// bounds is the rolling update invariant: never more than replicas +
+// surge Machines, never fewer than replicas - unavailable available.
+func bounds(replicas, surge, unavailable int) func(map[string]*machinistv1.Machine) string {
+	return func(ms map[string]*machinistv1.Machine) string {
+		avail := 0
+		for _, m := range ms {
+			if available(m) {
+				avail++
+			}
+		}
+		switch {
+		case len(ms) > replicas+surge:
+			return fmt.Sprintf("%d Machines, more than %d", len(ms), replicas+surge)
+		case avail < replicas-unavailable:
+			return fmt.Sprintf("%d available, fewer than %d", avail, replicas-unavailable)
+		}
+		return ""
+	}
+}
+
+func machines(ctx context.Context, ns string) []machinistv1.Machine {
+	var list machinistv1.MachineList
+	Expect(k8s.List(ctx, &list, client.InNamespace(ns))).To(Succeed())
+	return list.Items
+}
+
+// versions counts Running Machines by version, and all others as "other".
+func versions(ctx context.Context, ns string) map[string]int {
+	out := map[string]int{}
+	for _, m := range machines(ctx, ns) {
+		if m.Status.Phase == machinistv1.MachineRunning && m.DeletionTimestamp.IsZero() {
+			out[m.Spec.Version]++
+		} else {
+			out["other"]++
+		}
+	}
+	return out
+}
+
+func getMD(ctx context.Context, md *machinistv1.MachineDeployment) *machinistv1.MachineDeployment {
+	out := &machinistv1.MachineDeployment{}
+	Expect(k8s.Get(ctx, client.ObjectKeyFromObject(md), out)).To(Succeed())
+	return out
+}
+
+func phaseOf(md *machinistv1.MachineDeployment) machinistv1.RolloutPhase { return md.Status.Phase }
+
+// deploy creates md and waits until its Machines run and it is Stable.
+func deploy(ctx context.Context, md *machinistv1.MachineDeployment) {
+	Expect(k8s.Create(ctx, md)).To(Succeed())
+	Eventually(func() map[string]int { return versions(ctx, md.Namespace) }).WithTimeout(60 * time.Second).
+		Should(Equal(map[string]int{md.Spec.Template.Spec.Version: int(*md.Spec.Replicas)}))
+	Eventually(func() *machinistv1.MachineDeployment { return getMD(ctx, md) }).WithTimeout(30 * time.Second).
+		Should(WithTransform(phaseOf, Equal(machinistv1.RolloutStable)))
+}
+
+func patchSpec(ctx context.Context, md *machinistv1.MachineDeployment, spec string) {
+	Expect(k8s.Patch(ctx, md, client.RawPatch(types.MergePatchType, []byte(`{"spec":`+spec+`}`)))).To(Succeed())
+}
+
+func upgrade(ctx context.Context, md *machinistv1.MachineDeployment, version string) {
+	patchSpec(ctx, md, `{"template":{"spec":{"version":"`+version+`"}}}`)
+}
+
+func waitVersion(ctx context.Context, md *machinistv1.MachineDeployment, version string, n int) {
+	Eventually(func() map[string]int { return versions(ctx, md.Namespace) }).WithTimeout(120 * time.Second).
+		Should(Equal(map[string]int{version: n}))
+	Eventually(func() *machinistv1.MachineDeployment { return getMD(ctx, md) }).WithTimeout(30 * time.Second).
+		Should(WithTransform(phaseOf, Equal(machinistv1.RolloutStable)))
+}
+
+// machineReasons lists the Machine controller's Events for one Machine, in order.
+func machineReasons(ctx context.Context, ns, name string) []string {
+	var list eventsv1.EventList
+	Expect(k8s.List(ctx, &list, client.InNamespace(ns))).To(Succeed())
+	slices.SortFunc(list.Items, func(a, b eventsv1.Event) int { return a.EventTime.Time.Compare(b.EventTime.Time) })
+	var out []string
+	for _, e := range list.Items {
+		if e.Regarding.Kind == "Machine" && e.Regarding.Name == name && strings.HasPrefix(e.Reason, "Machine") {
+			out = append(out, e.Reason)
+		}
+	}
+	return out
+}
+
+func sets(ctx context.Context, ns string) []machinistv1.MachineSet {
+	var list machinistv1.MachineSetList
+	Expect(k8s.List(ctx, &list, client.InNamespace(ns))).To(Succeed())
+	return list.Items
+}
+
+var _ = Describe("The MachineDeployment controller", func() {
+	DescribeTable("rolls a node upgrade within its bounds",
+		func(ctx SpecContext, surge, unavailable intstr.IntOrString, wantSurge, wantUnavailable int) {
+			ns := newNamespace(ctx)
+			md := newDeployment(ns, "pool", 6, rolling(surge, unavailable))
+			deploy(ctx, md)
+			oldNames := []string{}
+			for _, m := range machines(ctx, ns) {
+				oldNames = append(oldNames, m.Name)
+			}
+			mon := watchRollout(ctx, ns, bounds(6, wantSurge, wantUnavailable))
+			upgrade(ctx, md, "v1.37.2")
+			waitVersion(ctx, md, "v1.37.2", 6)
+
+			Expect(mon.bad()).To(BeEmpty())
+			Eventually(mon.rolloutPhases).Should(Equal([]machinistv1.RolloutPhase{
+				machinistv1.RolloutStable, machinistv1.RolloutProgressing, machinistv1.RolloutStable}))
+			for _, name := range oldNames {
+				Eventually(func() []string { return machineReasons(ctx, ns, name) }).Should(
+					ContainElements("MachineDraining", "MachineDeleting", "MachineDeleted"), name)
+			}
+			got := getMD(ctx, md)
+			Expect(got.Status.UpdatedReplicas).To(BeEquivalentTo(6))
+			Expect(got.Status.AvailableReplicas).To(BeEquivalentTo(6))
+		},
+		Entry("maxSurge 1, maxUnavailable 0", intstr.FromInt32(1), intstr.FromInt32(0), 1, 0),
+		Entry("maxSurge 0, maxUnavailable 2", intstr.FromInt32(0), intstr.FromInt32(2), 0, 2),
+		Entry("maxSurge 50%, maxUnavailable 25%", intstr.FromString("50%"), intstr.FromString("25%"), 3, 1),
+	)
+
+	It("recreates: every old Machine is gone before a new one is created", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		md := newDeployment(ns, "batch", 3, machinistv1.MachineDeploymentStrategy{Type: machinistv1.RecreateStrategy})
+		deploy(ctx, md)
+		mon := watchRollout(ctx, ns, func(ms map[string]*machinistv1.Machine) string {
+			var oldN, newN int
+			for _, m := range ms {
+				if m.Spec.Version == "v1.37.2" {
+					newN++
+				} else {
+					oldN++
+				}
+			}
+			if oldN > 0 && newN > 0 {
+				return fmt.Sprintf("%d old and %d new Machines at once", oldN, newN)
+			}
+			return ""
+		})
+		upgrade(ctx, md, "v1.37.2")
+		waitVersion(ctx, md, "v1.37.2", 3)
+		Expect(mon.bad()).To(BeEmpty())
+	})
+
+	It("on delete: replaces only the Machines someone deletes", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		md := newDeployment(ns, "manual", 3, machinistv1.MachineDeploymentStrategy{Type: machinistv1.OnDeleteStrategy})
+		deploy(ctx, md)
+		upgrade(ctx, md, "v1.37.2")
+		Consistently(func() map[string]int { return versions(ctx, ns) }, "3s").Should(Equal(map[string]int{"v1.37.1": 3}))
+		victim := machines(ctx, ns)[0]
+		Expect(k8s.Delete(ctx, &victim)).To(Succeed())
+		Eventually(func() map[string]int { return versions(ctx, ns) }).WithTimeout(60 * time.Second).
+			Should(Equal(map[string]int{"v1.37.1": 2, "v1.37.2": 1}))
+		Consistently(func() map[string]int { return versions(ctx, ns) }, "3s").Should(Equal(map[string]int{"v1.37.1": 2, "v1.37.2": 1}))
+	})
+
+	It("freezes a paused rollout and finishes it when resumed", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		md := newDeployment(ns, "paused", 6, rolling(intstr.FromInt32(1), intstr.FromInt32(0)))
+		deploy(ctx, md)
+		upgrade(ctx, md, "v1.37.2")
+		Eventually(func() int { return versions(ctx, ns)["v1.37.2"] }).WithTimeout(60 * time.Second).Should(BeNumerically(">=", 2))
+		patchSpec(ctx, md, `{"paused":true}`)
+		Eventually(func() *machinistv1.MachineDeployment { return getMD(ctx, md) }).Should(WithTransform(phaseOf, Equal(machinistv1.RolloutPaused)))
+		specs := func() map[string]int32 {
+			out := map[string]int32{}
+			for _, ms := range sets(ctx, ns) {
+				out[ms.Name] = *ms.Spec.Replicas
+			}
+			return out
+		}
+		frozen := specs()
+		Consistently(specs, "3s").Should(Equal(frozen), "a paused rollout resizes no MachineSet")
+		Expect(frozen).To(HaveLen(2))
+
+		patchSpec(ctx, md, `{"paused":false}`)
+		waitVersion(ctx, md, "v1.37.2", 6)
+		Eventually(func() []string { return rolloutEvents(ctx, ns, "paused") }).Should(
+			ContainElements("RolloutProgressing", "RolloutPaused", "RolloutStable"))
+	})
+
+	It("scales proportionally when scaled mid-rollout", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		md := newDeployment(ns, "growing", 6, rolling(intstr.FromInt32(1), intstr.FromInt32(0)))
+		deploy(ctx, md)
+		mon := watchRollout(ctx, ns, bounds(9, 1, 6)) // never above the new size plus surge, never below the old size
+		upgrade(ctx, md, "v1.37.2")
+		Eventually(func() int { return versions(ctx, ns)["v1.37.2"] }).WithTimeout(60 * time.Second).Should(BeNumerically(">=", 1))
+		patchSpec(ctx, md, `{"paused":true}`)
+		Eventually(func() *machinistv1.MachineDeployment { return getMD(ctx, md) }).Should(WithTransform(phaseOf, Equal(machinistv1.RolloutPaused)))
+		before := map[string]int32{}
+		for _, ms := range sets(ctx, ns) {
+			before[ms.Name] = *ms.Spec.Replicas
+		}
+		Expect(before).To(HaveLen(2))
+
+		By("scaling 6 to 9 while paused: both sets grow, keeping their ratio")
+		patchSpec(ctx, md, `{"replicas":9}`)
+		Eventually(func() map[string]int32 {
+			out := map[string]int32{}
+			for _, ms := range sets(ctx, ns) {
+				out[ms.Name] = *ms.Spec.Replicas
+			}
+			return out
+		}).Should(And(
+			WithTransform(func(m map[string]int32) int32 {
+				var sum int32
+				for _, v := range m {
+					sum += v
+				}
+				return sum
+			}, BeEquivalentTo(10)),
+			HaveEach(BeNumerically(">", 0)),
+			Satisfy(func(m map[string]int32) bool {
+				for name, v := range m {
+					if v <= before[name] {
+						return false
+					}
+				}
+				return true
+			}),
+		))
+		patchSpec(ctx, md, `{"paused":false}`)
+		waitVersion(ctx, md, "v1.37.2", 9)
+		Expect(mon.bad()).To(BeEmpty())
+	})
+
+	It("stalls when new Machines never become Ready, removing no old Machine", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		md := newDeployment(ns, "stuck", 3, rolling(intstr.FromInt32(1), intstr.FromInt32(0)))
+		md.Spec.ProgressDeadlineSeconds = ptr.To(int32(5))
+		deploy(ctx, md)
+		mon := watchRollout(ctx, ns, bounds(3, 1, 0))
+		patchSpec(ctx, md, `{"template":{"spec":{"classRef":{"name":"sick"}}}}`)
+		Eventually(func() *machinistv1.MachineDeployment { return getMD(ctx, md) }).WithTimeout(30 * time.Second).Should(And(
+			WithTransform(phaseOf, Equal(machinistv1.RolloutStalled)),
+			WithTransform(func(md *machinistv1.MachineDeployment) string {
+				c := meta.FindStatusCondition(md.Status.Conditions, deployment.ConditionProgressing)
+				if c == nil || c.Status != metav1.ConditionFalse {
+					return ""
+				}
+				return c.Reason
+			}, Equal(deployment.ReasonProgressDeadlineExceeded)),
+		))
+		Expect(versions(ctx, ns)).To(Equal(map[string]int{"v1.37.1": 3, "other": 1}), "three old Machines and one new that never came up")
+		Expect(mon.bad()).To(BeEmpty())
+		Expect(mon.rolloutPhases()).To(Equal([]machinistv1.RolloutPhase{
+			machinistv1.RolloutStable, machinistv1.RolloutProgressing, machinistv1.RolloutStalled}))
+	})
+
+	It("rolls back by reusing the earlier revision's MachineSet", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		md := newDeployment(ns, "back", 2, rolling(intstr.FromInt32(1), intstr.FromInt32(0)))
+		deploy(ctx, md)
+		first := sets(ctx, ns)
+		Expect(first).To(HaveLen(1))
+		upgrade(ctx, md, "v1.37.2")
+		waitVersion(ctx, md, "v1.37.2", 2)
+		upgrade(ctx, md, "v1.37.1")
+		waitVersion(ctx, md, "v1.37.1", 2)
+		all := sets(ctx, ns)
+		Expect(all).To(HaveLen(2), "no third MachineSet")
+		for _, ms := range all {
+			if ms.Name == first[0].Name {
+				Expect(ms.Annotations[machinistv1.RevisionAnnotation]).To(Equal("3"))
+				Expect(*ms.Spec.Replicas).To(BeEquivalentTo(2))
+			} else {
+				Expect(ms.Annotations[machinistv1.RevisionAnnotation]).To(Equal("2"))
+				Expect(*ms.Spec.Replicas).To(BeEquivalentTo(0))
+			}
+		}
+	})
+})
+
+// rolloutEvents lists the reasons of a MachineDeployment's Events.
+func rolloutEvents(ctx context.Context, ns, name string) []string {
+	var list eventsv1.EventList
+	Expect(k8s.List(ctx, &list, client.InNamespace(ns))).To(Succeed())
+	var out []string
+	for _, e := range list.Items {
+		if e.Regarding.Kind == "MachineDeployment" && e.Regarding.Name == name {
+			out = append(out, e.Reason)
+		}
+	}
+	return out
+}
