@@ -5,21 +5,33 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/machinist-dev/machinist/deployment"
 	"github.com/machinist-dev/machinist/lifecycle"
 )
 
+// diagrams are the state machines machinist fsm prints, by name.
+var diagrams = map[string]func(format string) (string, error){
+	"machine": lifecycle.Diagram,
+	"rollout": deployment.Rollout.Diagram,
+}
+
 func fsmCommand() *cobra.Command {
-	var format string
+	var format, table string
 	cmd := &cobra.Command{
 		Use:   "fsm",
-		Short: "Print the Machine state machine (mermaid or dot)",
-		Long: `Print the Machine state machine exactly as the controller runs it,
-as a Mermaid state diagram or a Graphviz graph.`,
+		Short: "Print a state machine: a Machine's lifecycle or a rollout's (mermaid or dot)",
+		Long: `Print a state machine exactly as the controllers run it, as a Mermaid
+state diagram or a Graphviz graph: the Machine lifecycle (--table machine)
+or a MachineDeployment's rollout (--table rollout).`,
 		Example: `  machinist fsm --format mermaid
-  machinist fsm --format dot | dot -Tsvg > lifecycle.svg`,
+  machinist fsm --table rollout --format dot | dot -Tsvg > rollout.svg`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			out, err := lifecycle.Diagram(format)
+			diagram, ok := diagrams[table]
+			if !ok {
+				return fmt.Errorf("unknown table %q: use machine or rollout", table)
+			}
+			out, err := diagram(format)
 			if err != nil {
 				return err
 			}
@@ -28,5 +40,6 @@ as a Mermaid state diagram or a Graphviz graph.`,
 		},
 	}
 	cmd.Flags().StringVar(&format, "format", "mermaid", "output format: mermaid or dot")
+	cmd.Flags().StringVar(&table, "table", "machine", "which state machine: machine or rollout")
 	return cmd
 }

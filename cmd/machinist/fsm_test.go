@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/machinist-dev/machinist/deployment"
 	"github.com/machinist-dev/machinist/lifecycle"
 )
 
@@ -43,35 +44,54 @@ func TestFSMPrintsEveryTransition(t *testing.T) {
 	}
 }
 
-func TestFSMRejectsUnknownFormat(t *testing.T) {
+func TestFSMRejectsUnknownFormatAndTable(t *testing.T) {
 	if _, err := run(t, "fsm", "--format", "png"); err == nil || !strings.Contains(err.Error(), "use mermaid or dot") {
 		t.Fatalf("got %v, want an error naming the formats", err)
 	}
+	if _, err := run(t, "fsm", "--table", "cluster"); err == nil || !strings.Contains(err.Error(), "use machine or rollout") {
+		t.Fatalf("got %v, want an error naming the tables", err)
+	}
 }
 
-// TestLifecycleDocShowsTheTable keeps docs/lifecycle.md in step with the
-// code: its mermaid block must be exactly what `machinist fsm` prints, and
-// every state and event must be explained.
-func TestLifecycleDocShowsTheTable(t *testing.T) {
-	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "lifecycle.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, err := lifecycle.Diagram("mermaid")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(doc), "```mermaid\n"+want+"```") {
-		t.Errorf("docs/lifecycle.md's diagram differs from the code; replace it with the output of `go run ./cmd/machinist fsm`:\n%s", want)
-	}
-	for _, s := range lifecycle.States() {
-		if !strings.Contains(string(doc), "| "+string(s)+" |") {
-			t.Errorf("docs/lifecycle.md does not explain state %s in its states table", s)
+// TestDocsShowTheTables keeps docs/lifecycle.md and docs/rollouts.md in
+// step with the code: each one's mermaid block must be exactly what
+// `machinist fsm` prints, and every state and event must be explained.
+func TestDocsShowTheTables(t *testing.T) {
+	for _, c := range []struct {
+		doc, table     string
+		states, events []string
+	}{
+		{"lifecycle.md", "machine", strs(lifecycle.Table.States()), strs(lifecycle.Table.Events())},
+		{"rollouts.md", "rollout", strs(deployment.Rollout.States()), strs(deployment.Rollout.Events())},
+	} {
+		doc, err := os.ReadFile(filepath.Join("..", "..", "docs", c.doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := diagrams[c.table]("mermaid")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(doc), "```mermaid\n"+want+"```") {
+			t.Errorf("docs/%s's diagram differs from the code; replace it with the output of `go run ./cmd/machinist fsm --table %s`:\n%s", c.doc, c.table, want)
+		}
+		for _, s := range c.states {
+			if !strings.Contains(string(doc), "| "+s+" |") {
+				t.Errorf("docs/%s does not explain state %s in its states table", c.doc, s)
+			}
+		}
+		for _, e := range c.events {
+			if !strings.Contains(string(doc), "| `"+e+"` |") {
+				t.Errorf("docs/%s does not explain event %s in its events table", c.doc, e)
+			}
 		}
 	}
-	for _, e := range lifecycle.Events() {
-		if !strings.Contains(string(doc), "| `"+string(e)+"` |") {
-			t.Errorf("docs/lifecycle.md does not explain event %s in its events table", e)
-		}
+}
+
+func strs[T ~string](in []T) []string {
+	out := make([]string, len(in))
+	for i, v := range in {
+		out[i] = string(v)
 	}
+	return out
 }

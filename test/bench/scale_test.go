@@ -32,29 +32,20 @@ const (
 	burst   = 4000
 )
 
-var (
-	envOnce sync.Once
-	env     *testenv.Env
-	envErr  error
-)
+// env is the control plane of the benchmark running now.
+var env *testenv.Env
 
-// TestMain stops the shared control plane: its processes would outlive the
-// benchmark otherwise.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if env != nil {
-		_ = env.Stop()
+// freshEnv starts a control plane of the benchmark's own, so that objects a
+// previous benchmark left behind cannot load the controllers it measures,
+// and stops it when the benchmark ends.
+func freshEnv(b *testing.B) *testenv.Env {
+	e, err := testenv.Start()
+	if err != nil {
+		b.Fatal(err)
 	}
-	os.Exit(code)
-}
-
-// sharedEnv starts one control plane for every benchmark in the process.
-func sharedEnv(b *testing.B) *testenv.Env {
-	envOnce.Do(func() { env, envErr = testenv.Start() })
-	if envErr != nil {
-		b.Fatal(envErr)
-	}
-	return env
+	b.Cleanup(func() { _ = e.Stop() })
+	env = e
+	return e
 }
 
 // BenchmarkScaleUp times a MachineSet going from 0 to N Machines, all
@@ -75,7 +66,7 @@ func BenchmarkScaleUp(b *testing.B) {
 func scaleUp(b *testing.B, n int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	env := sharedEnv(b)
+	env := freshEnv(b)
 	kube, err := kubernetes.NewForConfig(env.Config)
 	if err != nil {
 		b.Fatal(err)

@@ -1,0 +1,230 @@
+package bench
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/machinist-dev/machinist/actuators/inmemory"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/manager"
+	"github.com/machinist-dev/machinist/internal/testenv"
+)
+
+// BenchmarkRollingUpgrade times a rolling node upgrade of 500 Machines
+// (maxSurge 10%, maxUnavailable 0, zero-latency provider) from the template
+// change until every Machine runs the new version, and in the same run the
+// write floor for replacing as many Machines: per Machine a create, two
+// status updates, a delete and the finalizer's removal, made directly with
+// the engine's parallelism.
+func BenchmarkRollingUpgrade(b *testing.B) {
+	for range b.N {
+		rollingUpgrade(b, 500)
+	}
+}
+
+func rollingUpgrade(b *testing.B, n int) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	env := freshEnv(b)
+	kube, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctrls, err := env.StartControllers(manager.Options{
+		MachineWorkers: workers, MachineSetWorkers: 4, QPS: qps, Burst: burst, Repeatable: true,
+	}, testenv.Leases{DurationSeconds: 3600, RenewInterval: time.Hour})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ns := namespace(ctx, b, "rollout")
+	if err := env.Client.Create(ctx, &machinistv1.MachineClass{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "small"},
+		Spec:       machinistv1.MachineClassSpec{Provider: inmemory.Name},
+	}); err != nil {
+		b.Fatal(err)
+	}
+	labels := map[string]string{"pool": "bench"}
+	surge, unavailable := intstr.FromString("10%"), intstr.FromInt32(0)
+	md := &machinistv1.MachineDeployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bench"},
+		Spec: machinistv1.MachineDeploymentSpec{
+			Replicas: ptr.To(int32(n)),
+			Selector: machinistv1.LabelSelector{MatchLabels: labels},
+			Strategy: machinistv1.MachineDeploymentStrategy{Type: machinistv1.RollingUpdateStrategy,
+				RollingUpdate: &machinistv1.RollingUpdate{MaxSurge: &surge, MaxUnavailable: &unavailable}},
+			Template: machinistv1.MachineTemplateSpec{
+				Metadata: machinistv1.TemplateMetadata{Labels: labels},
+				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}, Version: "v1.37.1"},
+			},
+		},
+	}
+	before, err := watchVersion(ctx, ns, n, "v1.37.1")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := env.Client.Create(ctx, md); err != nil {
+		b.Fatal(err)
+	}
+	wait(b, before, timeout(n), "the first version")
+
+	upgraded, err := watchVersion(ctx, ns, n, "v1.37.2")
+	if err != nil {
+		b.Fatal(err)
+	}
+	w0, err := ReadWrites(ctx, kube)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	start := time.Now()
+	patch := []byte(`{"spec":{"template":{"spec":{"version":"v1.37.2"}}}}`)
+	if err := env.Client.Patch(ctx, md, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		b.Fatal(err)
+	}
+	wait(b, upgraded, 2*timeout(n), "the upgrade")
+	engine := time.Since(start)
+	b.StopTimer()
+
+	time.Sleep(3 * time.Second)
+	w1, err := ReadWrites(ctx, kube)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := ctrls.Stop(); err != nil {
+		b.Fatal(err)
+	}
+	floor := replaceFloor(ctx, b, n)
+	w := w1.Done.Since(w0.Done)
+	object := w.Sum("machines", "machines/status", "machinesets", "machinesets/status", "machinedeployments", "machinedeployments/status", "nodes")
+	b.ReportMetric(engine.Seconds(), "s-to-upgraded")
+	b.ReportMetric(object/float64(n), "writes/replaced-machine")
+	b.ReportMetric(w.Sum("events")/float64(n), "events/replaced-machine")
+	b.ReportMetric(floor.Seconds(), "floor-s")
+	b.ReportMetric(engine.Seconds()/floor.Seconds(), "engine/floor")
+	b.Logf("N=%d: successful writes by resource %v; refused %v", n, w, w1.Refused.Since(w0.Refused))
+}
+
+// watchVersion closes the returned channel once exactly n Machines exist
+// in ns, all Running at version.
+func watchVersion(ctx context.Context, ns string, n int, version string) (<-chan struct{}, error) {
+	events, err := env.WatchMachines(ctx, ns)
+	if err != nil {
+		return nil, err
+	}
+	done := make(chan struct{})
+	go func() {
+		all := map[string]*machinistv1.Machine{}
+		for ev := range events {
+			m, ok := ev.Object.(*machinistv1.Machine)
+			if !ok {
+				continue
+			}
+			if ev.Type == watch.Deleted {
+				delete(all, m.Name)
+			} else {
+				all[m.Name] = m
+			}
+			if len(all) != n {
+				continue
+			}
+			ok = true
+			for _, m := range all {
+				if m.Spec.Version != version || m.Status.Phase != machinistv1.MachineRunning || !m.DeletionTimestamp.IsZero() {
+					ok = false
+					break
+				}
+			}
+			if ok {
+				close(done)
+				return
+			}
+		}
+	}()
+	return done, nil
+}
+
+func wait(b *testing.B, done <-chan struct{}, d time.Duration, what string) {
+	select {
+	case <-done:
+	case <-time.After(d):
+		b.Fatalf("%s did not finish in %s", what, d)
+	}
+}
+
+// replaceFloor replaces n Machines directly: for each, a create, two status
+// updates, the old one's delete and the removal of its finalizer.
+func replaceFloor(ctx context.Context, b *testing.B, n int) time.Duration {
+	cfg := rest.CopyConfig(env.Config)
+	cfg.QPS, cfg.Burst = qps, burst
+	c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ns := namespace(ctx, b, "floor")
+	newMachine := func(prefix string) *machinistv1.Machine {
+		return &machinistv1.Machine{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: prefix, Finalizers: []string{machinistv1.MachineFinalizer}},
+			Spec:       machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}},
+		}
+	}
+	old := make([]*machinistv1.Machine, n)
+	for i := range old {
+		old[i] = newMachine("old-")
+		if err := c.Create(ctx, old[i]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	jobs := make(chan int)
+	var mu sync.Mutex
+	var firstErr error
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range workers {
+		wg.Go(func() {
+			for i := range jobs {
+				if err := replaceOne(ctx, c, newMachine("new-"), old[i], i); err != nil {
+					mu.Lock()
+					firstErr = err
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for i := range n {
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	if firstErr != nil {
+		b.Fatal(firstErr)
+	}
+	return time.Since(start)
+}
+
+func replaceOne(ctx context.Context, c client.Client, m, old *machinistv1.Machine, i int) error {
+	if err := c.Create(ctx, m); err != nil {
+		return err
+	}
+	for _, p := range []machinistv1.MachinePhase{machinistv1.MachineProvisioning, machinistv1.MachineRunning} {
+		m.Status.Phase, m.Status.ProviderID = p, "floor:///"+strconv.Itoa(i)
+		if err := c.Status().Update(ctx, m); err != nil {
+			return err
+		}
+	}
+	if err := c.Delete(ctx, old); err != nil {
+		return err
+	}
+	return c.Patch(ctx, old, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`)))
+}
