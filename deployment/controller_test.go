@@ -46,9 +46,13 @@ func rolling(surge, unavailable intstr.IntOrString) machinistv1.MachineDeploymen
 	}
 }
 
-func available(m *machinistv1.Machine) bool {
+// available reports whether m has been Ready for minReady at now. The
+// controller decided with the same condition time and an earlier clock, so
+// this never calls unavailable what the controller counted as available.
+func available(m *machinistv1.Machine, minReady time.Duration, now time.Time) bool {
+	c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionReady)
 	return m.DeletionTimestamp.IsZero() && m.Status.Phase == machinistv1.MachineRunning &&
-		meta.IsStatusConditionTrue(m.Status.Conditions, machinistv1.ConditionReady)
+		c != nil && c.Status == metav1.ConditionTrue && !now.Before(c.LastTransitionTime.Add(minReady))
 }
 
 // monitor watches every Machine and rollout event of a namespace and
@@ -126,10 +130,16 @@ func watchRollout(ctx context.Context, ns string, check func(map[string]*machini
 // bounds is the rolling update invariant: never more than replicas +
 // surge Machines, never fewer than replicas - unavailable available.
 func bounds(replicas, surge, unavailable int) func(map[string]*machinistv1.Machine) string {
+	return boundsReady(replicas, surge, unavailable, 0)
+}
+
+// boundsReady is bounds where a Machine counts as available only after
+// being Ready for minReady.
+func boundsReady(replicas, surge, unavailable int, minReady time.Duration) func(map[string]*machinistv1.Machine) string {
 	return func(ms map[string]*machinistv1.Machine) string {
-		avail := 0
+		avail, now := 0, time.Now()
 		for _, m := range ms {
-			if available(m) {
+			if available(m, minReady, now) {
 				avail++
 			}
 		}
@@ -372,6 +382,28 @@ var _ = Describe("The MachineDeployment controller", func() {
 		Expect(mon.bad()).To(BeEmpty())
 		Expect(mon.rolloutPhases()).To(Equal([]machinistv1.RolloutPhase{
 			machinistv1.RolloutStable, machinistv1.RolloutProgressing, machinistv1.RolloutStalled}))
+	})
+
+	It("honors minReadySeconds and revisionHistoryLimit", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		md := newDeployment(ns, "careful", 2, rolling(intstr.FromInt32(1), intstr.FromInt32(0)))
+		md.Spec.MinReadySeconds = 2
+		md.Spec.RevisionHistoryLimit = ptr.To(int32(1))
+		deploy(ctx, md)
+		mon := watchRollout(ctx, ns, boundsReady(2, 1, 0, 2*time.Second))
+		upgrade(ctx, md, "v1.37.2")
+		waitVersion(ctx, md, "v1.37.2", 2)
+		upgrade(ctx, md, "v1.37.3")
+		waitVersion(ctx, md, "v1.37.3", 2)
+		Expect(mon.bad()).To(BeEmpty(), "no old Machine went before a new one had been Ready for minReadySeconds")
+		Eventually(func() []string {
+			var revs []string
+			for _, ms := range sets(ctx, ns) {
+				revs = append(revs, ms.Annotations[machinistv1.RevisionAnnotation])
+			}
+			slices.Sort(revs)
+			return revs
+		}).Should(Equal([]string{"2", "3"}), "revision 1 is pruned, one old revision is kept")
 	})
 
 	It("rolls back by reusing the earlier revision's MachineSet", func(ctx SpecContext) {
