@@ -324,6 +324,17 @@ var _ = Describe("The MachineDeployment controller", func() {
 		Eventually(func() int { return versions(ctx, ns)["v1.37.2"] }).WithTimeout(60 * time.Second).Should(BeNumerically(">=", 1))
 		patchSpec(ctx, md, `{"paused":true}`)
 		Eventually(func() *machinistv1.MachineDeployment { return getMD(ctx, md) }).Should(WithTransform(phaseOf, Equal(machinistv1.RolloutPaused)))
+		// Machines still being deleted hold their place against the surge;
+		// let them go so that the whole surge is free to share.
+		Eventually(func() int {
+			deleting := 0
+			for _, m := range machines(ctx, ns) {
+				if !m.DeletionTimestamp.IsZero() {
+					deleting++
+				}
+			}
+			return deleting
+		}).WithTimeout(30 * time.Second).Should(BeZero())
 		before := map[string]int32{}
 		for _, ms := range sets(ctx, ns) {
 			before[ms.Name] = *ms.Spec.Replicas

@@ -7,6 +7,8 @@ package deployment
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -100,10 +102,16 @@ func rolling(replicas int32, s Strategy, newSet Set, old []Set) Plan {
 	for _, o := range old {
 		total += footprint(o)
 	}
+	all := append(slices.Clone(old), newSet)
 	if up := min(replicas+s.MaxSurge-total, replicas-newSet.Replicas); up > 0 {
 		plan[newSet.Name] = newSet.Replicas + up
 	} else if newSet.Replicas > replicas {
-		plan[newSet.Name] = replicas // replicas was lowered
+		// replicas was lowered: shrink the new set as far as availability
+		// allows.
+		maps.Copy(plan, shrink(replicas, s, all, []Set{newSet}, newSet.Replicas-replicas))
+		if n, ok := plan[newSet.Name]; ok {
+			newSet.Replicas = n
+		}
 	}
 
 	// Scale old sets down, oldest first, as far as availability allows. A
@@ -177,17 +185,22 @@ func onDelete(replicas int32, newSet Set, old []Set) Plan {
 }
 
 // Proportional spreads a change of replicas over every set that still has
-// Machines, in proportion to their sizes, as Kubernetes Deployments do: a
-// deployment scaled in the middle of a rollout keeps the rollout's ratio of
-// old to new instead of adding everything to one set. sets are oldest first,
-// the newest last; the new total is replicas + maxSurge, and what rounding
-// leaves over goes to the newest set on the way up and to the largest on the
-// way down. It returns nil when at most one set has Machines: the rollout
-// planner sizes a single set itself.
+// Machines. Scaling up, the new total (replicas + maxSurge) is shared in
+// proportion to the sets' sizes, as Kubernetes Deployments do, so a
+// deployment scaled in the middle of a rollout keeps its ratio of old to new;
+// what rounding leaves over goes to the newest set. Scaling down, Machines
+// that are not available go first, newest set first, then available ones,
+// largest set first, but only as far as replicas - maxUnavailable allows: a
+// proportional cut could remove the available Machines of an old set while
+// the new set's Machines are not up. The rest follows through the rollout
+// planner as Machines become available. sets are oldest first, the newest
+// last. It returns nil when at most one set has Machines: the planner sizes
+// a single set itself.
 func Proportional(replicas int32, s Strategy, sets []Set) Plan {
 	var active []Set
-	var total int32
+	var total, held int32
 	for _, set := range sets {
+		held += footprint(set)
 		if set.Replicas > 0 {
 			active = append(active, set)
 			total += set.Replicas
@@ -196,25 +209,77 @@ func Proportional(replicas int32, s Strategy, sets []Set) Plan {
 	if len(active) <= 1 {
 		return nil
 	}
-	diff := replicas + s.MaxSurge - total
-	if diff == 0 {
-		return nil
-	}
-	plan := Plan{}
-	left := diff
-	for _, set := range active {
-		share := set.Replicas * diff / total
-		plan[set.Name] = set.Replicas + share
-		left -= share
-	}
-	target := active[len(active)-1]
-	if diff < 0 {
+	switch {
+	case replicas+s.MaxSurge > total:
+		// Machines still being deleted hold their place: grow only into
+		// what they leave free.
+		diff := replicas + s.MaxSurge - held
+		if diff <= 0 {
+			return nil
+		}
+		plan := Plan{}
+		left := diff
 		for _, set := range active {
-			if plan[set.Name] > plan[target.Name] {
-				target = set
+			share := set.Replicas * diff / total
+			plan[set.Name] = set.Replicas + share
+			left -= share
+		}
+		plan[active[len(active)-1].Name] += left
+		return plan
+	case replicas+s.MaxSurge < total:
+		return shrink(replicas, s, active, active, total-replicas-s.MaxSurge)
+	}
+	return nil
+}
+
+// shrink takes need Machines away from the candidate sets without taking
+// availability below replicas - maxUnavailable, counted as worstAvailable
+// counts it: a set may remove an available Machine where one that is not
+// yet available was meant. Sets with Machines that are not available go
+// first (the set removes those first, so usually nothing is lost), newest
+// first, then the largest.
+func shrink(replicas int32, s Strategy, active, candidates []Set, need int32) Plan {
+	size := map[string]int32{}
+	for _, set := range active {
+		size[set.Name] = set.Replicas
+	}
+	worst := func() int32 {
+		var n int32
+		for _, set := range active {
+			n += max(0, set.Available-max(0, set.Live-size[set.Name]))
+		}
+		return n
+	}
+	floor := replicas - s.MaxUnavailable
+	order := slices.Clone(candidates)
+	slices.Reverse(order)
+	slices.SortStableFunc(order, func(a, b Set) int {
+		ua, ub := a.Replicas > a.Available, b.Replicas > b.Available
+		switch {
+		case ua && !ub:
+			return -1
+		case ub && !ua:
+			return 1
+		case ua && ub:
+			return 0 // both have Machines not up: newest first, as reversed
+		}
+		return int(b.Replicas - a.Replicas)
+	})
+	for _, set := range order {
+		for need > 0 && size[set.Name] > 0 {
+			size[set.Name]--
+			if worst() < floor {
+				size[set.Name]++
+				break
 			}
+			need--
 		}
 	}
-	plan[target.Name] = max(0, plan[target.Name]+left)
+	plan := Plan{}
+	for _, set := range active {
+		if size[set.Name] != set.Replicas {
+			plan[set.Name] = size[set.Name]
+		}
+	}
 	return plan
 }

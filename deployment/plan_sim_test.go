@@ -35,7 +35,9 @@ type sim struct {
 	now      int
 	sets     []int32 // spec.replicas by set; the last is the newest
 	machines []*simMachine
-	broken   bool // new Machines never become Ready
+	broken   bool  // new Machines never become Ready
+	desired  int32 // replicas when the sets were last sized, as the annotation records
+	spec     machinistv1.MachineDeploymentStrategy
 }
 
 func (s *sim) counts(set int) Set {
@@ -58,11 +60,19 @@ func (s *sim) counts(set int) Set {
 
 func (s *sim) plan() {
 	newest := len(s.sets) - 1
-	var old []Set
-	for i := range newest {
-		old = append(old, s.counts(i))
+	var all []Set
+	for i := range s.sets {
+		all = append(all, s.counts(i))
 	}
-	for name, n := range Next(s.replicas, s.strategy, s.counts(newest), old) {
+	var plan Plan
+	if s.desired != s.replicas {
+		plan = Proportional(s.replicas, s.strategy, all)
+		s.desired = s.replicas
+	}
+	if plan == nil {
+		plan = Next(s.replicas, s.strategy, all[newest], all[:newest])
+	}
+	for name, n := range plan {
 		var i int
 		fmt.Sscan(name, &i)
 		s.sets[i] = n
@@ -164,29 +174,48 @@ func TestSimulatedRollouts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s := &sim{rnd: rnd, replicas: replicas, strategy: strategy, minReady: rnd.IntN(3), sets: []int32{replicas}}
+		s := &sim{rnd: rnd, replicas: replicas, desired: replicas, strategy: strategy, spec: spec, minReady: rnd.IntN(3), sets: []int32{replicas}}
 		for range replicas {
 			s.machines = append(s.machines, &simMachine{set: 0, ready: true, readyAt: -100})
 		}
 		s.broken = rnd.IntN(10) == 0
 		s.sets = append(s.sets, 0) // a template change
 		secondChange := rnd.IntN(3) == 0
+		rescale := rnd.IntN(3) == 0
+		// While a change of replicas settles, the bounds are those of the
+		// larger count for Machines and of the smaller for availability.
+		hi, lo := s.strategy, s.strategy
+		hiReplicas, loReplicas := replicas, replicas
 		where := fmt.Sprintf("seed %d: replicas %d, maxSurge %v (%d), maxUnavailable %v (%d), minReady %d, broken %v",
 			seed, replicas, surge.String(), strategy.MaxSurge, unavailable.String(), strategy.MaxUnavailable, s.minReady, s.broken)
 		for i := 0; i < 20000 && !(s.done() && !s.broken); i++ {
 			if secondChange && i == 200 {
 				s.sets = append(s.sets, 0)
 			}
+			if rescale && i == 100 {
+				s.replicas = int32(1 + rnd.IntN(12))
+				if s.strategy, err = Resolve(s.spec, s.replicas); err != nil {
+					t.Fatal(err)
+				}
+				where += fmt.Sprintf(", rescaled to %d at step 100", s.replicas)
+				if s.replicas > hiReplicas {
+					hi, hiReplicas = s.strategy, s.replicas
+				}
+				if s.replicas < loReplicas {
+					lo, loReplicas = s.strategy, s.replicas
+				}
+			}
 			s.step()
 			machines, available := s.totals()
-			if machines > replicas+strategy.MaxSurge {
-				t.Fatalf("%s: step %d: %d Machines, more than replicas + maxSurge = %d", where, i, machines, replicas+strategy.MaxSurge)
+			if machines > hiReplicas+hi.MaxSurge {
+				t.Fatalf("%s: step %d: %d Machines, more than replicas + maxSurge = %d", where, i, machines, hiReplicas+hi.MaxSurge)
 			}
-			if available < replicas-strategy.MaxUnavailable {
-				t.Fatalf("%s: step %d: %d available, fewer than replicas - maxUnavailable = %d", where, i, available, replicas-strategy.MaxUnavailable)
+			if available < loReplicas-lo.MaxUnavailable {
+				t.Fatalf("%s: step %d: %d available, fewer than replicas - maxUnavailable = %d", where, i, available, loReplicas-lo.MaxUnavailable)
 			}
 		}
 		if !s.broken && !s.done() {
+			_ = replicas
 			t.Fatalf("%s: the rollout did not finish in 20000 events", where)
 		}
 	}

@@ -96,13 +96,29 @@ func TestOnDeleteReplacesOnlyDeletedMachines(t *testing.T) {
 func TestProportionalKeepsTheRolloutRatio(t *testing.T) {
 	s := Strategy{Type: machinistv1.RollingUpdateStrategy, MaxSurge: 1}
 	// 6 -> 9 in the middle of a rollout: old 5, new 2 (7 = 6 + surge).
-	got := Proportional(9, s, []Set{{Name: "old", Replicas: 5}, {Name: "new", Replicas: 2}})
+	got := Proportional(9, s, []Set{{Name: "old", Replicas: 5, Machines: 5}, {Name: "new", Replicas: 2, Machines: 2}})
 	if got["old"]+got["new"] != 10 || got["old"] <= 5 || got["new"] <= 2 {
 		t.Fatalf("%v: want both sets to grow to 10 in all", got)
 	}
-	got = Proportional(3, s, []Set{{Name: "old", Replicas: 5}, {Name: "new", Replicas: 2}})
-	if got["old"]+got["new"] != 4 || got["old"] >= 5 || got["new"] > 2 {
-		t.Fatalf("%v: want both sets to shrink to 4 in all", got)
+	// 6 -> 3 (4 with the surge): the new set's two Machines are not up
+	// yet, so they go first, then one old one.
+	got = Proportional(3, s, []Set{{Name: "old", Replicas: 5, Machines: 5, Available: 5, Live: 5}, {Name: "new", Replicas: 2, Machines: 2, Live: 2}})
+	if got["new"] != 0 || got["old"] != 4 {
+		t.Fatalf("%v: want new=0 old=4", got)
+	}
+	// With the new Machines available, the cut stops at the floor.
+	sets := []Set{{Name: "old", Replicas: 5, Machines: 5, Available: 5, Live: 5}, {Name: "new", Replicas: 2, Machines: 2, Available: 2, Live: 2}}
+	got = Proportional(2, Strategy{Type: machinistv1.RollingUpdateStrategy}, sets)
+	var sum int32
+	for _, set := range sets {
+		if n, ok := got[set.Name]; ok {
+			sum += n
+		} else {
+			sum += set.Replicas
+		}
+	}
+	if sum != 2 {
+		t.Fatalf("%v: want 2 in all", got)
 	}
 	if got := Proportional(9, s, []Set{{Name: "old"}, {Name: "new", Replicas: 6}}); got != nil {
 		t.Fatalf("%v: one set with Machines is the planner's job", got)
