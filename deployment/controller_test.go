@@ -281,6 +281,22 @@ var _ = Describe("The MachineDeployment controller", func() {
 		ns := newNamespace(ctx)
 		md := newDeployment(ns, "manual", 3, machinistv1.MachineDeploymentStrategy{Type: machinistv1.OnDeleteStrategy})
 		deploy(ctx, md)
+		deleted := map[string]bool{} // old Machines seen being deleted
+		mon := watchRollout(ctx, ns, func(ms map[string]*machinistv1.Machine) string {
+			replacements := 0
+			for _, m := range ms {
+				switch {
+				case m.Spec.Version == "v1.37.2":
+					replacements++
+				case !m.DeletionTimestamp.IsZero():
+					deleted[m.Name] = true
+				}
+			}
+			if replacements > len(deleted) {
+				return fmt.Sprintf("%d new Machines for %d deleted old ones", replacements, len(deleted))
+			}
+			return ""
+		})
 		upgrade(ctx, md, "v1.37.2")
 		Consistently(func() map[string]int { return versions(ctx, ns) }, "3s").Should(Equal(map[string]int{"v1.37.1": 3}))
 		victim := machines(ctx, ns)[0]
@@ -288,6 +304,7 @@ var _ = Describe("The MachineDeployment controller", func() {
 		Eventually(func() map[string]int { return versions(ctx, ns) }).WithTimeout(60 * time.Second).
 			Should(Equal(map[string]int{"v1.37.1": 2, "v1.37.2": 1}))
 		Consistently(func() map[string]int { return versions(ctx, ns) }, "3s").Should(Equal(map[string]int{"v1.37.1": 2, "v1.37.2": 1}))
+		Expect(mon.bad()).To(BeEmpty())
 	})
 
 	It("freezes a paused rollout and finishes it when resumed", func(ctx SpecContext) {
