@@ -223,6 +223,10 @@ var _ = Describe("The MachineSet controller", func() {
 			Spec:       machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}},
 		}
 		Expect(k8s.Create(ctx, orphan)).To(Succeed())
+		// Running means the manager's cache has seen it, so the set's
+		// first reconcile finds it; otherwise the set would rightly create
+		// two Machines and remove a surplus one later.
+		waitRunning(ctx, ns, 1)
 		Expect(k8s.Create(ctx, newSet(ns, "adopter", 2, machinistv1.DeleteRandom))).To(Succeed())
 		all := waitRunning(ctx, ns, 2)
 		Expect(names(all)).To(ContainElement("orphan"), "the orphan counts toward replicas")
