@@ -11,15 +11,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/machinist-dev/machinist/actuators/inmemory"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/internal/manager"
-	"github.com/machinist-dev/machinist/internal/testenv"
 )
 
 // BenchmarkRollingUpgrade times a rolling node upgrade of 500 Machines
@@ -37,24 +33,7 @@ func BenchmarkRollingUpgrade(b *testing.B) {
 func rollingUpgrade(b *testing.B, n int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	env := freshEnv(b)
-	kube, err := kubernetes.NewForConfig(env.Config)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctrls, err := env.StartControllers(manager.Options{
-		MachineWorkers: workers, MachineSetWorkers: 4, QPS: qps, Burst: burst, Repeatable: true,
-	}, testenv.Leases{DurationSeconds: 3600, RenewInterval: time.Hour})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ns := namespace(ctx, b, "rollout")
-	if err := env.Client.Create(ctx, &machinistv1.MachineClass{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "small"},
-		Spec:       machinistv1.MachineClassSpec{Provider: inmemory.Name},
-	}); err != nil {
-		b.Fatal(err)
-	}
+	kube, ctrls, ns := setUp(ctx, b, "rollout")
 	labels := map[string]string{"pool": "bench"}
 	surge, unavailable := intstr.FromString("10%"), intstr.FromInt32(0)
 	md := &machinistv1.MachineDeployment{

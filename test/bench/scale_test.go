@@ -63,9 +63,9 @@ func BenchmarkScaleUp(b *testing.B) {
 	}
 }
 
-func scaleUp(b *testing.B, n int) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+// setUp starts a control plane of the benchmark's own, the controllers
+// with an inmemory provider, and a namespace with a MachineClass "small".
+func setUp(ctx context.Context, b *testing.B, prefix string) (kubernetes.Interface, *testenv.Controllers, string) {
 	env := freshEnv(b)
 	kube, err := kubernetes.NewForConfig(env.Config)
 	if err != nil {
@@ -80,13 +80,20 @@ func scaleUp(b *testing.B, n int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ns := namespace(ctx, b, "scale")
+	ns := namespace(ctx, b, prefix)
 	if err := env.Client.Create(ctx, &machinistv1.MachineClass{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "small"},
 		Spec:       machinistv1.MachineClassSpec{Provider: inmemory.Name},
 	}); err != nil {
 		b.Fatal(err)
 	}
+	return kube, ctrls, ns
+}
+
+func scaleUp(b *testing.B, n int) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	kube, ctrls, ns := setUp(ctx, b, "scale")
 	running, err := watchRunning(ctx, ns, n)
 	if err != nil {
 		b.Fatal(err)
