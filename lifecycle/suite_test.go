@@ -39,20 +39,18 @@ func TestController(t *testing.T) {
 
 var _ = BeforeSuite(func() {
 	ctrl.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
+	var controllers *testenv.Controllers
+	var stop func() error
 	var err error
-	env, err = testenv.Start()
-	Expect(err).NotTo(HaveOccurred())
-	DeferCleanup(env.Stop)
-	k8s = env.Client
-
-	controllers, err := env.StartControllers(manager.Options{
+	env, controllers, stop, err = testenv.StartWithControllers(manager.Options{
 		MachineWorkers:   4,
 		ProvisionTimeout: provisionTimeout,
 		Backoff:          lifecycle.Backoff{Base: 50 * time.Millisecond, Cap: time.Second},
 		DrainPoll:        200 * time.Millisecond,
 	}, testenv.Leases{DurationSeconds: leaseSeconds, RenewInterval: 500 * time.Millisecond})
 	Expect(err).NotTo(HaveOccurred())
-	DeferCleanup(controllers.Stop)
+	DeferCleanup(stop)
+	k8s = env.Client
 	provider = controllers.Provider
 	metrics = controllers.Manager.Metrics
 })

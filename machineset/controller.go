@@ -67,7 +67,7 @@ type Reconciler struct {
 	expectations *expectations
 	rndMu        sync.Mutex
 	rnd          *rand.Rand
-	lastWrite    sync.Map // MachineSet UID -> time of its last status write
+	lastWrite    sync.Map // MachineSet key -> time of its last status write
 }
 
 func (r *Reconciler) init() {
@@ -98,6 +98,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err := r.Client.Get(ctx, req.NamespacedName, ms); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.expectations.forget(req.NamespacedName)
+			r.lastWrite.Delete(req.NamespacedName)
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
@@ -366,7 +367,7 @@ func availability(m *machinistv1.Machine, minReadySeconds int32, now time.Time) 
 }
 
 func (r *Reconciler) statusWait(ms *machinistv1.MachineSet, now time.Time) time.Duration {
-	v, ok := r.lastWrite.Load(ms.UID)
+	v, ok := r.lastWrite.Load(client.ObjectKeyFromObject(ms))
 	if !ok {
 		return 0
 	}
@@ -377,7 +378,9 @@ func (r *Reconciler) statusWait(ms *machinistv1.MachineSet, now time.Time) time.
 	return v.(time.Time).Add(interval).Sub(now)
 }
 
-func (r *Reconciler) wrote(ms *machinistv1.MachineSet, now time.Time) { r.lastWrite.Store(ms.UID, now) }
+func (r *Reconciler) wrote(ms *machinistv1.MachineSet, now time.Time) {
+	r.lastWrite.Store(client.ObjectKeyFromObject(ms), now)
+}
 
 func (r *Reconciler) event(ms *machinistv1.MachineSet, kind, reason, action, format string, args ...any) {
 	if r.Recorder != nil {

@@ -7,13 +7,11 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/machinist-dev/machinist/actuators/inmemory"
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/internal/manager"
 	"github.com/machinist-dev/machinist/internal/testenv"
 )
@@ -31,26 +29,21 @@ func TestMachineSets(t *testing.T) {
 
 var _ = BeforeSuite(func() {
 	ctrl.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
+	var controllers *testenv.Controllers
+	var stop func() error
 	var err error
-	env, err = testenv.Start()
-	Expect(err).NotTo(HaveOccurred())
-	DeferCleanup(env.Stop)
-	k8s = env.Client
-	controllers, err := env.StartControllers(manager.Options{ProvisionTimeout: 20 * time.Second},
+	env, controllers, stop, err = testenv.StartWithControllers(manager.Options{ProvisionTimeout: 20 * time.Second},
 		testenv.Leases{DurationSeconds: 10, RenewInterval: 2 * time.Second})
 	Expect(err).NotTo(HaveOccurred())
-	DeferCleanup(controllers.Stop)
-	provider = controllers.Provider
+	DeferCleanup(stop)
+	k8s, provider = env.Client, controllers.Provider
 })
 
 // newNamespace creates a namespace and a MachineClass "small" in it.
 func newNamespace(ctx context.Context) string {
 	ns, err := env.Namespace(ctx, "machineset")
 	Expect(err).NotTo(HaveOccurred())
-	Expect(k8s.Create(ctx, &machinistv1.MachineClass{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "small"},
-		Spec:       machinistv1.MachineClassSpec{Provider: inmemory.Name},
-	})).To(Succeed())
+	Expect(env.InmemoryClass(ctx, ns, "small", "")).To(Succeed())
 	return ns
 }
 

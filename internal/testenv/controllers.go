@@ -6,9 +6,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/inmemory"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/internal/manager"
 )
 
@@ -68,4 +71,30 @@ func (c *Controllers) Stop() error {
 		return nil
 	}
 	return err
+}
+
+// StartWithControllers starts a control plane and, against it, the
+// controllers with an inmemory provider; stop ends both, controllers first.
+func StartWithControllers(opts manager.Options, leases Leases) (e *Env, c *Controllers, stop func() error, err error) {
+	if e, err = Start(); err != nil {
+		return nil, nil, nil, err
+	}
+	if c, err = e.StartControllers(opts, leases); err != nil {
+		_ = e.Stop()
+		return nil, nil, nil, err
+	}
+	return e, c, func() error { return errors.Join(c.Stop(), e.Stop()) }, nil
+}
+
+// InmemoryClass creates a MachineClass of the inmemory provider; spec is
+// its providerSpec as JSON, empty for none.
+func (e *Env) InmemoryClass(ctx context.Context, ns, name, spec string) error {
+	class := &machinistv1.MachineClass{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:       machinistv1.MachineClassSpec{Provider: inmemory.Name},
+	}
+	if spec != "" {
+		class.Spec.ProviderSpec = runtime.RawExtension{Raw: []byte(spec)}
+	}
+	return e.Client.Create(ctx, class)
 }

@@ -18,7 +18,6 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/machinist-dev/machinist/actuators/inmemory"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/internal/manager"
 	"github.com/machinist-dev/machinist/internal/testenv"
@@ -81,10 +80,7 @@ func setUp(ctx context.Context, b *testing.B, prefix string) (kubernetes.Interfa
 		b.Fatal(err)
 	}
 	ns := namespace(ctx, b, prefix)
-	if err := env.Client.Create(ctx, &machinistv1.MachineClass{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "small"},
-		Spec:       machinistv1.MachineClassSpec{Provider: inmemory.Name},
-	}); err != nil {
+	if err := env.InmemoryClass(ctx, ns, "small", ""); err != nil {
 		b.Fatal(err)
 	}
 	return kube, ctrls, ns
