@@ -4,6 +4,7 @@ SHELL := bash
 .DEFAULT_GOAL := build
 
 CONTROLLER_GEN := go tool controller-gen
+OPENAPI_GEN := go tool openapi-gen
 # How long `go test` may run before it is stopped with a stack dump.
 TEST_TIMEOUT ?= 20m
 
@@ -16,12 +17,16 @@ build: ## Compile every package.
 	go build ./...
 
 .PHONY: generate
-generate: ## Generate deepcopy code for the API types.
+generate: ## Generate deepcopy code for the API types and OpenAPI definitions for the verbs server.
 	$(CONTROLLER_GEN) object paths=./api/...
+	$(OPENAPI_GEN) --output-dir apiserver/openapi --output-pkg github.com/machinist-dev/machinist/apiserver/openapi \
+		--output-file zz_generated.openapi.go --go-header-file /dev/null --report-filename apiserver/openapi/violations.report \
+		k8s.io/apimachinery/pkg/apis/meta/v1 k8s.io/apimachinery/pkg/runtime k8s.io/apimachinery/pkg/version \
+		github.com/machinist-dev/machinist/api/subresources/v1alpha1
 
 .PHONY: manifests
 manifests: ## Generate the CRDs (config/crd/bases) and the manager's ClusterRole (config/rbac).
-	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
+	$(CONTROLLER_GEN) crd paths=./api/v1alpha1/... output:crd:artifacts:config=config/crd/bases
 	$(CONTROLLER_GEN) rbac:roleName=machinist-manager paths=./internal/rbac/... output:rbac:artifacts:config=config/rbac
 
 .PHONY: controlplane

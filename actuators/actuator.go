@@ -33,10 +33,23 @@ type Actuator interface {
 	Delete(ctx context.Context, providerID string) error
 
 	// Reboot restarts the instance; its Node reports a new boot ID after.
-	Reboot(ctx context.Context, providerID string) error
+	// It is idempotent on op.ID: a second call for the same operation
+	// (a controller that crashed before recording the first) must not
+	// reboot again.
+	Reboot(ctx context.Context, providerID string, op Operation) error
 
-	// Repair re-images the instance: fresh state, a new boot ID.
-	Repair(ctx context.Context, providerID string) error
+	// Repair re-images the instance: fresh state, a new boot ID, a Node
+	// registered afresh. It is idempotent on op.ID, like Reboot.
+	Repair(ctx context.Context, providerID string, op Operation) error
+}
+
+// Operation identifies one reboot or repair request, so that providers can
+// carry each out at most once.
+type Operation struct {
+	// ID is the operation's ID from the Machine's status.operation.
+	ID string
+	// Hard asks for a power cycle instead of an orderly restart.
+	Hard bool
 }
 
 type permanentError struct{ err error }

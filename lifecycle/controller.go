@@ -59,6 +59,10 @@ type Reconciler struct {
 	// DrainPoll is how often a drain in progress is looked at again.
 	// Zero means 2s.
 	DrainPoll time.Duration
+	// OperationTimeout is how long a rebooted or repaired Machine may take
+	// to come back with a new boot ID and Ready before it is Failed. Zero
+	// means 10 minutes.
+	OperationTimeout time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -156,6 +160,21 @@ type step struct {
 	entered []time.Time // when each fired transition's From phase was entered
 	requeue time.Duration
 	gone    bool
+	// notes are Events about operations, emitted once the status that
+	// holds them is stored.
+	notes []note
+	// ack is the ID of an operation requested by annotation whose
+	// annotation is removed once the operation is stored.
+	ack string
+}
+
+// note is one Event to emit after the status write.
+type note struct {
+	kind, reason, action, message string
+}
+
+func (s *step) note(kind, reason, action, format string, args ...any) {
+	s.notes = append(s.notes, note{kind: kind, reason: reason, action: action, message: fmt.Sprintf(format, args...)})
 }
 
 func (s *step) after(d time.Duration) {
@@ -218,6 +237,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 	}
 	r.record(s)
+	if s.ack != "" {
+		if aerr := r.ackRequest(ctx, m, s.ack); aerr != nil {
+			// The operation is stored; the next reconcile sees it
+			// unacknowledged and removes the annotation then.
+			err = errors.Join(err, aerr)
+		}
+	}
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -233,6 +259,11 @@ func (r *Reconciler) record(s *step) {
 		if r.Recorder != nil {
 			r.Recorder.Eventf(s.m, nil, corev1.EventTypeNormal, eventReason(t), string(t.To),
 				"%s -> %s (%s)", t.From, t.To, t.Event)
+		}
+	}
+	if r.Recorder != nil {
+		for _, n := range s.notes {
+			r.Recorder.Eventf(s.m, nil, n.kind, n.reason, n.action, "%s", n.message)
 		}
 	}
 }
@@ -251,6 +282,13 @@ func (r *Reconciler) now() time.Time {
 func (r *Reconciler) provisionTimeout() time.Duration {
 	if r.ProvisionTimeout > 0 {
 		return r.ProvisionTimeout
+	}
+	return 10 * time.Minute
+}
+
+func (r *Reconciler) operationTimeout() time.Duration {
+	if r.OperationTimeout > 0 {
+		return r.OperationTimeout
 	}
 	return 10 * time.Minute
 }
@@ -322,6 +360,11 @@ func (r *Reconciler) reconcileLive(ctx context.Context, s *step) error {
 			return err
 		}
 	}
+	if v, ok := m.Annotations[machinistv1.RequestAnnotation]; ok {
+		if err := r.takeRequest(ctx, s, v); err != nil {
+			return err
+		}
+	}
 	class, err := r.class(ctx, m)
 	if err != nil {
 		return err
@@ -385,11 +428,42 @@ func (r *Reconciler) reconcileLive(ctx context.Context, s *step) error {
 		if !h.recheck.IsZero() {
 			s.after(h.recheck.Sub(s.now) + time.Second)
 		}
-		if node == nil {
+		if node != nil {
+			r.observeNode(m, node)
+			if err := r.applyNodeSpec(ctx, node, m, class, false); err != nil {
+				return err
+			}
+		}
+		op := m.Status.Operation
+		if !InFlight(op) {
 			return nil
 		}
-		r.observeNode(m, node)
-		return r.applyNodeSpec(ctx, node, m, class)
+		if op.State == machinistv1.OperationPending {
+			startOperation(s)
+		}
+		if !drains(op.Type, op.Options) {
+			return r.callProvider(ctx, s, class)
+		}
+		if err := s.fire(Drain); err != nil {
+			return err
+		}
+		fallthrough
+
+	case machinistv1.MachineDraining:
+		// A Machine that is not being deleted drains only for an operation.
+		op := m.Status.Operation
+		if !InFlight(op) {
+			// Its record was lost or cleared by hand: back to service.
+			return r.abort(ctx, s, "no reboot or repair is in flight")
+		}
+		done, err := r.drain(ctx, s, class, verbOf(op.Type)+"ing")
+		if err != nil || !done {
+			return err
+		}
+		return r.callProvider(ctx, s, class)
+
+	case machinistv1.MachineRebooting, machinistv1.MachineRepairing:
+		return r.awaitBoot(ctx, s, class)
 	}
 	return nil
 }
@@ -398,6 +472,9 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *step) error {
 	m := s.m
 	if !controllerutil.ContainsFinalizer(m, machinistv1.MachineFinalizer) {
 		return nil
+	}
+	if InFlight(m.Status.Operation) {
+		endOperation(s, machinistv1.OperationFailed, "the Machine is being deleted")
 	}
 	class, err := r.class(ctx, m)
 	if err != nil {
@@ -411,7 +488,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *step) error {
 		fallthrough
 
 	case machinistv1.MachineDraining:
-		done, err := r.drain(ctx, s, class)
+		done, err := r.drain(ctx, s, class, "deleting")
 		if err != nil || !done {
 			return err
 		}
@@ -463,8 +540,9 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *step) error {
 	return nil
 }
 
-// drain does one round of draining and reports whether it is over.
-func (r *Reconciler) drain(ctx context.Context, s *step, class *machinistv1.MachineClass) (bool, error) {
+// drain does one round of draining and reports whether it is over; next
+// says what happens after a drain that timed out ("deleting").
+func (r *Reconciler) drain(ctx context.Context, s *step, class *machinistv1.MachineClass, next string) (bool, error) {
 	m := s.m
 	setDrained := func(status metav1.ConditionStatus, reason, message string) {
 		meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
@@ -489,6 +567,9 @@ func (r *Reconciler) drain(ctx context.Context, s *step, class *machinistv1.Mach
 	}
 	setHealth(m, h)
 	settings := effectiveDrain(m, class)
+	if op := m.Status.Operation; InFlight(op) && op.Options != nil && op.Options.GracePeriodSeconds != nil {
+		settings.GracePeriodSeconds = op.Options.GracePeriodSeconds
+	}
 	out, err := drainStep(ctx, r.Kube, node, settings, h.healthy)
 	if err != nil {
 		return false, err
@@ -499,7 +580,7 @@ func (r *Reconciler) drain(ctx context.Context, s *step, class *machinistv1.Mach
 	}
 	if deadline := drainDeadline(s.enteredAt(), settings); !deadline.IsZero() {
 		if !s.now.Before(deadline) {
-			msg := fmt.Sprintf("drain timeout %s passed; deleting anyway: %s", settings.Timeout.Duration, out.message)
+			msg := fmt.Sprintf("drain timeout %s passed; %s anyway: %s", settings.Timeout.Duration, next, out.message)
 			setDrained(metav1.ConditionFalse, reasonDrainTimeout, msg)
 			if r.Recorder != nil {
 				r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, reasonDrainTimeout, "Drain", msg)

@@ -48,8 +48,9 @@ func newClass(ctx context.Context, ns, name string, spec *inmemorySpec) *machini
 // inmemorySpec is the part of the in-memory provider's providerSpec the
 // specs use.
 type inmemorySpec struct {
-	NeverReady bool   `json:"neverReady,omitempty"`
-	FailCreate string `json:"failCreate,omitempty"`
+	NeverReady    bool            `json:"neverReady,omitempty"`
+	FailCreate    string          `json:"failCreate,omitempty"`
+	RebootLatency metav1.Duration `json:"rebootLatency,omitempty"`
 }
 
 func newMachine(ns, name, class string) *machinistv1.Machine {

@@ -35,6 +35,9 @@ const (
 	Deleted Event = "deleted"
 	// Fail: the Machine cannot make progress without a person.
 	Fail Event = "fail"
+	// Abort: the operation that drained the Machine was given up before
+	// the provider was called; the Machine returns to service.
+	Abort Event = "abort"
 )
 
 // Gone is the state after the last transition, named Deleted. It lives only
@@ -56,6 +59,7 @@ var Table = statemachine.Table[machinistv1.MachinePhase, Event]{
 		{Event: Delete, From: phases(machinistv1.MachinePending, machinistv1.MachineProvisioning, machinistv1.MachineDraining,
 			machinistv1.MachineRebooting, machinistv1.MachineRepairing, machinistv1.MachineFailed), To: machinistv1.MachineDeleting},
 		{Event: Deleted, From: phases(machinistv1.MachineDeleting), To: Gone},
+		{Event: Abort, From: phases(machinistv1.MachineDraining), To: machinistv1.MachineRunning},
 		{Event: Fail, From: phases(machinistv1.MachinePending, machinistv1.MachineProvisioning, machinistv1.MachineRebooting,
 			machinistv1.MachineRepairing), To: machinistv1.MachineFailed},
 	},

@@ -99,7 +99,10 @@ func nodeCondition(node *corev1.Node, t corev1.NodeConditionType) *corev1.NodeCo
 // applyNodeSpec puts the class's and the Machine's labels and taints on the
 // Node, writing only when something is missing or different. Labels and
 // taints that others set are left alone.
-func (r *Reconciler) applyNodeSpec(ctx context.Context, node *corev1.Node, m *machinistv1.Machine, class *machinistv1.MachineClass) error {
+//
+// With uncordon, the same patch also makes the Node schedulable again,
+// as the end of an operation that drained it.
+func (r *Reconciler) applyNodeSpec(ctx context.Context, node *corev1.Node, m *machinistv1.Machine, class *machinistv1.MachineClass, uncordon bool) error {
 	labels := map[string]string{}
 	var taints []corev1.Taint
 	if class != nil && class.Spec.NodeTemplate != nil {
@@ -127,7 +130,10 @@ func (r *Reconciler) applyNodeSpec(ctx context.Context, node *corev1.Node, m *ma
 	for _, t := range taints {
 		patched.Spec.Taints = setTaint(patched.Spec.Taints, t)
 	}
-	if equalNodeSpec(node, patched) {
+	if uncordon {
+		patched.Spec.Unschedulable = false
+	}
+	if equalNodeSpec(node, patched) && node.Spec.Unschedulable == patched.Spec.Unschedulable {
 		return nil
 	}
 	return r.Client.Patch(ctx, patched, client.MergeFrom(node))
@@ -163,4 +169,14 @@ func equalNodeSpec(a, b *corev1.Node) bool {
 		}
 	}
 	return true
+}
+
+// uncordon makes the Node schedulable again.
+func (r *Reconciler) uncordon(ctx context.Context, node *corev1.Node) error {
+	if !node.Spec.Unschedulable {
+		return nil
+	}
+	patched := node.DeepCopy()
+	patched.Spec.Unschedulable = false
+	return r.Client.Patch(ctx, patched, client.MergeFrom(node))
 }

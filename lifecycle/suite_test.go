@@ -47,6 +47,7 @@ var _ = BeforeSuite(func() {
 		ProvisionTimeout: provisionTimeout,
 		Backoff:          lifecycle.Backoff{Base: 50 * time.Millisecond, Cap: time.Second},
 		DrainPoll:        200 * time.Millisecond,
+		OperationTimeout: 5 * time.Second,
 	}, testenv.Leases{DurationSeconds: leaseSeconds, RenewInterval: 500 * time.Millisecond})
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(stop)

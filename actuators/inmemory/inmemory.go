@@ -15,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -57,6 +59,9 @@ type ProviderSpec struct {
 	// FailCreate, when set, is the message of a permanent error every
 	// Create of a new instance fails with.
 	FailCreate string `json:"failCreate,omitempty"`
+	// RebootLatency is how long a rebooted or repaired machine stays off
+	// before it boots again.
+	RebootLatency metav1.Duration `json:"rebootLatency,omitempty"`
 }
 
 // ParseProviderSpec decodes raw strictly: unknown fields, trailing data and
@@ -70,13 +75,16 @@ func ParseProviderSpec(raw []byte) (ProviderSpec, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&spec); err != nil {
-		return ProviderSpec{}, fmt.Errorf("inmemory providerSpec: %w (known fields: createLatency, errorRate, neverReady, failCreate)", err)
+		return ProviderSpec{}, fmt.Errorf("inmemory providerSpec: %w (known fields: createLatency, errorRate, neverReady, failCreate, rebootLatency)", err)
 	}
 	if dec.More() {
 		return ProviderSpec{}, errors.New("inmemory providerSpec: unexpected data after the JSON object")
 	}
 	if spec.ErrorRate < 0 || spec.ErrorRate > 1 {
 		return ProviderSpec{}, fmt.Errorf("inmemory providerSpec: errorRate %v is not between 0 and 1", spec.ErrorRate)
+	}
+	if spec.RebootLatency.Duration < 0 {
+		return ProviderSpec{}, fmt.Errorf("inmemory providerSpec: rebootLatency %v is negative", spec.RebootLatency.Duration)
 	}
 	if spec.CreateLatency.Duration < 0 {
 		return ProviderSpec{}, fmt.Errorf("inmemory providerSpec: createLatency %v is negative", spec.CreateLatency.Duration)
@@ -96,6 +104,9 @@ func (s ProviderSpec) over(base ProviderSpec) ProviderSpec {
 	s.NeverReady = s.NeverReady || base.NeverReady
 	if s.FailCreate == "" {
 		s.FailCreate = base.FailCreate
+	}
+	if s.RebootLatency.Duration == 0 {
+		s.RebootLatency = base.RebootLatency
 	}
 	return s
 }
@@ -340,6 +351,7 @@ func (p *Provider) create(ctx context.Context, m *machinistv1.Machine, class *ma
 		cfg:        cfg,
 		current:    nodeagent.New(cfg),
 		p:          p,
+		done:       map[string]bool{},
 	}, nil
 }
 
@@ -376,6 +388,7 @@ func (p *Provider) Delete(_ context.Context, providerID string) error {
 	}
 	in.mu.Lock()
 	in.powerOff()
+	in.destroyed = true
 	in.mu.Unlock()
 	p.mu.Lock()
 	delete(p.byID, providerID)
@@ -390,18 +403,20 @@ func (p *Provider) Delete(_ context.Context, providerID string) error {
 
 // Reboot implements actuators.Actuator: the agent stops and boots again
 // with a new boot ID; the Node keeps what others put on it. A crashed
-// instance comes back.
-func (p *Provider) Reboot(_ context.Context, providerID string) error {
-	return p.restart(providerID, false)
+// instance comes back. A second call with the same op.ID does nothing.
+func (p *Provider) Reboot(ctx context.Context, providerID string, op actuators.Operation) error {
+	return p.restart(ctx, providerID, op, false)
 }
 
 // Repair implements actuators.Actuator: like Reboot, but the machine comes
-// back from a fresh image, so nothing of its previous agent survives.
-func (p *Provider) Repair(_ context.Context, providerID string) error {
-	return p.restart(providerID, true)
+// back from a fresh image, so nothing of its previous agent survives: its
+// Node and Lease are deleted and registered again, without the labels and
+// taints others had put on them.
+func (p *Provider) Repair(ctx context.Context, providerID string, op actuators.Operation) error {
+	return p.restart(ctx, providerID, op, true)
 }
 
-func (p *Provider) restart(providerID string, wipe bool) error {
+func (p *Provider) restart(ctx context.Context, providerID string, op actuators.Operation, wipe bool) error {
 	if err := p.injectFailure(nil); err != nil {
 		return err
 	}
@@ -411,12 +426,41 @@ func (p *Provider) restart(providerID string, wipe bool) error {
 	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
+	if op.ID != "" && in.done[op.ID] {
+		return nil
+	}
 	in.powerOff()
 	if wipe {
+		if err := in.wipeNode(ctx); err != nil {
+			// Powered off, not re-imaged: come back as before and let the
+			// caller retry the whole repair.
+			in.powerOn()
+			return err
+		}
 		in.current = nodeagent.New(in.cfg)
 	}
-	in.powerOn()
+	if latency := in.faults.RebootLatency.Duration; latency > 0 {
+		in.powerOnAfter(latency)
+	} else {
+		in.powerOn()
+	}
+	if op.ID != "" {
+		in.done[op.ID] = true
+	}
+	in.restarts++
 	return nil
+}
+
+// Restarts reports how many reboots and repairs the instance has done;
+// tests use it to prove an operation ran exactly once.
+func (p *Provider) Restarts(providerID string) (int, error) {
+	in, err := p.lookup(providerID)
+	if err != nil {
+		return 0, err
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.restarts, nil
 }
 
 // injectFailure consumes one FailNext, or rolls the error rate of faults
@@ -514,7 +558,52 @@ type instance struct {
 	mu      sync.Mutex
 	current *nodeagent.Agent
 	cancel  context.CancelFunc
-	done    chan struct{}
+	stopped chan struct{}
+	// done holds the IDs of the operations carried out, so that a repeated
+	// call does not restart the machine twice.
+	done      map[string]bool
+	restarts  int
+	destroyed bool
+}
+
+// powerOnAfter boots the agent once d has passed, unless the Provider
+// stopped meanwhile. Callers hold in.mu.
+func (in *instance) powerOnAfter(d time.Duration) {
+	p := in.p
+	p.mu.Lock()
+	if p.isStopped {
+		p.mu.Unlock()
+		return
+	}
+	p.wg.Add(1)
+	p.mu.Unlock()
+	go func() {
+		defer p.wg.Done()
+		select {
+		case <-time.After(d):
+		case <-p.ctx.Done():
+			return
+		}
+		in.mu.Lock()
+		defer in.mu.Unlock()
+		if !in.destroyed {
+			in.powerOn()
+		}
+	}()
+}
+
+// wipeNode deletes the instance's Node and Lease, as a re-imaged machine's
+// kubelet would register afresh. Callers hold in.mu with the agent off.
+func (in *instance) wipeNode(ctx context.Context) error {
+	c := in.p.client
+	if err := c.CoreV1().Nodes().Delete(ctx, in.nodeName, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("inmemory: repairing %s: deleting node: %w", in.providerID, err)
+	}
+	err := c.CoordinationV1().Leases(corev1.NamespaceNodeLease).Delete(ctx, in.nodeName, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("inmemory: repairing %s: deleting lease: %w", in.providerID, err)
+	}
+	return nil
 }
 
 func (in *instance) agent() *nodeagent.Agent {
@@ -542,7 +631,7 @@ func (in *instance) powerOn() {
 	ctx, cancel := context.WithCancel(p.ctx)
 	ctx = ctrllog.IntoContext(ctx, ctrllog.FromContext(ctx).WithValues("providerID", in.providerID))
 	done := make(chan struct{})
-	in.cancel, in.done = cancel, done
+	in.cancel, in.stopped = cancel, done
 	agent := in.current
 	go func() {
 		defer p.wg.Done()
@@ -560,6 +649,6 @@ func (in *instance) powerOff() {
 		return
 	}
 	in.cancel()
-	<-in.done
-	in.cancel, in.done = nil, nil
+	<-in.stopped
+	in.cancel, in.stopped = nil, nil
 }

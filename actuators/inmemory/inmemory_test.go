@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/machinist-dev/machinist/actuators"
@@ -356,11 +357,20 @@ func TestRebootAndRepairChangeBootID(t *testing.T) {
 	g.Eventually(func(g Gomega) { boot = bootOnNode(g) }).WithTimeout(wait).Should(Succeed())
 	g.Expect(boot).NotTo(BeEmpty())
 
-	for _, op := range []struct {
-		name string
-		do   func(context.Context, string) error
-	}{{"reboot", p.Reboot}, {"repair", p.Repair}} {
-		g.Expect(op.do(ctx, id)).To(Succeed(), op.name)
+	// A label someone else put on the Node survives a reboot, not a repair.
+	node, err := p.NodeName(id)
+	g.Expect(err).NotTo(HaveOccurred())
+	_, err = clientset.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType,
+		[]byte(`{"metadata":{"labels":{"added":"by-hand"}}}`), metav1.PatchOptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+
+	for i, op := range []struct {
+		name  string
+		do    func(context.Context, string, actuators.Operation) error
+		keeps bool
+	}{{"reboot", p.Reboot, true}, {"repair", p.Repair, false}} {
+		opID := actuators.Operation{ID: op.name + "-1"}
+		g.Expect(op.do(ctx, id, opID)).To(Succeed(), op.name)
 		g.Eventually(func(g Gomega) {
 			g.Expect(bootOnNode(g)).NotTo(Equal(boot))
 		}).WithTimeout(wait).Should(Succeed(), op.name)
@@ -368,10 +378,46 @@ func TestRebootAndRepairChangeBootID(t *testing.T) {
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(bootOnNode(g)).To(Equal(now), op.name)
 		boot = now
+		n := nodeFor(g, p, id)
+		if op.keeps {
+			g.Expect(n.Labels).To(HaveKeyWithValue("added", "by-hand"), op.name)
+		} else {
+			g.Expect(n.Labels).NotTo(HaveKey("added"), "a re-imaged machine registers its Node afresh")
+		}
+
+		// The same operation again is not a second restart.
+		g.Expect(op.do(ctx, id, opID)).To(Succeed(), op.name)
+		restarts, err := p.Restarts(id)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(restarts).To(Equal(i+1), op.name)
+		g.Expect(p.BootID(id)).To(Equal(boot), op.name)
 	}
 
-	err = p.Reboot(ctx, "inmemory:///reboot/ghost/0000")
+	err = p.Reboot(ctx, "inmemory:///reboot/ghost/0000", actuators.Operation{ID: "x"})
 	g.Expect(actuators.IsPermanent(err)).To(BeTrue())
+}
+
+func TestRebootLatencyKeepsTheMachineOff(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p := newProvider(t)
+	m, class := machine(t, "reboot-latency", "m", `{"rebootLatency":"2s"}`)
+	id, err := p.Create(ctx, m, class)
+	g.Expect(err).NotTo(HaveOccurred())
+	node, err := p.NodeName(id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Eventually(func(g Gomega) { renewTime(g, node) }).WithTimeout(wait).Should(Succeed())
+	before, err := p.BootID(id)
+	g.Expect(err).NotTo(HaveOccurred())
+
+	start := time.Now()
+	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "r"})).To(Succeed())
+	g.Expect(time.Since(start)).To(BeNumerically("<", time.Second), "Reboot returns while the machine is off")
+	g.Eventually(func(g Gomega) {
+		n := nodeFor(g, p, id)
+		g.Expect(n.Status.NodeInfo.BootID).NotTo(Equal(before))
+	}).WithTimeout(wait).Should(Succeed())
+	g.Expect(time.Since(start)).To(BeNumerically(">=", 2*time.Second))
 }
 
 func TestCrashStopsLeaseButInstanceExists(t *testing.T) {
@@ -398,7 +444,7 @@ func TestCrashStopsLeaseButInstanceExists(t *testing.T) {
 	g.Expect(exists).To(BeTrue(), "a crashed machine is not a deleted one")
 
 	// Power-cycling brings it back.
-	g.Expect(p.Reboot(ctx, id)).To(Succeed())
+	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "power-cycle"})).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		g.Expect(renewTime(g, node)).To(BeTemporally(">", stopped))
 	}).WithTimeout(wait).Should(Succeed())

@@ -89,6 +89,17 @@ const (
 	// Machine in Draining, before its Node is cordoned, until removed. Each
 	// hook owner uses its own suffix: pre-drain.hook.machinist.dev/<owner>.
 	PreDrainHookPrefix = "pre-drain.hook.machinist.dev/"
+
+	// RequestAnnotation asks for a verb where the aggregated verbs server
+	// is not available: "reboot" or "repair". The Machine controller turns
+	// it into the same status.operation and removes it.
+	RequestAnnotation = "machinist.dev/request"
+
+	// LastRequestAnnotation holds the operation ID the last
+	// RequestAnnotation became. It is written in the same update that
+	// removes the request, so a controller that crashed after recording
+	// the operation can tell the request was already taken.
+	LastRequestAnnotation = "machinist.dev/last-request"
 )
 
 // MachineFinalizer keeps a Machine until its instance and Node are gone.
@@ -167,6 +178,45 @@ type Operation struct {
 	// Message says what happened, especially why it failed.
 	// +optional
 	Message string `json:"message,omitempty"`
+	// Options are the request's options, as given.
+	// +optional
+	Options *OperationOptions `json:"options,omitempty"`
+	// Source is how the request arrived: API (the verbs server) or
+	// Annotation (machinist.dev/request).
+	// +kubebuilder:validation:Enum=API;Annotation
+	// +optional
+	Source OperationSource `json:"source,omitempty"`
+}
+
+// OperationSource is how an operation was requested.
+type OperationSource string
+
+// The ways an operation can be requested.
+const (
+	// SourceAPI: through the verbs server's reboot or repair subresource.
+	SourceAPI OperationSource = "API"
+	// SourceAnnotation: through the machinist.dev/request annotation.
+	SourceAnnotation OperationSource = "Annotation"
+)
+
+// OperationOptions are the options a verb was requested with.
+type OperationOptions struct {
+	// Mode is the reboot mode: soft or hard.
+	// +kubebuilder:validation:Enum=soft;hard
+	// +optional
+	Mode string `json:"mode,omitempty"`
+	// Drain is false when the Machine is not to be drained first.
+	// +optional
+	Drain *bool `json:"drain,omitempty"`
+	// GracePeriodSeconds overrides pods' termination grace period during
+	// the drain.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	GracePeriodSeconds *int64 `json:"gracePeriodSeconds,omitempty"`
+	// Reason says why a repair was asked for.
+	// +kubebuilder:validation:MaxLength=256
+	// +optional
+	Reason string `json:"reason,omitempty"`
 }
 
 // MachineStatus is what the Machine controller observed and did.

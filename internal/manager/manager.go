@@ -35,6 +35,9 @@ type Options struct {
 	ProvisionTimeout time.Duration
 	Backoff          lifecycle.Backoff
 	DrainPoll        time.Duration
+	// OperationTimeout bounds how long a reboot or repair may take; see
+	// lifecycle.Reconciler.
+	OperationTimeout time.Duration
 	// QPS and Burst bound the manager's requests to the API server; zero
 	// keeps the rest.Config's own (client-go's default is 5 and 10, far too
 	// few for thousands of Machines).
@@ -102,6 +105,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 		ProvisionTimeout: opts.ProvisionTimeout,
 		Backoff:          opts.Backoff,
 		DrainPoll:        opts.DrainPoll,
+		OperationTimeout: opts.OperationTimeout,
 	}
 	if err := machines.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineWorkers, 16), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err

@@ -61,6 +61,21 @@ func (t Table[S, E]) Events() []E {
 	return events
 }
 
+// From lists the states e may be fired in, in table order.
+func (t Table[S, E]) From(e E) []S {
+	var out []S
+	for _, r := range t.Rules {
+		if r.Event == e {
+			for _, f := range r.From {
+				if !slices.Contains(out, f) {
+					out = append(out, f)
+				}
+			}
+		}
+	}
+	return out
+}
+
 // Allowed returns where e leads from s, if the table allows it.
 func (t Table[S, E]) Allowed(s S, e E) (S, bool) {
 	for _, r := range t.Rules {

@@ -1,0 +1,310 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/rand"
+
+	"github.com/machinist-dev/machinist/actuators"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+)
+
+// ErrRefused is wrapped by every reason an operation cannot start now: the
+// Machine's phase does not allow it, it is being deleted, or another
+// operation is in flight. The verbs server answers it with 409 Conflict.
+var ErrRefused = errors.New("refused")
+
+// drains reports whether the operation empties the Machine first.
+func drains(typ machinistv1.OperationType, opts *machinistv1.OperationOptions) bool {
+	return typ != machinistv1.OperationReboot || opts == nil || opts.Drain == nil || *opts.Drain
+}
+
+// firstEvent is the event that starts an operation: the state machine, not
+// the caller, decides whether the Machine's phase allows it.
+func firstEvent(typ machinistv1.OperationType, opts *machinistv1.OperationOptions) Event {
+	if drains(typ, opts) {
+		return Drain
+	}
+	return Reboot
+}
+
+// InFlight reports whether op is still to be carried out.
+func InFlight(op *machinistv1.Operation) bool {
+	return op != nil && (op.State == machinistv1.OperationPending || op.State == machinistv1.OperationRunning)
+}
+
+// Admit reports why an operation of typ cannot start on m now, or nil if it
+// can. Every error wraps ErrRefused and says what to wait for.
+func Admit(m *machinistv1.Machine, typ machinistv1.OperationType, opts *machinistv1.OperationOptions) error {
+	verb := verbOf(typ)
+	if !m.DeletionTimestamp.IsZero() {
+		return fmt.Errorf("%w: machine %q is being deleted and cannot be %s", ErrRefused, m.Name, pastTense(verb))
+	}
+	if op := m.Status.Operation; InFlight(op) {
+		return fmt.Errorf("%w: machine %q already has %s operation %s in flight (%s); wait for it to finish",
+			ErrRefused, m.Name, verbOf(op.Type), op.ID, op.State)
+	}
+	phase := m.Status.Phase
+	if phase == "" {
+		phase = Initial
+	}
+	if e := firstEvent(typ, opts); !New(phase).Can(e) {
+		return fmt.Errorf("%w: machine %q is %s; a %s can start only when it is %s",
+			ErrRefused, m.Name, phase, verb, joinPhases(Table.From(e)))
+	}
+	return nil
+}
+
+// Request records a new operation in m's status as Pending. The caller
+// writes the status; the Machine controller carries the operation out.
+func Request(m *machinistv1.Machine, typ machinistv1.OperationType, opts *machinistv1.OperationOptions,
+	source machinistv1.OperationSource, user string, now time.Time) (*machinistv1.Operation, error) {
+	if err := Admit(m, typ, opts); err != nil {
+		return nil, err
+	}
+	at := metav1.NewTime(now)
+	op := &machinistv1.Operation{
+		Type:        typ,
+		ID:          newOperationID(typ),
+		State:       machinistv1.OperationPending,
+		RequestedBy: user,
+		RequestedAt: &at,
+		Options:     opts,
+		Source:      source,
+		Message:     "waiting for the Machine controller",
+	}
+	m.Status.Operation = op
+	return op, nil
+}
+
+// newOperationID is short enough to type and random enough that two
+// requests on one Machine never share one.
+func newOperationID(typ machinistv1.OperationType) string {
+	return verbOf(typ) + "-" + rand.String(10)
+}
+
+func verbOf(typ machinistv1.OperationType) string {
+	switch typ {
+	case machinistv1.OperationReboot:
+		return "reboot"
+	case machinistv1.OperationRepair:
+		return "repair"
+	}
+	return string(typ)
+}
+
+func pastTense(verb string) string { return verb + "ed" }
+
+func joinPhases(ps []machinistv1.MachinePhase) string {
+	out := ""
+	for i, p := range ps {
+		switch {
+		case i == 0:
+		case i == len(ps)-1:
+			out += " or "
+		default:
+			out += ", "
+		}
+		out += string(p)
+	}
+	return out
+}
+
+// Event reasons of operations.
+const (
+	reasonRequested = "OperationRequested"
+	reasonRefused   = "OperationRefused"
+	reasonStarted   = "OperationStarted"
+	reasonSucceeded = "OperationSucceeded"
+	reasonFailed    = "OperationFailed"
+)
+
+// Failure reasons an operation can leave a Machine with.
+const (
+	FailureRebootTimeout = "RebootTimeout"
+	FailureRepairTimeout = "RepairTimeout"
+)
+
+// takeRequest turns the request annotation into an operation. The
+// annotation goes in a metadata update after the status that holds the
+// operation is stored; LastRequestAnnotation tells a request already taken
+// (the controller stopped between the two writes) from a new one.
+func (r *Reconciler) takeRequest(ctx context.Context, s *step, value string) error {
+	m := s.m
+	if op := m.Status.Operation; op != nil && op.Source == machinistv1.SourceAnnotation &&
+		op.ID != m.Annotations[machinistv1.LastRequestAnnotation] {
+		return r.ackRequest(ctx, m, op.ID)
+	}
+	var typ machinistv1.OperationType
+	switch strings.ToLower(strings.TrimSpace(value)) {
+	case "reboot":
+		typ = machinistv1.OperationReboot
+	case "repair":
+		typ = machinistv1.OperationRepair
+	default:
+		s.note(corev1.EventTypeWarning, reasonRefused, "Request", "annotation %s=%q: the value must be reboot or repair",
+			machinistv1.RequestAnnotation, value)
+		return r.ackRequest(ctx, m, m.Annotations[machinistv1.LastRequestAnnotation])
+	}
+	op, err := Request(m, typ, nil, machinistv1.SourceAnnotation, "", s.now)
+	if err != nil {
+		s.note(corev1.EventTypeWarning, reasonRefused, "Request", "annotation %s=%s: %v", machinistv1.RequestAnnotation, value, err)
+		return r.ackRequest(ctx, m, m.Annotations[machinistv1.LastRequestAnnotation])
+	}
+	s.note(corev1.EventTypeNormal, reasonRequested, "Request", "%s %s requested by annotation", verbOf(typ), op.ID)
+	s.ack = op.ID
+	return nil
+}
+
+// ackRequest removes the request annotation and records which operation
+// it became (empty: none, it was refused).
+func (r *Reconciler) ackRequest(ctx context.Context, m *machinistv1.Machine, opID string) error {
+	status := m.Status.DeepCopy()
+	delete(m.Annotations, machinistv1.RequestAnnotation)
+	if opID != "" {
+		m.Annotations[machinistv1.LastRequestAnnotation] = opID
+	}
+	err := r.Client.Update(ctx, m)
+	// The update answers with the stored status; keep what this reconcile
+	// decided so far.
+	m.Status = *status
+	return err
+}
+
+// startOperation marks the Machine's pending operation as started.
+func startOperation(s *step) {
+	op := s.m.Status.Operation
+	at := metav1.NewTime(s.now)
+	op.State, op.StartedAt = machinistv1.OperationRunning, &at
+	op.Message = "started"
+	s.note(corev1.EventTypeNormal, reasonStarted, verbOf(op.Type), "%s %s started", verbOf(op.Type), op.ID)
+}
+
+// endOperation records how the operation in flight ended.
+func endOperation(s *step, state machinistv1.OperationState, message string) {
+	op := s.m.Status.Operation
+	at := metav1.NewTime(s.now)
+	op.State, op.CompletedAt, op.Message = state, &at, message
+	kind, reason := corev1.EventTypeNormal, reasonSucceeded
+	if state == machinistv1.OperationFailed {
+		kind, reason = corev1.EventTypeWarning, reasonFailed
+	}
+	s.note(kind, reason, verbOf(op.Type), "%s %s: %s", verbOf(op.Type), op.ID, message)
+}
+
+// callProvider asks the provider to reboot or repair the drained (or, for
+// a reboot without drain, running) Machine and moves it on. The provider
+// is idempotent on the operation ID, so a controller that stopped before
+// storing the move calls it again harmlessly.
+func (r *Reconciler) callProvider(ctx context.Context, s *step, class *machinistv1.MachineClass) error {
+	m := s.m
+	op := m.Status.Operation
+	act, err := r.actuatorFor(m, class)
+	if err != nil {
+		r.retry(s, "ProviderUnavailable", err)
+		return nil
+	}
+	req := actuators.Operation{ID: op.ID, Hard: op.Options != nil && op.Options.Mode == "hard"}
+	event, doing := Reboot, "rebooting"
+	if op.Type == machinistv1.OperationRepair {
+		event, doing = Repair, "repairing"
+		err = act.Repair(ctx, m.Status.ProviderID, req)
+	} else {
+		err = act.Reboot(ctx, m.Status.ProviderID, req)
+	}
+	if actuators.IsPermanent(err) {
+		msg := fmt.Sprintf("the provider refused: %v", err)
+		if s.fsm.State() == machinistv1.MachineDraining {
+			if aerr := r.abort(ctx, s, msg); aerr != nil {
+				return aerr
+			}
+			return nil
+		}
+		endOperation(s, machinistv1.OperationFailed, msg)
+		return nil
+	}
+	if err != nil {
+		r.retry(s, "ProviderError", err)
+		return nil
+	}
+	if err := s.fire(event); err != nil {
+		return err
+	}
+	op.Message = fmt.Sprintf("the provider is %s the instance; waiting for its Node to report a new boot ID and Ready", doing)
+	s.after(r.operationTimeout())
+	return nil
+}
+
+// abort gives the operation up and returns a drained Machine to service.
+func (r *Reconciler) abort(ctx context.Context, s *step, why string) error {
+	if err := s.fire(Abort); err != nil {
+		return err
+	}
+	if InFlight(s.m.Status.Operation) {
+		endOperation(s, machinistv1.OperationFailed, why)
+	}
+	meta.RemoveStatusCondition(&s.m.Status.Conditions, machinistv1.ConditionDrained)
+	node, err := r.nodeFor(ctx, s.m.Status.ProviderID)
+	if err != nil || node == nil {
+		return err
+	}
+	return r.uncordon(ctx, node)
+}
+
+// awaitBoot moves a rebooting or repairing Machine back to Running once its
+// Node reports a boot ID other than the one recorded before and is healthy.
+func (r *Reconciler) awaitBoot(ctx context.Context, s *step, class *machinistv1.MachineClass) error {
+	m := s.m
+	event, verb, failure := Rebooted, "reboot", FailureRebootTimeout
+	if s.fsm.State() == machinistv1.MachineRepairing {
+		event, verb, failure = Repaired, "repair", FailureRepairTimeout
+	}
+	node, err := r.nodeFor(ctx, m.Status.ProviderID)
+	if err != nil {
+		return err
+	}
+	if node != nil {
+		boot := node.Status.NodeInfo.BootID
+		if boot != "" && boot != m.Status.BootID {
+			h, err := r.nodeHealth(ctx, node, s.now)
+			if err != nil {
+				return err
+			}
+			if h.healthy {
+				previous := m.Status.BootID
+				if err := s.fire(event); err != nil {
+					return err
+				}
+				r.observeNode(m, node)
+				setHealth(m, h)
+				meta.RemoveStatusCondition(&m.Status.Conditions, machinistv1.ConditionDrained)
+				op := m.Status.Operation
+				if InFlight(op) {
+					endOperation(s, machinistv1.OperationSucceeded, fmt.Sprintf("%sed: boot ID %s -> %s", verb, previous, boot))
+				}
+				// Only what this operation cordoned is uncordoned.
+				return r.applyNodeSpec(ctx, node, m, class, op == nil || drains(op.Type, op.Options))
+			}
+		}
+	}
+	deadline := s.enteredAt().Add(r.operationTimeout())
+	if !s.now.Before(deadline) {
+		msg := fmt.Sprintf("no Ready Node with a new boot ID %s after the %s", r.operationTimeout(), verb)
+		if err := s.failMachine(failure, msg); err != nil {
+			return err
+		}
+		if InFlight(m.Status.Operation) {
+			endOperation(s, machinistv1.OperationFailed, msg)
+		}
+		return nil
+	}
+	s.after(deadline.Sub(s.now))
+	return nil
+}
