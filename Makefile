@@ -25,9 +25,12 @@ generate: ## Generate deepcopy code for the API types and OpenAPI definitions fo
 		github.com/machinist-dev/machinist/api/subresources/v1alpha1
 
 .PHONY: manifests
-manifests: ## Generate the CRDs (config/crd/bases) and the manager's ClusterRole (config/rbac).
+manifests: ## Generate the CRDs (config/crd/bases) and the ClusterRoles (config/rbac): manager, verbs server, machine operator, viewer.
 	$(CONTROLLER_GEN) crd paths=./api/v1alpha1/... output:crd:artifacts:config=config/crd/bases
-	$(CONTROLLER_GEN) rbac:roleName=machinist-manager paths=./internal/rbac/... output:rbac:artifacts:config=config/rbac
+	$(CONTROLLER_GEN) rbac:roleName=machinist-manager paths=./internal/rbac output:rbac:artifacts:config=config/rbac
+	$(CONTROLLER_GEN) rbac:roleName=machinist-machine-operator,fileName=operator.yaml paths=./internal/rbac/operator output:rbac:artifacts:config=config/rbac
+	$(CONTROLLER_GEN) rbac:roleName=machinist-viewer,fileName=viewer.yaml paths=./internal/rbac/viewer output:rbac:artifacts:config=config/rbac
+	$(CONTROLLER_GEN) rbac:roleName=machinist-verbs,fileName=verbs.yaml paths=./internal/rbac/verbs output:rbac:artifacts:config=config/rbac
 
 .PHONY: controlplane
 controlplane: ## Build the pinned etcd, kube-apiserver and kubectl into bin/ (skipped when already built).

@@ -16,10 +16,19 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 )
 
-// ErrRefused is wrapped by every reason an operation cannot start now: the
-// Machine's phase does not allow it, it is being deleted, or another
-// operation is in flight. The verbs server answers it with 409 Conflict.
+// ErrRefused matches (errors.Is) every reason an operation cannot start
+// now: the Machine's phase does not allow it, it is being deleted, or
+// another operation is in flight. The verbs server answers it with 409
+// Conflict.
 var ErrRefused = errors.New("refused")
+
+// refusal is an error that is ErrRefused without repeating its text.
+type refusal struct{ msg string }
+
+func (r refusal) Error() string        { return r.msg }
+func (r refusal) Is(target error) bool { return target == ErrRefused }
+
+func refuse(format string, args ...any) error { return refusal{fmt.Sprintf(format, args...)} }
 
 // drains reports whether the operation empties the Machine first.
 func drains(typ machinistv1.OperationType, opts *machinistv1.OperationOptions) bool {
@@ -45,19 +54,19 @@ func InFlight(op *machinistv1.Operation) bool {
 func Admit(m *machinistv1.Machine, typ machinistv1.OperationType, opts *machinistv1.OperationOptions) error {
 	verb := verbOf(typ)
 	if !m.DeletionTimestamp.IsZero() {
-		return fmt.Errorf("%w: machine %q is being deleted and cannot be %s", ErrRefused, m.Name, pastTense(verb))
+		return refuse("machine %q is being deleted and cannot be %s", m.Name, pastTense(verb))
 	}
 	if op := m.Status.Operation; InFlight(op) {
-		return fmt.Errorf("%w: machine %q already has %s operation %s in flight (%s); wait for it to finish",
-			ErrRefused, m.Name, verbOf(op.Type), op.ID, op.State)
+		return refuse("machine %q already has %s operation %s in flight (%s); wait for it to finish",
+			m.Name, verbOf(op.Type), op.ID, op.State)
 	}
 	phase := m.Status.Phase
 	if phase == "" {
 		phase = Initial
 	}
 	if e := firstEvent(typ, opts); !New(phase).Can(e) {
-		return fmt.Errorf("%w: machine %q is %s; a %s can start only when it is %s",
-			ErrRefused, m.Name, phase, verb, joinPhases(Table.From(e)))
+		return refuse("machine %q is %s; a %s can start only when it is %s",
+			m.Name, phase, verb, joinPhases(Table.From(e)))
 	}
 	return nil
 }
@@ -292,6 +301,9 @@ func (r *Reconciler) awaitBoot(ctx context.Context, s *step, class *machinistv1.
 				// Only what this operation cordoned is uncordoned.
 				return r.applyNodeSpec(ctx, node, m, class, op == nil || drains(op.Type, op.Options))
 			}
+			// Booted, but its Lease is not renewed yet; renewals wake no
+			// reconcile, so look again soon.
+			s.after(r.drainPoll())
 		}
 	}
 	deadline := s.enteredAt().Add(r.operationTimeout())

@@ -23,6 +23,8 @@ type Controllers struct {
 	// Manager runs the controllers.
 	Manager *manager.Manager
 
+	env    *Env
+	opts   manager.Options
 	cancel context.CancelFunc
 	done   chan error
 }
@@ -49,27 +51,55 @@ func (e *Env) StartControllers(opts manager.Options, leases Leases) (*Controller
 		provider.Stop()
 		return nil, err
 	}
-	opts.Registry = prometheus.NewRegistry()
-	ctx, cancel := context.WithCancel(context.Background())
-	mgr, err := manager.New(ctx, e.Config, e.Scheme, opts)
-	if err != nil {
-		cancel()
+	// The manager may be started again in this process (RestartManager).
+	opts.Repeatable = true
+	c := &Controllers{Provider: provider, env: e, opts: opts}
+	if err := c.startManager(); err != nil {
 		provider.Stop()
 		return nil, err
 	}
-	c := &Controllers{Provider: provider, Manager: mgr, cancel: cancel, done: make(chan error, 1)}
-	go func() { c.done <- mgr.Start(ctx) }()
 	return c, nil
+}
+
+func (c *Controllers) startManager() error {
+	c.opts.Registry = prometheus.NewRegistry()
+	ctx, cancel := context.WithCancel(context.Background())
+	mgr, err := manager.New(ctx, c.env.Config, c.env.Scheme, c.opts)
+	if err != nil {
+		cancel()
+		return err
+	}
+	c.Manager, c.cancel, c.done = mgr, cancel, make(chan error, 1)
+	go func() { c.done <- mgr.Start(ctx) }()
+	return nil
+}
+
+func (c *Controllers) stopManager() error {
+	if c.cancel == nil {
+		return nil
+	}
+	c.cancel()
+	c.cancel = nil
+	err := <-c.done
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// RestartManager stops the manager, as a crash would, and starts a new one
+// with the same options; the provider's machines keep running meanwhile.
+func (c *Controllers) RestartManager() error {
+	if err := c.stopManager(); err != nil {
+		return err
+	}
+	return c.startManager()
 }
 
 // Stop stops the manager, then the provider's machines.
 func (c *Controllers) Stop() error {
-	c.cancel()
-	err := <-c.done
+	err := c.stopManager()
 	c.Provider.Stop()
-	if errors.Is(err, context.Canceled) {
-		return nil
-	}
 	return err
 }
 

@@ -22,7 +22,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	apiregv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
+
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/pki"
 )
 
 // Env is a running control plane.
@@ -87,6 +90,18 @@ func Start() (*Env, error) {
 	if err := machinistv1.AddToScheme(scheme); err != nil {
 		return nil, err
 	}
+	if err := apiregv1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "machinist-testenv-")
+	if err != nil {
+		return nil, err
+	}
+	proxy, err := frontProxy(filepath.Join(dir, "front-proxy"))
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
 	root := Root()
 	env := &envtest.Environment{
 		BinaryAssetsDirectory:    BinDir(),
@@ -96,22 +111,26 @@ func Start() (*Env, error) {
 		ControlPlaneStartTimeout: 2 * time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
 	}
+	// The aggregator's front proxy, so that the verbs server can be
+	// reached through kube-apiserver (StartVerbs).
+	args := env.ControlPlane.GetAPIServer().Configure()
+	for flag, value := range proxy {
+		args.Set(flag, value)
+	}
 	cfg, err := env.Start()
 	if err != nil {
 		// Start can fail after the processes are up (installing CRDs);
 		// never leave them running.
 		_ = env.Stop()
+		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("starting etcd and kube-apiserver from %s: %w", BinDir(), err)
 	}
-	e := &Env{Root: root, Config: cfg, Scheme: scheme, env: env}
+	e := &Env{Root: root, Config: cfg, Scheme: scheme, env: env, dir: dir}
 	fail := func(err error) (*Env, error) {
 		_ = e.Stop()
 		return nil, err
 	}
 	if e.Client, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
-		return fail(err)
-	}
-	if e.dir, err = os.MkdirTemp("", "machinist-testenv-"); err != nil {
 		return fail(err)
 	}
 	e.Kubeconfig = filepath.Join(e.dir, "kubeconfig")
@@ -147,17 +166,35 @@ func (e *Env) Kubectl(ctx context.Context, args ...string) (string, error) {
 // runs the package's tests, stops the control plane and returns the exit
 // code for os.Exit.
 func Run(m *testing.M, ready func(*Env)) int {
+	return RunWith(m, func(e *Env) (func(), error) {
+		ready(e)
+		return func() {}, nil
+	})
+}
+
+// RunWith is Run for a package that starts more beside the control plane:
+// setup starts it and returns how to stop it, which runs before the
+// control plane stops, also when setup fails.
+func RunWith(m *testing.M, setup func(*Env) (stop func(), err error)) int {
 	e, err := Start()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	ready(e)
-	code := m.Run()
-	if err := e.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "stopping the control plane:", err)
+	defer func() {
+		if err := e.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stopping the control plane:", err)
+		}
+	}()
+	stop, err := setup(e)
+	if stop != nil {
+		defer stop()
 	}
-	return code
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
 }
 
 // Namespace creates a namespace with a generated name for one test. Nothing
@@ -169,4 +206,33 @@ func (e *Env) Namespace(ctx context.Context, prefix string) (string, error) {
 		return "", err
 	}
 	return ns.Name, nil
+}
+
+// frontProxy makes a front-proxy CA and the client certificate the
+// aggregator presents with, in dir, and returns kube-apiserver's flags for
+// them.
+func frontProxy(dir string) (map[string]string, error) {
+	ca, err := pki.NewCA("front-proxy-ca")
+	if err != nil {
+		return nil, err
+	}
+	if err := ca.Write(dir, "ca"); err != nil {
+		return nil, err
+	}
+	client, err := ca.Issue(pki.Request{CommonName: "front-proxy-client", Client: true})
+	if err != nil {
+		return nil, err
+	}
+	if err := client.Write(dir, "client"); err != nil {
+		return nil, err
+	}
+	return map[string]string{
+		"requestheader-client-ca-file":       filepath.Join(dir, "ca.crt"),
+		"requestheader-allowed-names":        "front-proxy-client",
+		"requestheader-username-headers":     "X-Remote-User",
+		"requestheader-group-headers":        "X-Remote-Group",
+		"requestheader-extra-headers-prefix": "X-Remote-Extra-",
+		"proxy-client-cert-file":             filepath.Join(dir, "client.crt"),
+		"proxy-client-key-file":              filepath.Join(dir, "client.key"),
+	}, nil
 }

@@ -1,0 +1,253 @@
+package apiserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apiserver/pkg/endpoints/handlers/negotiation"
+	"k8s.io/apiserver/pkg/endpoints/handlers/responsewriters"
+	"k8s.io/apiserver/pkg/endpoints/request"
+	"k8s.io/apiserver/pkg/registry/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	subresourcesv1 "github.com/machinist-dev/machinist/api/subresources/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/lifecycle"
+)
+
+// machinesResource is how errors name Machines: the CRD's resource, the
+// object a caller knows.
+var machinesResource = schema.GroupResource{Group: machinistv1.GroupVersion.Group, Resource: "machines"}
+
+// maxBody bounds an options body; real ones are a few dozen bytes.
+const maxBody = 64 << 10
+
+// attempts bounds how often a request is retried when the Machine changed
+// between reading it and recording the operation.
+const attempts = 5
+
+// machineStorage is the parent of the verbs: the installer requires one.
+// GET on it answers with the Machine's current or last operation.
+type machineStorage struct {
+	client client.Client
+}
+
+var (
+	_ rest.Getter = &machineStorage{}
+	_ rest.Scoper = &machineStorage{}
+)
+
+func (s *machineStorage) New() runtime.Object     { return &subresourcesv1.MachineOperation{} }
+func (s *machineStorage) Destroy()                {}
+func (s *machineStorage) NamespaceScoped() bool   { return true }
+func (s *machineStorage) GetSingularName() string { return "machine" }
+
+// Get implements rest.Getter.
+func (s *machineStorage) Get(ctx context.Context, name string, _ *metav1.GetOptions) (runtime.Object, error) {
+	m := &machinistv1.Machine{}
+	if err := s.client.Get(ctx, client.ObjectKey{Namespace: request.NamespaceValue(ctx), Name: name}, m); err != nil {
+		return nil, translate(err, name)
+	}
+	if m.Status.Operation == nil {
+		return nil, apierrors.NewNotFound(schema.GroupResource{Group: subresourcesv1.GroupName, Resource: "machines"}, name)
+	}
+	return answer(m), nil
+}
+
+// verbStorage serves one verb as a subresource that accepts PUT.
+type verbStorage struct {
+	client client.Client
+	typ    machinistv1.OperationType
+}
+
+var _ rest.Connecter = &verbStorage{}
+
+// New returns the verb's options type, which discovery and OpenAPI show.
+func (s *verbStorage) New() runtime.Object {
+	if s.typ == machinistv1.OperationRepair {
+		return &subresourcesv1.RepairOptions{}
+	}
+	return &subresourcesv1.RebootOptions{}
+}
+
+func (s *verbStorage) Destroy() {}
+
+// ConnectMethods implements rest.Connecter. PUT makes RBAC's verb "update"
+// on machines/reboot, the rule an operator role grants.
+func (s *verbStorage) ConnectMethods() []string { return []string{http.MethodPut} }
+
+// NewConnectOptions implements rest.Connecter: options come in the body,
+// not the query.
+func (s *verbStorage) NewConnectOptions() (runtime.Object, bool, string) { return nil, false, "" }
+
+// Connect implements rest.Connecter. Authentication and authorization have
+// run by now; ctx carries the user and the namespace.
+func (s *verbStorage) Connect(ctx context.Context, name string, _ runtime.Object, _ rest.Responder) (http.Handler, error) {
+	user, ok := request.UserFrom(ctx)
+	if !ok {
+		return nil, apierrors.NewUnauthorized("no user")
+	}
+	namespace := request.NamespaceValue(ctx)
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		opts, err := s.decode(req, name)
+		if err == nil {
+			var m *machinistv1.Machine
+			if m, err = s.record(req.Context(), namespace, name, opts, user.GetName()); err == nil {
+				responsewriters.WriteObjectNegotiated(codecs, negotiation.DefaultEndpointRestrictions,
+					subresourcesv1.SchemeGroupVersion, w, req, http.StatusAccepted, answer(m), false)
+				return
+			}
+		}
+		responsewriters.ErrorNegotiated(err, codecs, subresourcesv1.SchemeGroupVersion, w, req)
+	}), nil
+}
+
+// record admits the request and stores it as the Machine's operation,
+// retrying from a fresh read when the Machine changed meanwhile so that
+// two requests never both win.
+func (s *verbStorage) record(ctx context.Context, namespace, name string, opts *machinistv1.OperationOptions, user string) (*machinistv1.Machine, error) {
+	for i := 0; ; i++ {
+		m := &machinistv1.Machine{}
+		if err := s.client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, m); err != nil {
+			return nil, translate(err, name)
+		}
+		if _, err := lifecycle.Request(m, s.typ, opts, machinistv1.SourceAPI, user, time.Now()); err != nil {
+			return nil, translate(err, name)
+		}
+		err := s.client.Status().Update(ctx, m)
+		if err == nil {
+			return m, nil
+		}
+		if !apierrors.IsConflict(err) || i+1 == attempts {
+			return nil, translate(err, name)
+		}
+	}
+}
+
+// decode reads the options body strictly: malformed JSON is 400, an
+// unknown field or a bad value 422, naming the field.
+func (s *verbStorage) decode(req *http.Request, name string) (*machinistv1.OperationOptions, error) {
+	body, err := io.ReadAll(io.LimitReader(req.Body, maxBody+1))
+	if err != nil {
+		return nil, apierrors.NewBadRequest(fmt.Sprintf("reading the request body: %v", err))
+	}
+	if len(body) > maxBody {
+		return nil, apierrors.NewRequestEntityTooLargeError(fmt.Sprintf("options bodies are at most %d bytes", maxBody))
+	}
+	kind := "RebootOptions"
+	var target any = &subresourcesv1.RebootOptions{}
+	if s.typ == machinistv1.OperationRepair {
+		kind, target = "RepairOptions", &subresourcesv1.RepairOptions{}
+	}
+	gk := schema.GroupKind{Group: subresourcesv1.GroupName, Kind: kind}
+	if len(bytes.TrimSpace(body)) > 0 {
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(target); err != nil {
+			var syntax *json.SyntaxError
+			var typeErr *json.UnmarshalTypeError
+			switch {
+			case errors.As(err, &syntax), errors.Is(err, io.ErrUnexpectedEOF):
+				return nil, apierrors.NewBadRequest(fmt.Sprintf("the body is not a JSON %s: %v", kind, err))
+			case errors.As(err, &typeErr):
+				return nil, apierrors.NewInvalid(gk, name, field.ErrorList{
+					field.Invalid(field.NewPath(typeErr.Field), string(body), fmt.Sprintf("must be a %s", typeErr.Type))})
+			default:
+				// encoding/json says `json: unknown field "x"`.
+				return nil, apierrors.NewInvalid(gk, name, field.ErrorList{field.Invalid(field.NewPath(""), string(body), err.Error())})
+			}
+		}
+		if dec.More() {
+			return nil, apierrors.NewBadRequest("the body holds more than one JSON object")
+		}
+	}
+	var errs field.ErrorList
+	opts := &machinistv1.OperationOptions{}
+	switch o := target.(type) {
+	case *subresourcesv1.RebootOptions:
+		errs = append(errs, checkTypeMeta(o.TypeMeta, kind)...)
+		switch o.Mode {
+		case "", subresourcesv1.RebootSoft, subresourcesv1.RebootHard:
+		default:
+			errs = append(errs, field.NotSupported(field.NewPath("mode"), o.Mode, []string{string(subresourcesv1.RebootSoft), string(subresourcesv1.RebootHard)}))
+		}
+		errs = append(errs, checkGrace(o.GracePeriodSeconds)...)
+		opts.Mode, opts.Drain, opts.GracePeriodSeconds = string(o.Mode), o.Drain, o.GracePeriodSeconds
+		if opts.Mode == "" {
+			opts.Mode = string(subresourcesv1.RebootSoft)
+		}
+	case *subresourcesv1.RepairOptions:
+		errs = append(errs, checkTypeMeta(o.TypeMeta, kind)...)
+		if len(o.Reason) > 256 {
+			errs = append(errs, field.TooLong(field.NewPath("reason"), "", 256))
+		}
+		errs = append(errs, checkGrace(o.GracePeriodSeconds)...)
+		opts.Reason, opts.GracePeriodSeconds = o.Reason, o.GracePeriodSeconds
+	}
+	if len(errs) > 0 {
+		return nil, apierrors.NewInvalid(gk, name, errs)
+	}
+	return opts, nil
+}
+
+// checkTypeMeta accepts a body without apiVersion and kind, or with this
+// group's and the verb's own.
+func checkTypeMeta(tm metav1.TypeMeta, kind string) field.ErrorList {
+	var errs field.ErrorList
+	if tm.APIVersion != "" && tm.APIVersion != subresourcesv1.SchemeGroupVersion.String() {
+		errs = append(errs, field.NotSupported(field.NewPath("apiVersion"), tm.APIVersion, []string{subresourcesv1.SchemeGroupVersion.String()}))
+	}
+	if tm.Kind != "" && tm.Kind != kind {
+		errs = append(errs, field.NotSupported(field.NewPath("kind"), tm.Kind, []string{kind}))
+	}
+	return errs
+}
+
+func checkGrace(g *int64) field.ErrorList {
+	if g != nil && *g < 0 {
+		return field.ErrorList{field.Invalid(field.NewPath("gracePeriodSeconds"), *g, "must not be negative")}
+	}
+	return nil
+}
+
+// translate turns what went wrong into the status a client should see: a
+// refusal by the state machine is 409 Conflict with its reason, and errors
+// from kube-apiserver keep their own status.
+func translate(err error, name string) error {
+	if errors.Is(err, lifecycle.ErrRefused) {
+		return apierrors.NewConflict(machinesResource, name, err)
+	}
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		return err
+	}
+	return apierrors.NewInternalError(err)
+}
+
+// answer is the MachineOperation for m's operation.
+func answer(m *machinistv1.Machine) *subresourcesv1.MachineOperation {
+	op := m.Status.Operation
+	out := &subresourcesv1.MachineOperation{
+		TypeMeta:    metav1.TypeMeta{APIVersion: subresourcesv1.SchemeGroupVersion.String(), Kind: "MachineOperation"},
+		ObjectMeta:  metav1.ObjectMeta{Name: m.Name, Namespace: m.Namespace},
+		Type:        string(op.Type),
+		ID:          op.ID,
+		State:       string(op.State),
+		RequestedBy: op.RequestedBy,
+	}
+	if op.RequestedAt != nil {
+		out.RequestedAt = *op.RequestedAt
+	}
+	return out
+}

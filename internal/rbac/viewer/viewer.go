@@ -1,0 +1,7 @@
+// Package viewer holds the RBAC markers of the machinist-viewer
+// ClusterRole: read everything Machinist serves, change nothing.
+package viewer
+
+// +kubebuilder:rbac:groups=machinist.dev,resources=machines;machinesets;machinedeployments;machineclasses,verbs=get;list;watch
+// +kubebuilder:rbac:groups=machinist.dev,resources=machines/status;machinesets/status;machinedeployments/status;machinesets/scale;machinedeployments/scale,verbs=get
+// +kubebuilder:rbac:groups=subresources.machinist.dev,resources=machines,verbs=get

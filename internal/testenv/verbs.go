@@ -1,0 +1,62 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	apiregv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/machinist-dev/machinist/apiserver"
+)
+
+// VerbsService is where the verbs server is registered in tests.
+var VerbsService = types.NamespacedName{Namespace: "machinist-system", Name: "machinist-verbs"}
+
+// Verbs is a verbs server running against an Env, registered with its
+// kube-apiserver through an APIService.
+type Verbs struct {
+	// Server is the running server.
+	Server *apiserver.Server
+
+	env    *Env
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// StartVerbs starts the aggregated verbs server on a free local port,
+// registers it, and waits until kube-apiserver reports it Available.
+func (e *Env) StartVerbs() (*Verbs, error) {
+	srv, err := apiserver.New(apiserver.Options{
+		CertDir:    filepath.Join(e.dir, "verbs"),
+		Hosts:      apiserver.ServiceHosts(VerbsService),
+		Kubeconfig: e.Kubeconfig,
+	})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	v := &Verbs{Server: srv, env: e, cancel: cancel, done: make(chan error, 1)}
+	go func() { v.done <- srv.Run(ctx) }()
+	if err := apiserver.RegisterLocal(ctx, e.Client, VerbsService, int32(srv.Port), srv.CABundle, time.Minute); err != nil {
+		return nil, errors.Join(err, v.Stop())
+	}
+	return v, nil
+}
+
+// Stop unregisters the server, so that the group is absent rather than
+// unavailable, and stops it.
+func (v *Verbs) Stop() error {
+	ctx := context.Background()
+	unregister := client.IgnoreNotFound(v.env.Client.Delete(ctx, &apiregv1.APIService{ObjectMeta: metav1.ObjectMeta{Name: apiserver.APIServiceName}}))
+	v.cancel()
+	err := <-v.done
+	if errors.Is(err, context.Canceled) {
+		err = nil
+	}
+	return errors.Join(unregister, err)
+}
