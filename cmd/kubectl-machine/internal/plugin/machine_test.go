@@ -1,0 +1,274 @@
+package plugin
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+)
+
+// TestMachine makes a Machine Running with the real controllers, then
+// stops them and plays the Machine controller's part itself, writing
+// status.operation: that drives the wait loop through outcomes (Failed, a
+// superseding operation, a timeout) the controller gives on no one's
+// demand, and a running controller would act on the made-up operations.
+// TestVerbs runs the real verbs server and controllers end to end.
+func TestMachine(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t)
+	stop := startControllers(t)
+	key := client.ObjectKey{Namespace: ns, Name: "m1"}
+	m := &machinistv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name},
+		Spec:       machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}, Version: "v1.37.1"},
+	}
+	if err := env.Client.Create(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, func() error {
+		if err := env.Client.Get(ctx, key, m); err != nil {
+			return err
+		}
+		if m.Status.Phase != machinistv1.MachineRunning || m.Status.BootID == "" || m.Status.NodeRef == nil {
+			return fmt.Errorf("machine is %q with boot ID %q", m.Status.Phase, m.Status.BootID)
+		}
+		return nil
+	})
+	stop()
+	bootID := m.Status.BootID
+
+	t.Run("status shows phase, node, conditions and operation", func(t *testing.T) {
+		setStatus(t, key, func(st *machinistv1.MachineStatus) {
+			st.Operation = &machinistv1.Operation{
+				Type: machinistv1.OperationReboot, ID: "op-status", State: machinistv1.OperationRunning,
+				RequestedBy: "alice", RequestedAt: &metav1.Time{Time: time.Now().Add(-5 * time.Minute)}, StartedAt: &metav1.Time{Time: time.Now()},
+				Message: "draining the node",
+				Options: &machinistv1.OperationOptions{Mode: "hard", Drain: ptr.To(false), GracePeriodSeconds: ptr.To(int64(30))},
+			}
+		})
+		r := plugin(ns, "status", "m1")
+		if r.code != ExitOK {
+			t.Fatal(r)
+		}
+		for _, want := range []string{
+			`(?m)^Phase:\s+Running$`,
+			`(?m)^Node:\s+` + regexp.QuoteMeta(m.Status.NodeRef.Name) + `$`,
+			`(?m)^Provider ID:\s+` + regexp.QuoteMeta(m.Status.ProviderID) + `$`,
+			`(?m)^Boot ID:\s+` + regexp.QuoteMeta(bootID) + `$`,
+			`(?m)^Last transition:\s+Provisioning -> Running \(\w+\) \S+ \(.* ago\)$`,
+			`(?m)^\s+Ready\s+True\s`,
+			`(?m)^Operation:$`,
+			`(?m)^\s+Type:\s+Reboot$`,
+			`(?m)^\s+ID:\s+op-status$`,
+			`(?m)^\s+State:\s+Running$`,
+			`(?m)^\s+Requested by:\s+alice$`,
+			`(?m)^\s+Requested at:\s+\S+ \(5m ago\)$`,
+			`(?m)^\s+Completed:\s+<none>$`,
+			`(?m)^\s+Message:\s+draining the node$`,
+			`(?m)^\s+Options:\s+mode=hard drain=false gracePeriodSeconds=30$`,
+		} {
+			if !regexp.MustCompile(want).MatchString(r.stdout) {
+				t.Errorf("status output does not match %s:\n%s", want, r.stdout)
+			}
+		}
+
+		r = plugin(ns, "status", "machine/m1", "-o", "json")
+		var got machinistv1.Machine
+		if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || r.code != ExitOK {
+			t.Fatalf("-o json: %v\n%s", err, r)
+		}
+		if got.Kind != "Machine" || got.Status.Operation == nil || got.Status.Operation.ID != "op-status" {
+			t.Errorf("-o json printed kind %q, operation %+v", got.Kind, got.Status.Operation)
+		}
+		r = plugin(ns, "status", "m1", "-o", "yaml")
+		if r.code != ExitOK || !strings.Contains(r.stdout, "kind: Machine\n") || !strings.Contains(r.stdout, "id: op-status\n") {
+			t.Errorf("-o yaml:\n%s", r)
+		}
+
+		if r := plugin(ns, "status", "m1", "-o", "wide"); r.code != ExitError {
+			t.Errorf("-o wide should be a usage error:\n%s", r)
+		}
+		if r := plugin(ns, "status", "nosuch"); r.code != ExitRefused || !strings.Contains(r.stderr, `"nosuch" not found`) {
+			t.Errorf("status of a missing Machine should exit %d saying so:\n%s", ExitRefused, r)
+		}
+	})
+
+	t.Run("wait reports progress and succeeds", func(t *testing.T) {
+		setStatus(t, key, func(st *machinistv1.MachineStatus) {
+			st.Operation = &machinistv1.Operation{Type: machinistv1.OperationReboot, ID: "op-ok", State: machinistv1.OperationPending}
+		})
+		out, done := startWait(t, key, "op-ok", bootID, time.Minute)
+		out.await(t, "machine/m1: Running, reboot Pending")
+		setStatus(t, key, func(st *machinistv1.MachineStatus) {
+			st.Phase = machinistv1.MachineRebooting
+			st.Operation.State = machinistv1.OperationRunning
+			st.Operation.Message = "restarting"
+		})
+		out.await(t, "machine/m1: Rebooting, reboot Running: restarting")
+		setStatus(t, key, func(st *machinistv1.MachineStatus) {
+			st.Phase = machinistv1.MachineRunning
+			st.BootID = "boot-2"
+			st.Operation.State = machinistv1.OperationSucceeded
+			st.Operation.Message = ""
+		})
+		if err := <-done; err != nil {
+			t.Fatalf("wait: %v\n%s", err, out)
+		}
+		want := fmt.Sprintf("machine/m1: Running (boot ID %s -> boot-2), reboot Succeeded\nmachine/m1 rebooted (boot ID %[1]s -> boot-2)\n", bootID)
+		if !strings.HasSuffix(out.String(), want) {
+			t.Errorf("wait printed\n%s\nwant it to end with\n%s", out, want)
+		}
+	})
+
+	t.Run("a Failed operation exits 2", func(t *testing.T) {
+		setStatus(t, key, func(st *machinistv1.MachineStatus) {
+			st.Operation = &machinistv1.Operation{Type: machinistv1.OperationReboot, ID: "op-bad", State: machinistv1.OperationRunning}
+		})
+		out, done := startWait(t, key, "op-bad", "", time.Minute)
+		out.await(t, "reboot Running")
+		setStatus(t, key, func(st *machinistv1.MachineStatus) {
+			st.Operation.State = machinistv1.OperationFailed
+			st.Operation.Message = "the provider refused the reboot"
+		})
+		err := <-done
+		if ExitCode(err) != ExitFailed || !strings.Contains(fmt.Sprint(err), "the provider refused the reboot") {
+			t.Errorf("wait returned %v (exit code %d), want exit code %d with the operation's message", err, ExitCode(err), ExitFailed)
+		}
+	})
+
+	t.Run("a wait past its timeout exits 4", func(t *testing.T) {
+		setStatus(t, key, func(st *machinistv1.MachineStatus) {
+			st.Operation = &machinistv1.Operation{Type: machinistv1.OperationReboot, ID: "op-slow", State: machinistv1.OperationRunning, Message: "still draining"}
+		})
+		out, done := startWait(t, key, "op-slow", "", time.Second)
+		err := <-done
+		if ExitCode(err) != ExitTimeout || !strings.Contains(fmt.Sprint(err), "still draining") {
+			t.Errorf("wait returned %v (exit code %d), want exit code %d naming the last state\n%s", err, ExitCode(err), ExitTimeout, out)
+		}
+	})
+
+	t.Run("another operation replacing ours ends the wait", func(t *testing.T) {
+		setStatus(t, key, func(st *machinistv1.MachineStatus) {
+			st.Operation = &machinistv1.Operation{Type: machinistv1.OperationReboot, ID: "op-first", State: machinistv1.OperationRunning}
+		})
+		out, done := startWait(t, key, "op-first", "", time.Minute)
+		out.await(t, "reboot Running")
+		setStatus(t, key, func(st *machinistv1.MachineStatus) {
+			st.Operation = &machinistv1.Operation{Type: machinistv1.OperationRepair, ID: "op-second", State: machinistv1.OperationPending}
+		})
+		err := <-done
+		if ExitCode(err) != ExitError || !strings.Contains(fmt.Sprint(err), "op-second") {
+			t.Errorf("wait returned %v (exit code %d), want exit code %d naming op-second", err, ExitCode(err), ExitError)
+		}
+	})
+
+	t.Run("deleting the Machine ends the wait", func(t *testing.T) {
+		setStatus(t, key, func(st *machinistv1.MachineStatus) {
+			st.Operation = &machinistv1.Operation{Type: machinistv1.OperationReboot, ID: "op-gone", State: machinistv1.OperationRunning}
+		})
+		out, done := startWait(t, key, "op-gone", "", time.Minute)
+		out.await(t, "reboot Running")
+		// No controller runs to remove the finalizer.
+		if err := env.Client.Patch(ctx, &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name}},
+			client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))); err != nil {
+			t.Fatal(err)
+		}
+		if err := env.Client.Delete(ctx, &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: key.Name}}); err != nil {
+			t.Fatal(err)
+		}
+		err := <-done
+		if ExitCode(err) != ExitError || !strings.Contains(fmt.Sprint(err), "deleted") {
+			t.Errorf("wait returned %v (exit code %d), want exit code %d saying the Machine was deleted", err, ExitCode(err), ExitError)
+		}
+	})
+}
+
+// setStatus changes the Machine's status as a controller would.
+func setStatus(t *testing.T, key client.ObjectKey, change func(*machinistv1.MachineStatus)) {
+	t.Helper()
+	ctx := context.Background()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		m := &machinistv1.Machine{}
+		if err := env.Client.Get(ctx, key, m); err != nil {
+			return err
+		}
+		change(&m.Status)
+		return env.Client.Status().Update(ctx, m)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startWait runs the reboot --wait loop for operation id in the background.
+func startWait(t *testing.T, key client.ObjectKey, id, bootID string, timeout time.Duration) (*lineWriter, <-chan error) {
+	t.Helper()
+	c := watchClient(t)
+	out := &lineWriter{lines: make(chan string, 100)}
+	done := make(chan error, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	go func() {
+		defer cancel()
+		done <- waitOperation(ctx, c, key.Namespace, key.Name, reboot, id, bootID, out)
+	}()
+	return out, done
+}
+
+// lineWriter hands each line written to it to a channel, so that a test
+// can change the Machine once the wait has seen the previous change.
+type lineWriter struct {
+	mu      sync.Mutex
+	all     bytes.Buffer
+	partial []byte
+	lines   chan string
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.all.Write(p)
+	w.partial = append(w.partial, p...)
+	for {
+		i := bytes.IndexByte(w.partial, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		w.lines <- string(w.partial[:i])
+		w.partial = w.partial[i+1:]
+	}
+}
+
+func (w *lineWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.all.String()
+}
+
+// await waits for a line containing want.
+func (w *lineWriter) await(t *testing.T, want string) {
+	t.Helper()
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case line := <-w.lines:
+			if strings.Contains(line, want) {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("no line with %q; printed:\n%s", want, w)
+		}
+	}
+}
