@@ -150,6 +150,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			// revision again instead of a copy being made.
 			patched := newSet.DeepCopy()
 			patched.Annotations[machinistv1.RevisionAnnotation] = strconv.FormatInt(maxOld+1, 10)
+			if cause, ok := md.Annotations[machinistv1.ChangeCauseAnnotation]; ok {
+				patched.Annotations[machinistv1.ChangeCauseAnnotation] = cause
+			}
 			if err := r.Client.Patch(ctx, patched, client.MergeFrom(newSet)); err != nil {
 				return reconcile.Result{}, err
 			}
@@ -213,6 +216,9 @@ func (r *Reconciler) createSet(ctx context.Context, md *machinistv1.MachineDeplo
 			MinReadySeconds: md.Spec.MinReadySeconds,
 			DeletePolicy:    machinistv1.DeleteOldest,
 		},
+	}
+	if cause, ok := md.Annotations[machinistv1.ChangeCauseAnnotation]; ok {
+		ms.Annotations[machinistv1.ChangeCauseAnnotation] = cause
 	}
 	err := r.Client.Create(ctx, ms)
 	if apierrors.IsAlreadyExists(err) {

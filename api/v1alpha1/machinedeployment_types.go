@@ -43,6 +43,10 @@ const (
 	// RevisionAnnotation numbers the templates a MachineDeployment has
 	// rolled out; the MachineSet of the current template has the highest.
 	RevisionAnnotation = "machinist.dev/revision"
+	// ChangeCauseAnnotation on a MachineDeployment says why its template
+	// changed, as on a Deployment; the MachineSet of that template keeps
+	// it, and `kubectl machine rollout history` shows it.
+	ChangeCauseAnnotation = "kubernetes.io/change-cause"
 	// DesiredReplicasAnnotation is the deployment's spec.replicas when a
 	// MachineSet was last sized, so that a change of it is noticed and
 	// spread over the sets in proportion.

@@ -23,8 +23,7 @@ import (
 	"github.com/machinist-dev/machinist/deployment"
 )
 
-// changeCauseAnnotation is kubectl's: the command that made a revision.
-const changeCauseAnnotation = "kubernetes.io/change-cause"
+// machinistv1.ChangeCauseAnnotation is kubectl's: the command that made a revision.
 
 // deploymentResource is the resource of MachineDeployments, for errors about them.
 var deploymentResource = machinistv1.GroupVersion.WithResource("machinedeployments").GroupResource()
@@ -217,7 +216,7 @@ func printHistory(w io.Writer, md *machinistv1.MachineDeployment, sets []revisio
 	tw := newTable(w)
 	fmt.Fprintln(tw, "REVISION\tCHANGE-CAUSE")
 	for _, s := range sets {
-		fmt.Fprintf(tw, "%d\t%s\n", s.revision, orNone(s.set.Annotations[changeCauseAnnotation]))
+		fmt.Fprintf(tw, "%d\t%s\n", s.revision, orNone(s.set.Annotations[machinistv1.ChangeCauseAnnotation]))
 	}
 	return tw.Flush()
 }
@@ -299,6 +298,16 @@ func undo(ctx context.Context, c client.Client, ns, name string, to int64) (stri
 			return nil
 		}
 		md.Spec.Template = template
+		// As kubectl does for a Deployment: the change-cause of the
+		// revision rolled back to becomes the deployment's again.
+		if cause, ok := target.set.Annotations[machinistv1.ChangeCauseAnnotation]; ok {
+			if md.Annotations == nil {
+				md.Annotations = map[string]string{}
+			}
+			md.Annotations[machinistv1.ChangeCauseAnnotation] = cause
+		} else {
+			delete(md.Annotations, machinistv1.ChangeCauseAnnotation)
+		}
 		if err := c.Update(ctx, md); err != nil {
 			return err
 		}

@@ -57,15 +57,14 @@ func TestRollout(t *testing.T) {
 		}
 		first := getDeployment(t, md).Spec.Template
 
-		patch(t, md, `{"spec":{"template":{"spec":{"version":"v1.37.2"}}}}`)
+		patch(t, md, `{"metadata":{"annotations":{"kubernetes.io/change-cause":"upgrade to v1.37.2"}},"spec":{"template":{"spec":{"version":"v1.37.2"}}}}`)
 		r = plugin(ns, "rollout", "status", "machinedeployment.machinist.dev/pool", "--timeout", "60s")
 		if r.code != ExitOK || !strings.Contains(r.stdout, `Waiting for machinedeployment "pool" rollout to finish: `) ||
 			!strings.HasSuffix(r.stdout, "machinedeployment \"pool\" successfully rolled out\n") {
 			t.Fatalf("rollout status after an upgrade:\n%s", r)
 		}
 
-		// The controller does not copy change-cause to the sets; a person may.
-		annotateRevision(t, md, "2", "upgrade to v1.37.2")
+		// The controller copied the change-cause to the new set.
 		r = plugin(ns, "rollout", "history", "md/pool")
 		if r.code != ExitOK || !regexp.MustCompile(`^machinedeployment.machinist.dev/pool\nREVISION\s+CHANGE-CAUSE\n1\s+<none>\n2\s+upgrade to v1.37.2\n$`).MatchString(r.stdout) {
 			t.Errorf("rollout history:\n%s", r)
@@ -136,7 +135,7 @@ func TestRollout(t *testing.T) {
 			}
 		}
 		plugin(ns, "rollout", "pause", "md/frozen")
-		patch(t, md, `{"spec":{"template":{"spec":{"version":"v1.37.2"}}}}`)
+		patch(t, md, `{"metadata":{"annotations":{"kubernetes.io/change-cause":"upgrade to v1.37.2"}},"spec":{"template":{"spec":{"version":"v1.37.2"}}}}`)
 		eventually(t, 30*time.Second, func() error {
 			r := plugin(ns, "rollout", "status", "md/frozen", "--watch=false")
 			want := `Waiting for machinedeployment "frozen" rollout to finish: 0 out of 1 new machines have been updated... (the rollout is paused: 'kubectl machine rollout resume md/frozen' lets it finish)` + "\n"
@@ -194,27 +193,6 @@ func patch(t *testing.T, md *machinistv1.MachineDeployment, patch string) {
 	if err := env.Client.Patch(context.Background(), md.DeepCopy(), client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// annotateRevision sets the change-cause of md's MachineSet of revision rev.
-func annotateRevision(t *testing.T, md *machinistv1.MachineDeployment, rev, cause string) {
-	t.Helper()
-	ctx := context.Background()
-	var sets machinistv1.MachineSetList
-	if err := env.Client.List(ctx, &sets, client.InNamespace(md.Namespace)); err != nil {
-		t.Fatal(err)
-	}
-	for i := range sets.Items {
-		ms := &sets.Items[i]
-		if ms.Annotations[machinistv1.RevisionAnnotation] == rev {
-			p := `{"metadata":{"annotations":{"` + changeCauseAnnotation + `":"` + cause + `"}}}`
-			if err := env.Client.Patch(ctx, ms, client.RawPatch(types.MergePatchType, []byte(p))); err != nil {
-				t.Fatal(err)
-			}
-			return
-		}
-	}
-	t.Fatalf("no MachineSet of revision %s", rev)
 }
 
 func machines(t *testing.T, ns string) []machinistv1.Machine {
