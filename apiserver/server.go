@@ -59,6 +59,11 @@ type Options struct {
 	// authorization and for reading and writing Machines. Empty means the
 	// in-cluster configuration.
 	Kubeconfig string
+	// QPS and Burst bound its requests for Machines; zero means 200 and
+	// 400, as k8s.io/apiserver's delegation clients use. Every verb costs a
+	// read and a write.
+	QPS   float32
+	Burst int
 }
 
 // Server is a verbs server, ready to run.
@@ -142,6 +147,13 @@ func New(opts Options) (*Server, error) {
 	kube, err := kubeConfig(opts.Kubeconfig)
 	if err != nil {
 		return nil, err
+	}
+	kube.QPS, kube.Burst = 200, 400
+	if opts.QPS > 0 {
+		kube.QPS = opts.QPS
+	}
+	if opts.Burst > 0 {
+		kube.Burst = opts.Burst
 	}
 	machines, err := newMachineClient(kube)
 	if err != nil {

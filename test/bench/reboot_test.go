@@ -11,6 +11,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
 	subresourcesv1 "github.com/machinist-dev/machinist/api/subresources/v1alpha1"
@@ -21,10 +23,11 @@ import (
 // server, by PUT on machines/NAME/reboot through kube-apiserver's
 // aggregated path, and times two things: how long until every request is
 // accepted (202), and until every Machine is Running again with a new boot
-// ID. It counts the Machine writes per reboot; the least possible is four
-// (the operation recorded, Draining, Rebooting, Running).
+// ID. It counts the Machine writes per reboot; the least possible is three
+// (the operation recorded; Rebooting, since a Node without pods drains in
+// the reconcile that starts the operation; Running).
 func BenchmarkReboot(b *testing.B) {
-	for _, n := range []int{100} {
+	for _, n := range []int{100, 1000} {
 		b.Run(fmt.Sprintf("machines=%d", n), func(b *testing.B) {
 			for range b.N {
 				rebootAll(b, n)
@@ -78,6 +81,14 @@ func rebootAll(b *testing.B, n int) {
 		b.Fatal(err)
 	}
 
+	// A client as fast as the engine's, not client-go's default 5 QPS.
+	cfg := rest.CopyConfig(env.Config)
+	cfg.QPS, cfg.Burst = qps, burst
+	users, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+
 	b.ResetTimer()
 	start := time.Now()
 	names := make(chan string)
@@ -87,7 +98,7 @@ func rebootAll(b *testing.B, n int) {
 		wg.Go(func() {
 			for name := range names {
 				var code int
-				kube.CoreV1().RESTClient().Put().
+				users.CoreV1().RESTClient().Put().
 					AbsPath(fmt.Sprintf("/apis/%s/namespaces/%s/machines/%s/reboot", subresourcesv1.SchemeGroupVersion, ns, name)).
 					SetHeader("Content-Type", "application/json").Body([]byte(`{}`)).Do(ctx).StatusCode(&code)
 				if code != http.StatusAccepted {
