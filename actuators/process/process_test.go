@@ -1,0 +1,476 @@
+package process_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/machinist-dev/machinist/actuators"
+	"github.com/machinist-dev/machinist/actuators/process"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/manager"
+	"github.com/machinist-dev/machinist/internal/testenv"
+	"github.com/machinist-dev/machinist/lifecycle"
+)
+
+var (
+	env       *testenv.Env
+	clientset kubernetes.Interface
+	// agentBinary is the machinist binary built for this run.
+	agentBinary string
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(testenv.RunWith(m, func(e *testenv.Env) (func(), error) {
+		env = e
+		clientset = kubernetes.NewForConfigOrDie(e.Config)
+		dir, err := os.MkdirTemp("", "machinist-process-test-")
+		if err != nil {
+			return nil, err
+		}
+		cleanup := func() { _ = os.RemoveAll(dir) }
+		agentBinary = filepath.Join(dir, "machinist")
+		build := exec.Command("go", "build", "-o", agentBinary, "./cmd/machinist")
+		build.Dir = testenv.Root()
+		if out, err := build.CombinedOutput(); err != nil {
+			return cleanup, fmt.Errorf("building machinist: %w\n%s", err, out)
+		}
+		return cleanup, nil
+	}))
+}
+
+// Short leases so that a crash shows within seconds.
+const (
+	leaseSeconds = 3
+	renew        = 500 * time.Millisecond
+	wait         = 20 * time.Second
+)
+
+// newProvider starts a Provider over dir (a new one when empty) and stops
+// it when the test ends, showing the agents' logs if the test failed.
+func newProvider(t *testing.T, dir string) (*process.Provider, string) {
+	t.Helper()
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	p, err := process.New(process.Options{
+		Kubeconfig:           env.Kubeconfig,
+		AgentBinary:          agentBinary,
+		StateDir:             dir,
+		LeaseDurationSeconds: leaseSeconds,
+		RenewInterval:        renew,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Stop(context.Background()); err != nil {
+			t.Error(err)
+		}
+		if t.Failed() {
+			logs, _ := filepath.Glob(filepath.Join(dir, "*", "agent.log"))
+			for _, l := range logs {
+				b, _ := os.ReadFile(l)
+				t.Logf("%s:\n%s", l, b)
+			}
+		}
+	})
+	return p, dir
+}
+
+// machine is a Machine as the controller would pass it; the provider needs
+// no Machine object in the apiserver, and leaving none there keeps other
+// tests' controllers away from these machines.
+func machine(name string) *machinistv1.Machine {
+	return &machinistv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "proc", Name: name, UID: uuid.NewUUID()},
+		Spec:       machinistv1.MachineSpec{Version: "v1.37.2"},
+	}
+}
+
+func node(g Gomega, p *process.Provider, providerID string) *corev1.Node {
+	name, err := p.NodeName(providerID)
+	g.Expect(err).NotTo(HaveOccurred())
+	n, err := clientset.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+	return n
+}
+
+func ready(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func lease(g Gomega, name string) *coordinationv1.Lease {
+	l, err := clientset.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(context.Background(), name, metav1.GetOptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+	return l
+}
+
+// booted waits until the instance's Node is Ready with a boot ID other than
+// notBootID, and its Lease renewed by that boot; it returns the Node.
+func booted(t *testing.T, p *process.Provider, providerID, notBootID string) *corev1.Node {
+	t.Helper()
+	var n *corev1.Node
+	since := time.Now()
+	NewWithT(t).Eventually(func(g Gomega) {
+		n = node(g, p, providerID)
+		g.Expect(n.Spec.ProviderID).To(Equal(providerID))
+		g.Expect(ready(n)).To(BeTrue())
+		g.Expect(n.Status.NodeInfo.BootID).NotTo(BeEmpty())
+		g.Expect(n.Status.NodeInfo.BootID).NotTo(Equal(notBootID))
+		g.Expect(lease(g, n.Name).Spec.RenewTime.Time).To(BeTemporally(">", since))
+	}).WithTimeout(wait).Should(Succeed())
+	return n
+}
+
+// agents lists the live agent processes of providerID, from /proc.
+func agents(providerID string) []int {
+	var pids []int
+	cmdlines, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range cmdlines {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		args := bytes.Split(b, []byte{0})
+		if len(args) > 2 && string(args[1]) == "agent" && bytes.Contains(b, []byte("--provider-id="+providerID+"\x00")) {
+			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+func gone(pid int) bool {
+	return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
+}
+
+func TestCreateRegistersAReadyNodeOnce(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p, _ := newProvider(t, "")
+	m := machine("create")
+	class := &machinistv1.MachineClass{Spec: machinistv1.MachineClassSpec{
+		Provider:     process.Name,
+		NodeTemplate: &machinistv1.NodeTemplate{Capacity: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("16")}},
+	}}
+
+	// Racing calls, as a controller with retries makes them, start one agent.
+	ids := make([]string, 3)
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	for i := range ids {
+		wg.Go(func() { ids[i], errs[i] = p.Create(ctx, m, class) })
+	}
+	wg.Wait()
+	g.Expect(errs).To(HaveEach(Succeed()))
+	id := ids[0]
+	g.Expect(ids).To(HaveEach(id))
+	g.Expect(id).To(Equal("process:///proc/create/" + string(m.UID)))
+
+	n := booted(t, p, id, "")
+	g.Expect(n.Name).To(HavePrefix("create-"))
+	g.Expect(n.Status.NodeInfo.KubeletVersion).To(Equal("v1.37.2"))
+	g.Expect(n.Status.Capacity.Cpu().String()).To(Equal("16"))
+	g.Expect(p.BootID(id)).To(Equal(n.Status.NodeInfo.BootID))
+	pid, err := p.PID(id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(agents(id)).To(Equal([]int{pid}))
+
+	again, err := p.Create(ctx, m, class)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(again).To(Equal(id))
+	g.Expect(p.PID(id)).To(Equal(pid))
+	g.Expect(agents(id)).To(Equal([]int{pid}))
+	g.Expect(p.Exists(ctx, id)).To(BeTrue())
+}
+
+func TestAdoptionAndBadProviderIDs(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p, _ := newProvider(t, "")
+	id, err := p.Create(ctx, machine("orig"), nil)
+	g.Expect(err).NotTo(HaveOccurred())
+
+	adopter := machine("adopter")
+	adopter.Spec.ProviderID = id
+	g.Expect(p.Create(ctx, adopter, nil)).To(Equal(id))
+
+	stranger := machine("stranger")
+	stranger.Spec.ProviderID = "process:///proc/ghost/00000000-0000-0000-0000-000000000000"
+	_, err = p.Create(ctx, stranger, nil)
+	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "adopting an unknown instance cannot succeed later: %v", err)
+
+	for _, bad := range []string{"inmemory:///proc/x/1", "process:///only/two"} {
+		_, err := p.Exists(ctx, bad)
+		g.Expect(actuators.IsPermanent(err)).To(BeTrue(), bad)
+		g.Expect(actuators.IsPermanent(p.Delete(ctx, bad))).To(BeTrue(), bad)
+		g.Expect(actuators.IsPermanent(p.Reboot(ctx, bad, actuators.Operation{ID: "x"}))).To(BeTrue(), bad)
+	}
+}
+
+func TestRebootIsIdempotentOnOperationID(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p, _ := newProvider(t, "")
+	id, err := p.Create(ctx, machine("reboot"), nil)
+	g.Expect(err).NotTo(HaveOccurred())
+	before := booted(t, p, id, "")
+	pid, err := p.PID(id)
+	g.Expect(err).NotTo(HaveOccurred())
+	// A reboot keeps what others put on the Node.
+	g.Expect(clientset.CoreV1().Nodes().Patch(ctx, before.Name, types.MergePatchType,
+		[]byte(`{"metadata":{"labels":{"team":"a"}}}`), metav1.PatchOptions{})).Error().NotTo(HaveOccurred())
+
+	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "op-1"})).To(Succeed())
+	after := booted(t, p, id, before.Status.NodeInfo.BootID)
+	g.Expect(after.UID).To(Equal(before.UID))
+	g.Expect(after.Labels).To(HaveKeyWithValue("team", "a"))
+	newPID, err := p.PID(id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(newPID).NotTo(Equal(pid))
+	g.Expect(gone(pid)).To(BeTrue())
+	g.Expect(p.Restarts(id)).To(Equal(1))
+
+	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "op-1"})).To(Succeed())
+	g.Expect(p.Restarts(id)).To(Equal(1))
+	g.Expect(p.PID(id)).To(Equal(newPID))
+	g.Expect(p.BootID(id)).To(Equal(after.Status.NodeInfo.BootID))
+}
+
+func TestRepairWipesAndReRegisters(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p, dir := newProvider(t, "")
+	id, err := p.Create(ctx, machine("repair"), nil)
+	g.Expect(err).NotTo(HaveOccurred())
+	before := booted(t, p, id, "")
+	g.Expect(clientset.CoreV1().Nodes().Patch(ctx, before.Name, types.MergePatchType,
+		[]byte(`{"metadata":{"labels":{"team":"a"}}}`), metav1.PatchOptions{})).Error().NotTo(HaveOccurred())
+	dirs, err := filepath.Glob(filepath.Join(dir, "proc_repair_*"))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(dirs).To(HaveLen(1))
+	junk := filepath.Join(dirs[0], "scratch")
+	g.Expect(os.WriteFile(junk, []byte("left by the old image"), 0o644)).To(Succeed())
+
+	g.Expect(p.Repair(ctx, id, actuators.Operation{ID: "r-1"})).To(Succeed())
+	after := booted(t, p, id, before.Status.NodeInfo.BootID)
+	g.Expect(after.UID).NotTo(Equal(before.UID), "the Node registered afresh")
+	g.Expect(after.Labels).NotTo(HaveKey("team"))
+	g.Expect(junk).NotTo(BeAnExistingFile())
+	g.Expect(p.Restarts(id)).To(Equal(1))
+
+	g.Expect(p.Repair(ctx, id, actuators.Operation{ID: "r-1"})).To(Succeed())
+	g.Expect(p.Restarts(id)).To(Equal(1))
+	g.Expect(node(g, p, id).UID).To(Equal(after.UID))
+}
+
+// TestKillNineMakesTheMachineUnhealthy runs the Machine controller with this
+// provider: a Machine turns Running, and once its agent is killed outright
+// its Lease goes stale and the Machine's NodeHealthy turns False.
+func TestKillNineMakesTheMachineUnhealthy(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	if testing.Verbose() {
+		ctrllog.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.UseDevMode(true)))
+	} else {
+		ctrllog.SetLogger(logr.Discard())
+	}
+	p, _ := newProvider(t, "")
+	registry := actuators.NewRegistry()
+	g.Expect(registry.Register(process.Name, p)).To(Succeed())
+	mctx, cancel := context.WithCancel(ctx)
+	mgr, err := manager.New(mctx, env.Config, env.Scheme, manager.Options{
+		Actuators:      registry,
+		MachineWorkers: 2,
+		Backoff:        lifecycle.Backoff{Base: 50 * time.Millisecond, Cap: time.Second},
+		DrainPoll:      200 * time.Millisecond,
+		Repeatable:     true,
+		Registry:       prometheus.NewRegistry(),
+	})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mctx) }()
+	// Registered after newProvider's, so it runs first: the controller
+	// stops before the provider does.
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Error(err)
+		}
+	})
+
+	ns, err := env.Namespace(ctx, "process")
+	g.Expect(err).NotTo(HaveOccurred())
+	class := &machinistv1.MachineClass{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "proc"},
+		Spec:       machinistv1.MachineClassSpec{Provider: process.Name},
+	}
+	g.Expect(env.Client.Create(ctx, class)).To(Succeed())
+	m := &machinistv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "victim"},
+		Spec:       machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: class.Name}, Version: "v1.37.2"},
+	}
+	g.Expect(env.Client.Create(ctx, m)).To(Succeed())
+	get := func(g Gomega) *machinistv1.Machine {
+		out := &machinistv1.Machine{}
+		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(m), out)).To(Succeed())
+		return out
+	}
+	healthy := func(g Gomega) *metav1.Condition {
+		return meta.FindStatusCondition(get(g).Status.Conditions, machinistv1.ConditionNodeHealthy)
+	}
+	g.Eventually(func(g Gomega) {
+		g.Expect(get(g).Status.Phase).To(Equal(machinistv1.MachineRunning))
+		g.Expect(healthy(g)).To(HaveField("Status", metav1.ConditionTrue))
+	}).WithTimeout(wait).Should(Succeed())
+	running := get(g)
+	id, nodeName := running.Status.ProviderID, running.Status.NodeRef.Name
+
+	pid, err := p.PID(id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(syscall.Kill(pid, syscall.SIGKILL)).To(Succeed())
+	g.Eventually(func() error { _, err := p.PID(id); return err }).WithTimeout(wait).Should(HaveOccurred())
+
+	// Nothing renews the Lease any more...
+	renewed := lease(g, nodeName).Spec.RenewTime.Time
+	g.Consistently(func(g Gomega) time.Time {
+		return lease(g, nodeName).Spec.RenewTime.Time
+	}).WithTimeout(3 * renew).Should(BeTemporally("==", renewed))
+	// ...and the controller reads the stale Lease as an unhealthy Node,
+	// though the Node still says Ready: no kubelet is left to say otherwise.
+	g.Eventually(healthy).WithTimeout(3*leaseSeconds*time.Second + 5*time.Second).Should(And(
+		HaveField("Status", metav1.ConditionFalse), HaveField("Reason", "NodeLeaseExpired")))
+	g.Expect(ready(node(g, p, id))).To(BeTrue())
+	g.Expect(p.Exists(ctx, id)).To(BeTrue(), "a crashed machine still exists")
+
+	// Deleting the Machine deletes the crashed instance and its Node.
+	g.Expect(env.Client.Delete(ctx, m)).To(Succeed())
+	g.Eventually(func() error {
+		return env.Client.Get(ctx, client.ObjectKeyFromObject(m), &machinistv1.Machine{})
+	}).WithTimeout(wait).Should(Satisfy(apierrors.IsNotFound))
+	g.Expect(p.Exists(ctx, id)).To(BeFalse())
+	_, err = clientset.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+	g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "the Node: %v", err)
+}
+
+func TestNewProviderRestartsStoppedMachines(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	first, _ := newProvider(t, dir)
+	id, err := first.Create(ctx, machine("survivor"), nil)
+	g.Expect(err).NotTo(HaveOccurred())
+	before := booted(t, first, id, "")
+	pid, err := first.PID(id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(first.Stop(ctx)).To(Succeed())
+	g.Expect(gone(pid)).To(BeTrue())
+
+	second, _ := newProvider(t, dir)
+	g.Expect(second.Exists(ctx, id)).To(BeTrue())
+	after := booted(t, second, id, before.Status.NodeInfo.BootID)
+	g.Expect(after.UID).To(Equal(before.UID))
+	newPID, err := second.PID(id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(agents(id)).To(Equal([]int{newPID}))
+	g.Expect(second.Restarts(id)).To(Equal(0), "a provider restart is not a reboot")
+}
+
+func TestNewProviderAdoptsRunningAgents(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	first, dir := newProvider(t, "")
+	id, err := first.Create(ctx, machine("adoptee"), nil)
+	g.Expect(err).NotTo(HaveOccurred())
+	n := booted(t, first, id, "")
+	pid, err := first.PID(id)
+	g.Expect(err).NotTo(HaveOccurred())
+
+	// As after a provider that died without Stop: its agents still run.
+	second, _ := newProvider(t, dir)
+	g.Expect(second.PID(id)).To(Equal(pid))
+	g.Expect(agents(id)).To(Equal([]int{pid}))
+	g.Expect(second.BootID(id)).To(Equal(n.Status.NodeInfo.BootID))
+
+	g.Expect(second.Stop(ctx)).To(Succeed())
+	g.Eventually(func() bool { return gone(pid) }).WithTimeout(wait).Should(BeTrue())
+}
+
+func TestDeleteStopsTheAgentAndRemovesItsState(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p, dir := newProvider(t, "")
+	id, err := p.Create(ctx, machine("doomed"), nil)
+	g.Expect(err).NotTo(HaveOccurred())
+	booted(t, p, id, "")
+	pid, err := p.PID(id)
+	g.Expect(err).NotTo(HaveOccurred())
+
+	g.Expect(p.Delete(ctx, id)).To(Succeed())
+	g.Expect(gone(pid)).To(BeTrue())
+	g.Expect(p.Exists(ctx, id)).To(BeFalse())
+	g.Expect(os.ReadDir(dir)).To(BeEmpty())
+	_, err = p.PID(id)
+	g.Expect(err).To(HaveOccurred())
+	g.Expect(p.Delete(ctx, id)).To(Succeed(), "deleting what is gone is not an error")
+	g.Expect(actuators.IsPermanent(p.Reboot(ctx, id, actuators.Operation{ID: "late"}))).To(BeTrue())
+}
+
+func TestStopLeavesNoAgentRunning(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p, _ := newProvider(t, "")
+	var ids []string
+	var pids []int
+	for _, name := range []string{"a", "b", "c"} {
+		id, err := p.Create(ctx, machine("stop-"+name), nil)
+		g.Expect(err).NotTo(HaveOccurred())
+		pid, err := p.PID(id)
+		g.Expect(err).NotTo(HaveOccurred())
+		ids, pids = append(ids, id), append(pids, pid)
+	}
+	// One machine crashed already: Stop must cope with it.
+	g.Expect(syscall.Kill(pids[2], syscall.SIGKILL)).To(Succeed())
+
+	g.Expect(p.Stop(ctx)).To(Succeed())
+	for i, id := range ids {
+		g.Expect(gone(pids[i])).To(BeTrue(), id)
+		g.Expect(agents(id)).To(BeEmpty(), id)
+	}
+	_, err := p.Create(ctx, machine("late"), nil)
+	g.Expect(err).To(MatchError(ContainSubstring("stopped")))
+}

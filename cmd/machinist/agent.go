@@ -1,0 +1,157 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/machinist-dev/machinist/nodeagent"
+)
+
+// agentOptions are the flags of machinist agent.
+type agentOptions struct {
+	kubeconfig   string
+	nodeName     string
+	providerID   string
+	version      string
+	leaseSeconds int32
+	renew        time.Duration
+	bootIDFile   string
+	capacity     map[string]string
+	neverReady   bool
+}
+
+// agentCommand runs one node agent as its own OS process: the machine of the
+// process provider, or a stand-in kubelet anywhere else.
+func agentCommand() *cobra.Command {
+	var o agentOptions
+	cmd := &cobra.Command{
+		Use:   "agent",
+		Short: "Run one node agent (a kubelet stand-in) until SIGTERM or SIGINT",
+		Long: `Run one node agent: register a Node, keep its Lease in kube-node-lease
+renewed and run the pods bound to it, until SIGTERM or SIGINT, which stop the
+renewals and exit 0. Every start is a new boot: the Node reports a new boot ID.
+A process killed outright leaves a Lease that expires, which the Machine
+controller reports as an unhealthy Node.`,
+		Example: `  machinist agent --kubeconfig ~/.kube/config --node-name n1 \
+    --provider-id process:///default/m1/0b5c… --version v1.37.2`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
+			defer stop()
+			return runAgent(ctx, o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; required unless running in a cluster")
+	f.StringVar(&o.nodeName, "node-name", "", "name of the Node to register (required)")
+	f.StringVar(&o.providerID, "provider-id", "", "the Node's spec.providerID (required)")
+	f.StringVar(&o.version, "version", "", "kubelet version to report in status.nodeInfo")
+	f.Int32Var(&o.leaseSeconds, "lease-duration-seconds", nodeagent.DefaultLeaseDurationSeconds, "the Lease's duration")
+	f.DurationVar(&o.renew, "renew-interval", nodeagent.DefaultRenewInterval, "how often the Lease is renewed")
+	f.StringVar(&o.bootIDFile, "boot-id-file", "", "file to write this boot's ID to, once chosen")
+	f.StringToStringVar(&o.capacity, "capacity", nil, "resources the Node offers over the defaults, e.g. cpu=16,memory=64Gi")
+	f.BoolVar(&o.neverReady, "never-ready", false, "report the Node Ready=False (while renewing the Lease)")
+	_ = cmd.MarkFlagRequired("node-name")
+	_ = cmd.MarkFlagRequired("provider-id")
+	return cmd
+}
+
+func runAgent(ctx context.Context, o agentOptions) error {
+	// klog, as client-go logs: one plain-text stream on stderr, without
+	// the stack traces zap adds to every retried error.
+	ctrllog.SetLogger(klog.NewKlogr())
+	if o.leaseSeconds <= 0 || o.renew <= 0 {
+		return errors.New("--lease-duration-seconds and --renew-interval must be positive")
+	}
+	capacity := corev1.ResourceList{}
+	for name, value := range o.capacity {
+		q, err := resource.ParseQuantity(value)
+		if err != nil {
+			return fmt.Errorf("--capacity %s=%s: %w", name, value, err)
+		}
+		capacity[corev1.ResourceName(name)] = q
+	}
+	cfg, err := agentRESTConfig(o.kubeconfig)
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	agent := nodeagent.New(nodeagent.Config{
+		Client:               client,
+		NodeName:             o.nodeName,
+		ProviderID:           o.providerID,
+		Version:              o.version,
+		Capacity:             capacity,
+		LeaseDurationSeconds: o.leaseSeconds,
+		RenewInterval:        o.renew,
+		NeverReady:           o.neverReady,
+	})
+
+	done := make(chan error, 1)
+	go func() { done <- agent.Run(ctx) }()
+	if o.bootIDFile != "" {
+		// Run picks the boot ID as it starts; poll for it rather than
+		// widen nodeagent's API for one caller.
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for agent.BootID() == "" {
+			select {
+			case err := <-done:
+				return err
+			case <-tick.C:
+			}
+		}
+		// A failure ends the process, and so the agent: a provider that
+		// asked for the file relies on it.
+		if err := writeFileAtomic(o.bootIDFile, []byte(agent.BootID()+"\n")); err != nil {
+			return fmt.Errorf("--boot-id-file: %w", err)
+		}
+	}
+	return <-done
+}
+
+func agentRESTConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		return clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("not running in a cluster (%w): --kubeconfig is required", err)
+	}
+	return cfg, nil
+}
+
+// writeFileAtomic replaces path so that a reader never sees half a file.
+func writeFileAtomic(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		_ = tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
