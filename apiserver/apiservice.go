@@ -3,6 +3,7 @@ package apiserver
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -61,6 +62,31 @@ func ServiceHosts(service types.NamespacedName) []string {
 		service.Name + "." + service.Namespace + ".svc",
 		service.Name + "." + service.Namespace + ".svc.cluster.local",
 	}
+}
+
+// ServiceHostsOf is ServiceHosts for "namespace/name"; "" gives none.
+func ServiceHostsOf(service string) []string {
+	ns, name, ok := strings.Cut(service, "/")
+	if !ok || ns == "" || name == "" {
+		return nil
+	}
+	return ServiceHosts(types.NamespacedName{Namespace: ns, Name: name})
+}
+
+// SetCABundle writes caBundle into the named APIService, which must exist
+// (it is deployed with the server); a server that made its own CA calls it
+// at start.
+func SetCABundle(ctx context.Context, c client.Client, name string, caBundle []byte) error {
+	svc := &apiregv1.APIService{}
+	if err := c.Get(ctx, client.ObjectKey{Name: name}, svc); err != nil {
+		return fmt.Errorf("reading APIService %s to set its caBundle: %w", name, err)
+	}
+	patch := client.MergeFrom(svc.DeepCopy())
+	svc.Spec.CABundle = caBundle
+	if err := c.Patch(ctx, svc, patch); err != nil {
+		return fmt.Errorf("setting the caBundle of APIService %s: %w", name, err)
+	}
+	return nil
 }
 
 // RegisterLocal creates or updates the namespace, the LocalService and the

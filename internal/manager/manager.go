@@ -5,6 +5,8 @@ package manager
 
 import (
 	"context"
+	"errors"
+	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,6 +15,7 @@ import (
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -52,6 +55,13 @@ type Options struct {
 	// Registry receives the lifecycle metrics; nil means controller-runtime's
 	// registry, which MetricsAddr serves.
 	Registry prometheus.Registerer
+	// HealthAddr serves /healthz and /readyz; "0" or empty serves nothing.
+	HealthAddr string
+	// LeaderElection makes only one of several managers act at a time;
+	// the Lease "machinist-manager" lives in LeaderElectionNamespace
+	// (empty: the namespace the process runs in, in a cluster).
+	LeaderElection          bool
+	LeaderElectionNamespace string
 }
 
 // Manager is a controller-runtime manager with Machinist's controllers.
@@ -77,12 +87,37 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	if addr == "" {
 		addr = "0"
 	}
+	health := opts.HealthAddr
+	if health == "" {
+		health = "0"
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:  scheme,
-		Metrics: metricsserver.Options{BindAddress: addr},
+		Scheme:                  scheme,
+		Metrics:                 metricsserver.Options{BindAddress: addr},
+		HealthProbeBindAddress:  health,
+		LeaderElection:          opts.LeaderElection,
+		LeaderElectionID:        "machinist-manager",
+		LeaderElectionNamespace: opts.LeaderElectionNamespace,
+		// A new leader starts at once when the old one stops cleanly.
+		LeaderElectionReleaseOnCancel: true,
 	})
 	if err != nil {
 		return nil, err
+	}
+	if health != "0" {
+		if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+			return nil, err
+		}
+		// Ready once the caches have synced: before that a reconcile
+		// would act on an empty world.
+		if err := mgr.AddReadyzCheck("caches", func(req *http.Request) error {
+			if !mgr.GetCache().WaitForCacheSync(req.Context()) {
+				return errors.New("caches not synced")
+			}
+			return nil
+		}); err != nil {
+			return nil, err
+		}
 	}
 	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/machinist-dev/machinist/actuators"
+	"github.com/machinist-dev/machinist/actuators/inmemory"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/manager"
+)
+
+func managerCommand() *cobra.Command {
+	var (
+		kubeconfig string
+		opts       manager.Options
+		logs       logFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "manager",
+		Short: "Run the controllers: Machines, MachineSets and MachineDeployments",
+		Long: `Run Machinist's controllers against a cluster. Several replicas may run
+with --leader-elect; one acts at a time.
+
+Providers: "inmemory" (machines as goroutines in this process, for trying
+Machinist out) is always available.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := logs.setUp(); err != nil {
+				return err
+			}
+			cfg, err := restConfig(kubeconfig)
+			if err != nil {
+				return err
+			}
+			ctx := ctrl.SetupSignalHandler()
+			provider, err := inmemory.New(inmemory.Options{Config: cfg})
+			if err != nil {
+				return err
+			}
+			defer provider.Stop()
+			opts.Actuators = actuators.NewRegistry()
+			if err := opts.Actuators.Register(inmemory.Name, provider); err != nil {
+				return err
+			}
+			scheme, err := managerScheme()
+			if err != nil {
+				return err
+			}
+			mgr, err := manager.New(ctx, cfg, scheme, opts)
+			if err != nil {
+				return err
+			}
+			return mgr.Start(ctx)
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the cluster; empty means in-cluster credentials")
+	fs.BoolVar(&opts.LeaderElection, "leader-elect", false, "elect a leader among replicas (Lease machinist-manager)")
+	fs.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader Lease; empty means the pod's own")
+	fs.StringVar(&opts.MetricsAddr, "metrics-bind-address", ":8080", `address of /metrics; "0" turns it off`)
+	fs.StringVar(&opts.HealthAddr, "health-probe-bind-address", ":8081", `address of /healthz and /readyz; "0" turns them off`)
+	fs.IntVar(&opts.MachineWorkers, "machine-workers", 16, "Machines reconciled at once")
+	fs.IntVar(&opts.MachineSetWorkers, "set-workers", 4, "MachineSets, and MachineDeployments, reconciled at once")
+	fs.Float32Var(&opts.QPS, "kube-api-qps", 200, "requests per second to the API server")
+	fs.IntVar(&opts.Burst, "kube-api-burst", 400, "burst of requests to the API server")
+	fs.DurationVar(&opts.ProvisionTimeout, "provision-timeout", 0, "how long a Machine may provision before it is Failed (0: 10m)")
+	fs.DurationVar(&opts.OperationTimeout, "operation-timeout", 0, "how long a reboot or repair may take before the Machine is Failed (0: 10m)")
+	logs.add(fs)
+	return cmd
+}
+
+// managerScheme knows the kinds the controllers read and write.
+func managerScheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	return s, machinistv1.AddToScheme(s)
+}
+
+// restConfig loads a kubeconfig file, or the in-cluster configuration.
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		cfg, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("not in a cluster, and no --kubeconfig: %w", err)
+		}
+		return cfg, nil
+	}
+	return clientcmd.BuildConfigFromFlags("", kubeconfig)
+}
