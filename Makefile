@@ -32,6 +32,15 @@ manifests: ## Generate the CRDs (config/crd/bases) and the ClusterRoles (config/
 	$(CONTROLLER_GEN) rbac:roleName=machinist-viewer,fileName=viewer.yaml paths=./internal/rbac/viewer output:rbac:artifacts:config=config/rbac
 	$(CONTROLLER_GEN) rbac:roleName=machinist-verbs,fileName=verbs.yaml paths=./internal/rbac/verbs output:rbac:artifacts:config=config/rbac
 
+.PHONY: binaries
+binaries: ## Build bin/machinist and bin/kubectl-machine (the kubectl plugin).
+	go build -o bin/machinist ./cmd/machinist
+	go build -o bin/kubectl-machine ./cmd/kubectl-machine
+
+.PHONY: run
+run: controlplane binaries ## Run everything on this host, ready for kubectl (state in .machinist/; Ctrl-C stops it).
+	bin/machinist run --state-dir .machinist --bin-dir bin
+
 .PHONY: controlplane
 controlplane: ## Build the pinned etcd, kube-apiserver and kubectl into bin/ (skipped when already built).
 	bash hack/controlplane/build.sh

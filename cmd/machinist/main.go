@@ -23,5 +23,9 @@ func root() *cobra.Command {
 		SilenceErrors: true,
 	}
 	cmd.AddCommand(fsmCommand())
+	cmd.AddCommand(agentCommand())
+	cmd.AddCommand(managerCommand())
+	cmd.AddCommand(apiserverCommand())
+	cmd.AddCommand(runCommand())
 	return cmd
 }

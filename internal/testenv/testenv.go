@@ -97,7 +97,7 @@ func Start() (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
-	proxy, err := frontProxy(filepath.Join(dir, "front-proxy"))
+	proxy, err := pki.FrontProxy(filepath.Join(dir, "front-proxy"))
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
@@ -206,33 +206,4 @@ func (e *Env) Namespace(ctx context.Context, prefix string) (string, error) {
 		return "", err
 	}
 	return ns.Name, nil
-}
-
-// frontProxy makes a front-proxy CA and the client certificate the
-// aggregator presents with, in dir, and returns kube-apiserver's flags for
-// them.
-func frontProxy(dir string) (map[string]string, error) {
-	ca, err := pki.NewCA("front-proxy-ca")
-	if err != nil {
-		return nil, err
-	}
-	if err := ca.Write(dir, "ca"); err != nil {
-		return nil, err
-	}
-	client, err := ca.Issue(pki.Request{CommonName: "front-proxy-client", Client: true})
-	if err != nil {
-		return nil, err
-	}
-	if err := client.Write(dir, "client"); err != nil {
-		return nil, err
-	}
-	return map[string]string{
-		"requestheader-client-ca-file":       filepath.Join(dir, "ca.crt"),
-		"requestheader-allowed-names":        "front-proxy-client",
-		"requestheader-username-headers":     "X-Remote-User",
-		"requestheader-group-headers":        "X-Remote-Group",
-		"requestheader-extra-headers-prefix": "X-Remote-Extra-",
-		"proxy-client-cert-file":             filepath.Join(dir, "client.crt"),
-		"proxy-client-key-file":              filepath.Join(dir, "client.key"),
-	}, nil
 }

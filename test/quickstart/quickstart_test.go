@@ -1,0 +1,270 @@
+// Package quickstart runs README.md's quick start as a newcomer would:
+// `machinist run` as its own process, then the README's kubectl block as
+// it is written, then Ctrl-C, and checks what each step promised.
+package quickstart
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/testenv"
+)
+
+// quickStartBlock is the README's shell block after the quick-start marker.
+func quickStartBlock(t *testing.T) string {
+	raw, err := os.ReadFile(filepath.Join(testenv.Root(), "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)<!-- quick-start:[^>]*-->\\s*```sh\\n(.*?)```").FindSubmatch(raw)
+	if m == nil {
+		t.Fatal("README.md has no quick-start block after its marker")
+	}
+	return string(m[1])
+}
+
+// workdir is a directory laid out like the repository after `make run`
+// built its binaries: bin/ with machinist, kubectl-machine and kubectl.
+func workdir(t *testing.T) string {
+	t.Helper()
+	if err := testenv.EnsureControlPlane(); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "bin")
+	for pkg, name := range map[string]string{"./cmd/machinist": "machinist", "./cmd/kubectl-machine": "kubectl-machine"} {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(bin, name), pkg)
+		cmd.Dir = testenv.Root()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	if err := os.Symlink(filepath.Join(testenv.BinDir(), "kubectl"), filepath.Join(bin, "kubectl")); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// running is a `machinist run` process.
+type running struct {
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	out  bytes.Buffer
+	done chan error
+}
+
+func (r *running) output() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.out.String()
+}
+
+// start runs `machinist run` from dir, as `make run` does, and waits until
+// it says it is running.
+func start(t *testing.T, dir string) *running {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(dir, "bin", "machinist"), "run", "--state-dir", ".machinist", "--bin-dir", testenv.BinDir())
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	r := &running{cmd: cmd, done: make(chan error, 1)}
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan struct{})
+	go func() {
+		s := bufio.NewScanner(pr)
+		once := sync.Once{}
+		for s.Scan() {
+			r.mu.Lock()
+			r.out.WriteString(s.Text() + "\n")
+			r.mu.Unlock()
+			if strings.HasPrefix(s.Text(), "Machinist is running.") {
+				once.Do(func() { close(ready) })
+			}
+		}
+	}()
+	go func() {
+		err := cmd.Wait()
+		_ = pw.Close()
+		r.done <- err
+	}()
+	t.Cleanup(func() {
+		// Never leave a control plane behind, whatever failed.
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	})
+	select {
+	case <-ready:
+	case err := <-r.done:
+		t.Fatalf("machinist run exited before it was ready: %v\n%s", err, r.output())
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("machinist run was not ready after 3 minutes:\n%s", r.output())
+	}
+	return r
+}
+
+// interrupt sends Ctrl-C and waits for a clean exit.
+func (r *running) interrupt(t *testing.T) {
+	t.Helper()
+	if err := r.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Fatalf("machinist run did not exit cleanly on Ctrl-C: %v\n%s", err, r.output())
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("machinist run did not stop within 2 minutes of Ctrl-C:\n%s", r.output())
+	}
+}
+
+// leftovers lists processes whose command line mentions dir: the control
+// plane, the agents, anything `machinist run` started there.
+func leftovers(dir string) []string {
+	var out []string
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		line := strings.ReplaceAll(string(raw), "\x00", " ")
+		if strings.Contains(line, dir) {
+			out = append(out, filepath.Base(filepath.Dir(p))+": "+line)
+		}
+	}
+	return out
+}
+
+func kubeClient(t *testing.T, dir string) client.Client {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(dir, ".machinist", "kubeconfig"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := machinistv1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func machines(g Gomega, c client.Client, pool string) []machinistv1.Machine {
+	var list machinistv1.MachineList
+	g.Expect(c.List(context.Background(), &list, client.InNamespace("default"), client.MatchingLabels{"pool": pool})).To(Succeed())
+	return list.Items
+}
+
+func TestQuickStart(t *testing.T) {
+	ctrllog.SetLogger(logr.Discard())
+	dir := workdir(t)
+	run := start(t, dir)
+	g := NewWithT(t)
+	g.Expect(run.output()).To(ContainSubstring(`MachineDeployment "workers" of 3 Machines`))
+	c := kubeClient(t, dir)
+
+	// The README's block, as written, from the top of the tree.
+	sh := exec.Command("bash", "-euo", "pipefail", "-c", quickStartBlock(t))
+	sh.Dir = dir
+	sh.Env = append(os.Environ(), "KUBECONFIG=")
+	var out bytes.Buffer
+	sh.Stdout, sh.Stderr = &out, &out
+	done := make(chan error, 1)
+	if err := sh.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- sh.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("the README's quick start failed: %v\n%s\n--- machinist run:\n%s", err, out.String(), run.output())
+		}
+	case <-time.After(8 * time.Minute):
+		_ = sh.Process.Kill()
+		t.Fatalf("the README's quick start did not finish in 8 minutes:\n%s", out.String())
+	}
+	t.Logf("quick start output:\n%s", out.String())
+	g.Expect(out.String()).To(ContainSubstring("successfully rolled out"))
+	g.Expect(out.String()).To(MatchRegexp(`machine/\S+ rebooted \(boot ID \S+ -> \S+\)`))
+
+	// What each step promised.
+	g.Eventually(func(g Gomega) {
+		spare := machines(g, c, "spare")
+		g.Expect(spare).To(HaveLen(2))
+		for _, m := range spare {
+			g.Expect(m.Status.Phase).To(Equal(machinistv1.MachineRunning))
+		}
+	}).WithTimeout(2 * time.Minute).Should(Succeed())
+	workers := machines(g, c, "workers")
+	g.Expect(workers).To(HaveLen(3))
+	rebooted := 0
+	for _, m := range workers {
+		g.Expect(m.Spec.Version).To(Equal("v1.37.2"))
+		g.Expect(m.Status.Phase).To(Equal(machinistv1.MachineRunning))
+		g.Expect(m.Status.NodeInfo.KubeletVersion).To(Equal("v1.37.2"))
+		if op := m.Status.Operation; op != nil && op.Type == machinistv1.OperationReboot && op.State == machinistv1.OperationSucceeded {
+			rebooted++
+		}
+	}
+	g.Expect(rebooted).To(Equal(1))
+	names := map[string]bool{}
+	for _, pool := range []string{"workers", "spare"} {
+		for _, m := range machines(g, c, pool) {
+			names[m.Name] = true
+		}
+	}
+
+	// Ctrl-C leaves nothing behind.
+	run.interrupt(t)
+	g.Expect(run.output()).To(ContainSubstring("Stopping"))
+	g.Eventually(func() []string { return leftovers(dir) }).WithTimeout(10 * time.Second).Should(BeEmpty())
+
+	// A second run keeps every Machine and brings them back.
+	run = start(t, dir)
+	g.Expect(run.output()).To(ContainSubstring("Picked up the state of the last run."))
+	c = kubeClient(t, dir)
+	g.Eventually(func(g Gomega) {
+		var list machinistv1.MachineList
+		g.Expect(c.List(context.Background(), &list, client.InNamespace("default"))).To(Succeed())
+		got := map[string]bool{}
+		for _, m := range list.Items {
+			got[m.Name] = true
+			g.Expect(m.Status.Phase).To(Equal(machinistv1.MachineRunning), m.Name)
+			g.Expect(m.Status.Conditions).To(ContainElement(And(
+				HaveField("Type", machinistv1.ConditionNodeHealthy), HaveField("Status", BeEquivalentTo("True")))), m.Name)
+		}
+		g.Expect(got).To(Equal(names))
+	}).WithTimeout(2*time.Minute).Should(Succeed(), fmt.Sprintf("machinist run:\n%s", run.output()))
+	run.interrupt(t)
+	g.Eventually(func() []string { return leftovers(dir) }).WithTimeout(10 * time.Second).Should(BeEmpty())
+}
