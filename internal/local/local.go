@@ -329,7 +329,7 @@ Machinist is running. %s
 In another terminal:
 
   export KUBECONFIG=%s
-  export PATH=$PWD/bin:$PATH             # kubectl and kubectl-machine
+  export PATH=$PWD/bin:$PATH             # from the repository's top: kubectl and kubectl-machine
 
   kubectl get machinist                  # Machines, MachineSets, MachineDeployments, MachineClasses
   kubectl get nodes
@@ -339,10 +339,12 @@ In another terminal:
 
   # Roll a node upgrade through the MachineDeployment, and follow it
   kubectl patch machinedeployment workers --type=merge -p '{"spec":{"template":{"spec":{"version":"v1.37.2"}}}}'
-  kubectl machine rollout status md/workers
+  kubectl machine rollout status md/workers --timeout=5m
 
   # Reboot a Machine and wait for its new boot ID
-  kubectl machine reboot "$(kubectl get machines -o name | head -1 | cut -d/ -f2)" --wait
+  kubectl machine reboot "$(kubectl get machines -l pool=workers -o name | head -1 | cut -d/ -f2)" --wait
+
+More in README.md and docs/.
 
 Ctrl-C stops everything; `+"`make run`"+` again picks up where it left off.
 `, state, kubeconfig)
