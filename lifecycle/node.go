@@ -8,6 +8,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -60,6 +61,13 @@ func (r *Reconciler) nodeHealth(ctx context.Context, node *corev1.Node, now time
 		return health{reason: reasonNodeNotFound, message: "no Node has this Machine's providerID"}, nil
 	}
 	ready := nodeCondition(node, corev1.NodeReady)
+	if ready != nil && ready.Status == corev1.ConditionUnknown {
+		// Unknown is what a dead kubelet's Node is marked (markUnknown);
+		// the Lease says why better than the condition does.
+		if h, err := r.leaseHealth(ctx, node, now); err != nil || !h.healthy {
+			return h, err
+		}
+	}
 	if ready == nil || ready.Status != corev1.ConditionTrue {
 		msg := "the Node has not reported Ready"
 		if ready != nil {
@@ -67,6 +75,11 @@ func (r *Reconciler) nodeHealth(ctx context.Context, node *corev1.Node, now time
 		}
 		return health{reason: reasonNodeNotReady, message: msg}, nil
 	}
+	return r.leaseHealth(ctx, node, now)
+}
+
+// leaseHealth judges a Node by its kubelet's Lease alone.
+func (r *Reconciler) leaseHealth(ctx context.Context, node *corev1.Node, now time.Time) (health, error) {
 	var lease coordinationv1.Lease
 	err := r.Client.Get(ctx, client.ObjectKey{Namespace: corev1.NamespaceNodeLease, Name: node.Name}, &lease)
 	if apierrors.IsNotFound(err) {
@@ -179,4 +192,23 @@ func (r *Reconciler) uncordon(ctx context.Context, node *corev1.Node) error {
 	patched := node.DeepCopy()
 	patched.Spec.Unschedulable = false
 	return r.Client.Patch(ctx, patched, client.MergeFrom(node))
+}
+
+// markUnknown sets a Node whose kubelet stopped renewing its Lease to
+// Ready=Unknown, as Kubernetes' node lifecycle controller does: a dead
+// kubelet cannot say so itself, and without this a cluster that runs no
+// kube-controller-manager (the all-in-one, the tests) would show the Node
+// Ready forever. Where that controller runs, both write the same.
+func (r *Reconciler) markUnknown(ctx context.Context, node *corev1.Node, now time.Time) error {
+	ready := nodeCondition(node, corev1.NodeReady)
+	if ready == nil || ready.Status == corev1.ConditionUnknown {
+		return nil
+	}
+	patched := node.DeepCopy()
+	c := nodeCondition(patched, corev1.NodeReady)
+	c.Status = corev1.ConditionUnknown
+	c.Reason = "NodeStatusUnknown"
+	c.Message = "Kubelet stopped posting node status."
+	c.LastTransitionTime = metav1.NewTime(now)
+	return r.Client.Status().Patch(ctx, patched, client.MergeFrom(node))
 }

@@ -395,6 +395,17 @@ func (a *Agent) heartbeat(ctx context.Context, log logr.Logger, node *corev1.Nod
 		updated, err := leases.Update(wctx, next, metav1.UpdateOptions{})
 		cancel()
 		if err == nil {
+			if expired(lease, next.Spec.RenewTime.Time) {
+				// Renewed too late: the Node may have been marked
+				// Ready=Unknown meanwhile, and the status is posted only at
+				// boot. Post it again, as a kubelet whose status differs
+				// from the apiserver's does.
+				wctx, cancel := writeContext(ctx)
+				if _, err := a.register(wctx, node.Status.NodeInfo.BootID); err != nil {
+					log.Error(err, "Posting the node status after a late lease renewal failed")
+				}
+				cancel()
+			}
 			lease = updated
 			continue
 		}
@@ -412,6 +423,14 @@ func (a *Agent) heartbeat(ctx context.Context, log logr.Logger, node *corev1.Nod
 			cancel()
 		}
 	}
+}
+
+// expired reports whether lease had run out by now.
+func expired(lease *coordinationv1.Lease, now time.Time) bool {
+	if lease.Spec.RenewTime == nil || lease.Spec.LeaseDurationSeconds == nil {
+		return false
+	}
+	return now.After(lease.Spec.RenewTime.Add(time.Duration(*lease.Spec.LeaseDurationSeconds) * time.Second))
 }
 
 // ensureLease creates the Node's Lease, or takes over the one an earlier

@@ -310,3 +310,37 @@ func TestPodsThroughSharedHub(t *testing.T) {
 func TestPodsWithoutHub(t *testing.T) {
 	testPods(t, nil, "solo")
 }
+
+// A Node marked Ready=Unknown while its kubelet was late (as the node
+// lifecycle controller, or the Machine controller, does) is Ready again
+// once the kubelet renews: it posts its status after a late renewal.
+func TestLateRenewalPostsReadyAgain(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	name := "late-renewal"
+	// Every renewal comes after the Lease ran out.
+	start(t, nodeagent.Config{NodeName: name, ProviderID: "test:///late", LeaseDurationSeconds: 1, RenewInterval: 1500 * time.Millisecond})
+	readyStatus := func(g Gomega) corev1.ConditionStatus {
+		n, err := clientset.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		g.Expect(err).NotTo(HaveOccurred())
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				return c.Status
+			}
+		}
+		return ""
+	}
+	g.Eventually(readyStatus).WithTimeout(wait).Should(Equal(corev1.ConditionTrue))
+
+	n, err := clientset.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == corev1.NodeReady {
+			n.Status.Conditions[i].Status = corev1.ConditionUnknown
+			n.Status.Conditions[i].Reason = "NodeStatusUnknown"
+		}
+	}
+	_, err = clientset.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Eventually(readyStatus).WithTimeout(wait).Should(Equal(corev1.ConditionTrue))
+}

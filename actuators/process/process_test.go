@@ -370,11 +370,21 @@ func TestKillNineMakesTheMachineUnhealthy(t *testing.T) {
 	g.Consistently(func(g Gomega) time.Time {
 		return lease(g, nodeName).Spec.RenewTime.Time
 	}).WithTimeout(3 * renew).Should(BeTemporally("==", renewed))
-	// ...and the controller reads the stale Lease as an unhealthy Node,
-	// though the Node still says Ready: no kubelet is left to say otherwise.
+	// ...and the controller reads the stale Lease as an unhealthy Node, and
+	// marks the Node NotReady (Ready=Unknown) as a dead kubelet's would be.
 	g.Eventually(healthy).WithTimeout(3*leaseSeconds*time.Second + 5*time.Second).Should(And(
 		HaveField("Status", metav1.ConditionFalse), HaveField("Reason", "NodeLeaseExpired")))
-	g.Expect(ready(node(g, p, id))).To(BeTrue())
+	g.Eventually(func(g Gomega) corev1.ConditionStatus {
+		for _, c := range node(g, p, id).Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				return c.Status
+			}
+		}
+		return ""
+	}).WithTimeout(wait).Should(Equal(corev1.ConditionUnknown))
+	out, err := exec.Command(filepath.Join(testenv.BinDir(), "kubectl"), "--kubeconfig", env.Kubeconfig, "get", "node", nodeName).CombinedOutput()
+	g.Expect(err).NotTo(HaveOccurred(), string(out))
+	g.Expect(string(out)).To(MatchRegexp(nodeName + `\s+NotReady`))
 	g.Expect(p.Exists(ctx, id)).To(BeTrue(), "a crashed machine still exists")
 
 	// Deleting the Machine deletes the crashed instance and its Node.
