@@ -1,0 +1,198 @@
+package deploy_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	apiregv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/apiserver"
+	"github.com/machinist-dev/machinist/internal/testenv"
+)
+
+// process is a machinist command running as its own process.
+type process struct {
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	out  bytes.Buffer
+	done chan error
+}
+
+func (p *process) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.Write(b)
+}
+
+func (p *process) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.String()
+}
+
+// machinist builds the binary once per test and starts it with args.
+func machinist(t *testing.T, args ...string) *process {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "machinist")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/machinist")
+	build.Dir = testenv.Root()
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	p := &process{cmd: exec.Command(bin, args...), done: make(chan error, 1)}
+	p.cmd.Stdout, p.cmd.Stderr = p, p
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	t.Cleanup(func() { _ = p.cmd.Process.Kill() })
+	return p
+}
+
+// terminate sends SIGTERM, as the kubelet does, and waits for exit code 0.
+func (p *process) terminate(t *testing.T) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-p.done:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v\n%s", err, p.output())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("still running 30s after SIGTERM:\n%s", p.output())
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Close() }()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func get(url string) (int, string, error) {
+	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	resp, err := c.Get(url)
+	if err != nil {
+		return 0, "", err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body), err
+}
+
+// TestManagerCommand runs `machinist manager` as the Deployment does: with
+// leader election, probes, metrics and JSON logs, and checks each, that it
+// drives a Machine to Running, and that SIGTERM stops it cleanly and hands
+// the leader Lease over.
+func TestManagerCommand(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	metrics, health := freePort(t), freePort(t)
+	ns, err := env.Namespace(ctx, "manager")
+	g.Expect(err).NotTo(HaveOccurred())
+	p := machinist(t, "manager", "--kubeconfig", env.Kubeconfig, "--leader-elect", "--leader-election-namespace", ns,
+		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metrics), fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", health),
+		"--machine-workers=2", "--set-workers=1", "--log-format=json")
+
+	g.Eventually(func() (int, error) {
+		code, _, err := get(fmt.Sprintf("http://127.0.0.1:%d/readyz", health))
+		return code, err
+	}).WithTimeout(time.Minute).Should(Equal(http.StatusOK), p.output)
+	code, _, err := get(fmt.Sprintf("http://127.0.0.1:%d/healthz", health))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(code).To(Equal(http.StatusOK))
+
+	lease := &coordinationv1.Lease{}
+	g.Eventually(func(g Gomega) {
+		g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "machinist-manager"}, lease)).To(Succeed())
+		g.Expect(lease.Spec.HolderIdentity).NotTo(BeNil())
+		g.Expect(*lease.Spec.HolderIdentity).NotTo(BeEmpty())
+	}).WithTimeout(time.Minute).Should(Succeed())
+
+	g.Expect(env.InmemoryClass(ctx, ns, "small", "{}")).To(Succeed())
+	m := &machinistv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "m0"},
+		Spec:       machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}},
+	}
+	g.Expect(env.Client.Create(ctx, m)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(m), m)).To(Succeed())
+		g.Expect(m.Status.Phase).To(Equal(machinistv1.MachineRunning))
+	}).WithTimeout(time.Minute).Should(Succeed(), p.output)
+
+	_, body, err := get(fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(body).To(ContainSubstring(`machinist_machine_transitions_total{event="provisioned",from="Provisioning",to="Running"} `))
+
+	p.terminate(t)
+	for _, line := range strings.Split(strings.TrimSpace(p.output()), "\n") {
+		if strings.HasPrefix(line, "{") {
+			var entry map[string]any
+			g.Expect(json.Unmarshal([]byte(line), &entry)).To(Succeed(), line)
+			g.Expect(entry).To(HaveKey("msg"))
+		}
+	}
+	g.Expect(p.output()).To(ContainSubstring(`"msg":"Starting workers"`), "structured logs")
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "machinist-manager"}, lease)).To(Succeed())
+	g.Expect(lease.Spec.HolderIdentity).To(Or(BeNil(), HaveValue(BeEmpty())), "the Lease is released on a clean stop")
+}
+
+// TestAPIServerCommand runs `machinist apiserver --apiservice` against an
+// APIService deployed without a caBundle, as config/default deploys it,
+// and checks the server fills the caBundle in and becomes Available.
+func TestAPIServerCommand(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	port := freePort(t)
+	svc := types.NamespacedName{Namespace: "machinist-system", Name: "machinist-verbs"}
+	// Here the server runs as the administrator; in a cluster, as the
+	// machinist-verbs ServiceAccount whose RBAC deploy_test.go checks.
+	err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: svc.Namespace}})
+	g.Expect(client.IgnoreAlreadyExists(err)).To(Succeed())
+	g.Expect(env.Client.Patch(ctx, apiserver.LocalService(svc, int32(port)), client.Apply, client.FieldOwner("test"), client.ForceOwnership)).To(Succeed())
+	registration := apiserver.APIService(svc, int32(port), nil)
+	g.Expect(env.Client.Patch(ctx, registration, client.Apply, client.FieldOwner("test"), client.ForceOwnership)).To(Succeed())
+	t.Cleanup(func() {
+		_ = env.Client.Delete(ctx, &apiregv1.APIService{ObjectMeta: metav1.ObjectMeta{Name: apiserver.APIServiceName}})
+		_ = env.Client.Delete(ctx, apiserver.LocalService(svc, int32(port)))
+	})
+
+	p := machinist(t, "apiserver", "--kubeconfig", env.Kubeconfig, "--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", port),
+		"--cert-dir", t.TempDir(), "--service", svc.String(), "--apiservice", apiserver.APIServiceName, "--log-format=json")
+	g.Eventually(func(g Gomega) {
+		got := &apiregv1.APIService{}
+		g.Expect(env.Client.Get(ctx, client.ObjectKey{Name: apiserver.APIServiceName}, got)).To(Succeed())
+		g.Expect(got.Spec.CABundle).NotTo(BeEmpty())
+	}).WithTimeout(time.Minute).Should(Succeed(), p.output)
+	g.Expect(apiserver.WaitAvailable(ctx, env.Client, time.Minute)).To(Succeed(), p.output)
+	code, _, err := get(fmt.Sprintf("https://127.0.0.1:%d/readyz", port))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(code).To(Equal(http.StatusOK))
+	p.terminate(t)
+}
