@@ -81,6 +81,11 @@ type Options struct {
 	// StopTimeout is how long an agent has to exit after SIGTERM before it
 	// gets SIGKILL; zero means DefaultStopTimeout.
 	StopTimeout time.Duration
+	// ExitWithParent kills the agents when this process dies without
+	// stopping them (SIGKILL). Off, they outlive it and a new Provider
+	// adopts them; on, as in `machinist run`, whose control plane dies
+	// with it too, so that adopted agents would talk to a dead apiserver.
+	ExitWithParent bool
 }
 
 // Provider is the process actuators.Actuator. Machines run until deleted or
@@ -475,6 +480,9 @@ func (p *Provider) start(m *machine) error {
 	// Its own process group: a Ctrl-C meant for the provider's terminal is
 	// not a machine crash, and Stop then ends the agents in order.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if p.opts.ExitWithParent {
+		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("process: starting %s: %w", m.st.ProviderID, err)
 	}

@@ -37,6 +37,7 @@ import (
 	"github.com/machinist-dev/machinist/apiserver"
 	"github.com/machinist-dev/machinist/config"
 	"github.com/machinist-dev/machinist/internal/manager"
+	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/internal/pki"
 )
 
@@ -115,6 +116,11 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return fmt.Errorf("starting etcd and kube-apiserver from %s: %w", opts.BinDir, err)
 	}
 	defer func() { err = errors.Join(err, env.Stop()) }()
+	// Killed without the chance to stop them, this process must not
+	// leave a control plane running on the state directory.
+	if err := orphans.Guard(orphans.Children("etcd", "kube-apiserver")...); err != nil {
+		return err
+	}
 	kubeconfig := filepath.Join(dir, "kubeconfig")
 	if err := os.WriteFile(kubeconfig, env.KubeConfig, 0o600); err != nil {
 		return err
@@ -142,6 +148,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		// hand shows NotReady within a demo's patience.
 		LeaseDurationSeconds: 15,
 		RenewInterval:        3 * time.Second,
+		ExitWithParent:       true,
 	})
 	if err != nil {
 		return err

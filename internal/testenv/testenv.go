@@ -25,6 +25,7 @@ import (
 	apiregv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/internal/pki"
 )
 
@@ -124,6 +125,12 @@ func Start() (*Env, error) {
 		_ = env.Stop()
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("starting etcd and kube-apiserver from %s: %w", BinDir(), err)
+	}
+	// A test binary stopped by -timeout never runs Stop.
+	if err := orphans.Guard(orphans.Children("etcd", "kube-apiserver")...); err != nil {
+		_ = env.Stop()
+		_ = os.RemoveAll(dir)
+		return nil, err
 	}
 	e := &Env{Root: root, Config: cfg, Scheme: scheme, env: env, dir: dir}
 	fail := func(err error) (*Env, error) {

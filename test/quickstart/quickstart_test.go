@@ -265,6 +265,9 @@ func TestQuickStart(t *testing.T) {
 		}
 		g.Expect(got).To(Equal(names))
 	}).WithTimeout(2*time.Minute).Should(Succeed(), fmt.Sprintf("machinist run:\n%s", run.output()))
-	run.interrupt(t)
+
+	// Even killed without a chance to stop anything, it leaves nothing.
+	g.Expect(run.cmd.Process.Signal(syscall.SIGKILL)).To(Succeed())
+	<-run.done
 	g.Eventually(func() []string { return leftovers(dir) }).WithTimeout(10 * time.Second).Should(BeEmpty())
 }
