@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 )
 
 func TestPermanentSurvivesWrapping(t *testing.T) {
@@ -39,5 +41,30 @@ func TestRegistry(t *testing.T) {
 	}
 	if got := r.Names(); len(got) != 1 || got[0] != "one" {
 		t.Fatalf("Names() = %v", got)
+	}
+}
+
+func TestProviderIDRoundTripAndNodeNames(t *testing.T) {
+	m := &machinistv1.Machine{}
+	m.Namespace, m.Name, m.UID = "ns", "worker", "0a1b2c3d-4e5f-6789-abcd-ef0123456789"
+	id := ProviderID("process", m)
+	if id != "process:///ns/worker/0a1b2c3d-4e5f-6789-abcd-ef0123456789" {
+		t.Fatalf("ProviderID = %q", id)
+	}
+	ns, name, uid, err := ParseProviderID("process", id)
+	if err != nil || ns != m.Namespace || name != m.Name || uid != m.UID {
+		t.Fatalf("ParseProviderID(%q) = %q %q %q %v", id, ns, name, uid, err)
+	}
+	for _, bad := range []string{"inmemory:///ns/worker/uid", "process:///ns/worker", "process:///ns//uid", "process://ns/worker/uid"} {
+		if _, _, _, err := ParseProviderID("process", bad); err == nil {
+			t.Errorf("ParseProviderID(%q) accepted it", bad)
+		}
+	}
+	if got := NodeName("worker", m.UID); got != "worker-0a1b2c3d" {
+		t.Errorf("NodeName = %q", got)
+	}
+	long := NodeName(strings.Repeat("a", 80)+"-.", m.UID)
+	if len(long) > 63 || !strings.HasSuffix(long, "-0a1b2c3d") {
+		t.Errorf("NodeName of a long name = %q (%d characters)", long, len(long))
 	}
 }

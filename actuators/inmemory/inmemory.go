@@ -11,12 +11,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -30,10 +27,6 @@ import (
 
 // Name is the provider name MachineClasses use for this provider.
 const Name = "inmemory"
-
-// providerIDPrefix starts every providerID; the rest is
-// <namespace>/<name>/<uid> of the Machine the instance was created for.
-const providerIDPrefix = "inmemory:///"
 
 // ErrTransient is wrapped by every fault-injected transient error, so tests
 // can tell injected failures from real ones.
@@ -330,10 +323,10 @@ func (p *Provider) create(ctx context.Context, m *machinistv1.Machine, class *ma
 			return nil, ctx.Err()
 		}
 	}
-	providerID := providerIDPrefix + m.Namespace + "/" + m.Name + "/" + string(m.UID)
+	providerID := actuators.ProviderID(Name, m)
 	cfg := nodeagent.Config{
 		Client:               p.client,
-		NodeName:             nodeName(m.Name, m.UID),
+		NodeName:             actuators.NodeName(m.Name, m.UID),
 		ProviderID:           providerID,
 		Version:              m.Spec.Version,
 		LeaseDurationSeconds: p.opts.LeaseDurationSeconds,
@@ -526,26 +519,6 @@ func (p *Provider) lookup(providerID string) (*instance, error) {
 	return in, nil
 }
 
-// parseProviderID splits an inmemory providerID into the namespace, name and
-// UID of the Machine it was created for.
-func parseProviderID(providerID string) (namespace, name string, uid types.UID, err error) {
-	rest, ok := strings.CutPrefix(providerID, providerIDPrefix)
-	parts := strings.Split(rest, "/")
-	if !ok || len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
-		return "", "", "", fmt.Errorf("inmemory: %q is not an inmemory providerID (%s<namespace>/<name>/<uid>)", providerID, providerIDPrefix)
-	}
-	return parts[0], parts[1], types.UID(parts[2]), nil
-}
-
-// nodeName makes a Node name unique across namespaces from a Machine's name
-// and UID, short enough to be a valid hostname label value too.
-func nodeName(machine string, uid types.UID) string {
-	suffix := strings.ReplaceAll(string(uid), "-", "")
-	suffix = suffix[:min(8, len(suffix))]
-	machine = strings.TrimRight(machine[:min(len(machine), 63-1-len(suffix))], "-.")
-	return machine + "-" + suffix
-}
-
 // instance is one machine. Its mutex orders power changes so that a Reboot
 // racing a Crash or Delete leaves one agent running or none.
 type instance struct {
@@ -595,13 +568,8 @@ func (in *instance) powerOnAfter(d time.Duration) {
 // wipeNode deletes the instance's Node and Lease, as a re-imaged machine's
 // kubelet would register afresh. Callers hold in.mu with the agent off.
 func (in *instance) wipeNode(ctx context.Context) error {
-	c := in.p.client
-	if err := c.CoreV1().Nodes().Delete(ctx, in.nodeName, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("inmemory: repairing %s: deleting node: %w", in.providerID, err)
-	}
-	err := c.CoordinationV1().Leases(corev1.NamespaceNodeLease).Delete(ctx, in.nodeName, metav1.DeleteOptions{})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("inmemory: repairing %s: deleting lease: %w", in.providerID, err)
+	if err := actuators.ForgetNode(ctx, in.p.client, in.nodeName); err != nil {
+		return fmt.Errorf("inmemory: repairing %s: %w", in.providerID, err)
 	}
 	return nil
 }
@@ -651,4 +619,10 @@ func (in *instance) powerOff() {
 	in.cancel()
 	<-in.stopped
 	in.cancel, in.stopped = nil, nil
+}
+
+// parseProviderID splits one of this provider's providerIDs
+// (actuators.ProviderID) into its Machine's namespace, name and UID.
+func parseProviderID(providerID string) (namespace, name string, uid types.UID, err error) {
+	return actuators.ParseProviderID(Name, providerID)
 }

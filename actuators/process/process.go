@@ -32,8 +32,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -44,10 +42,6 @@ import (
 
 // Name is the provider name MachineClasses use for this provider.
 const Name = "process"
-
-// providerIDPrefix starts every providerID; the rest is
-// <namespace>/<name>/<uid> of the Machine the instance was created for.
-const providerIDPrefix = "process:///"
 
 // Files in a machine's directory.
 const (
@@ -302,7 +296,7 @@ func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class 
 	if mach.UID == "" {
 		return "", actuators.Permanent(fmt.Errorf("machine %s/%s has no UID", mach.Namespace, mach.Name))
 	}
-	id := providerIDPrefix + mach.Namespace + "/" + mach.Name + "/" + string(mach.UID)
+	id := actuators.ProviderID(Name, mach)
 	p.mu.Lock()
 	if p.stopped {
 		p.mu.Unlock()
@@ -318,7 +312,7 @@ func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class 
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.live {
-		st := state{ProviderID: id, NodeName: nodeName(mach.Name, mach.UID), Version: mach.Spec.Version}
+		st := state{ProviderID: id, NodeName: actuators.NodeName(mach.Name, mach.UID), Version: mach.Spec.Version}
 		if class != nil && class.Spec.NodeTemplate != nil {
 			st.Capacity = class.Spec.NodeTemplate.Capacity.DeepCopy()
 		}
@@ -448,12 +442,8 @@ func (p *Provider) wipe(ctx context.Context, m *machine) error {
 			return fmt.Errorf("process: repairing %s: %w", m.st.ProviderID, err)
 		}
 	}
-	if err := p.client.CoreV1().Nodes().Delete(ctx, m.st.NodeName, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("process: repairing %s: deleting node: %w", m.st.ProviderID, err)
-	}
-	err = p.client.CoordinationV1().Leases(corev1.NamespaceNodeLease).Delete(ctx, m.st.NodeName, metav1.DeleteOptions{})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("process: repairing %s: deleting lease: %w", m.st.ProviderID, err)
+	if err := actuators.ForgetNode(ctx, p.client, m.st.NodeName); err != nil {
+		return fmt.Errorf("process: repairing %s: %w", m.st.ProviderID, err)
 	}
 	return nil
 }
@@ -677,22 +667,8 @@ func removeDir(dir string) error {
 	return nil
 }
 
-// parseProviderID splits a process providerID into the namespace, name and
-// UID of the Machine it was created for.
+// parseProviderID splits one of this provider's providerIDs
+// (actuators.ProviderID) into its Machine's namespace, name and UID.
 func parseProviderID(providerID string) (namespace, name string, uid types.UID, err error) {
-	rest, ok := strings.CutPrefix(providerID, providerIDPrefix)
-	parts := strings.Split(rest, "/")
-	if !ok || len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
-		return "", "", "", fmt.Errorf("process: %q is not a process providerID (%s<namespace>/<name>/<uid>)", providerID, providerIDPrefix)
-	}
-	return parts[0], parts[1], types.UID(parts[2]), nil
-}
-
-// nodeName makes a Node name unique across namespaces from a Machine's name
-// and UID, short enough to be a valid hostname label value too.
-func nodeName(machine string, uid types.UID) string {
-	suffix := strings.ReplaceAll(string(uid), "-", "")
-	suffix = suffix[:min(8, len(suffix))]
-	machine = strings.TrimRight(machine[:min(len(machine), 63-1-len(suffix))], "-.")
-	return machine + "-" + suffix
+	return actuators.ParseProviderID(Name, providerID)
 }

@@ -9,11 +9,9 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/utils/ptr"
 
 	subresourcesv1 "github.com/machinist-dev/machinist/api/subresources/v1alpha1"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -51,21 +49,7 @@ func rebootAll(b *testing.B, n int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	labels := map[string]string{"pool": "bench"}
-	ms := &machinistv1.MachineSet{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bench"},
-		Spec: machinistv1.MachineSetSpec{
-			Replicas: ptr.To(int32(n)),
-			Selector: machinistv1.LabelSelector{MatchLabels: labels},
-			Template: machinistv1.MachineTemplateSpec{
-				Metadata: machinistv1.TemplateMetadata{Labels: labels},
-				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}},
-			},
-		},
-	}
-	if err := env.Client.Create(ctx, ms); err != nil {
-		b.Fatal(err)
-	}
+	createSet(ctx, b, ns, n)
 	wait(b, running, timeout(n), "every Machine Running")
 	var list machinistv1.MachineList
 	if err := env.Client.List(ctx, &list); err != nil {

@@ -101,21 +101,7 @@ func scaleUp(b *testing.B, n int) {
 
 	b.ResetTimer()
 	start := time.Now()
-	labels := map[string]string{"pool": "bench"}
-	ms := &machinistv1.MachineSet{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bench"},
-		Spec: machinistv1.MachineSetSpec{
-			Replicas: ptr.To(int32(n)),
-			Selector: machinistv1.LabelSelector{MatchLabels: labels},
-			Template: machinistv1.MachineTemplateSpec{
-				Metadata: machinistv1.TemplateMetadata{Labels: labels},
-				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}},
-			},
-		},
-	}
-	if err := env.Client.Create(ctx, ms); err != nil {
-		b.Fatal(err)
-	}
+	createSet(ctx, b, ns, n)
 	select {
 	case <-running:
 	case <-time.After(timeout(n)):
@@ -263,4 +249,23 @@ func peakRSS() int64 {
 		}
 	}
 	return 0
+}
+
+// createSet creates the MachineSet "bench" of n Machines of class "small".
+func createSet(ctx context.Context, b *testing.B, ns string, n int) {
+	labels := map[string]string{"pool": "bench"}
+	ms := &machinistv1.MachineSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bench"},
+		Spec: machinistv1.MachineSetSpec{
+			Replicas: ptr.To(int32(n)),
+			Selector: machinistv1.LabelSelector{MatchLabels: labels},
+			Template: machinistv1.MachineTemplateSpec{
+				Metadata: machinistv1.TemplateMetadata{Labels: labels},
+				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}},
+			},
+		},
+	}
+	if err := env.Client.Create(ctx, ms); err != nil {
+		b.Fatal(err)
+	}
 }
