@@ -146,9 +146,12 @@ func TestManagerCommand(t *testing.T) {
 		g.Expect(m.Status.Phase).To(Equal(machinistv1.MachineRunning))
 	}).WithTimeout(time.Minute).Should(Succeed(), p.output)
 
-	_, body, err := get(fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics))
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(body).To(ContainSubstring(`machinist_machine_transitions_total{event="provisioned",from="Provisioning",to="Running"} `))
+	// The transition is counted just after the status that stores it.
+	g.Eventually(func(g Gomega) {
+		_, body, err := get(fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics))
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(body).To(ContainSubstring(`machinist_machine_transitions_total{event="provisioned",from="Provisioning",to="Running"} `))
+	}).WithTimeout(10 * time.Second).Should(Succeed())
 
 	p.terminate(t)
 	for _, line := range strings.Split(strings.TrimSpace(p.output()), "\n") {
