@@ -35,7 +35,8 @@ type Actuator interface {
 	// Reboot restarts the instance; its Node reports a new boot ID after.
 	// It is idempotent on op.ID: a second call for the same operation
 	// (a controller that crashed before recording the first) must not
-	// reboot again.
+	// reboot again. A Machine has one operation at a time and a finished
+	// one is never repeated, so remembering the last ID is enough.
 	Reboot(ctx context.Context, providerID string, op Operation) error
 
 	// Repair re-images the instance: fresh state, a new boot ID, a Node

@@ -344,7 +344,6 @@ func (p *Provider) create(ctx context.Context, m *machinistv1.Machine, class *ma
 		cfg:        cfg,
 		current:    nodeagent.New(cfg),
 		p:          p,
-		done:       map[string]bool{},
 	}, nil
 }
 
@@ -419,7 +418,7 @@ func (p *Provider) restart(ctx context.Context, providerID string, op actuators.
 	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if op.ID != "" && in.done[op.ID] {
+	if op.ID != "" && in.lastOp == op.ID {
 		return nil
 	}
 	in.powerOff()
@@ -438,7 +437,7 @@ func (p *Provider) restart(ctx context.Context, providerID string, op actuators.
 		in.powerOn()
 	}
 	if op.ID != "" {
-		in.done[op.ID] = true
+		in.lastOp = op.ID
 	}
 	in.restarts++
 	return nil
@@ -532,9 +531,9 @@ type instance struct {
 	current *nodeagent.Agent
 	cancel  context.CancelFunc
 	stopped chan struct{}
-	// done holds the IDs of the operations carried out, so that a repeated
-	// call does not restart the machine twice.
-	done      map[string]bool
+	// lastOp is the ID of the last reboot or repair carried out, so that a
+	// repeated call does not restart the machine twice.
+	lastOp    string
 	restarts  int
 	destroyed bool
 }

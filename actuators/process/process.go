@@ -104,10 +104,10 @@ type state struct {
 	Capacity   corev1.ResourceList `json:"capacity,omitempty"`
 	// PID is the agent's process ID, zero when it is not running.
 	PID int `json:"pid,omitempty"`
-	// Done holds the IDs of the reboots and repairs carried out, so that
-	// a repeated call does not restart the machine twice.
-	Done     []string `json:"done,omitempty"`
-	Restarts int      `json:"restarts"`
+	// LastOperation is the ID of the last reboot or repair carried out,
+	// so that a repeated call does not restart the machine twice.
+	LastOperation string `json:"lastOperation,omitempty"`
+	Restarts      int    `json:"restarts"`
 }
 
 // machine is one instance. Its mutex orders power changes, so that racing
@@ -400,7 +400,7 @@ func (p *Provider) restart(ctx context.Context, providerID string, op actuators.
 	if !m.live {
 		return actuators.Permanent(fmt.Errorf("process: no instance %q", providerID))
 	}
-	if op.ID != "" && slices.Contains(m.st.Done, op.ID) {
+	if op.ID != "" && m.st.LastOperation == op.ID {
 		return nil
 	}
 	if err := p.halt(ctx, m, op.Hard); err != nil {
@@ -417,7 +417,7 @@ func (p *Provider) restart(ctx context.Context, providerID string, op actuators.
 	// successful call is never carried out twice.
 	prev := m.st
 	if op.ID != "" {
-		m.st.Done = append(slices.Clip(m.st.Done), op.ID)
+		m.st.LastOperation = op.ID
 	}
 	m.st.Restarts++
 	if err := p.start(m); err != nil {

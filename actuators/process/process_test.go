@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -55,12 +54,7 @@ func TestMain(m *testing.M) {
 		}
 		cleanup := func() { _ = os.RemoveAll(dir) }
 		agentBinary = filepath.Join(dir, "machinist")
-		build := exec.Command("go", "build", "-o", agentBinary, "./cmd/machinist")
-		build.Dir = testenv.Root()
-		if out, err := build.CombinedOutput(); err != nil {
-			return cleanup, fmt.Errorf("building machinist: %w\n%s", err, out)
-		}
-		return cleanup, nil
+		return cleanup, testenv.Build("./cmd/machinist", agentBinary)
 	}))
 }
 

@@ -65,8 +65,6 @@ type Options struct {
 	AgentBinary string
 	// Out receives what a person should read: where things are, what to try.
 	Out io.Writer
-	// Ready, when set, is called once everything is up.
-	Ready func(kubeconfig string)
 }
 
 // Run starts everything, creates the samples on first start, and runs
@@ -175,14 +173,8 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err != nil {
 		return err
 	}
-	mgrDone := make(chan error, 1)
-	go func() { mgrDone <- mgr.Start(runCtx) }()
-	defer func() {
-		cancel()
-		if merr := <-mgrDone; merr != nil && !errors.Is(merr, context.Canceled) {
-			err = errors.Join(err, merr)
-		}
-	}()
+	mgrDone := background(runCtx, mgr.Start)
+	defer func() { cancel(); err = errors.Join(err, <-mgrDone) }()
 
 	// The verbs server.
 	verbs, err := apiserver.New(apiserver.Options{
@@ -193,14 +185,8 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err != nil {
 		return err
 	}
-	verbsDone := make(chan error, 1)
-	go func() { verbsDone <- verbs.Run(runCtx) }()
-	defer func() {
-		cancel()
-		if verr := <-verbsDone; verr != nil && !errors.Is(verr, context.Canceled) {
-			err = errors.Join(err, verr)
-		}
-	}()
+	verbsDone := background(runCtx, verbs.Run)
+	defer func() { cancel(); err = errors.Join(err, <-verbsDone) }()
 	if err := apiserver.RegisterLocal(ctx, c, VerbsService, int32(verbs.Port), verbs.CABundle, 2*time.Minute); err != nil {
 		return err
 	}
@@ -211,9 +197,6 @@ func Run(ctx context.Context, opts Options) (err error) {
 	}
 	logger.V(1).Info("ready", "kubeconfig", kubeconfig)
 	printNext(opts.Out, kubeconfig, created)
-	if opts.Ready != nil {
-		opts.Ready(kubeconfig)
-	}
 	select {
 	case <-ctx.Done():
 	case err := <-mgrDone:
@@ -225,6 +208,21 @@ func Run(ctx context.Context, opts Options) (err error) {
 	}
 	fmt.Fprintln(opts.Out, "Stopping: controllers, verbs server, machines, kube-apiserver, etcd...")
 	return nil
+}
+
+// background runs run(ctx) in a goroutine; the channel yields its error,
+// nil when it ended because ctx was cancelled. It holds one value, so a
+// reader that takes the error early puts it back for the deferred stop.
+func background(ctx context.Context, run func(context.Context) error) chan error {
+	done := make(chan error, 1)
+	go func() {
+		err := run(ctx)
+		if errors.Is(err, context.Canceled) {
+			err = nil
+		}
+		done <- err
+	}()
+	return done
 }
 
 func newScheme() (*runtime.Scheme, error) {

@@ -214,3 +214,14 @@ func (e *Env) Namespace(ctx context.Context, prefix string) (string, error) {
 	}
 	return ns.Name, nil
 }
+
+// Build compiles the repository's package pkg (such as "./cmd/machinist")
+// into the file out, for tests that run Machinist's binaries as processes.
+func Build(pkg, out string) error {
+	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd.Dir = Root()
+	if output, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build %s: %w\n%s", pkg, err, output)
+	}
+	return nil
+}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -50,16 +51,28 @@ func (p *process) output() string {
 	return p.out.String()
 }
 
-// machinist builds the binary once per test and starts it with args.
+var (
+	buildOnce sync.Once
+	binary    string
+	buildErr  error
+)
+
+// machinist builds the binary once per package and starts it with args.
 func machinist(t *testing.T, args ...string) *process {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "machinist")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/machinist")
-	build.Dir = testenv.Root()
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "machinist-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binary = filepath.Join(dir, "machinist")
+		buildErr = testenv.Build("./cmd/machinist", binary)
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
 	}
-	p := &process{cmd: exec.Command(bin, args...), done: make(chan error, 1)}
+	p := &process{cmd: exec.Command(binary, args...), done: make(chan error, 1)}
 	p.cmd.Stdout, p.cmd.Stderr = p, p
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

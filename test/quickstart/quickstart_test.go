@@ -54,10 +54,8 @@ func workdir(t *testing.T) string {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "bin")
 	for pkg, name := range map[string]string{"./cmd/machinist": "machinist", "./cmd/kubectl-machine": "kubectl-machine"} {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(bin, name), pkg)
-		cmd.Dir = testenv.Root()
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+		if err := testenv.Build(pkg, filepath.Join(bin, name)); err != nil {
+			t.Fatal(err)
 		}
 	}
 	if err := os.Symlink(filepath.Join(testenv.BinDir(), "kubectl"), filepath.Join(bin, "kubectl")); err != nil {

@@ -46,11 +46,7 @@ func TestMain(m *testing.M) {
 		go func() {
 			defer close(built)
 			pluginDir = dir
-			cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "kubectl-machine"), "./cmd/kubectl-machine")
-			cmd.Dir = testenv.Root()
-			if out, err := cmd.CombinedOutput(); err != nil {
-				buildErr = fmt.Errorf("go build ./cmd/kubectl-machine: %w\n%s", err, out)
-			}
+			buildErr = testenv.Build("./cmd/kubectl-machine", filepath.Join(dir, "kubectl-machine"))
 		}()
 		code := testenv.Run(m, func(e *testenv.Env) { env = e })
 		<-built
