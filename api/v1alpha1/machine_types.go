@@ -50,7 +50,11 @@ type MachineSpec struct {
 
 	// Version is the node (kubelet) version this Machine runs. Changing it in
 	// a MachineDeployment's template rolls every Machine to the new version.
+	// It is v, then major.minor.patch, with an optional pre-release
+	// (v1.38.0-rc.1) and build metadata (v1.37.2+k3s1); empty leaves the
+	// choice to the provider.
 	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="self == '' || self.matches('^v(0|[1-9][0-9]*)[.](0|[1-9][0-9]*)[.](0|[1-9][0-9]*)(-[0-9A-Za-z-]+([.][0-9A-Za-z-]+)*)?([+][0-9A-Za-z-]+([.][0-9A-Za-z-]+)*)?$')",message="version must be a Kubernetes version such as v1.37.2 or v1.38.0-rc.1"
 	// +optional
 	Version string `json:"version,omitempty"`
 
@@ -281,10 +285,13 @@ type MachineStatus struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=ma,categories=machinist
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.nodeRef.name`
-// +kubebuilder:printcolumn:name="ProviderID",type=string,JSONPath=`.status.providerID`
 // +kubebuilder:printcolumn:name="Version",type=string,JSONPath=`.spec.version`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:printcolumn:name="ProviderID",type=string,JSONPath=`.status.providerID`,priority=1
+// +kubebuilder:printcolumn:name="Message",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].message`,priority=1
 type Machine struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

@@ -6,7 +6,10 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -44,12 +47,39 @@ var _ = Describe("kubectl", func() {
 		Expect(err).NotTo(HaveOccurred())
 		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(md), md)).To(Succeed())
 		Expect(*md.Spec.Replicas).To(BeEquivalentTo(0))
+	})
 
-		By("refusing a negative count without changing anything")
-		_, err = env.Kubectl(ctx, "-n", ns, "scale", "ms/workers", "--replicas=-1")
-		Expect(err).To(HaveOccurred())
-		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(ms), ms)).To(Succeed())
-		Expect(*ms.Spec.Replicas).To(BeEquivalentTo(5))
+	// kubectl scale refuses --replicas=-1 itself, so these requests are
+	// written to the scale subresource directly: what any other client, such
+	// as an autoscaler, can send.
+	It("refuses a negative count sent to the scale subresource without changing anything", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		ms := validMachineSet(ns, "workers", 2)
+		md := validMachineDeployment(ns, "pool")
+		for _, o := range []client.Object{ms, md} {
+			Expect(k8s.Create(ctx, o)).To(Succeed())
+			want := *replicasOf(o)
+
+			By("updating the Scale of " + o.GetName())
+			scale := &autoscalingv1.Scale{}
+			Expect(k8s.SubResource("scale").Get(ctx, o, scale)).To(Succeed())
+			Expect(scale.Spec.Replicas).To(Equal(want))
+			scale.Spec.Replicas = -1
+			err := k8s.SubResource("scale").Update(ctx, o, client.WithSubResourceBody(scale))
+			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "want 422 Invalid, got %v", err)
+			Expect(err.Error()).To(Equal(invalidMessage(o, negativeReplicas)), "the server said:\n%s", err)
+
+			By("patching the Scale of " + o.GetName())
+			err = k8s.SubResource("scale").Patch(ctx, o, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"replicas":-1}}`)),
+				client.WithSubResourceBody(&autoscalingv1.Scale{}))
+			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "want 422 Invalid, got %v", err)
+			Expect(err.Error()).To(Equal(invalidMessage(o, negativeReplicas)), "the server said:\n%s", err)
+
+			stored := o.DeepCopyObject().(client.Object)
+			Expect(k8s.Get(ctx, client.ObjectKeyFromObject(o), stored)).To(Succeed())
+			Expect(*replicasOf(stored)).To(Equal(want))
+			Expect(stored.GetResourceVersion()).To(Equal(o.GetResourceVersion()))
+		}
 	})
 
 	It("prints each kind's columns", func(ctx SpecContext) {
@@ -64,6 +94,10 @@ var _ = Describe("kubectl", func() {
 			Phase:      machinistv1.MachineRunning,
 			NodeRef:    &machinistv1.NodeReference{Name: "node-0"},
 			ProviderID: "inmemory:///worker-0",
+			Conditions: []metav1.Condition{{
+				Type: machinistv1.ConditionReady, Status: metav1.ConditionFalse, Reason: "NodeLeaseExpired",
+				Message: "Node node-0's kubelet has not renewed its Lease", LastTransitionTime: metav1.Now(),
+			}},
 		}
 		Expect(k8s.Status().Update(ctx, m)).To(Succeed())
 		ms.Status = machinistv1.MachineSetStatus{Replicas: 3, ReadyReplicas: 2, AvailableReplicas: 1}
@@ -76,8 +110,16 @@ var _ = Describe("kubectl", func() {
 		tables := table(out)
 		Expect(tables).To(HaveLen(3), out)
 
-		Expect(tables[0][0]).To(Equal([]string{"NAME", "PHASE", "NODE", "PROVIDERID", "VERSION", "AGE"}))
-		Expect(tables[0][1][:5]).To(Equal([]string{"machine.machinist.dev/worker-0", "Running", "node-0", "inmemory:///worker-0", "v1.37.2"}))
+		Expect(tables[0][0]).To(Equal([]string{"NAME", "PHASE", "READY", "REASON", "NODE", "VERSION", "AGE"}))
+		Expect(tables[0][1][:6]).To(Equal([]string{"machine.machinist.dev/worker-0", "Running", "False", "NodeLeaseExpired", "node-0", "v1.37.2"}))
+
+		By("showing the providerID and the reason's message with -o wide")
+		wide, err := env.Kubectl(ctx, "-n", ns, "get", "ma", "-o", "wide")
+		Expect(err).NotTo(HaveOccurred())
+		lines := strings.Split(strings.TrimSpace(wide), "\n")
+		Expect(strings.Fields(lines[0])).To(Equal([]string{"NAME", "PHASE", "READY", "REASON", "NODE", "VERSION", "AGE", "PROVIDERID", "MESSAGE"}))
+		Expect(lines[1]).To(ContainSubstring("inmemory:///worker-0"))
+		Expect(lines[1]).To(HaveSuffix("Node node-0's kubelet has not renewed its Lease"))
 
 		Expect(tables[1][0]).To(Equal([]string{"NAME", "DESIRED", "CURRENT", "READY", "AVAILABLE", "AGE"}))
 		Expect(tables[1][1][:5]).To(Equal([]string{"machineset.machinist.dev/workers", "3", "3", "2", "1"}))

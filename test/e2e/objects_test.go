@@ -1,9 +1,12 @@
 package e2e
 
 import (
+	"fmt"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 )
@@ -68,4 +71,15 @@ func validMachineDeployment(ns, name string) *machinistv1.MachineDeployment {
 			},
 		},
 	}
+}
+
+// replicasOf returns spec.replicas of a MachineSet or MachineDeployment.
+func replicasOf(o client.Object) *int32 {
+	switch o := o.(type) {
+	case *machinistv1.MachineSet:
+		return o.Spec.Replicas
+	case *machinistv1.MachineDeployment:
+		return o.Spec.Replicas
+	}
+	panic(fmt.Sprintf("%T has no replicas", o))
 }

@@ -1,22 +1,32 @@
 package e2e
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+	"sigs.k8s.io/yaml"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 )
 
 // invalidCase is one object the API server must refuse. When update is nil,
 // build's object is refused on create; otherwise it is created (it is
-// valid), update changes it, and the update is refused.
+// valid), update changes it, and the update is refused. want is everything
+// the server says after `<Kind>.machinist.dev "<name>" is invalid: `, so a
+// second error, a different field path or a reworded message fails the case.
 type invalidCase struct {
 	name   string
 	build  func(ns string) client.Object
@@ -24,7 +34,61 @@ type invalidCase struct {
 	want   string
 }
 
+// minInvalidCases keeps the table from shrinking unnoticed.
+const minInvalidCases = 40
+
+// The messages of the rules that several cases break, as the server words them.
+const (
+	replicasMsg         = "replicas must be zero or more"
+	minReadyMsg         = "minReadySeconds must be zero or more"
+	emptySelectorMsg    = "selector must not be empty: an empty selector would claim every Machine in the namespace"
+	matchLabelsMsg      = "selector does not match the template's labels: every Machine made from the template must be selected by the selector"
+	matchExprsMsg       = "selector's matchExpressions do not match the template's labels: every Machine made from the template must be selected by the selector"
+	bothZeroMsg         = "maxSurge and maxUnavailable cannot both be zero: the rollout could never replace a Machine"
+	maxSurgeMsg         = "maxSurge must be a whole number of Machines (0 or more) or a percentage such as 25%"
+	maxUnavailableMsg   = "maxUnavailable must be a whole number of Machines (0 or more) or a percentage from 0% to 100%"
+	deadlineMsg         = "progressDeadlineSeconds must be more than zero"
+	deadlineMinReadyMsg = "progressDeadlineSeconds must be greater than minReadySeconds, or every rollout would stall before a new Machine could count as available"
+	templateIDMsg       = "a template cannot set providerID: every Machine made from it gets its own instance"
+	versionMsg          = "version must be a Kubernetes version such as v1.37.2 or v1.38.0-rc.1"
+	taintEffectMsg      = "taint effect must be one of NoSchedule, PreferNoSchedule or NoExecute"
+	taintKeyMsg         = "every taint needs a key"
+	drainTimeoutMsg     = "drain timeout must be a duration such as 90s, 5m or 1h30m"
+	drainGraceMsg       = "drain gracePeriodSeconds must be zero or more"
+)
+
+// errs is how the server joins several errors about one object.
+func errs(each ...string) string {
+	if len(each) == 1 {
+		return each[0]
+	}
+	return "[" + strings.Join(each, ", ") + "]"
+}
+
+// schemaErr is the message for an object that breaks a length, count, enum,
+// type or required field of the schema: the server then skips the CEL rules
+// and says so in a second error. A broken pattern or minimum length does not
+// stop the CEL rules.
+func schemaErr(e string) string {
+	return errs(e, "<nil>: Invalid value: null: some validation rules were not checked because the object was invalid; correct the existing errors to complete validation")
+}
+
+// negativeReplicas is what the server says of a negative spec.replicas:
+// the scale subresource's own check (its field path starts with a dot)
+// comes before this API's rule.
+const negativeReplicas = "[.spec.replicas: Invalid value: -1: should be a non-negative integer, spec.replicas: Invalid value: -1: " + replicasMsg + "]"
+
+// labels returns n distinct labels, to go over a size limit.
+func labels(n int) map[string]string {
+	out := make(map[string]string, n)
+	for i := range n {
+		out[fmt.Sprintf("l%d", i)] = "x"
+	}
+	return out
+}
+
 var invalidCases = []invalidCase{
+	// MachineSet.
 	{
 		name: "MachineSet with negative replicas",
 		build: func(ns string) client.Object {
@@ -32,7 +96,7 @@ var invalidCases = []invalidCase{
 			ms.Spec.Replicas = ptr.To(int32(-1))
 			return ms
 		},
-		want: "spec.replicas: Invalid value: -1: replicas must be zero or more",
+		want: negativeReplicas,
 	},
 	{
 		name: "MachineSet whose selector misses the template's labels",
@@ -41,18 +105,38 @@ var invalidCases = []invalidCase{
 			ms.Spec.Template.Metadata.Labels = map[string]string{"pool": "other"}
 			return ms
 		},
-		want: "selector does not match the template's labels",
+		want: "spec: Invalid value: " + matchLabelsMsg,
 	},
 	{
-		name: "MachineDeployment whose matchExpressions miss the template's labels",
+		name: "MachineSet whose template has no labels at all",
 		build: func(ns string) client.Object {
-			md := validMachineDeployment(ns, "exprs")
-			md.Spec.Selector = machinistv1.LabelSelector{MatchExpressions: []machinistv1.LabelSelectorRequirement{
-				{Key: "pool", Operator: metav1.LabelSelectorOpIn, Values: []string{"a", "b"}},
-			}}
-			return md
+			ms := validMachineSet(ns, "bare", 1)
+			ms.Spec.Template.Metadata = machinistv1.TemplateMetadata{}
+			return ms
 		},
-		want: "selector's matchExpressions do not match the template's labels",
+		want: "spec: Invalid value: " + matchLabelsMsg,
+	},
+	{
+		name: "MachineSet whose NotIn expression excludes the template's label",
+		build: func(ns string) client.Object {
+			ms := validMachineSet(ns, "notin", 1)
+			ms.Spec.Selector = machinistv1.LabelSelector{MatchExpressions: []machinistv1.LabelSelectorRequirement{
+				{Key: "pool", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"notin"}},
+			}}
+			return ms
+		},
+		want: "spec: Invalid value: " + matchExprsMsg,
+	},
+	{
+		name: "MachineSet whose Exists expression names a label the template lacks",
+		build: func(ns string) client.Object {
+			ms := validMachineSet(ns, "exists", 1)
+			ms.Spec.Selector.MatchExpressions = []machinistv1.LabelSelectorRequirement{
+				{Key: "zone", Operator: metav1.LabelSelectorOpExists},
+			}
+			return ms
+		},
+		want: "spec: Invalid value: " + matchExprsMsg,
 	},
 	{
 		name: "MachineSet with an empty selector",
@@ -61,7 +145,7 @@ var invalidCases = []invalidCase{
 			ms.Spec.Selector = machinistv1.LabelSelector{}
 			return ms
 		},
-		want: "selector must not be empty",
+		want: "spec: Invalid value: " + emptySelectorMsg,
 	},
 	{
 		name: "MachineSet whose selector changes",
@@ -73,7 +157,7 @@ var invalidCases = []invalidCase{
 			ms.Spec.Selector.MatchLabels = map[string]string{"pool": "moving", "tier": "x"}
 			ms.Spec.Template.Metadata.Labels = map[string]string{"pool": "moving", "tier": "x"}
 		},
-		want: "selector is immutable: create a new MachineSet",
+		want: "spec.selector: Invalid value: selector is immutable: create a new MachineSet to select other Machines",
 	},
 	{
 		name: "MachineSet with an unknown delete policy",
@@ -82,7 +166,7 @@ var invalidCases = []invalidCase{
 			ms.Spec.DeletePolicy = "Biggest"
 			return ms
 		},
-		want: `spec.deletePolicy: Unsupported value: "Biggest": supported values: "Random", "Newest", "Oldest"`,
+		want: schemaErr(`spec.deletePolicy: Unsupported value: "Biggest": supported values: "Random", "Newest", "Oldest"`),
 	},
 	{
 		name: "MachineSet template that names a providerID",
@@ -91,16 +175,234 @@ var invalidCases = []invalidCase{
 			ms.Spec.Template.Spec.ProviderID = "inmemory:///a"
 			return ms
 		},
-		want: "a template cannot set providerID",
+		want: "spec.template: Invalid value: " + templateIDMsg,
 	},
 	{
-		name: "MachineDeployment with maxSurge and maxUnavailable both zero",
+		name: "MachineSet with negative minReadySeconds",
+		build: func(ns string) client.Object {
+			ms := validMachineSet(ns, "impatient", 1)
+			ms.Spec.MinReadySeconds = -1
+			return ms
+		},
+		want: "spec.minReadySeconds: Invalid value: -1: " + minReadyMsg,
+	},
+	{
+		name: "MachineSet template with a version that is not a Kubernetes version",
+		build: func(ns string) client.Object {
+			ms := validMachineSet(ns, "fruit", 1)
+			ms.Spec.Template.Spec.Version = "banana"
+			return ms
+		},
+		want: `spec.template.spec.version: Invalid value: "banana": ` + versionMsg,
+	},
+	{
+		name: "MachineSet whose selector has more than 16 labels",
+		build: func(ns string) client.Object {
+			ms := validMachineSet(ns, "picky", 1)
+			ms.Spec.Selector.MatchLabels = labels(17)
+			ms.Spec.Template.Metadata.Labels = labels(17)
+			return ms
+		},
+		want: schemaErr("spec.selector.matchLabels: Too many: 17: must have at most 16 items"),
+	},
+	{
+		name: "MachineSet template with more than 64 labels",
+		build: func(ns string) client.Object {
+			ms := validMachineSet(ns, "labelled", 1)
+			ms.Spec.Template.Metadata.Labels = labels(65)
+			ms.Spec.Template.Metadata.Labels["pool"] = "labelled"
+			return ms
+		},
+		want: schemaErr("spec.template.metadata.labels: Too many: 66: must have at most 64 items"),
+	},
+
+	{
+		name: "MachineSet whose selector has more than 16 expressions",
+		build: func(ns string) client.Object {
+			ms := validMachineSet(ns, "wordy", 1)
+			for range 17 {
+				ms.Spec.Selector.MatchExpressions = append(ms.Spec.Selector.MatchExpressions,
+					machinistv1.LabelSelectorRequirement{Key: "pool", Operator: metav1.LabelSelectorOpExists})
+			}
+			return ms
+		},
+		want: schemaErr("spec.selector.matchExpressions: Too many: 17: must have at most 16 items"),
+	},
+	{
+		name: "MachineSet whose selector key is longer than a label key can be",
+		build: func(ns string) client.Object {
+			ms := validMachineSet(ns, "longkey", 1)
+			ms.Spec.Selector.MatchExpressions = []machinistv1.LabelSelectorRequirement{
+				{Key: strings.Repeat("k", 318), Operator: metav1.LabelSelectorOpDoesNotExist},
+			}
+			return ms
+		},
+		want: schemaErr("spec.selector.matchExpressions[0].key: Too long: may not be more than 317 bytes"),
+	},
+	{
+		// Written as YAML would be: the Go type always sends a template.
+		name: "MachineSet without a template",
+		build: func(ns string) client.Object {
+			return &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": machinistv1.GroupVersion.String(),
+				"kind":       "MachineSet",
+				"metadata":   map[string]any{"namespace": ns, "name": "hollow"},
+				"spec": map[string]any{
+					"selector": map[string]any{"matchLabels": map[string]any{"pool": "hollow"}},
+				},
+			}}
+		},
+		want: schemaErr("spec.template: Required value"),
+	},
+
+	{
+		// The Go type cannot hold the number, so this object is written as
+		// YAML would be. The server's own checks word this one.
+		name: "MachineSet with more replicas than an int32 holds",
+		build: func(ns string) client.Object {
+			return &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": machinistv1.GroupVersion.String(),
+				"kind":       "MachineSet",
+				"metadata":   map[string]any{"namespace": ns, "name": "huge"},
+				"spec": map[string]any{
+					"replicas": int64(1) << 31,
+					"selector": map[string]any{"matchLabels": map[string]any{"pool": "huge"}},
+					"template": map[string]any{
+						"metadata": map[string]any{"labels": map[string]any{"pool": "huge"}},
+						"spec":     map[string]any{"classRef": map[string]any{"name": "small"}},
+					},
+				},
+			}}
+		},
+		want: errs(`<nil>: Invalid value: "": Checked value must be of type integer with format int32 in spec.replicas`,
+			".spec.replicas: Invalid value: 2147483648: should be less than or equal to 2147483647"),
+	},
+
+	// MachineDeployment.
+	{
+		name: "MachineDeployment with negative replicas",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "neg")
+			md.Spec.Replicas = ptr.To(int32(-1))
+			return md
+		},
+		want: negativeReplicas,
+	},
+	{
+		name: "MachineDeployment whose selector misses the template's labels",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "mismatch")
+			md.Spec.Selector.MatchLabels = map[string]string{"pool": "mismatch", "tier": "gpu"}
+			return md
+		},
+		want: "spec: Invalid value: " + matchLabelsMsg,
+	},
+	{
+		name: "MachineDeployment whose In expression misses the template's labels",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "exprs")
+			md.Spec.Selector = machinistv1.LabelSelector{MatchExpressions: []machinistv1.LabelSelectorRequirement{
+				{Key: "pool", Operator: metav1.LabelSelectorOpIn, Values: []string{"a", "b"}},
+			}}
+			return md
+		},
+		want: "spec: Invalid value: " + matchExprsMsg,
+	},
+	{
+		name: "MachineDeployment whose DoesNotExist expression names a label the template has",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "absent")
+			md.Spec.Selector.MatchExpressions = []machinistv1.LabelSelectorRequirement{
+				{Key: "pool", Operator: metav1.LabelSelectorOpDoesNotExist},
+			}
+			return md
+		},
+		want: "spec: Invalid value: " + matchExprsMsg,
+	},
+	{
+		name: "MachineDeployment with an empty selector",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "empty")
+			md.Spec.Selector = machinistv1.LabelSelector{}
+			return md
+		},
+		want: "spec: Invalid value: " + emptySelectorMsg,
+	},
+	{
+		name: "MachineDeployment whose selector changes",
+		build: func(ns string) client.Object {
+			return validMachineDeployment(ns, "moving")
+		},
+		update: func(o client.Object) {
+			md := o.(*machinistv1.MachineDeployment)
+			md.Spec.Selector.MatchLabels = map[string]string{"pool": "elsewhere"}
+			md.Spec.Template.Metadata.Labels = map[string]string{"pool": "elsewhere"}
+		},
+		want: "spec.selector: Invalid value: selector is immutable: create a new MachineDeployment to select other Machines",
+	},
+	{
+		name: "MachineDeployment with an empty selector key",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "keyless")
+			// DoesNotExist of a key no label has holds, so only the key's
+			// own length is wrong.
+			md.Spec.Selector.MatchExpressions = []machinistv1.LabelSelectorRequirement{
+				{Key: "", Operator: metav1.LabelSelectorOpDoesNotExist},
+			}
+			return md
+		},
+		want: `spec.selector.matchExpressions[0].key: Invalid value: "": spec.selector.matchExpressions[0].key in body should be at least 1 chars long`,
+	},
+	{
+		name: "MachineDeployment with an unknown selector operator",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "operator")
+			// A key the template lacks, so the matchExpressions rule (which
+			// reads an unknown operator as DoesNotExist) holds.
+			md.Spec.Selector.MatchExpressions = []machinistv1.LabelSelectorRequirement{
+				{Key: "zone", Operator: "Matches"},
+			}
+			return md
+		},
+		want: schemaErr(`spec.selector.matchExpressions[0].operator: Unsupported value: "Matches": supported values: "In", "NotIn", "Exists", "DoesNotExist"`),
+	},
+	{
+		name: "MachineDeployment template that names a providerID",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "pinned")
+			md.Spec.Template.Spec.ProviderID = "inmemory:///a"
+			return md
+		},
+		want: "spec.template: Invalid value: " + templateIDMsg,
+	},
+	{
+		name: "MachineDeployment with maxSurge 0% and maxUnavailable 0",
 		build: func(ns string) client.Object {
 			md := validMachineDeployment(ns, "stuck")
 			md.Spec.Strategy.RollingUpdate.MaxSurge = ptr.To(intstr.FromString("0%"))
 			return md
 		},
-		want: "maxSurge and maxUnavailable cannot both be zero",
+		want: "spec.strategy.rollingUpdate: Invalid value: " + bothZeroMsg,
+	},
+	{
+		name: "MachineDeployment with maxSurge 0 and maxUnavailable 0",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "stuck-counts")
+			md.Spec.Strategy.RollingUpdate.MaxSurge = ptr.To(intstr.FromInt32(0))
+			md.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr.To(intstr.FromInt32(0))
+			return md
+		},
+		want: "spec.strategy.rollingUpdate: Invalid value: " + bothZeroMsg,
+	},
+	{
+		name: "MachineDeployment with maxSurge 0% and maxUnavailable 0%",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "stuck-percent")
+			md.Spec.Strategy.RollingUpdate.MaxSurge = ptr.To(intstr.FromString("0%"))
+			md.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr.To(intstr.FromString("0%"))
+			return md
+		},
+		want: "spec.strategy.rollingUpdate: Invalid value: " + bothZeroMsg,
 	},
 	{
 		name: "MachineDeployment with a malformed maxSurge",
@@ -109,7 +411,17 @@ var invalidCases = []invalidCase{
 			md.Spec.Strategy.RollingUpdate.MaxSurge = ptr.To(intstr.FromString("ten"))
 			return md
 		},
-		want: "maxSurge must be a whole number of Machines (0 or more) or a percentage such as 25%",
+		want: `spec.strategy.rollingUpdate.maxSurge: Invalid value: "ten": ` + maxSurgeMsg,
+	},
+	{
+		name: "MachineDeployment with a negative maxSurge",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "shrink")
+			md.Spec.Strategy.RollingUpdate.MaxSurge = ptr.To(intstr.FromInt32(-1))
+			md.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr.To(intstr.FromInt32(1))
+			return md
+		},
+		want: "spec.strategy.rollingUpdate.maxSurge: Invalid value: -1: " + maxSurgeMsg,
 	},
 	{
 		name: "MachineDeployment with maxUnavailable over 100%",
@@ -118,7 +430,16 @@ var invalidCases = []invalidCase{
 			md.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr.To(intstr.FromString("150%"))
 			return md
 		},
-		want: "maxUnavailable must be a whole number of Machines (0 or more) or a percentage from 0% to 100%",
+		want: `spec.strategy.rollingUpdate.maxUnavailable: Invalid value: "150%": ` + maxUnavailableMsg,
+	},
+	{
+		name: "MachineDeployment with a negative maxUnavailable",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "overfull")
+			md.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr.To(intstr.FromInt32(-2))
+			return md
+		},
+		want: "spec.strategy.rollingUpdate.maxUnavailable: Invalid value: -2: " + maxUnavailableMsg,
 	},
 	{
 		name: "MachineDeployment with an unknown strategy type",
@@ -127,7 +448,7 @@ var invalidCases = []invalidCase{
 			md.Spec.Strategy = machinistv1.MachineDeploymentStrategy{Type: "BlueGreen"}
 			return md
 		},
-		want: `spec.strategy.type: Unsupported value: "BlueGreen": supported values: "RollingUpdate", "Recreate", "OnDelete"`,
+		want: schemaErr(`spec.strategy.type: Unsupported value: "BlueGreen": supported values: "RollingUpdate", "Recreate", "OnDelete"`),
 	},
 	{
 		name: "MachineDeployment with rollingUpdate under the Recreate strategy",
@@ -136,17 +457,54 @@ var invalidCases = []invalidCase{
 			md.Spec.Strategy.Type = machinistv1.RecreateStrategy
 			return md
 		},
-		want: "rollingUpdate may only be set when the strategy type is RollingUpdate",
+		want: "spec.strategy: Invalid value: rollingUpdate may only be set when the strategy type is RollingUpdate",
 	},
 	{
-		name: "MachineDeployment whose progress deadline is not after minReadySeconds",
+		name: "MachineDeployment whose progress deadline equals minReadySeconds",
 		build: func(ns string) client.Object {
 			md := validMachineDeployment(ns, "deadline")
 			md.Spec.MinReadySeconds = 60
 			md.Spec.ProgressDeadlineSeconds = ptr.To(int32(60))
 			return md
 		},
-		want: "progressDeadlineSeconds must be greater than minReadySeconds",
+		want: "spec: Invalid value: " + deadlineMinReadyMsg,
+	},
+	{
+		name: "MachineDeployment whose progress deadline is before minReadySeconds",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "early")
+			md.Spec.MinReadySeconds = 600
+			md.Spec.ProgressDeadlineSeconds = ptr.To(int32(30))
+			return md
+		},
+		want: "spec: Invalid value: " + deadlineMinReadyMsg,
+	},
+	{
+		name: "MachineDeployment with a zero progress deadline",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "nodeadline")
+			md.Spec.ProgressDeadlineSeconds = ptr.To(int32(0))
+			return md
+		},
+		want: "spec.progressDeadlineSeconds: Invalid value: 0: " + deadlineMsg,
+	},
+	{
+		name: "MachineDeployment with a negative progress deadline",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "pastdeadline")
+			md.Spec.ProgressDeadlineSeconds = ptr.To(int32(-30))
+			return md
+		},
+		want: "spec.progressDeadlineSeconds: Invalid value: -30: " + deadlineMsg,
+	},
+	{
+		name: "MachineDeployment with negative minReadySeconds",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "impatient")
+			md.Spec.MinReadySeconds = -5
+			return md
+		},
+		want: "spec.minReadySeconds: Invalid value: -5: " + minReadyMsg,
 	},
 	{
 		name: "MachineDeployment with negative revisionHistoryLimit",
@@ -155,8 +513,75 @@ var invalidCases = []invalidCase{
 			md.Spec.RevisionHistoryLimit = ptr.To(int32(-1))
 			return md
 		},
-		want: "revisionHistoryLimit must be zero or more",
+		want: "spec.revisionHistoryLimit: Invalid value: -1: revisionHistoryLimit must be zero or more",
 	},
+	{
+		// The usual way a bad version arrives: a rollout to it.
+		name: "MachineDeployment rolled out to a version that is not a Kubernetes version",
+		build: func(ns string) client.Object {
+			return validMachineDeployment(ns, "upgrade")
+		},
+		update: func(o client.Object) {
+			o.(*machinistv1.MachineDeployment).Spec.Template.Spec.Version = "latest"
+		},
+		want: `spec.template.spec.version: Invalid value: "latest": ` + versionMsg,
+	},
+
+	{
+		name: "MachineDeployment whose In expression has more than 32 values",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "many")
+			values := []string{"many"}
+			for i := range 32 {
+				values = append(values, fmt.Sprintf("v%d", i))
+			}
+			md.Spec.Selector.MatchExpressions = []machinistv1.LabelSelectorRequirement{
+				{Key: "pool", Operator: metav1.LabelSelectorOpIn, Values: values},
+			}
+			return md
+		},
+		want: schemaErr("spec.selector.matchExpressions[0].values: Too many: 33: must have at most 32 items"),
+	},
+	{
+		name: "MachineDeployment whose selector value is longer than a label value can be",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "longvalue")
+			md.Spec.Selector.MatchExpressions = []machinistv1.LabelSelectorRequirement{
+				{Key: "pool", Operator: metav1.LabelSelectorOpNotIn, Values: []string{strings.Repeat("v", 64)}},
+			}
+			return md
+		},
+		want: schemaErr("spec.selector.matchExpressions[0].values[0]: Too long: may not be more than 63 bytes"),
+	},
+	{
+		name: "MachineDeployment template with more than 64 annotations",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "annotated")
+			md.Spec.Template.Metadata.Annotations = labels(65)
+			return md
+		},
+		want: schemaErr("spec.template.metadata.annotations: Too many: 65: must have at most 64 items"),
+	},
+	{
+		// Written as YAML would be: the Go type always sends a selector.
+		name: "MachineDeployment without a selector",
+		build: func(ns string) client.Object {
+			return &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": machinistv1.GroupVersion.String(),
+				"kind":       "MachineDeployment",
+				"metadata":   map[string]any{"namespace": ns, "name": "unselective"},
+				"spec": map[string]any{
+					"template": map[string]any{
+						"metadata": map[string]any{"labels": map[string]any{"pool": "unselective"}},
+						"spec":     map[string]any{"classRef": map[string]any{"name": "small"}},
+					},
+				},
+			}}
+		},
+		want: schemaErr("spec.selector: Required value"),
+	},
+
+	// Machine.
 	{
 		name: "Machine without a class name",
 		build: func(ns string) client.Object {
@@ -164,7 +589,62 @@ var invalidCases = []invalidCase{
 			m.Spec.ClassRef.Name = ""
 			return m
 		},
-		want: "classRef.name is required: name the MachineClass this Machine is built from",
+		want: "spec.classRef: Invalid value: classRef.name is required: name the MachineClass this Machine is built from",
+	},
+	{
+		name: "Machine whose class name is too long",
+		build: func(ns string) client.Object {
+			m := validMachine(ns, "classy")
+			m.Spec.ClassRef.Name = strings.Repeat("c", 254)
+			return m
+		},
+		want: schemaErr("spec.classRef.name: Too long: may not be more than 253 bytes"),
+	},
+	{
+		name: "Machine whose version is not a version",
+		build: func(ns string) client.Object {
+			m := validMachine(ns, "fruit")
+			m.Spec.Version = "banana"
+			return m
+		},
+		want: `spec.version: Invalid value: "banana": ` + versionMsg,
+	},
+	{
+		name: "Machine whose version lacks the v",
+		build: func(ns string) client.Object {
+			m := validMachine(ns, "bare")
+			m.Spec.Version = "1.37.2"
+			return m
+		},
+		want: `spec.version: Invalid value: "1.37.2": ` + versionMsg,
+	},
+	{
+		name: "Machine whose version lacks the patch number",
+		build: func(ns string) client.Object {
+			m := validMachine(ns, "minor")
+			m.Spec.Version = "v1.37"
+			return m
+		},
+		want: `spec.version: Invalid value: "v1.37": ` + versionMsg,
+	},
+	{
+		name: "Machine whose version has an empty pre-release",
+		build: func(ns string) client.Object {
+			m := validMachine(ns, "dash")
+			m.Spec.Version = "v1.37.2-"
+			return m
+		},
+		want: `spec.version: Invalid value: "v1.37.2-": ` + versionMsg,
+	},
+	{
+		name: "Machine whose version is too long",
+		build: func(ns string) client.Object {
+			m := validMachine(ns, "verbose")
+			// Well formed, so only the length is wrong.
+			m.Spec.Version = "v1.37.2-" + strings.Repeat("a", 57)
+			return m
+		},
+		want: schemaErr("spec.version: Too long: may not be more than 64 bytes"),
 	},
 	{
 		name: "Machine whose providerID changes",
@@ -174,7 +654,7 @@ var invalidCases = []invalidCase{
 			return m
 		},
 		update: func(o client.Object) { o.(*machinistv1.Machine).Spec.ProviderID = "inmemory:///two" },
-		want:   "providerID is immutable once set",
+		want:   `spec.providerID: Invalid value: "inmemory:///two": providerID is immutable once set: delete the Machine and create a new one to use another instance`,
 	},
 	{
 		name: "Machine whose providerID is removed",
@@ -184,7 +664,16 @@ var invalidCases = []invalidCase{
 			return m
 		},
 		update: func(o client.Object) { o.(*machinistv1.Machine).Spec.ProviderID = "" },
-		want:   "providerID cannot be removed once set",
+		want:   "spec: Invalid value: providerID cannot be removed once set",
+	},
+	{
+		name: "Machine whose providerID is too long",
+		build: func(ns string) client.Object {
+			m := validMachine(ns, "longid")
+			m.Spec.ProviderID = "inmemory:///" + strings.Repeat("i", 501)
+			return m
+		},
+		want: schemaErr("spec.providerID: Too long: may not be more than 512 bytes"),
 	},
 	{
 		name: "Machine with a taint of unknown effect",
@@ -193,7 +682,16 @@ var invalidCases = []invalidCase{
 			m.Spec.NodeTaints = machinistv1.NodeTaints{{Key: "dedicated", Effect: "NoEntry"}}
 			return m
 		},
-		want: "taint effect must be one of NoSchedule, PreferNoSchedule or NoExecute",
+		want: "spec.nodeTaints: Invalid value: " + taintEffectMsg,
+	},
+	{
+		name: "Machine with a taint that has no key",
+		build: func(ns string) client.Object {
+			m := validMachine(ns, "keyless")
+			m.Spec.NodeTaints = machinistv1.NodeTaints{{Effect: corev1.TaintEffectNoExecute}}
+			return m
+		},
+		want: "spec.nodeTaints: Invalid value: " + taintKeyMsg,
 	},
 	{
 		// A metav1.Duration cannot hold a malformed value, so this object is
@@ -210,8 +708,106 @@ var invalidCases = []invalidCase{
 				},
 			}}
 		},
-		want: "drain timeout must be a duration such as 90s, 5m or 1h30m",
+		want: `spec.drain.timeout: Invalid value: "soon": ` + drainTimeoutMsg,
 	},
+	{
+		name: "Machine with a negative drain grace period",
+		build: func(ns string) client.Object {
+			m := validMachine(ns, "grace")
+			m.Spec.Drain = &machinistv1.DrainSettings{GracePeriodSeconds: ptr.To(int64(-1))}
+			return m
+		},
+		want: "spec.drain.gracePeriodSeconds: Invalid value: -1: " + drainGraceMsg,
+	},
+
+	{
+		name: "Machine with more than 64 taints",
+		build: func(ns string) client.Object {
+			m := validMachine(ns, "smothered")
+			for i := range 65 {
+				m.Spec.NodeTaints = append(m.Spec.NodeTaints, corev1.Taint{Key: fmt.Sprintf("t%d", i), Effect: corev1.TaintEffectNoSchedule})
+			}
+			return m
+		},
+		want: schemaErr("spec.nodeTaints: Too many: 65: must have at most 64 items"),
+	},
+	{
+		name: "Machine with a drain timeout longer than 32 characters",
+		// Well formed, so only the length is wrong; metav1.Duration would
+		// spell it shorter, so it is written as YAML would be.
+		build: func(ns string) client.Object {
+			return &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": machinistv1.GroupVersion.String(),
+				"kind":       "Machine",
+				"metadata":   map[string]any{"namespace": ns, "name": "patient"},
+				"spec": map[string]any{
+					"classRef": map[string]any{"name": "small"},
+					"drain":    map[string]any{"timeout": strings.Repeat("1m", 17)},
+				},
+			}}
+		},
+		want: schemaErr("spec.drain.timeout: Too long: may not be more than 32 bytes"),
+	},
+	{
+		// Written as YAML would be: the Go type always sends classRef.
+		name: "Machine without a classRef",
+		build: func(ns string) client.Object {
+			return &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": machinistv1.GroupVersion.String(),
+				"kind":       "Machine",
+				"metadata":   map[string]any{"namespace": ns, "name": "orphan"},
+				"spec":       map[string]any{"version": "v1.37.2"},
+			}}
+		},
+		want: schemaErr("spec.classRef: Required value"),
+	},
+
+	{
+		// A metav1.Time cannot hold a malformed value, so this object is
+		// written as YAML would be.
+		name: "Machine with a taint added at a time that is not a time",
+		build: func(ns string) client.Object {
+			return &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": machinistv1.GroupVersion.String(),
+				"kind":       "Machine",
+				"metadata":   map[string]any{"namespace": ns, "name": "when"},
+				"spec": map[string]any{
+					"classRef":   map[string]any{"name": "small"},
+					"nodeTaints": []any{map[string]any{"key": "a", "effect": "NoSchedule", "timeAdded": "yesterday"}},
+				},
+			}}
+		},
+		want: schemaErr(`spec.nodeTaints[0].timeAdded: Invalid value: "yesterday": spec.nodeTaints[0].timeAdded in body must be of type date-time: "yesterday"`),
+	},
+
+	{
+		name: "Machine without a spec",
+		build: func(ns string) client.Object {
+			return &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": machinistv1.GroupVersion.String(),
+				"kind":       "Machine",
+				"metadata":   map[string]any{"namespace": ns, "name": "nothing"},
+			}}
+		},
+		want: schemaErr("spec: Required value"),
+	},
+	{
+		name: "Machine with a taint written without an effect",
+		build: func(ns string) client.Object {
+			return &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": machinistv1.GroupVersion.String(),
+				"kind":       "Machine",
+				"metadata":   map[string]any{"namespace": ns, "name": "vague"},
+				"spec": map[string]any{
+					"classRef":   map[string]any{"name": "small"},
+					"nodeTaints": []any{map[string]any{"key": "dedicated"}},
+				},
+			}}
+		},
+		want: schemaErr("spec.nodeTaints[0].effect: Required value"),
+	},
+
+	// MachineClass.
 	{
 		name: "MachineClass with a taint that has no key",
 		build: func(ns string) client.Object {
@@ -219,7 +815,16 @@ var invalidCases = []invalidCase{
 			mc.Spec.NodeTemplate = &machinistv1.NodeTemplate{Taints: machinistv1.NodeTaints{{Effect: corev1.TaintEffectNoSchedule}}}
 			return mc
 		},
-		want: "every taint needs a key",
+		want: "spec.nodeTemplate.taints: Invalid value: " + taintKeyMsg,
+	},
+	{
+		name: "MachineClass with a taint of unknown effect",
+		build: func(ns string) client.Object {
+			mc := validMachineClass(ns, "tainted")
+			mc.Spec.NodeTemplate = &machinistv1.NodeTemplate{Taints: machinistv1.NodeTaints{{Key: "gpu", Effect: "Prefer"}}}
+			return mc
+		},
+		want: "spec.nodeTemplate.taints: Invalid value: " + taintEffectMsg,
 	},
 	{
 		name: "MachineClass without a provider",
@@ -228,7 +833,28 @@ var invalidCases = []invalidCase{
 			mc.Spec.Provider = ""
 			return mc
 		},
-		want: "provider is required: name the actuator that builds these Machines",
+		want: `spec.provider: Invalid value: "": provider is required: name the actuator that builds these Machines, for example inmemory or process`,
+	},
+	{
+		name: "MachineClass written without a provider",
+		build: func(ns string) client.Object {
+			return &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": machinistv1.GroupVersion.String(),
+				"kind":       "MachineClass",
+				"metadata":   map[string]any{"namespace": ns, "name": "unbuilt"},
+				"spec":       map[string]any{},
+			}}
+		},
+		want: schemaErr("spec.provider: Required value"),
+	},
+	{
+		name: "MachineClass whose provider is too long",
+		build: func(ns string) client.Object {
+			mc := validMachineClass(ns, "longprovider")
+			mc.Spec.Provider = strings.Repeat("p", 64)
+			return mc
+		},
+		want: schemaErr("spec.provider: Too long: may not be more than 63 bytes"),
 	},
 	{
 		name: "MachineClass with a negative drain grace period",
@@ -237,8 +863,181 @@ var invalidCases = []invalidCase{
 			mc.Spec.Drain = &machinistv1.DrainSettings{GracePeriodSeconds: ptr.To(int64(-5))}
 			return mc
 		},
-		want: "drain gracePeriodSeconds must be zero or more",
+		want: "spec.drain.gracePeriodSeconds: Invalid value: -5: " + drainGraceMsg,
 	},
+	{
+		name: "MachineClass with a negative drain timeout",
+		build: func(ns string) client.Object {
+			return &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": machinistv1.GroupVersion.String(),
+				"kind":       "MachineClass",
+				"metadata":   map[string]any{"namespace": ns, "name": "backwards"},
+				"spec": map[string]any{
+					"provider": "inmemory",
+					"drain":    map[string]any{"timeout": "-5m"},
+				},
+			}}
+		},
+		want: `spec.drain.timeout: Invalid value: "-5m": ` + drainTimeoutMsg,
+	},
+	{
+		// Written as YAML would be: the Go type always sends a key, if empty.
+		name: "MachineClass with a taint written without a key",
+		build: func(ns string) client.Object {
+			return &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": machinistv1.GroupVersion.String(),
+				"kind":       "MachineClass",
+				"metadata":   map[string]any{"namespace": ns, "name": "nokey"},
+				"spec": map[string]any{
+					"provider":     "inmemory",
+					"nodeTemplate": map[string]any{"taints": []any{map[string]any{"effect": "NoSchedule"}}},
+				},
+			}}
+		},
+		want: schemaErr("spec.nodeTemplate.taints[0].key: Required value"),
+	},
+	{
+		// A resource.Quantity cannot hold a malformed value, so this object
+		// is written as YAML would be.
+		name: "MachineClass whose capacity is not a quantity",
+		build: func(ns string) client.Object {
+			return &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": machinistv1.GroupVersion.String(),
+				"kind":       "MachineClass",
+				"metadata":   map[string]any{"namespace": ns, "name": "roomy"},
+				"spec": map[string]any{
+					"provider":     "inmemory",
+					"nodeTemplate": map[string]any{"capacity": map[string]any{"cpu": "lots"}},
+				},
+			}}
+		},
+		want: `spec.nodeTemplate.capacity.cpu: Invalid value: "lots": spec.nodeTemplate.capacity.cpu in body should match '^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$'`,
+	},
+}
+
+// validCase is an object on the edge of a rule that the API server must
+// accept: a rule that refuses too much is as wrong as one that refuses too
+// little.
+type validCase struct {
+	name  string
+	build func(ns string) client.Object
+}
+
+// machineWithVersion is a valid Machine written as YAML would be, so that an
+// empty version reaches the server instead of being dropped by omitempty.
+func machineWithVersion(ns, name, version string) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": machinistv1.GroupVersion.String(),
+		"kind":       "Machine",
+		"metadata":   map[string]any{"namespace": ns, "name": name},
+		"spec": map[string]any{
+			"classRef": map[string]any{"name": "small"},
+			"version":  version,
+		},
+	}}
+}
+
+var validCases = []validCase{
+	{"Machine at a release", func(ns string) client.Object { return machineWithVersion(ns, "release", "v1.37.2") }},
+	{"Machine at a release candidate", func(ns string) client.Object { return machineWithVersion(ns, "rc", "v1.38.0-rc.1") }},
+	{"Machine at an alpha", func(ns string) client.Object { return machineWithVersion(ns, "alpha", "v1.38.0-alpha.0") }},
+	{"Machine at a version with build metadata", func(ns string) client.Object { return machineWithVersion(ns, "build", "v1.37.2+k3s1") }},
+	{"Machine at v0.0.0", func(ns string) client.Object { return machineWithVersion(ns, "zero", "v0.0.0") }},
+	{"Machine with an empty version", func(ns string) client.Object { return machineWithVersion(ns, "empty", "") }},
+	{"Machine without a version", func(ns string) client.Object {
+		m := validMachine(ns, "unversioned")
+		m.Spec.Version = ""
+		return m
+	}},
+	{"MachineSet whose template runs a release candidate", func(ns string) client.Object {
+		ms := validMachineSet(ns, "rc", 1)
+		ms.Spec.Template.Spec.Version = "v1.38.0-rc.1"
+		return ms
+	}},
+	{"MachineSet selected by one expression of each operator", func(ns string) client.Object {
+		ms := validMachineSet(ns, "exprs", 0)
+		ms.Spec.Selector = machinistv1.LabelSelector{MatchExpressions: []machinistv1.LabelSelectorRequirement{
+			{Key: "pool", Operator: metav1.LabelSelectorOpIn, Values: []string{"exprs", "other"}},
+			{Key: "pool", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"other"}},
+			{Key: "pool", Operator: metav1.LabelSelectorOpExists},
+			{Key: "zone", Operator: metav1.LabelSelectorOpDoesNotExist},
+			{Key: "zone", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"a"}},
+		}}
+		return ms
+	}},
+	{"MachineDeployment whose template runs an alpha", func(ns string) client.Object {
+		md := validMachineDeployment(ns, "alpha")
+		md.Spec.Template.Spec.Version = "v1.38.0-alpha.0"
+		return md
+	}},
+	{"MachineDeployment with zero replicas", func(ns string) client.Object {
+		md := validMachineDeployment(ns, "idle")
+		md.Spec.Replicas = ptr.To(int32(0))
+		return md
+	}},
+	{"MachineDeployment with maxSurge 0 and maxUnavailable 1", func(ns string) client.Object {
+		md := validMachineDeployment(ns, "inplace")
+		md.Spec.Strategy.RollingUpdate.MaxSurge = ptr.To(intstr.FromInt32(0))
+		md.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr.To(intstr.FromInt32(1))
+		return md
+	}},
+	{"MachineDeployment with maxSurge 0% and maxUnavailable 100%", func(ns string) client.Object {
+		md := validMachineDeployment(ns, "percent")
+		md.Spec.Strategy.RollingUpdate.MaxSurge = ptr.To(intstr.FromString("0%"))
+		md.Spec.Strategy.RollingUpdate.MaxUnavailable = ptr.To(intstr.FromString("100%"))
+		return md
+	}},
+	{"MachineDeployment whose progress deadline is one second after minReadySeconds", func(ns string) client.Object {
+		md := validMachineDeployment(ns, "tight")
+		md.Spec.MinReadySeconds = 59
+		md.Spec.ProgressDeadlineSeconds = ptr.To(int32(60))
+		return md
+	}},
+}
+
+// ruleMessages returns the message of every x-kubernetes-validations rule in
+// the CRDs in dir.
+func ruleMessages(dir string) map[string]bool {
+	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	Expect(err).NotTo(HaveOccurred())
+	Expect(files).NotTo(BeEmpty())
+	out := map[string]bool{}
+	var walk func(s *apiextensionsv1.JSONSchemaProps)
+	walk = func(s *apiextensionsv1.JSONSchemaProps) {
+		if s == nil {
+			return
+		}
+		for _, r := range s.XValidations {
+			out[r.Message] = true
+		}
+		for _, p := range s.Properties {
+			walk(&p)
+		}
+		if s.Items != nil {
+			walk(s.Items.Schema)
+		}
+		if s.AdditionalProperties != nil {
+			walk(s.AdditionalProperties.Schema)
+		}
+	}
+	for _, f := range files {
+		raw, err := os.ReadFile(f)
+		Expect(err).NotTo(HaveOccurred())
+		var crd apiextensionsv1.CustomResourceDefinition
+		Expect(yaml.UnmarshalStrict(raw, &crd)).To(Succeed(), f)
+		for _, v := range crd.Spec.Versions {
+			walk(v.Schema.OpenAPIV3Schema)
+		}
+	}
+	return out
+}
+
+// invalidMessage is the whole message the API server gives when it refuses
+// obj for want.
+func invalidMessage(obj client.Object, want string) string {
+	gvk, err := apiutil.GVKForObject(obj, k8s.Scheme())
+	Expect(err).NotTo(HaveOccurred())
+	return fmt.Sprintf("%s %q is invalid: %s", gvk.GroupKind(), obj.GetName(), want)
 }
 
 var _ = Describe("API validation", func() {
@@ -254,14 +1053,27 @@ var _ = Describe("API validation", func() {
 		}
 	})
 
-	It("gives every invalid case its own message", func() {
-		seen := map[string]string{}
+	It("keeps at least 40 invalid cases, with a case and a line in docs/api.md for every rule", func() {
+		Expect(len(invalidCases)).To(BeNumerically(">=", minInvalidCases))
+		names := map[string]bool{}
 		for _, c := range invalidCases {
 			Expect(c.want).NotTo(BeEmpty(), c.name)
-			Expect(seen).NotTo(HaveKey(c.want), "%q and %q expect the same message", c.name, seen[c.want])
-			seen[c.want] = c.name
+			Expect(names).NotTo(HaveKey(c.name), "two cases are called %q", c.name)
+			names[c.name] = true
 		}
-		Expect(len(seen)).To(BeNumerically(">=", 12))
+		docs, err := os.ReadFile(filepath.Join(env.Root, "docs", "api.md"))
+		Expect(err).NotTo(HaveOccurred())
+		messages := ruleMessages(filepath.Join(env.Root, "config", "crd", "bases"))
+		// Every kind has rules; fewer means the CRDs were not read.
+		Expect(len(messages)).To(BeNumerically(">=", 20))
+		for msg := range messages {
+			broken := false
+			for _, c := range invalidCases {
+				broken = broken || strings.Contains(c.want, ": "+msg)
+			}
+			Expect(broken).To(BeTrue(), "no invalid case breaks the rule %q", msg)
+			Expect(string(docs)).To(ContainSubstring(msg), "docs/api.md does not list the rule %q", msg)
+		}
 	})
 
 	entries := make([]TableEntry, 0, len(invalidCases))
@@ -273,21 +1085,44 @@ var _ = Describe("API validation", func() {
 			ns := newNamespace(ctx)
 			obj := c.build(ns)
 			var err error
+			var stored string
 			if c.update == nil {
 				err = k8s.Create(ctx, obj)
 			} else {
 				Expect(k8s.Create(ctx, obj)).To(Succeed(), "the object before the update must be valid")
+				stored = obj.GetResourceVersion()
 				c.update(obj)
 				err = k8s.Update(ctx, obj)
 			}
 			Expect(err).To(HaveOccurred())
 			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "want 422 Invalid, got %v", err)
-			Expect(err.Error()).To(ContainSubstring(c.want))
+			// Gomega shortens long strings it compares; the description
+			// keeps the whole message in a failure.
+			Expect(err.Error()).To(Equal(invalidMessage(obj, c.want)), "the server said:\n%s", err)
+
+			after := obj.DeepCopyObject().(client.Object)
+			err = k8s.Get(ctx, client.ObjectKeyFromObject(obj), after)
 			if c.update == nil {
-				// Nothing of a refused object is stored.
-				Expect(apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(obj), obj))).To(BeTrue())
+				Expect(apierrors.IsNotFound(err)).To(BeTrue(), "a refused object must not be stored, got %v", err)
+			} else {
+				Expect(err).NotTo(HaveOccurred())
+				Expect(after.GetResourceVersion()).To(Equal(stored), "a refused update must not be stored")
 			}
 		},
 		entries,
+	)
+
+	validEntries := make([]TableEntry, 0, len(validCases))
+	for _, c := range validCases {
+		validEntries = append(validEntries, Entry(c.name, c))
+	}
+	DescribeTable("accepts an object on the edge of a rule",
+		func(ctx SpecContext, c validCase) {
+			ns := newNamespace(ctx)
+			obj := c.build(ns)
+			Expect(k8s.Create(ctx, obj)).To(Succeed())
+			Expect(k8s.Get(ctx, client.ObjectKeyFromObject(obj), obj.DeepCopyObject().(client.Object))).To(Succeed())
+		},
+		validEntries,
 	)
 })
