@@ -8,7 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
+
+	"k8s.io/apimachinery/pkg/types"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 )
@@ -31,6 +34,13 @@ type Actuator interface {
 
 	// Delete destroys the instance. Deleting one that is gone is not an error.
 	Delete(ctx context.Context, providerID string) error
+
+	// FindByUID returns the providerID of the instance made for the Machine
+	// with this UID, or "" when there is none. The controller asks it when
+	// a Machine is deleted with no providerID stored (Create succeeded but
+	// the status write that recorded it did not), so that no instance
+	// outlives its Machine.
+	FindByUID(ctx context.Context, uid types.UID) (providerID string, err error)
 
 	// Reboot restarts the instance; its Node reports a new boot ID after.
 	// It is idempotent on op.ID: a second call for the same operation
@@ -102,7 +112,7 @@ func (r *Registry) Get(name string) (Actuator, error) {
 	if a, ok := r.actuators[name]; ok {
 		return a, nil
 	}
-	return nil, fmt.Errorf("no provider %q is registered (registered: %v)", name, r.namesLocked())
+	return nil, fmt.Errorf("no provider %q runs in this manager (it runs: %s)", name, strings.Join(r.namesLocked(), ", "))
 }
 
 // Names lists the registered providers in order.

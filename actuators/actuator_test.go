@@ -36,7 +36,7 @@ func TestRegistry(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := r.Get("two")
-	if err == nil || !strings.Contains(err.Error(), `no provider "two"`) || !strings.Contains(err.Error(), "[one]") {
+	if err == nil || !strings.Contains(err.Error(), `no provider "two"`) || !strings.Contains(err.Error(), "(it runs: one)") {
 		t.Fatalf("unknown provider: got %v, want an error naming it and the registered ones", err)
 	}
 	if got := r.Names(); len(got) != 1 || got[0] != "one" {

@@ -41,6 +41,7 @@ var ErrTransient = errors.New("inmemory: injected transient failure")
 //	  errorRate: 0.5         # fraction of Create and Delete calls failing transiently
 //	  neverReady: true       # Nodes register but never become Ready
 //	  failCreate: "quota exceeded"  # Create fails permanently with this message
+//	  failReboot: "host locked"     # Reboot fails permanently with this message
 type ProviderSpec struct {
 	// CreateLatency is how long creating a new instance takes.
 	CreateLatency metav1.Duration `json:"createLatency,omitempty"`
@@ -55,6 +56,10 @@ type ProviderSpec struct {
 	// RebootLatency is how long a rebooted or repaired machine stays off
 	// before it boots again.
 	RebootLatency metav1.Duration `json:"rebootLatency,omitempty"`
+	// FailReboot, when set, is the message of a permanent error every
+	// Reboot fails with, as a provider that refuses to restart a machine
+	// would answer; the machine keeps running. Repair is unaffected.
+	FailReboot string `json:"failReboot,omitempty"`
 }
 
 // ParseProviderSpec decodes raw strictly: unknown fields, trailing data and
@@ -68,7 +73,7 @@ func ParseProviderSpec(raw []byte) (ProviderSpec, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&spec); err != nil {
-		return ProviderSpec{}, fmt.Errorf("inmemory providerSpec: %w (known fields: createLatency, errorRate, neverReady, failCreate, rebootLatency)", err)
+		return ProviderSpec{}, fmt.Errorf("inmemory providerSpec: %w (known fields: createLatency, errorRate, neverReady, failCreate, rebootLatency, failReboot)", err)
 	}
 	if dec.More() {
 		return ProviderSpec{}, errors.New("inmemory providerSpec: unexpected data after the JSON object")
@@ -100,6 +105,9 @@ func (s ProviderSpec) over(base ProviderSpec) ProviderSpec {
 	}
 	if s.RebootLatency.Duration == 0 {
 		s.RebootLatency = base.RebootLatency
+	}
+	if s.FailReboot == "" {
+		s.FailReboot = base.FailReboot
 	}
 	return s
 }
@@ -359,6 +367,16 @@ func (p *Provider) Exists(_ context.Context, providerID string) (bool, error) {
 	return ok, nil
 }
 
+// FindByUID implements actuators.Actuator.
+func (p *Provider) FindByUID(_ context.Context, uid types.UID) (string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if in, ok := p.byUID[uid]; ok {
+		return in.providerID, nil
+	}
+	return "", nil
+}
+
 // Delete implements actuators.Actuator. It powers the instance off and
 // forgets it; the Node is the controller's to delete.
 func (p *Provider) Delete(_ context.Context, providerID string) error {
@@ -418,6 +436,9 @@ func (p *Provider) restart(ctx context.Context, providerID string, op actuators.
 	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
+	if msg := in.faults.FailReboot; msg != "" && !wipe {
+		return actuators.Permanent(fmt.Errorf("rebooting %s: %s", providerID, msg))
+	}
 	if op.ID != "" && in.lastOp == op.ID {
 		return nil
 	}

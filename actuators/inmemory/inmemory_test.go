@@ -256,6 +256,8 @@ func TestErrorRate(t *testing.T) {
 		id, err = p.Create(ctx, some, someClass)
 		return err
 	}).WithTimeout(wait).WithPolling(time.Millisecond).Should(Succeed())
+	g.Expect(p.FindByUID(ctx, some.UID)).To(Equal(id), "found by the Machine's UID")
+	g.Expect(p.FindByUID(ctx, "some-other-uid")).To(BeEmpty())
 	g.Eventually(func() error {
 		err := p.Delete(ctx, id)
 		if err != nil {
@@ -266,6 +268,7 @@ func TestErrorRate(t *testing.T) {
 	exists, err := p.Exists(ctx, id)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(exists).To(BeFalse())
+	g.Expect(p.FindByUID(ctx, some.UID)).To(BeEmpty(), "a deleted instance is not found")
 }
 
 func TestFailCreateIsPermanent(t *testing.T) {

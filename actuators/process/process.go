@@ -32,6 +32,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -345,6 +346,25 @@ func (p *Provider) Exists(_ context.Context, providerID string) (bool, error) {
 		return false, nil
 	}
 	return err == nil, err
+}
+
+// FindByUID implements actuators.Actuator. The machine's directory is
+// named after its Machine, so a Create that died before writing its state
+// file is found too.
+func (p *Provider) FindByUID(_ context.Context, uid types.UID) (string, error) {
+	if uid == "" || strings.ContainsAny(string(uid), "/_*?[") {
+		return "", nil
+	}
+	dirs, err := filepath.Glob(filepath.Join(p.opts.StateDir, "*_"+string(uid)))
+	if err != nil || len(dirs) == 0 {
+		return "", err
+	}
+	parts := strings.Split(filepath.Base(dirs[0]), "_")
+	if len(parts) != 3 {
+		return "", fmt.Errorf("process: %s is not named <namespace>_<name>_<uid>", dirs[0])
+	}
+	return actuators.ProviderID(Name, &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{
+		Namespace: parts[0], Name: parts[1], UID: uid}}), nil
 }
 
 // Delete implements actuators.Actuator: it stops the agent and removes the
