@@ -21,12 +21,15 @@ import (
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/requeue"
+	"github.com/machinist-dev/machinist/internal/wake"
 )
 
 // Condition types and reasons of a MachineDeployment.
@@ -64,7 +67,7 @@ func NewTransitionsMetric() *prometheus.CounterVec {
 // SetupWithManager registers the controller and its watches.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&machinistv1.MachineDeployment{}).
+		For(&machinistv1.MachineDeployment{}, builder.WithPredicates(wake.OnChangeByOthers())).
 		Owns(&machinistv1.MachineSet{}).
 		// A Machine deleted by hand changes no MachineSet status (it still
 		// counts until gone), but OnDelete rollouts act on it.
@@ -112,6 +115,10 @@ func revision(o metav1.Object) int64 {
 
 // Reconcile implements reconcile.Reconciler.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	return requeue.Expected(r.reconcile(ctx, req))
+}
+
+func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	md := &machinistv1.MachineDeployment{}
 	if err := r.Client.Get(ctx, req.NamespacedName, md); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)

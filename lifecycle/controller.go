@@ -28,6 +28,7 @@ import (
 
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/requeue"
 )
 
 // Failure reasons a Machine can end with.
@@ -66,6 +67,14 @@ type Reconciler struct {
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
+
+// While a Machine has just entered Provisioning, it is looked at every
+// provisionPoll for provisionPollFor; after that only Node events and the
+// deadline wake it.
+const (
+	provisionPoll    = time.Second
+	provisionPollFor = 10 * time.Second
+)
 
 // Backoff is capped exponential backoff: Base, 2*Base, 4*Base, … up to Cap.
 type Backoff struct {
@@ -108,10 +117,17 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	}); err != nil {
 		return err
 	}
+	if err := idx.IndexField(ctx, &machinistv1.Machine{}, machineByClass, func(o client.Object) []string {
+		return []string{o.(*machinistv1.Machine).Spec.ClassRef.Name}
+	}); err != nil {
+		return err
+	}
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&machinistv1.Machine{}).
+		For(&machinistv1.Machine{}, builder.WithPredicates(machineChanged())).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.machinesForNode),
 			builder.WithPredicates(nodeChanged())).
+		Watches(&machinistv1.MachineClass{}, handler.EnqueueRequestsFromMapFunc(r.machinesForClass),
+			builder.WithPredicates(classChanged())).
 		WithOptions(opts).
 		Named("machine").
 		Complete(r)
@@ -223,17 +239,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	} else {
 		err = r.reconcileDelete(ctx, s)
 	}
+	if m.Status.Phase == "" && !s.gone {
+		// Shown as Pending, not blank, even while nothing else can be
+		// done for the Machine; it rides on the first write.
+		m.Status.Phase = Initial
+	}
 	if !s.gone && !equality.Semantic.DeepEqual(before, &m.Status) {
 		m.Status.ObservedGeneration = m.Generation
 		if werr := r.Client.Status().Update(ctx, m); werr != nil {
 			// Nothing fired is recorded: the next reconcile starts again
 			// from the phase that is really stored.
-			if apierrors.IsConflict(werr) {
-				// The newer Machine's watch event requeues it; this is a
-				// fallback only.
-				return reconcile.Result{RequeueAfter: time.Second}, nil
-			}
-			return reconcile.Result{}, errors.Join(err, werr)
+			return requeue.Expected(reconcile.Result{}, errors.Join(err, werr))
 		}
 	}
 	r.record(s)
@@ -244,10 +260,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			err = errors.Join(err, aerr)
 		}
 	}
-	if err != nil {
-		return reconcile.Result{}, err
-	}
-	return reconcile.Result{RequeueAfter: s.requeue}, nil
+	return requeue.Expected(reconcile.Result{RequeueAfter: s.requeue}, err)
 }
 
 // record emits an Event and metrics for each transition that is now stored.
@@ -310,31 +323,63 @@ func (r *Reconciler) class(ctx context.Context, m *machinistv1.Machine) (*machin
 	return c, err
 }
 
+// Reasons a Machine waits for its provider.
+const (
+	ReasonClassNotFound    = "MachineClassNotFound"
+	ReasonProviderNotFound = "ProviderNotFound"
+	ReasonBadProviderID    = "InvalidProviderID"
+)
+
+// unavailable is why no provider can act for a Machine now: a reason for
+// its Ready condition and a message for people.
+type unavailable struct {
+	reason string
+	err    error
+}
+
 // actuatorFor picks the provider for a Machine: by its class while it has
 // no instance, then by its providerID's scheme, so a Machine can still be
 // deleted after its class is gone.
-func (r *Reconciler) actuatorFor(m *machinistv1.Machine, class *machinistv1.MachineClass) (actuators.Actuator, error) {
+func (r *Reconciler) actuatorFor(m *machinistv1.Machine, class *machinistv1.MachineClass) (actuators.Actuator, *unavailable) {
 	if id := m.Status.ProviderID; id != "" {
 		u, err := url.Parse(id)
 		if err != nil || u.Scheme == "" {
-			return nil, fmt.Errorf("providerID %q does not start with <provider>://", id)
+			return nil, &unavailable{ReasonBadProviderID, fmt.Errorf("providerID %q does not start with <provider>://", id)}
 		}
-		return r.Actuators.Get(u.Scheme)
+		act, err := r.Actuators.Get(u.Scheme)
+		if err != nil {
+			return nil, &unavailable{ReasonProviderNotFound, fmt.Errorf("providerID %q: %w", id, err)}
+		}
+		return act, nil
 	}
 	if class == nil {
-		return nil, fmt.Errorf("MachineClass %q not found", m.Spec.ClassRef.Name)
+		return nil, &unavailable{ReasonClassNotFound, fmt.Errorf(
+			"MachineClass %q does not exist in namespace %q; create it, or fix spec.classRef.name",
+			m.Spec.ClassRef.Name, m.Namespace)}
 	}
-	return r.Actuators.Get(class.Spec.Provider)
+	act, err := r.Actuators.Get(class.Spec.Provider)
+	if err != nil {
+		return nil, &unavailable{ReasonProviderNotFound, fmt.Errorf("MachineClass %q names provider %q: %w",
+			class.Name, class.Spec.Provider, err)}
+	}
+	return act, nil
 }
 
-// retry records a transient error and schedules the next attempt.
+// retry records a transient error and schedules the next attempt. The
+// Machine says why it waits in its Ready condition; a Warning Event marks
+// only a change of reason, not every attempt.
 func (r *Reconciler) retry(s *step, reason string, err error) {
 	s.m.Status.ErrorCount++
+	delay := r.Backoff.After(s.m.Status.ErrorCount)
+	if c := meta.FindStatusCondition(s.m.Status.Conditions, machinistv1.ConditionReady); c == nil || c.Reason != reason {
+		s.note(corev1.EventTypeWarning, reason, "Retry", "%v", err)
+	}
 	meta.SetStatusCondition(&s.m.Status.Conditions, metav1.Condition{
 		Type: machinistv1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason,
-		Message: fmt.Sprintf("%v (attempt %d, retrying)", err, s.m.Status.ErrorCount), ObservedGeneration: s.m.Generation,
+		Message:            fmt.Sprintf("%v (attempt %d; next in %s)", err, s.m.Status.ErrorCount, delay),
+		ObservedGeneration: s.m.Generation,
 	})
-	s.after(r.Backoff.After(s.m.Status.ErrorCount))
+	s.after(delay)
 }
 
 // failMachine moves the Machine to Failed with a reason for people.
@@ -372,9 +417,9 @@ func (r *Reconciler) reconcileLive(ctx context.Context, s *step) error {
 
 	switch s.fsm.State() {
 	case machinistv1.MachinePending:
-		act, err := r.actuatorFor(m, class)
-		if err != nil {
-			r.retry(s, "ProviderUnavailable", err)
+		act, why := r.actuatorFor(m, class)
+		if why != nil {
+			r.retry(s, why.reason, why.err)
 			return nil
 		}
 		id, err := act.Create(ctx, m, class)
@@ -407,6 +452,12 @@ func (r *Reconciler) reconcileLive(ctx context.Context, s *step) error {
 					"no Ready Node with providerID %s after %s", m.Status.ProviderID, r.provisionTimeout()))
 			}
 			s.after(deadline.Sub(s.now))
+			if s.now.Sub(s.enteredAt()) < provisionPollFor {
+				// A Node that turned Ready before the cache held this
+				// Machine's providerID mapped to no Machine, and the
+				// controller's own write wakes nothing: look again.
+				s.after(provisionPoll)
+			}
 			return nil
 		}
 		r.observeNode(m, node)
@@ -509,10 +560,18 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *step) error {
 		fallthrough
 
 	case machinistv1.MachineDeleting:
-		if m.Status.ProviderID != "" {
-			act, err := r.actuatorFor(m, class)
+		if m.Status.ProviderID == "" {
+			id, err := r.findInstance(ctx, m)
 			if err != nil {
-				r.retry(s, "ProviderUnavailable", err)
+				r.retry(s, "DeleteError", err)
+				return nil
+			}
+			m.Status.ProviderID = id
+		}
+		if m.Status.ProviderID != "" {
+			act, why := r.actuatorFor(m, class)
+			if why != nil {
+				r.retry(s, why.reason, why.err)
 				return nil
 			}
 			if err := act.Delete(ctx, m.Status.ProviderID); err != nil {
@@ -543,6 +602,27 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *step) error {
 		s.gone = true
 	}
 	return nil
+}
+
+// findInstance asks every provider for an instance made for m, which has
+// no providerID stored: Create may have succeeded without its answer being
+// recorded, and m's class (or which provider it named) may have changed
+// since. "" means no provider has one.
+func (r *Reconciler) findInstance(ctx context.Context, m *machinistv1.Machine) (string, error) {
+	for _, name := range r.Actuators.Names() {
+		act, err := r.Actuators.Get(name)
+		if err != nil {
+			continue
+		}
+		id, err := act.FindByUID(ctx, m.UID)
+		if err != nil {
+			return "", fmt.Errorf("asking provider %q for the instance of Machine UID %s: %w", name, m.UID, err)
+		}
+		if id != "" {
+			return id, nil
+		}
+	}
+	return "", nil
 }
 
 // drain does one round of draining and reports whether it is over; next
@@ -594,8 +674,16 @@ func (r *Reconciler) drain(ctx context.Context, s *step, class *machinistv1.Mach
 		}
 	}
 	setDrained(metav1.ConditionFalse, out.reason, out.message)
-	s.after(r.drainPoll())
+	s.after(r.drainRecheck(s.now.Sub(s.enteredAt())))
 	return false, nil
+}
+
+// drainRecheck is how long to wait before the next round of a drain that
+// has gone on for elapsed: DrainPoll at first, then a quarter of the time
+// spent, up to 30 s. A drain that a PodDisruptionBudget holds for long
+// then asks for evictions a few times a minute, not every DrainPoll.
+func (r *Reconciler) drainRecheck(elapsed time.Duration) time.Duration {
+	return max(r.drainPoll(), min(elapsed/4, 30*time.Second))
 }
 
 // deleteNode deletes the Machine's Node, if there is one.

@@ -215,11 +215,12 @@ func endOperation(s *step, state machinistv1.OperationState, message string) {
 func (r *Reconciler) callProvider(ctx context.Context, s *step, class *machinistv1.MachineClass) error {
 	m := s.m
 	op := m.Status.Operation
-	act, err := r.actuatorFor(m, class)
-	if err != nil {
-		r.retry(s, "ProviderUnavailable", err)
+	act, why := r.actuatorFor(m, class)
+	if why != nil {
+		r.retry(s, why.reason, why.err)
 		return nil
 	}
+	var err error
 	req := actuators.Operation{ID: op.ID, Hard: op.Options != nil && op.Options.Mode == "hard"}
 	event, doing := Reboot, "rebooting"
 	if op.Type == machinistv1.OperationRepair {

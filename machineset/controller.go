@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -30,6 +31,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/requeue"
+	"github.com/machinist-dev/machinist/internal/wake"
 )
 
 // Reasons of Events and of the Ready condition.
@@ -84,7 +87,7 @@ func (r *Reconciler) init() {
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
 	r.init()
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&machinistv1.MachineSet{}).
+		For(&machinistv1.MachineSet{}, builder.WithPredicates(wake.OnChangeByOthers())).
 		Watches(&machinistv1.Machine{}, &machineHandler{r: r}).
 		WithOptions(opts).
 		Named("machineset").
@@ -117,7 +120,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		scaleErr = r.scale(ctx, ms, owned)
 	}
 	res, err := r.updateStatus(ctx, ms, owned, selector)
-	return res, errors.Join(scaleErr, err)
+	return requeue.Expected(res, errors.Join(scaleErr, err))
 }
 
 // claim returns the Machines ms owns after adopting matching orphans and

@@ -15,6 +15,7 @@ import (
 
 	subresourcesv1 "github.com/machinist-dev/machinist/api/subresources/v1alpha1"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/testenv"
 )
 
 // BenchmarkReboot reboots N Running Machines at once through the verbs
@@ -60,7 +61,7 @@ func rebootAll(b *testing.B, n int) {
 		b.Fatal(err)
 	}
 	time.Sleep(time.Second)
-	before, err := ReadWrites(ctx, kube)
+	before, err := testenv.ReadWrites(ctx, kube)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -107,7 +108,7 @@ func rebootAll(b *testing.B, n int) {
 	b.StopTimer()
 
 	time.Sleep(3 * time.Second)
-	after, err := ReadWrites(ctx, kube)
+	after, err := testenv.ReadWrites(ctx, kube)
 	if err != nil {
 		b.Fatal(err)
 	}

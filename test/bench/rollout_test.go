@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/testenv"
 )
 
 // BenchmarkRollingUpgrade times a rolling node upgrade of 500 Machines
@@ -62,7 +63,7 @@ func rollingUpgrade(b *testing.B, n int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	w0, err := ReadWrites(ctx, kube)
+	w0, err := testenv.ReadWrites(ctx, kube)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -77,7 +78,7 @@ func rollingUpgrade(b *testing.B, n int) {
 	b.StopTimer()
 
 	time.Sleep(3 * time.Second)
-	w1, err := ReadWrites(ctx, kube)
+	w1, err := testenv.ReadWrites(ctx, kube)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -94,7 +94,7 @@ func scaleUp(b *testing.B, n int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	before, err := ReadWrites(ctx, kube)
+	before, err := testenv.ReadWrites(ctx, kube)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -118,7 +118,7 @@ func scaleUp(b *testing.B, n int) {
 
 	// Let trailing status writes and Events land before counting.
 	time.Sleep(3 * time.Second)
-	after, err := ReadWrites(ctx, kube)
+	after, err := testenv.ReadWrites(ctx, kube)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -157,6 +157,18 @@ func leftovers(dir string) []string {
 	return out
 }
 
+// errorLines returns the lines of a machinist run's output logged at ERROR
+// (its text log format puts the level in a tab-separated column).
+func errorLines(out string) []string {
+	var errs []string
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "\tERROR\t") || strings.Contains(line, "Reconciler error") {
+			errs = append(errs, line)
+		}
+	}
+	return errs
+}
+
 func kubeClient(t *testing.T, dir string) client.Client {
 	t.Helper()
 	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(dir, ".machinist", "kubeconfig"))
@@ -242,6 +254,11 @@ func TestQuickStart(t *testing.T) {
 		}
 	}
 
+	// An ordinary run, a rollout and a reboot among it, logs no error: an
+	// object deleted under a reconcile, or a write that lost a race, is
+	// part of normal life.
+	g.Expect(errorLines(run.output())).To(BeEmpty(), "machinist run logged errors during the quick start")
+
 	// Ctrl-C leaves nothing behind.
 	run.interrupt(t)
 	g.Expect(run.output()).To(ContainSubstring("Stopping"))
@@ -263,6 +280,8 @@ func TestQuickStart(t *testing.T) {
 		}
 		g.Expect(got).To(Equal(names))
 	}).WithTimeout(2*time.Minute).Should(Succeed(), fmt.Sprintf("machinist run:\n%s", run.output()))
+
+	g.Expect(errorLines(run.output())).To(BeEmpty(), "machinist run logged errors picking its state up")
 
 	// Even killed without a chance to stop anything, it leaves nothing.
 	g.Expect(run.cmd.Process.Signal(syscall.SIGKILL)).To(Succeed())

@@ -1,0 +1,68 @@
+package lifecycle
+
+import (
+	"context"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/wake"
+)
+
+// machineByClass indexes Machines by the MachineClass they name.
+const machineByClass = "spec.classRef.name"
+
+// machineChanged passes the Machine updates that someone other than this
+// controller makes: spec, labels, annotations, deletion, or a new operation
+// recorded by the verbs server. The controller's own status writes are
+// dropped, so that a write never wakes it again at once; what it waits for
+// next it asks for with RequeueAfter, which is how a failing Machine costs
+// one write per backoff step instead of one per watch event.
+func machineChanged() predicate.Funcs {
+	others := wake.OnChangeByOthers()
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld.(*machinistv1.Machine), e.ObjectNew.(*machinistv1.Machine)
+		return others.Update(e) || operationID(o) != operationID(n)
+	}}
+}
+
+func operationID(m *machinistv1.Machine) string {
+	if m.Status.Operation == nil {
+		return ""
+	}
+	return m.Status.Operation.ID
+}
+
+// classChanged passes a MachineClass that appeared or whose spec changed:
+// a Machine waiting for its class, or failing on the provider the class
+// named, must try again at once rather than after its backoff.
+func classChanged() predicate.Funcs {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, n := e.ObjectOld.(*machinistv1.MachineClass), e.ObjectNew.(*machinistv1.MachineClass)
+			return o.Generation != n.Generation || !equality.Semantic.DeepEqual(o.Spec, n.Spec)
+		},
+		DeleteFunc:  func(event.DeleteEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
+}
+
+// machinesForClass maps a MachineClass to the Machines that name it.
+func (r *Reconciler) machinesForClass(ctx context.Context, o client.Object) []reconcile.Request {
+	var list machinistv1.MachineList
+	if err := r.Client.List(ctx, &list, client.InNamespace(o.GetNamespace()),
+		client.MatchingFields{machineByClass: o.GetName()}); err != nil {
+		log.FromContext(ctx).Error(err, "mapping a MachineClass to its Machines", "machineclass", o.GetName())
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for i := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+	}
+	return reqs
+}
