@@ -62,19 +62,44 @@ type monitor struct {
 	machines   map[string]*machinistv1.Machine
 	phases     []machinistv1.RolloutPhase
 	violations []string
-	check      func(map[string]*machinistv1.Machine) string
+	// broken says why a watch stopped delivering: a monitor that silently
+	// stopped would find no violation in what it never saw.
+	broken []string
+	check  func(map[string]*machinistv1.Machine) string
 }
 
 func (m *monitor) bad() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return slices.Clone(m.violations)
+	return append(slices.Clone(m.broken), m.violations...)
 }
 
 func (m *monitor) rolloutPhases() []machinistv1.RolloutPhase {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	return slices.Clone(m.phases)
+	broken, phases := slices.Clone(m.broken), slices.Clone(m.phases)
+	m.mu.Unlock()
+	Expect(broken).To(BeEmpty(), "a watch failed")
+	return phases
+}
+
+// follow feeds one watch to take, under m.mu, and records it broken if it
+// delivers an error or ends before the spec does.
+func (m *monitor) follow(ctx context.Context, what string, ch <-chan watch.Event, take func(watch.Event) bool) {
+	go func() {
+		defer GinkgoRecover()
+		for ev := range ch {
+			m.mu.Lock()
+			if !take(ev) {
+				m.broken = append(m.broken, fmt.Sprintf("the %s watch delivered %s %#v", what, ev.Type, ev.Object))
+			}
+			m.mu.Unlock()
+		}
+		if ctx.Err() == nil {
+			m.mu.Lock()
+			m.broken = append(m.broken, fmt.Sprintf("the %s watch ended before the spec did", what))
+			m.mu.Unlock()
+		}
+	}()
 }
 
 func watchRollout(ctx context.Context, ns string, check func(map[string]*machinistv1.Machine) string) *monitor {
@@ -91,39 +116,34 @@ func watchRollout(ctx context.Context, ns string, check func(map[string]*machini
 	Expect(err).NotTo(HaveOccurred())
 	rollouts, err := env.Watch(ctx, ns, func() client.ObjectList { return &machinistv1.MachineDeploymentList{} })
 	Expect(err).NotTo(HaveOccurred())
-	go func() {
-		defer GinkgoRecover()
-		for ev := range events {
-			m, ok := ev.Object.(*machinistv1.Machine)
-			if !ok {
-				continue
-			}
-			mon.mu.Lock()
-			if ev.Type == watch.Deleted {
-				delete(mon.machines, m.Name)
-			} else {
-				mon.machines[m.Name] = m
-			}
-			if v := mon.check(mon.machines); v != "" {
-				mon.violations = append(mon.violations, v)
-			}
-			mon.mu.Unlock()
+	mon.follow(ctx, "Machine", events, func(ev watch.Event) bool {
+		m, ok := ev.Object.(*machinistv1.Machine)
+		if !ok {
+			return false
 		}
-	}()
-	go func() {
-		defer GinkgoRecover()
-		for ev := range rollouts {
-			md, ok := ev.Object.(*machinistv1.MachineDeployment)
-			if !ok || md.Status.Phase == "" {
-				continue
-			}
-			mon.mu.Lock()
-			if n := len(mon.phases); n == 0 || mon.phases[n-1] != md.Status.Phase {
-				mon.phases = append(mon.phases, md.Status.Phase)
-			}
-			mon.mu.Unlock()
+		if ev.Type == watch.Deleted {
+			delete(mon.machines, m.Name)
+		} else {
+			mon.machines[m.Name] = m
 		}
-	}()
+		if v := mon.check(mon.machines); v != "" {
+			mon.violations = append(mon.violations, v)
+		}
+		return true
+	})
+	mon.follow(ctx, "MachineDeployment", rollouts, func(ev watch.Event) bool {
+		md, ok := ev.Object.(*machinistv1.MachineDeployment)
+		if !ok {
+			return false
+		}
+		if n := len(mon.phases); md.Status.Phase != "" && (n == 0 || mon.phases[n-1] != md.Status.Phase) {
+			mon.phases = append(mon.phases, md.Status.Phase)
+		}
+		return true
+	})
+	// Whatever a spec checked before, a watch that broke or an invariant
+	// broken after its last check still fails it.
+	DeferCleanup(func() { Expect(mon.bad()).To(BeEmpty()) })
 	return mon
 }
 
@@ -311,10 +331,12 @@ var _ = Describe("The MachineDeployment controller", func() {
 		ns := newNamespace(ctx)
 		md := newDeployment(ns, "paused", 6, rolling(intstr.FromInt32(1), intstr.FromInt32(0)))
 		deploy(ctx, md)
+		mon := watchRollout(ctx, ns, func(map[string]*machinistv1.Machine) string { return "" })
 		upgrade(ctx, md, "v1.37.2")
 		Eventually(func() int { return versions(ctx, ns)["v1.37.2"] }).WithTimeout(60 * time.Second).Should(BeNumerically(">=", 2))
 		patchSpec(ctx, md, `{"paused":true}`)
-		Eventually(func() *machinistv1.MachineDeployment { return getMD(ctx, md) }).Should(WithTransform(phaseOf, Equal(machinistv1.RolloutPaused)))
+		Eventually(mon.rolloutPhases).Should(Equal([]machinistv1.RolloutPhase{
+			machinistv1.RolloutStable, machinistv1.RolloutProgressing, machinistv1.RolloutPaused}))
 		specs := func() map[string]int32 {
 			out := map[string]int32{}
 			for _, ms := range sets(ctx, ns) {
@@ -326,8 +348,13 @@ var _ = Describe("The MachineDeployment controller", func() {
 		Consistently(specs, "3s").Should(Equal(frozen), "a paused rollout resizes no MachineSet")
 		Expect(frozen).To(HaveLen(2))
 
+		Expect(mon.rolloutPhases()).To(HaveLen(3), "still Paused")
+
 		patchSpec(ctx, md, `{"paused":false}`)
 		waitVersion(ctx, md, "v1.37.2", 6)
+		Eventually(mon.rolloutPhases).Should(Equal([]machinistv1.RolloutPhase{
+			machinistv1.RolloutStable, machinistv1.RolloutProgressing, machinistv1.RolloutPaused,
+			machinistv1.RolloutProgressing, machinistv1.RolloutStable}))
 		Eventually(func() []string { return rolloutEvents(ctx, ns, "paused") }).Should(
 			ContainElements("RolloutProgressing", "RolloutPaused", "RolloutStable"))
 	})

@@ -3,12 +3,14 @@ package lifecycle_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	. "github.com/onsi/gomega/gstruct"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -51,6 +53,7 @@ type inmemorySpec struct {
 	NeverReady    bool            `json:"neverReady,omitempty"`
 	FailCreate    string          `json:"failCreate,omitempty"`
 	RebootLatency metav1.Duration `json:"rebootLatency,omitempty"`
+	FailReboot    string          `json:"failReboot,omitempty"`
 }
 
 func newMachine(ns, name, class string) *machinistv1.Machine {
@@ -70,12 +73,23 @@ type phaseLog struct {
 	mu     sync.Mutex
 	phases []machinistv1.MachinePhase
 	seen   []*machinistv1.Machine
+	// broken says why the watch stopped delivering, if it did: a log that
+	// silently stopped would pass any check on what it did not see.
+	broken []string
 }
 
 func (l *phaseLog) get() []machinistv1.MachinePhase {
 	l.mu.Lock()
+	broken, out := append([]string(nil), l.broken...), append([]machinistv1.MachinePhase(nil), l.phases...)
+	l.mu.Unlock()
+	Expect(broken).To(BeEmpty(), "the Machine watch failed")
+	return out
+}
+
+func (l *phaseLog) fail(why string) {
+	l.mu.Lock()
 	defer l.mu.Unlock()
-	return append([]machinistv1.MachinePhase(nil), l.phases...)
+	l.broken = append(l.broken, why)
 }
 
 // watchPhases starts a watch on the namespace's Machines before anything is
@@ -86,9 +100,18 @@ func watchPhases(ctx context.Context, ns, name string) *phaseLog {
 	l := &phaseLog{}
 	go func() {
 		defer GinkgoRecover()
+		defer func() {
+			if ctx.Err() == nil {
+				l.fail("the watch ended before the spec did")
+			}
+		}()
 		for ev := range events {
 			m, ok := ev.Object.(*machinistv1.Machine)
-			if !ok || m.Name != name || ev.Type == watch.Deleted {
+			if !ok {
+				l.fail(fmt.Sprintf("the watch delivered %s %#v", ev.Type, ev.Object))
+				continue
+			}
+			if m.Name != name || ev.Type == watch.Deleted {
 				continue
 			}
 			p := m.Status.Phase
@@ -124,6 +147,81 @@ func condition(t string) func(*machinistv1.Machine) *metav1.Condition {
 
 func transitions(from, to, event string) float64 {
 	return testutil.ToFloat64(metrics.Transitions.WithLabelValues(from, to, event))
+}
+
+// phaseDuration reads the time-in-phase histogram as a scrape would: how
+// many times a Machine was seen leaving phase, and their seconds there.
+func phaseDuration(phase string) (count uint64, seconds float64) {
+	reg := prometheus.NewPedanticRegistry()
+	Expect(reg.Register(metrics.TimeInPhase)).To(Succeed())
+	families, err := reg.Gather()
+	Expect(err).NotTo(HaveOccurred())
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "phase" && l.GetValue() == phase {
+					return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+				}
+			}
+		}
+	}
+	return 0, 0
+}
+
+// machinesByPhase reads the machinist_machines gauge as a scrape would.
+func machinesByPhase() map[string]float64 {
+	reg := prometheus.NewPedanticRegistry()
+	Expect(reg.Register(metricsCollector())).To(Succeed())
+	families, err := reg.Gather()
+	Expect(err).NotTo(HaveOccurred())
+	out := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "phase" {
+					out[l.GetValue()] = m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return out
+}
+
+// listedByPhase counts every Machine in the cluster by phase, read from
+// the API server, with a zero for each phase a Machine can be stored in.
+func listedByPhase(ctx context.Context) map[string]float64 {
+	out := map[string]float64{}
+	for _, p := range []string{"Pending", "Provisioning", "Running", "Draining", "Rebooting", "Repairing", "Deleting", "Failed"} {
+		out[p] = 0
+	}
+	var list machinistv1.MachineList
+	Expect(k8s.List(ctx, &list)).To(Succeed())
+	for _, m := range list.Items {
+		p := string(m.Status.Phase)
+		if p == "" {
+			p = "Pending"
+		}
+		out[p]++
+	}
+	return out
+}
+
+// counted returns how much the value f reads has grown since now.
+func counted[T float64 | uint64](f func() T) func() T {
+	before := f()
+	return func() T { return f() - before }
+}
+
+func durationCount(phase string) func() uint64 {
+	return func() uint64 { n, _ := phaseDuration(phase); return n }
+}
+
+func durationSum(phase string) func() float64 {
+	return func() float64 { _, s := phaseDuration(phase); return s }
+}
+
+func transitionsOf(from, to, event string) func() float64 {
+	return func() float64 { return transitions(from, to, event) }
 }
 
 // runMachine creates a Machine and waits until it is Running.
@@ -171,7 +269,14 @@ var _ = Describe("The Machine controller", func() {
 	It("provisions a Machine through Pending, Provisioning and Running", func(ctx SpecContext) {
 		ns := newNamespace(ctx)
 		newClass(ctx, ns, "small", nil)
-		before := transitions("Pending", "Provisioning", "provision")
+		// Specs run one at a time and no other Machine is created or left
+		// moving meanwhile, so every change to the counters below is m0's.
+		started := time.Now()
+		provisioned := counted(transitionsOf("Pending", "Provisioning", "provision"))
+		ran := counted(transitionsOf("Provisioning", "Running", "provisioned"))
+		leftPending := counted(durationCount("Pending"))
+		leftProvisioning := counted(durationCount("Provisioning"))
+		inProvisioning := counted(durationSum("Provisioning"))
 		log := watchPhases(ctx, ns, "m0")
 		m := runMachine(ctx, newMachine(ns, "m0", "small"))
 
@@ -210,9 +315,47 @@ var _ = Describe("The Machine controller", func() {
 				MatchFields(IgnoreExtras, Fields{"Key": Equal("dedicated"), "Value": Equal("batch"), "Effect": Equal(corev1.TaintEffectNoSchedule)}))),
 		))
 
-		By("counting the transitions and Machines by phase")
-		Expect(transitions("Pending", "Provisioning", "provision")).To(BeNumerically(">=", before+1))
-		Expect(testutil.CollectAndCount(metricsCollector(), "machinist_machines")).To(BeNumerically(">=", 8))
+		By("counting each transition once, and the time spent in each phase left")
+		// A transition is counted just after its status write, which the
+		// watch may show first.
+		Eventually(provisioned).Should(Equal(1.0))
+		Eventually(ran).Should(Equal(1.0))
+		Eventually(leftPending).Should(Equal(uint64(1)))
+		Eventually(leftProvisioning).Should(Equal(uint64(1)))
+		// Phase times are measured from stored timestamps, which have
+		// whole seconds: one second more than the wall clock at most.
+		Expect(inProvisioning()).To(And(BeNumerically(">", 0), BeNumerically("<=", time.Since(started).Seconds()+1)))
+	})
+
+	It("counts Machines by phase as the API server stores them", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		newClass(ctx, ns, "small", nil)
+		newClass(ctx, ns, "broken", &inmemorySpec{FailCreate: "quota exceeded"})
+		runMachine(ctx, newMachine(ns, "up", "small"))
+		down := newMachine(ns, "down", "broken")
+		Expect(k8s.Create(ctx, down)).To(Succeed())
+		Eventually(getMachine(ctx, down)).Should(WithTransform(phase, Equal(machinistv1.MachineFailed)))
+		// No such class: it waits in Pending.
+		waiting := newMachine(ns, "waiting", "missing")
+		Expect(k8s.Create(ctx, waiting)).To(Succeed())
+		Eventually(getMachine(ctx, waiting)).Should(And(
+			WithTransform(phase, Equal(machinistv1.MachinePending)),
+			WithTransform(condition(machinistv1.ConditionReady), PointTo(MatchFields(IgnoreExtras, Fields{"Reason": Equal("MachineClassNotFound")}))),
+		))
+
+		// The gauge reads the manager's cache, which may lag the API server.
+		Eventually(func(g Gomega) {
+			g.Expect(machinesByPhase()).To(Equal(listedByPhase(ctx)))
+		}).Should(Succeed())
+		Expect(machinesByPhase()).To(And(
+			HaveKeyWithValue("Running", BeNumerically(">=", 1)),
+			HaveKeyWithValue("Failed", BeNumerically(">=", 1)),
+			HaveKeyWithValue("Pending", BeNumerically(">=", 1)),
+		))
+
+		// A Machine retrying for ever would keep writing through later specs.
+		Expect(k8s.Delete(ctx, waiting)).To(Succeed())
+		Eventually(isGone(ctx, waiting)).WithTimeout(20 * time.Second).Should(BeTrue())
 	})
 
 	It("drains a Machine before deleting it, holding while a PodDisruptionBudget refuses", func(ctx SpecContext) {
@@ -263,6 +406,11 @@ var _ = Describe("The Machine controller", func() {
 		}
 		setAllowed(0)
 
+		drained := counted(transitionsOf("Running", "Draining", "drain"))
+		deleting := counted(transitionsOf("Draining", "Deleting", "delete"))
+		deleted := counted(transitionsOf("Deleting", "Deleted", "deleted"))
+		leftDraining := counted(durationCount("Draining"))
+		inDraining := counted(durationSum("Draining"))
 		log := watchPhases(ctx, ns, "m1")
 		Expect(k8s.Delete(ctx, m)).To(Succeed())
 
@@ -290,6 +438,13 @@ var _ = Describe("The Machine controller", func() {
 		Expect(err).NotTo(HaveOccurred())
 		Expect(exists).To(BeFalse(), "the provider's instance is gone")
 		Expect(log.get()).To(Equal([]machinistv1.MachinePhase{machinistv1.MachineRunning, machinistv1.MachineDraining}))
+
+		By("counting the three transitions once each, and the time the budget held the drain")
+		Eventually(drained).Should(Equal(1.0))
+		Eventually(deleting).Should(Equal(1.0))
+		Eventually(deleted).Should(Equal(1.0))
+		Eventually(leftDraining).Should(Equal(uint64(1)))
+		Expect(inDraining()).To(BeNumerically(">=", 2), "it held in Draining through the 2s Consistently above")
 	})
 
 	It("waits for pre-drain hooks before cordoning", func(ctx SpecContext) {

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -27,11 +28,18 @@ func annotate(ctx context.Context, m *machinistv1.Machine, verb string) {
 	Expect(k8s.Patch(ctx, m, patch)).To(Succeed())
 }
 
-// request records an operation as the verbs server does.
+// request records an operation as the verbs server does, on the stored
+// Machine, reading it again if the controller wrote it meanwhile; m is
+// left as stored.
 func request(ctx context.Context, m *machinistv1.Machine, typ machinistv1.OperationType, opts *machinistv1.OperationOptions) *machinistv1.Operation {
-	op, err := lifecycle.Request(m, typ, opts, machinistv1.SourceAPI, "alice", time.Now())
-	Expect(err).NotTo(HaveOccurred())
-	Expect(k8s.Status().Update(ctx, m)).To(Succeed())
+	var op *machinistv1.Operation
+	Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(m), m)).To(Succeed())
+		var err error
+		op, err = lifecycle.Request(m, typ, opts, machinistv1.SourceAPI, "alice", time.Now())
+		Expect(err).NotTo(HaveOccurred())
+		return k8s.Status().Update(ctx, m)
+	})).To(Succeed())
 	return op
 }
 
@@ -119,6 +127,7 @@ var _ = Describe("Machine operations", func() {
 	It("repairs a Machine: a Node registered afresh gets the Machine's labels and taints again", func(ctx SpecContext) {
 		ns := newNamespace(ctx)
 		newClass(ctx, ns, "small", nil)
+		log := watchPhases(ctx, ns, "p0")
 		m := runMachine(ctx, newMachine(ns, "p0", "small"))
 		boot, nodeUID := m.Status.BootID, m.Status.NodeRef.UID
 		n := node(ctx, m.Status.NodeRef.Name)
@@ -126,6 +135,9 @@ var _ = Describe("Machine operations", func() {
 		n.Labels["by-hand"] = "yes"
 		Expect(k8s.Patch(ctx, n, patch)).To(Succeed())
 
+		// A pod to evict makes the drain last past a status write, so
+		// that Draining is stored and the watch can show it.
+		pod := boundPod(ctx, ns, "app", m.Status.NodeRef.Name, nil, nil)
 		request(ctx, m, machinistv1.OperationRepair, &machinistv1.OperationOptions{Reason: "disk errors"})
 		Eventually(getMachine(ctx, m)).WithTimeout(30 * time.Second).Should(finished(machinistv1.OperationSucceeded))
 		m = getMachine(ctx, m)()
@@ -134,6 +146,11 @@ var _ = Describe("Machine operations", func() {
 		Expect(m.Status.NodeRef.UID).NotTo(Equal(nodeUID), "the Node was registered afresh")
 		Expect(m.Status.Operation.Options.Reason).To(Equal("disk errors"))
 		Expect(m.Status.LastTransition.Event).To(Equal("repaired"))
+		Expect(podExists(ctx, pod)()).To(BeFalse(), "the drain evicted the pod")
+		Expect(log.get()).To(Equal([]machinistv1.MachinePhase{
+			machinistv1.MachinePending, machinistv1.MachineProvisioning, machinistv1.MachineRunning,
+			machinistv1.MachineDraining, machinistv1.MachineRepairing, machinistv1.MachineRunning,
+		}))
 		Eventually(func(g Gomega) {
 			n := &corev1.Node{}
 			g.Expect(k8s.Get(ctx, client.ObjectKey{Name: m.Status.NodeRef.Name}, n)).To(Succeed())

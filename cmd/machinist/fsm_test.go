@@ -22,11 +22,27 @@ func run(t *testing.T, args ...string) (string, error) {
 	return out.String(), err
 }
 
+// machineMoves is how many moves docs/lifecycle.md's Machine table has,
+// counted by hand; lifecycle's fsm_test.go lists each one.
+const machineMoves = 20
+
 func TestFSMPrintsEveryTransition(t *testing.T) {
 	for _, format := range []string{"mermaid", "dot"} {
 		out, err := run(t, "fsm", "--format", format)
 		if err != nil {
 			t.Fatalf("%s: %v", format, err)
+		}
+		// Exactly one line per move: a dropped rule or a duplicate line
+		// changes the count even where every line checked below is there.
+		arrow := map[string]string{"mermaid": " --> ", "dot": `" -> "`}[format]
+		lines := 0
+		for _, l := range strings.Split(out, "\n") {
+			if strings.Contains(l, arrow) && !strings.Contains(l, "[*]") {
+				lines++
+			}
+		}
+		if lines != machineMoves {
+			t.Errorf("%s output has %d move lines, want %d", format, lines, machineMoves)
 		}
 		for _, r := range lifecycle.Table.Rules {
 			for _, from := range r.From {
