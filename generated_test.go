@@ -59,6 +59,11 @@ func copyTree(src, dst string) error {
 			return err
 		}
 		if skipped[filepath.ToSlash(path)] {
+			if !d.IsDir() {
+				// bin/ may be a link to a shared build; SkipDir on a file
+				// would skip the rest of its directory.
+				return nil
+			}
 			return filepath.SkipDir
 		}
 		target := filepath.Join(dst, path)
