@@ -42,7 +42,7 @@ run: controlplane binaries ## Run everything on this host, ready for kubectl (st
 	bin/machinist run --state-dir .machinist --bin-dir bin
 
 .PHONY: controlplane
-controlplane: ## Build the pinned etcd, kube-apiserver and kubectl into bin/ (skipped when already built).
+controlplane: ## Build the pinned etcd, kube-apiserver, kube-controller-manager and kubectl into bin/ (skipped when already built).
 	bash hack/controlplane/build.sh
 
 .PHONY: lint

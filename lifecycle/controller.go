@@ -484,11 +484,6 @@ func (r *Reconciler) reconcileLive(ctx context.Context, s *step) error {
 			if err := r.applyNodeSpec(ctx, node, m, class, false); err != nil {
 				return err
 			}
-			if h.reason == reasonNodeLeaseExpired {
-				if err := r.markUnknown(ctx, node, s.now); err != nil {
-					return err
-				}
-			}
 		}
 		op := m.Status.Operation
 		if !InFlight(op) {

@@ -8,7 +8,6 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -62,8 +61,9 @@ func (r *Reconciler) nodeHealth(ctx context.Context, node *corev1.Node, now time
 	}
 	ready := nodeCondition(node, corev1.NodeReady)
 	if ready != nil && ready.Status == corev1.ConditionUnknown {
-		// Unknown is what a dead kubelet's Node is marked (markUnknown);
-		// the Lease says why better than the condition does.
+		// Unknown is how Kubernetes' node lifecycle controller marks a
+		// dead kubelet's Node; the Lease says why better than the
+		// condition does.
 		if h, err := r.leaseHealth(ctx, node, now); err != nil || !h.healthy {
 			return h, err
 		}
@@ -192,23 +192,4 @@ func (r *Reconciler) uncordon(ctx context.Context, node *corev1.Node) error {
 	patched := node.DeepCopy()
 	patched.Spec.Unschedulable = false
 	return r.Client.Patch(ctx, patched, client.MergeFrom(node))
-}
-
-// markUnknown sets a Node whose kubelet stopped renewing its Lease to
-// Ready=Unknown, as Kubernetes' node lifecycle controller does: a dead
-// kubelet cannot say so itself, and without this a cluster that runs no
-// kube-controller-manager (the all-in-one, the tests) would show the Node
-// Ready forever. Where that controller runs, both write the same.
-func (r *Reconciler) markUnknown(ctx context.Context, node *corev1.Node, now time.Time) error {
-	ready := nodeCondition(node, corev1.NodeReady)
-	if ready == nil || ready.Status == corev1.ConditionUnknown {
-		return nil
-	}
-	patched := node.DeepCopy()
-	c := nodeCondition(patched, corev1.NodeReady)
-	c.Status = corev1.ConditionUnknown
-	c.Reason = "NodeStatusUnknown"
-	c.Message = "Kubelet stopped posting node status."
-	c.LastTransitionTime = metav1.NewTime(now)
-	return r.Client.Status().Patch(ctx, patched, client.MergeFrom(node))
 }

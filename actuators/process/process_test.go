@@ -45,7 +45,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(testenv.RunWith(m, func(e *testenv.Env) (func(), error) {
+	// Kubernetes' node lifecycle controller marks a killed machine's Node
+	// NotReady, as in a cluster.
+	os.Exit(testenv.RunWithOptions(m, testenv.Options{ControllerManager: true}, func(e *testenv.Env) (func(), error) {
 		env = e
 		clientset = kubernetes.NewForConfigOrDie(e.Config)
 		dir, err := os.MkdirTemp("", "machinist-process-test-")
@@ -364,8 +366,9 @@ func TestKillNineMakesTheMachineUnhealthy(t *testing.T) {
 	g.Consistently(func(g Gomega) time.Time {
 		return lease(g, nodeName).Spec.RenewTime.Time
 	}).WithTimeout(3 * renew).Should(BeTemporally("==", renewed))
-	// ...and the controller reads the stale Lease as an unhealthy Node, and
-	// marks the Node NotReady (Ready=Unknown) as a dead kubelet's would be.
+	// ...so the controller reads the stale Lease as an unhealthy Node, and
+	// Kubernetes' node lifecycle controller marks the Node NotReady
+	// (Ready=Unknown); Machinist writes no Node status.
 	g.Eventually(healthy).WithTimeout(3*leaseSeconds*time.Second + 5*time.Second).Should(And(
 		HaveField("Status", metav1.ConditionFalse), HaveField("Reason", "NodeLeaseExpired")))
 	g.Eventually(func(g Gomega) corev1.ConditionStatus {

@@ -13,12 +13,11 @@ package rbac
 // +kubebuilder:rbac:groups=machinist.dev,resources=machines/status;machinesets/status;machinedeployments/status;machineclasses/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=machinist.dev,resources=machines/finalizers;machinesets/finalizers;machinedeployments/finalizers,verbs=update
 
-// The Machine controller labels, taints, cordons and deletes Nodes, drains
-// them by evicting their pods, and marks a Node whose kubelet's Lease
-// expired Ready=Unknown, as the node lifecycle controller would.
+// The Machine controller labels, taints, cordons and deletes Nodes and
+// drains them by evicting their pods. It never writes a Node's status:
+// marking a dead kubelet's Node is the node lifecycle controller's job.
 //
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=nodes/status,verbs=patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create
 // +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get;list;watch

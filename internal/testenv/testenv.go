@@ -6,6 +6,7 @@ package testenv
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -25,6 +26,7 @@ import (
 	apiregv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/controllermanager"
 	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/internal/pki"
 )
@@ -44,6 +46,20 @@ type Env struct {
 
 	env *envtest.Environment
 	dir string
+	kcm *controllermanager.Process
+}
+
+// Options choose what runs beside etcd and kube-apiserver.
+type Options struct {
+	// ControllerManager starts Kubernetes' kube-controller-manager with the
+	// garbage collector, the namespace controller and the node lifecycle
+	// controller, for tests of what those do. Tests that need none of it
+	// start faster without.
+	ControllerManager bool
+	// NodeMonitorGracePeriod is how long a silent kubelet's Node stays
+	// Ready before the node lifecycle controller marks it Unknown; zero
+	// means 5s, against Kubernetes' 50s, so that tests need not wait.
+	NodeMonitorGracePeriod time.Duration
 }
 
 // Root returns the repository's top directory, found from this file's path
@@ -80,7 +96,10 @@ func EnsureControlPlane() error {
 
 // Start builds the control plane if needed, starts it, installs the CRDs
 // from config/crd/bases and waits until they are served.
-func Start() (*Env, error) {
+func Start() (*Env, error) { return StartWith(Options{}) }
+
+// StartWith is Start with more beside the control plane.
+func StartWith(opts Options) (*Env, error) {
 	if err := EnsureControlPlane(); err != nil {
 		return nil, err
 	}
@@ -144,12 +163,63 @@ func Start() (*Env, error) {
 	if err := os.WriteFile(e.Kubeconfig, env.KubeConfig, 0o600); err != nil {
 		return fail(err)
 	}
+	if opts.ControllerManager {
+		if err := e.startControllerManager(opts); err != nil {
+			return fail(err)
+		}
+	}
 	return e, nil
+}
+
+// startControllerManager runs kube-controller-manager with credentials of
+// its own; its log goes to a file in the environment's directory, printed
+// if it stops by itself.
+func (e *Env) startControllerManager(opts Options) error {
+	user, err := e.env.AddUser(envtest.User{Name: "system:kube-controller-manager", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return err
+	}
+	kubeconfig, err := user.KubeConfig()
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(e.dir, "kube-controller-manager.kubeconfig")
+	if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
+		return err
+	}
+	log, err := os.Create(filepath.Join(e.dir, "kube-controller-manager.log"))
+	if err != nil {
+		return err
+	}
+
+	grace := opts.NodeMonitorGracePeriod
+	if grace == 0 {
+		grace = 5 * time.Second
+	}
+	e.kcm, err = controllermanager.Start(controllermanager.Options{
+		Binary: filepath.Join(BinDir(), "kube-controller-manager"), Kubeconfig: path, Log: log,
+		NodeMonitorGracePeriod: grace, NodeMonitorPeriod: time.Second,
+	})
+	if err != nil {
+		_ = log.Close()
+		return err
+	}
+	go func() {
+		<-e.kcm.Exited()
+		_ = log.Close()
+	}()
+	return nil
 }
 
 // Stop stops the control plane and removes its files.
 func (e *Env) Stop() error {
-	err := e.env.Stop()
+	var err error
+	if e.kcm != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err = e.kcm.Stop(ctx)
+		cancel()
+	}
+	err = errors.Join(err, e.env.Stop())
 	if e.dir != "" {
 		_ = os.RemoveAll(e.dir)
 	}
@@ -183,7 +253,12 @@ func Run(m *testing.M, ready func(*Env)) int {
 // setup starts it and returns how to stop it, which runs before the
 // control plane stops, also when setup fails.
 func RunWith(m *testing.M, setup func(*Env) (stop func(), err error)) int {
-	e, err := Start()
+	return RunWithOptions(m, Options{}, setup)
+}
+
+// RunWithOptions is RunWith with more beside the control plane.
+func RunWithOptions(m *testing.M, opts Options, setup func(*Env) (stop func(), err error)) int {
+	e, err := StartWith(opts)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -204,9 +279,10 @@ func RunWith(m *testing.M, setup func(*Env) (stop func(), err error)) int {
 	return m.Run()
 }
 
-// Namespace creates a namespace with a generated name for one test. Nothing
-// deletes it: without a namespace controller a deleted namespace only turns
-// Terminating, and then refuses the Events written into it.
+// Namespace creates a namespace with a generated name for one test. Only
+// an Env with the ControllerManager option runs the namespace controller;
+// without it, a deleted namespace stays Terminating and refuses the Events
+// written into it, so tests of such an Env leave their namespaces be.
 func (e *Env) Namespace(ctx context.Context, prefix string) (string, error) {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}
 	if err := e.Client.Create(ctx, ns); err != nil {

@@ -21,6 +21,9 @@ import (
 
 	"github.com/go-logr/logr"
 	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/clientcmd"
@@ -247,11 +250,20 @@ func TestQuickStart(t *testing.T) {
 		}
 	}
 	g.Expect(rebooted).To(Equal(1))
+
+	// Kubernetes' garbage collector runs: deleting the MachineSet deletes
+	// its Machines, each through its lifecycle, and their agents and Nodes.
+	spare := machines(g, c, "spare")
+	g.Expect(c.Delete(context.Background(), &machinistv1.MachineSet{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "spare"}})).To(Succeed())
+	g.Eventually(func(g Gomega) { g.Expect(machines(g, c, "spare")).To(BeEmpty()) }).WithTimeout(time.Minute).Should(Succeed())
+	for _, m := range spare {
+		g.Expect(leftovers(m.Status.ProviderID)).To(BeEmpty(), "the agent of %s", m.Name)
+		err := c.Get(context.Background(), client.ObjectKey{Name: m.Status.NodeRef.Name}, &corev1.Node{})
+		g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "the Node of %s: %v", m.Name, err)
+	}
 	names := map[string]bool{}
-	for _, pool := range []string{"workers", "spare"} {
-		for _, m := range machines(g, c, pool) {
-			names[m.Name] = true
-		}
+	for _, m := range machines(g, c, "workers") {
+		names[m.Name] = true
 	}
 
 	// An ordinary run, a rollout and a reboot among it, logs no error: an

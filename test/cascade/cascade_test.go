@@ -1,0 +1,305 @@
+// Package cascade tests what Kubernetes' own controllers do to Machines,
+// as in any cluster: the garbage collector follows owner references from a
+// MachineDeployment to its MachineSets to their Machines, and the namespace
+// controller empties a deleted namespace. Each Machine still goes through
+// its lifecycle on the way out: drained, its instance and Node deleted,
+// its finalizer removed.
+package cascade
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"go.uber.org/zap/zapcore"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/manager"
+	"github.com/machinist-dev/machinist/internal/testenv"
+)
+
+var (
+	env         *testenv.Env
+	controllers *testenv.Controllers
+)
+
+func TestMain(m *testing.M) {
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
+	os.Exit(testenv.RunWithOptions(m, testenv.Options{ControllerManager: true}, func(e *testenv.Env) (func(), error) {
+		env = e
+		var err error
+		controllers, err = e.StartControllers(manager.Options{MachineWorkers: 4}, testenv.Leases{})
+		if err != nil {
+			return nil, err
+		}
+		return func() { _ = controllers.Stop() }, nil
+	}))
+}
+
+const wait = time.Minute
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(wait)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s", what, wait)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func kubectl(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := env.Kubectl(context.Background(), args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func setup(t *testing.T, prefix string) string {
+	t.Helper()
+	ns, err := env.Namespace(context.Background(), prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.InmemoryClass(context.Background(), ns, "small", ""); err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+func template(pool string) machinistv1.MachineTemplateSpec {
+	return machinistv1.MachineTemplateSpec{
+		Metadata: machinistv1.TemplateMetadata{Labels: map[string]string{"pool": pool}},
+		Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}, Version: "v1.37.2"},
+	}
+}
+
+func machineSet(ns, name, pool string, replicas int32) *machinistv1.MachineSet {
+	return &machinistv1.MachineSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: machinistv1.MachineSetSpec{
+			Replicas: ptr.To(replicas),
+			Selector: machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": pool}},
+			Template: template(pool),
+		},
+	}
+}
+
+func machineDeployment(ns, name string, replicas int32) *machinistv1.MachineDeployment {
+	return &machinistv1.MachineDeployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: machinistv1.MachineDeploymentSpec{
+			Replicas: ptr.To(replicas),
+			Selector: machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": name}},
+			Template: template(name),
+		},
+	}
+}
+
+func machines(t *testing.T, ns string) []machinistv1.Machine {
+	t.Helper()
+	var list machinistv1.MachineList
+	if err := env.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	return list.Items
+}
+
+// running waits until ns holds n Machines, all Running, and returns them.
+func running(t *testing.T, ns string, n int) []machinistv1.Machine {
+	t.Helper()
+	var ms []machinistv1.Machine
+	waitFor(t, "Machines Running", func() bool {
+		ms = machines(t, ns)
+		if len(ms) != n {
+			return false
+		}
+		for _, m := range ms {
+			if m.Status.Phase != machinistv1.MachineRunning {
+				return false
+			}
+		}
+		return true
+	})
+	return ms
+}
+
+// instance is what a Machine left behind: its provider's instance and its
+// Node.
+type instance struct {
+	uid        types.UID
+	providerID string
+	node       string
+}
+
+func instances(ms []machinistv1.Machine) []instance {
+	var out []instance
+	for _, m := range ms {
+		out = append(out, instance{uid: m.UID, providerID: m.Status.ProviderID, node: m.Status.NodeRef.Name})
+	}
+	return out
+}
+
+// gone checks that every Machine's instance and Node were deleted: the
+// Machine went through its lifecycle, not just out of the API.
+func gone(t *testing.T, left []instance) {
+	t.Helper()
+	ctx := context.Background()
+	for _, in := range left {
+		if id, err := controllers.Provider.FindByUID(ctx, in.uid); err != nil || id != "" {
+			t.Errorf("instance %s outlived its Machine (err %v)", id, err)
+		}
+		err := env.Client.Get(ctx, client.ObjectKey{Name: in.node}, &corev1.Node{})
+		if !apierrors.IsNotFound(err) {
+			t.Errorf("Node %s outlived its Machine: %v", in.node, err)
+		}
+	}
+}
+
+func notFound(o client.Object) func() bool {
+	return func() bool {
+		return apierrors.IsNotFound(env.Client.Get(context.Background(), client.ObjectKeyFromObject(o), o))
+	}
+}
+
+func TestDeletingAMachineDeploymentDeletesItsMachines(t *testing.T) {
+	t.Parallel()
+	ns := setup(t, "md-background")
+	md := machineDeployment(ns, "workers", 3)
+	if err := env.Client.Create(context.Background(), md); err != nil {
+		t.Fatal(err)
+	}
+	left := instances(running(t, ns, 3))
+	kubectl(t, "-n", ns, "delete", "machinedeployment", "workers")
+	waitFor(t, "the MachineSets and Machines deleted by the garbage collector", func() bool {
+		var sets machinistv1.MachineSetList
+		if err := env.Client.List(context.Background(), &sets, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		return len(sets.Items) == 0 && len(machines(t, ns)) == 0
+	})
+	gone(t, left)
+}
+
+// With foreground propagation the MachineDeployment is the last to go: it
+// stays, marked for deletion, until its Machines are gone.
+func TestForegroundDeletionWaitsForTheMachines(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ns := setup(t, "md-foreground")
+	md := machineDeployment(ns, "workers", 2)
+	if err := env.Client.Create(ctx, md); err != nil {
+		t.Fatal(err)
+	}
+	left := instances(running(t, ns, 2))
+	// A pre-drain hook holds one Machine, so the deployment can be seen
+	// waiting for it.
+	held := machines(t, ns)[0]
+	held.Annotations = map[string]string{machinistv1.PreDrainHookPrefix + "test": "hold"}
+	if err := env.Client.Update(ctx, &held); err != nil {
+		t.Fatal(err)
+	}
+	kubectl(t, "-n", ns, "delete", "machinedeployment", "workers", "--cascade=foreground", "--wait=false")
+	waitFor(t, "the held Machine marked for deletion", func() bool {
+		m := &machinistv1.Machine{}
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(&held), m); err != nil {
+			t.Fatal(err)
+		}
+		return !m.DeletionTimestamp.IsZero()
+	})
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(md), md); err != nil {
+		t.Fatalf("the MachineDeployment went before its Machines: %v", err)
+	}
+	if md.DeletionTimestamp.IsZero() || !strings.Contains(strings.Join(md.Finalizers, ","), metav1.FinalizerDeleteDependents) {
+		t.Fatalf("MachineDeployment: deletionTimestamp %v, finalizers %v; want it waiting for its dependents", md.DeletionTimestamp, md.Finalizers)
+	}
+	// Release the hook: everything goes, the deployment last.
+	m := &machinistv1.Machine{}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(&held), m); err != nil {
+		t.Fatal(err)
+	}
+	m.Annotations = nil
+	if err := env.Client.Update(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the MachineDeployment gone", notFound(md))
+	if n := len(machines(t, ns)); n != 0 {
+		t.Fatalf("%d Machines left after their MachineDeployment", n)
+	}
+	gone(t, left)
+}
+
+// --cascade=orphan leaves the Machines running and ownerless; a new
+// MachineSet with a matching selector adopts them and makes none anew.
+func TestOrphanedMachinesAreAdopted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ns := setup(t, "ms-orphan")
+	old := machineSet(ns, "old", "blue", 2)
+	if err := env.Client.Create(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	before := running(t, ns, 2)
+	kubectl(t, "-n", ns, "delete", "machineset", "old", "--cascade=orphan")
+	waitFor(t, "the old MachineSet gone", notFound(old))
+	waitFor(t, "the Machines orphaned", func() bool {
+		for _, m := range machines(t, ns) {
+			if metav1.GetControllerOf(&m) != nil {
+				return false
+			}
+		}
+		return true
+	})
+	adopter := machineSet(ns, "new", "blue", 2)
+	if err := env.Client.Create(ctx, adopter); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the Machines adopted", func() bool {
+		for _, m := range machines(t, ns) {
+			if ref := metav1.GetControllerOf(&m); ref == nil || ref.UID != adopter.UID {
+				return false
+			}
+		}
+		return true
+	})
+	after := running(t, ns, 2)
+	for i := range before {
+		if before[i].UID != after[i].UID {
+			t.Fatalf("the adopting MachineSet replaced Machines: %s became %s", before[i].Name, after[i].Name)
+		}
+	}
+
+	// And deleting a MachineSet the ordinary way deletes its Machines.
+	kubectl(t, "-n", ns, "delete", "machineset", "new")
+	waitFor(t, "the adopted Machines deleted", func() bool { return len(machines(t, ns)) == 0 })
+	gone(t, instances(after))
+}
+
+// A deleted namespace empties: every Machine in it goes through deletion,
+// and the namespace disappears.
+func TestDeletingANamespaceDeletesItsMachines(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ns := setup(t, "namespace")
+	if err := env.Client.Create(ctx, machineSet(ns, "pool", "pool", 2)); err != nil {
+		t.Fatal(err)
+	}
+	left := instances(running(t, ns, 2))
+	kubectl(t, "delete", "namespace", ns, "--wait=false")
+	waitFor(t, "the namespace gone", notFound(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	gone(t, left)
+}
