@@ -205,7 +205,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 
-	created, err := samples(ctx, c)
+	created, err := samples(ctx, c, filepath.Join(dir, samplesMarker))
 	if err != nil {
 		return err
 	}
@@ -332,11 +332,18 @@ func applyClusterRoles(ctx context.Context, c client.Client) error {
 	return nil
 }
 
+// samplesMarker, in the state directory, says the samples were made once:
+// a restart must not bring back a sample the user deleted.
+const samplesMarker = "samples-created"
+
 // samples creates the MachineClass "local", the MachineDeployment
-// "workers" of 3 Machines and the MachineSet "spare" of none, unless they
-// exist (a restart keeps what the user changed); it reports whether it
-// created them.
-func samples(ctx context.Context, c client.Client) (bool, error) {
+// "workers" of 3 Machines and the MachineSet "spare" of none on the first
+// start only (marker records it); one that exists is left as it is. It
+// reports whether this start created them.
+func samples(ctx context.Context, c client.Client, marker string) (bool, error) {
+	if _, err := os.Stat(marker); err == nil {
+		return false, nil
+	}
 	class := &machinistv1.MachineClass{
 		ObjectMeta: metav1.ObjectMeta{Namespace: SampleNamespace, Name: SampleClass},
 		Spec: machinistv1.MachineClassSpec{
@@ -379,7 +386,7 @@ func samples(ctx context.Context, c client.Client) (bool, error) {
 			return false, fmt.Errorf("creating the sample %s: %w", obj.GetName(), err)
 		}
 	}
-	return created, nil
+	return created, os.WriteFile(marker, nil, 0o600)
 }
 
 func printNext(out io.Writer, kubeconfig string, created bool) {
