@@ -66,6 +66,8 @@ type Reconciler struct {
 	OperationTimeout time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+
+	writes lastWrites
 }
 
 // While a Machine has just entered Provisioning, it is looked at every
@@ -228,7 +230,13 @@ func (s *step) fire(e Event) error {
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	m := &machinistv1.Machine{}
 	if err := r.Client.Get(ctx, req.NamespacedName, m); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.writes.forget(req.NamespacedName)
+		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if r.writes.stale(m) {
+		return reconcile.Result{RequeueAfter: staleRecheck}, nil
 	}
 	before := m.Status.DeepCopy()
 	s := &step{m: m, fsm: New(m.Status.Phase), now: r.now()}
@@ -251,6 +259,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			// from the phase that is really stored.
 			return requeue.Expected(reconcile.Result{}, errors.Join(err, werr))
 		}
+		r.writes.wrote(m)
 	}
 	r.record(s)
 	if s.ack != "" {
@@ -258,6 +267,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			// The operation is stored; the next reconcile sees it
 			// unacknowledged and removes the annotation then.
 			err = errors.Join(err, aerr)
+		} else {
+			r.writes.wrote(m)
 		}
 	}
 	return requeue.Expected(reconcile.Result{RequeueAfter: s.requeue}, err)
@@ -404,6 +415,7 @@ func (r *Reconciler) reconcileLive(ctx context.Context, s *step) error {
 		if err := r.Client.Update(ctx, m); err != nil {
 			return err
 		}
+		r.writes.wrote(m)
 	}
 	if v, ok := m.Annotations[machinistv1.RequestAnnotation]; ok {
 		if err := r.takeRequest(ctx, s, v); err != nil {
