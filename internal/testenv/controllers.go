@@ -3,11 +3,17 @@ package testenv
 import (
 	"context"
 	"errors"
+	"os"
+	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"go.uber.org/zap/zapcore"
 
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/inmemory"
@@ -127,4 +133,20 @@ func (e *Env) InmemoryClass(ctx context.Context, ns, name, spec string) error {
 		class.Spec.ProviderSpec = runtime.RawExtension{Raw: []byte(spec)}
 	}
 	return e.Client.Create(ctx, class)
+}
+
+// RunWithControllers is a TestMain body for a package whose tests share
+// one control plane (with opts) and one set of controllers (with mgr and
+// leases): ready receives both before the tests run. Controllers log
+// errors only, to standard error: what failed, not every transition.
+func RunWithControllers(m *testing.M, opts Options, mgr manager.Options, leases Leases, ready func(*Env, *Controllers)) int {
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
+	return RunWithOptions(m, opts, func(e *Env) (func(), error) {
+		c, err := e.StartControllers(mgr, leases)
+		if err != nil {
+			return nil, err
+		}
+		ready(e, c)
+		return func() { _ = c.Stop() }, nil
+	})
 }

@@ -18,11 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-
-	"go.uber.org/zap/zapcore"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/internal/manager"
@@ -35,16 +31,8 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
-	os.Exit(testenv.RunWithOptions(m, testenv.Options{ControllerManager: true}, func(e *testenv.Env) (func(), error) {
-		env = e
-		var err error
-		controllers, err = e.StartControllers(manager.Options{MachineWorkers: 4}, testenv.Leases{})
-		if err != nil {
-			return nil, err
-		}
-		return func() { _ = controllers.Stop() }, nil
-	}))
+	os.Exit(testenv.RunWithControllers(m, testenv.Options{ControllerManager: true}, manager.Options{MachineWorkers: 4}, testenv.Leases{},
+		func(e *testenv.Env, c *testenv.Controllers) { env, controllers = e, c }))
 }
 
 const wait = time.Minute

@@ -20,11 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-
-	"go.uber.org/zap/zapcore"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/internal/manager"
@@ -37,18 +33,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	// Errors only: what failed, not every transition.
-	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
-	os.Exit(testenv.RunWith(m, func(e *testenv.Env) (func(), error) {
-		env = e
-		var err error
-		// The default Backoff: what these tests measure.
-		controllers, err = e.StartControllers(manager.Options{MachineWorkers: 4}, testenv.Leases{})
-		if err != nil {
-			return nil, err
-		}
-		return func() { _ = controllers.Stop() }, nil
-	}))
+	// The default Backoff: what these tests measure.
+	os.Exit(testenv.RunWithControllers(m, testenv.Options{}, manager.Options{MachineWorkers: 4}, testenv.Leases{},
+		func(e *testenv.Env, c *testenv.Controllers) { env, controllers = e, c }))
 }
 
 func namespace(t *testing.T, prefix string) string {
