@@ -597,6 +597,10 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *step) error {
 		if err := r.deleteNode(ctx, m); err != nil {
 			return err
 		}
+		// Deleted is stored by no status: the Machine is gone with it. If
+		// the finalizer stays (a conflict, a refusal), the Machine is still
+		// Deleting, and must not be written as Deleted, which no move leaves.
+		deleting := m.Status.DeepCopy()
 		if err := s.fire(Deleted); err != nil {
 			return err
 		}
@@ -604,6 +608,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *step) error {
 		if err := r.Client.Update(ctx, m); err != nil {
 			s.fired = s.fired[:len(s.fired)-1]
 			s.entered = s.entered[:len(s.entered)-1]
+			m.Status = *deleting
 			return client.IgnoreNotFound(err)
 		}
 		s.gone = true
