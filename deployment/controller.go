@@ -480,9 +480,7 @@ func (r *Reconciler) updateStatus(ctx context.Context, md *machinistv1.MachineDe
 	}
 	md.Status = *st
 	if err := r.Client.Status().Update(ctx, md); err != nil {
-		if apierrors.IsConflict(err) {
-			return reconcile.Result{RequeueAfter: time.Second}, nil
-		}
+		// A conflict is retried by Reconcile (requeue.Expected).
 		return res, err
 	}
 	for _, t := range fired {

@@ -347,9 +347,7 @@ func (r *Reconciler) updateStatus(ctx context.Context, ms *machinistv1.MachineSe
 	}
 	ms.Status = *st
 	if err := r.Client.Status().Update(ctx, ms); err != nil {
-		if apierrors.IsConflict(err) {
-			return reconcile.Result{RequeueAfter: time.Second}, nil
-		}
+		// A conflict is retried by Reconcile (requeue.Expected).
 		return res, err
 	}
 	r.wrote(ms, now)

@@ -2,7 +2,7 @@
 // life from real failures. controller-runtime logs every error a
 // reconcile returns at ERROR with a stack trace; an object deleted under a
 // reconcile, or a write that lost a race to a newer version, is neither an
-// error nor worth a trace.
+// error nor worth a trace, but is still worth another look.
 package requeue
 
 import (
@@ -12,28 +12,31 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
-// AfterConflict is how soon a reconcile whose write lost a race looks
-// again, should the watch event of the newer version not wake it first.
-const AfterConflict = time.Second
+// After is how soon a reconcile that ended in normal life looks again.
+// After a conflict, the newer version's watch event may never come (the
+// controllers drop their own status writes); after a NotFound, the next
+// look finds the reconciled object gone and ends there, or, if something
+// else was missing, tries again.
+const After = time.Second
 
-// Expected returns what a reconcile that ended with err should return: an
-// object that is gone (NotFound) needs nothing more, a conflict is tried
-// again from the newer version, and any other error is returned as it is,
-// for the controller's rate-limited retry and its log. Errors joined with
-// errors.Join count as expected only when every one of them is.
+// Expected returns what a reconcile that ended with err should return.
+// NotFound (an object deleted under the reconcile) and Conflict (a write
+// that lost a race to a newer version) are normal life: they are not
+// returned as errors, which controller-runtime would log at ERROR with a
+// stack trace, but looked at again After. Any other error is returned as
+// it is, for the controller's rate-limited retry and its log. Errors
+// joined with errors.Join are expected only when every one of them is.
 func Expected(res reconcile.Result, err error) (reconcile.Result, error) {
-	switch {
-	case err == nil:
-		return res, nil
-	case all(err, apierrors.IsNotFound):
-		return res, nil
-	case all(err, func(e error) bool { return apierrors.IsNotFound(e) || apierrors.IsConflict(e) }):
-		if res.RequeueAfter == 0 || res.RequeueAfter > AfterConflict {
-			res.RequeueAfter = AfterConflict
-		}
+	if err == nil {
 		return res, nil
 	}
-	return res, err
+	if !all(err, func(e error) bool { return apierrors.IsNotFound(e) || apierrors.IsConflict(e) }) {
+		return res, err
+	}
+	if res.RequeueAfter == 0 || res.RequeueAfter > After {
+		res.RequeueAfter = After
+	}
+	return res, nil
 }
 
 // all reports whether ok holds for err, or for every error err joins.

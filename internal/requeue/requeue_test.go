@@ -23,11 +23,12 @@ func TestExpected(t *testing.T) {
 		wantErr   error
 	}{
 		{"nil", reconcile.Result{RequeueAfter: 5 * time.Second}, nil, 5 * time.Second, nil},
-		{"not found", reconcile.Result{}, notFound, 0, nil},
-		{"wrapped not found", reconcile.Result{}, errors.Join(notFound), 0, nil},
-		{"conflict", reconcile.Result{}, conflict, AfterConflict, nil},
+		{"not found", reconcile.Result{}, notFound, After, nil},
+		{"wrapped not found", reconcile.Result{}, errors.Join(notFound), After, nil},
+		{"conflict", reconcile.Result{}, conflict, After, nil},
 		{"conflict keeps a sooner requeue", reconcile.Result{RequeueAfter: 100 * time.Millisecond}, conflict, 100 * time.Millisecond, nil},
-		{"conflict and not found", reconcile.Result{}, errors.Join(conflict, notFound), AfterConflict, nil},
+		{"conflict shortens a later requeue", reconcile.Result{RequeueAfter: time.Minute}, conflict, After, nil},
+		{"conflict and not found", reconcile.Result{}, errors.Join(conflict, notFound), After, nil},
 		{"other", reconcile.Result{}, boom, 0, boom},
 		{"other joined with not found", reconcile.Result{}, errors.Join(notFound, boom), 0, boom},
 	}
