@@ -11,13 +11,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/machinist-dev/machinist/internal/orphans"
 )
@@ -29,15 +30,20 @@ var Controllers = []string{
 	"node-lifecycle-controller",
 }
 
+// Files Start keeps in Options.Dir.
+const (
+	KubeconfigFile = "kube-controller-manager.kubeconfig"
+	LogFile        = "kube-controller-manager.log"
+)
+
 // Options configure Start.
 type Options struct {
 	// Binary is the kube-controller-manager executable.
 	Binary string
-	// Kubeconfig is a kubeconfig file with the controller manager's own
-	// credentials.
-	Kubeconfig string
-	// Log receives its log; nil discards it.
-	Log io.Writer
+	// Dir receives its kubeconfig (KubeconfigFile, made anew at each
+	// start) and its log (LogFile, appended to): the terminal is for what
+	// a person should read.
+	Dir string
 	// NodeMonitorGracePeriod is how long a Node's kubelet may go without
 	// renewing its Lease or posting status before the Node is marked
 	// Ready=Unknown; zero keeps Kubernetes' default (50s). NodeMonitorPeriod
@@ -55,7 +61,7 @@ type Process struct {
 // Args are the command-line arguments Start runs the binary with.
 func (o Options) Args() []string {
 	args := []string{
-		"--kubeconfig=" + o.Kubeconfig,
+		"--kubeconfig=" + filepath.Join(o.Dir, KubeconfigFile),
 		"--controllers=" + strings.Join(Controllers, ","),
 		// One host, one controller manager: nothing to elect.
 		"--leader-elect=false",
@@ -74,30 +80,47 @@ func (o Options) Args() []string {
 	return args
 }
 
-// Start runs kube-controller-manager until Stop, or until this process
-// dies: a watchdog then kills it, so that it never outlives its parent.
-func Start(opts Options) (*Process, error) {
-	if opts.Binary == "" || opts.Kubeconfig == "" {
-		return nil, errors.New("controllermanager: Options needs a Binary and a Kubeconfig")
+// Start runs kube-controller-manager against env's kube-apiserver until
+// Stop, or until this process dies: a watchdog then kills it, so that it
+// never outlives its parent. It gets a client certificate of its own, for
+// user system:kube-controller-manager in group system:masters: it acts for
+// the whole cluster, and no service account tokens are minted here for its
+// controllers to act as themselves.
+func Start(env *envtest.Environment, opts Options) (*Process, error) {
+	if opts.Binary == "" || opts.Dir == "" {
+		return nil, errors.New("controllermanager: Options needs a Binary and a Dir")
 	}
 	if _, err := os.Stat(opts.Binary); err != nil {
 		return nil, fmt.Errorf("controllermanager: %w (make controlplane builds it)", err)
 	}
-	out := opts.Log
-	if out == nil {
-		out = io.Discard
+	user, err := env.AddUser(envtest.User{Name: "system:kube-controller-manager", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return nil, err
+	}
+	kubeconfig, err := user.KubeConfig()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(opts.Dir, KubeconfigFile), kubeconfig, 0o600); err != nil {
+		return nil, err
+	}
+	log, err := os.OpenFile(filepath.Join(opts.Dir, LogFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
 	}
 	cmd := exec.Command(opts.Binary, opts.Args()...)
-	cmd.Stdout, cmd.Stderr = out, out
+	cmd.Stdout, cmd.Stderr = log, log
 	// Its own process group: a Ctrl-C meant for the parent must not stop it
 	// before the parent has stopped what depends on it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
+		_ = log.Close()
 		return nil, fmt.Errorf("starting %s: %w", filepath.Base(opts.Binary), err)
 	}
 	p := &Process{cmd: cmd, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
+		_ = log.Close()
 		close(p.done)
 	}()
 	if err := orphans.Guard(cmd.Process.Pid); err != nil {

@@ -135,7 +135,13 @@ func Run(ctx context.Context, opts Options) (err error) {
 
 	// Kubernetes' own controllers, as in any cluster: the garbage
 	// collector, the namespace controller and the node lifecycle controller.
-	kcm, err := startControllerManager(env, dir, opts.BinDir)
+	// Its Node grace period is shorter than Kubernetes' 50s, like the
+	// process provider's Leases, so that a machine killed by hand shows
+	// NotReady within a demo's patience.
+	kcm, err := controllermanager.Start(env, controllermanager.Options{
+		Binary: filepath.Join(opts.BinDir, "kube-controller-manager"), Dir: dir,
+		NodeMonitorGracePeriod: 20 * time.Second,
+	})
 	if err != nil {
 		return err
 	}
@@ -220,54 +226,10 @@ func Run(ctx context.Context, opts Options) (err error) {
 		verbsDone <- err
 		return fmt.Errorf("the verbs server stopped: %w", err)
 	case <-kcm.Exited():
-		return fmt.Errorf("kube-controller-manager stopped (%v); its log is %s", kcm.Err(), filepath.Join(dir, controllerManagerLog))
+		return fmt.Errorf("kube-controller-manager stopped (%v); its log is %s", kcm.Err(), filepath.Join(dir, controllermanager.LogFile))
 	}
 	fmt.Fprintln(opts.Out, "Stopping: controllers, verbs server, machines, kube-controller-manager, kube-apiserver, etcd...")
 	return nil
-}
-
-// controllerManagerLog is kube-controller-manager's log in the state
-// directory; the terminal is for what a person should read.
-const controllerManagerLog = "kube-controller-manager.log"
-
-// startControllerManager runs kube-controller-manager with a kubeconfig and
-// client certificate of its own, made anew at each start like the
-// administrator's. It acts for the whole cluster, as in kubeadm's
-// clusters, but with its own credentials and no service account tokens:
-// it is in system:masters. Its Node grace period is shorter than
-// Kubernetes' 50s, like the process provider's Leases, so that a machine
-// killed by hand shows NotReady within a demo's patience.
-func startControllerManager(env *envtest.Environment, dir, binDir string) (*controllermanager.Process, error) {
-	user, err := env.AddUser(envtest.User{Name: "system:kube-controller-manager", Groups: []string{"system:masters"}}, nil)
-	if err != nil {
-		return nil, err
-	}
-	kubeconfig, err := user.KubeConfig()
-	if err != nil {
-		return nil, err
-	}
-	path := filepath.Join(dir, "kube-controller-manager.kubeconfig")
-	if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
-		return nil, err
-	}
-	log, err := os.OpenFile(filepath.Join(dir, controllerManagerLog), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	p, err := controllermanager.Start(controllermanager.Options{
-		Binary: filepath.Join(binDir, "kube-controller-manager"), Kubeconfig: path, Log: log,
-		NodeMonitorGracePeriod: 20 * time.Second,
-	})
-	if err != nil {
-		_ = log.Close()
-		return nil, err
-	}
-	// The log stays open as long as the process writes to it.
-	go func() {
-		<-p.Exited()
-		_ = log.Close()
-	}()
-	return p, nil
 }
 
 // background runs run(ctx) in a goroutine; the channel yields its error,

@@ -171,44 +171,19 @@ func StartWith(opts Options) (*Env, error) {
 	return e, nil
 }
 
-// startControllerManager runs kube-controller-manager with credentials of
-// its own; its log goes to a file in the environment's directory, printed
-// if it stops by itself.
+// startControllerManager runs kube-controller-manager; its log is a file
+// in the environment's directory.
 func (e *Env) startControllerManager(opts Options) error {
-	user, err := e.env.AddUser(envtest.User{Name: "system:kube-controller-manager", Groups: []string{"system:masters"}}, nil)
-	if err != nil {
-		return err
-	}
-	kubeconfig, err := user.KubeConfig()
-	if err != nil {
-		return err
-	}
-	path := filepath.Join(e.dir, "kube-controller-manager.kubeconfig")
-	if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
-		return err
-	}
-	log, err := os.Create(filepath.Join(e.dir, "kube-controller-manager.log"))
-	if err != nil {
-		return err
-	}
-
 	grace := opts.NodeMonitorGracePeriod
 	if grace == 0 {
 		grace = 5 * time.Second
 	}
-	e.kcm, err = controllermanager.Start(controllermanager.Options{
-		Binary: filepath.Join(BinDir(), "kube-controller-manager"), Kubeconfig: path, Log: log,
+	var err error
+	e.kcm, err = controllermanager.Start(e.env, controllermanager.Options{
+		Binary: filepath.Join(BinDir(), "kube-controller-manager"), Dir: e.dir,
 		NodeMonitorGracePeriod: grace, NodeMonitorPeriod: time.Second,
 	})
-	if err != nil {
-		_ = log.Close()
-		return err
-	}
-	go func() {
-		<-e.kcm.Exited()
-		_ = log.Close()
-	}()
-	return nil
+	return err
 }
 
 // Stop stops the control plane and removes its files.
