@@ -156,9 +156,15 @@ func (r *Reconciler) machinesForNode(ctx context.Context, o client.Object) []rec
 	if node.Spec.ProviderID == "" {
 		return nil
 	}
+	return r.machinesMatching(ctx, "Node "+node.Name, client.MatchingFields{machineByProviderID: node.Spec.ProviderID})
+}
+
+// machinesMatching maps a watched object (what) to the Machines that opts
+// select in the cache.
+func (r *Reconciler) machinesMatching(ctx context.Context, what string, opts ...client.ListOption) []reconcile.Request {
 	var list machinistv1.MachineList
-	if err := r.Client.List(ctx, &list, client.MatchingFields{machineByProviderID: node.Spec.ProviderID}); err != nil {
-		log.FromContext(ctx).Error(err, "mapping a Node to its Machine", "node", node.Name)
+	if err := r.Client.List(ctx, &list, opts...); err != nil {
+		log.FromContext(ctx).Error(err, "mapping to Machines", "from", what)
 		return nil
 	}
 	reqs := make([]reconcile.Request, 0, len(list.Items))

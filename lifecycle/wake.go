@@ -3,10 +3,8 @@ package lifecycle
 import (
 	"context"
 
-	"k8s.io/apimachinery/pkg/api/equality"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -38,14 +36,14 @@ func operationID(m *machinistv1.Machine) string {
 	return m.Status.Operation.ID
 }
 
-// classChanged passes a MachineClass that appeared or whose spec changed:
-// a Machine waiting for its class, or failing on the provider the class
-// named, must try again at once rather than after its backoff.
+// classChanged passes a MachineClass that appeared or whose spec changed
+// (a new generation): a Machine waiting for its class, or failing on the
+// provider the class named, must try again at once rather than after its
+// backoff. A deleted class gives its Machines nothing new to do.
 func classChanged() predicate.Funcs {
 	return predicate.Funcs{
 		UpdateFunc: func(e event.UpdateEvent) bool {
-			o, n := e.ObjectOld.(*machinistv1.MachineClass), e.ObjectNew.(*machinistv1.MachineClass)
-			return o.Generation != n.Generation || !equality.Semantic.DeepEqual(o.Spec, n.Spec)
+			return e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration()
 		},
 		DeleteFunc:  func(event.DeleteEvent) bool { return false },
 		GenericFunc: func(event.GenericEvent) bool { return false },
@@ -54,15 +52,6 @@ func classChanged() predicate.Funcs {
 
 // machinesForClass maps a MachineClass to the Machines that name it.
 func (r *Reconciler) machinesForClass(ctx context.Context, o client.Object) []reconcile.Request {
-	var list machinistv1.MachineList
-	if err := r.Client.List(ctx, &list, client.InNamespace(o.GetNamespace()),
-		client.MatchingFields{machineByClass: o.GetName()}); err != nil {
-		log.FromContext(ctx).Error(err, "mapping a MachineClass to its Machines", "machineclass", o.GetName())
-		return nil
-	}
-	reqs := make([]reconcile.Request, 0, len(list.Items))
-	for i := range list.Items {
-		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
-	}
-	return reqs
+	return r.machinesMatching(ctx, "MachineClass "+o.GetNamespace()+"/"+o.GetName(),
+		client.InNamespace(o.GetNamespace()), client.MatchingFields{machineByClass: o.GetName()})
 }
