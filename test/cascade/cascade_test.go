@@ -14,6 +14,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -171,16 +172,77 @@ func TestDeletingAMachineDeploymentDeletesItsMachines(t *testing.T) {
 	if err := env.Client.Create(context.Background(), md); err != nil {
 		t.Fatal(err)
 	}
-	left := instances(running(t, ns, 3))
+	ms := running(t, ns, 3)
+	left := instances(ms)
 	kubectl(t, "-n", ns, "delete", "machinedeployment", "workers")
 	waitFor(t, "the MachineSets and Machines deleted by the garbage collector", func() bool {
-		var sets machinistv1.MachineSetList
-		if err := env.Client.List(context.Background(), &sets, client.InNamespace(ns)); err != nil {
-			t.Fatal(err)
-		}
-		return len(sets.Items) == 0 && len(machines(t, ns)) == 0
+		return len(sets(t, ns)) == 0 && len(machines(t, ns)) == 0
 	})
 	gone(t, left)
+	// Each went through its lifecycle: drained, then deleted.
+	for _, m := range ms {
+		drained(t, ns, m.Name)
+	}
+}
+
+// drained checks that the Machine's Events show it was drained and deleted
+// by its controller, not just removed from the API.
+func drained(t *testing.T, ns, name string) {
+	t.Helper()
+	want := []string{"MachineDraining", "MachineDeleting", "MachineDeleted"}
+	waitFor(t, "the lifecycle Events of "+name, func() bool {
+		var list eventsv1.EventList
+		if err := env.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		for _, e := range list.Items {
+			if e.Regarding.Name == name {
+				seen[e.Reason] = true
+			}
+		}
+		for _, r := range want {
+			if !seen[r] {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func sets(t *testing.T, ns string) []machinistv1.MachineSet {
+	t.Helper()
+	var list machinistv1.MachineSetList
+	if err := env.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	return list.Items
+}
+
+// --cascade=orphan on a MachineDeployment leaves its MachineSets, ownerless,
+// and their Machines running as they were.
+func TestOrphaningAMachineDeploymentKeepsItsMachines(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ns := setup(t, "md-orphan")
+	md := machineDeployment(ns, "workers", 2)
+	if err := env.Client.Create(ctx, md); err != nil {
+		t.Fatal(err)
+	}
+	before := running(t, ns, 2)
+	kubectl(t, "-n", ns, "delete", "machinedeployment", "workers", "--cascade=orphan")
+	waitFor(t, "the MachineDeployment gone", notFound(md))
+	waitFor(t, "its MachineSet orphaned", func() bool {
+		s := sets(t, ns)
+		return len(s) == 1 && metav1.GetControllerOf(&s[0]) == nil
+	})
+	set := sets(t, ns)[0]
+	after := running(t, ns, 2)
+	for i := range before {
+		if ref := metav1.GetControllerOf(&after[i]); before[i].UID != after[i].UID || ref == nil || ref.UID != set.UID {
+			t.Fatalf("Machine %s: want it kept and still owned by MachineSet %s", before[i].Name, set.Name)
+		}
+	}
 }
 
 // With foreground propagation the MachineDeployment is the last to go: it
