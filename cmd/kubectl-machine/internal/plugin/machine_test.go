@@ -51,10 +51,13 @@ func TestMachine(t *testing.T) {
 	bootID := m.Status.BootID
 
 	t.Run("status shows phase, node, conditions and operation", func(t *testing.T) {
+		// Half an hour ago: below ten minutes the age is printed to the
+		// second, and a stored time drops its fraction, so "5m" could read
+		// "5m1s".
 		setStatus(t, key, func(st *machinistv1.MachineStatus) {
 			st.Operation = &machinistv1.Operation{
 				Type: machinistv1.OperationReboot, ID: "op-status", State: machinistv1.OperationRunning,
-				RequestedBy: "alice", RequestedAt: &metav1.Time{Time: time.Now().Add(-5 * time.Minute)}, StartedAt: &metav1.Time{Time: time.Now()},
+				RequestedBy: "alice", RequestedAt: &metav1.Time{Time: time.Now().Add(-30 * time.Minute)}, StartedAt: &metav1.Time{Time: time.Now()},
 				Message: "draining the node",
 				Options: &machinistv1.OperationOptions{Mode: "hard", Drain: ptr.To(false), GracePeriodSeconds: ptr.To(int64(30))},
 			}
@@ -75,7 +78,7 @@ func TestMachine(t *testing.T) {
 			`(?m)^\s+ID:\s+op-status$`,
 			`(?m)^\s+State:\s+Running$`,
 			`(?m)^\s+Requested by:\s+alice$`,
-			`(?m)^\s+Requested at:\s+\S+ \(5m ago\)$`,
+			`(?m)^\s+Requested at:\s+\S+ \(30m ago\)$`,
 			`(?m)^\s+Completed:\s+<none>$`,
 			`(?m)^\s+Message:\s+draining the node$`,
 			`(?m)^\s+Options:\s+mode=hard drain=false gracePeriodSeconds=30$`,
