@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -33,9 +34,16 @@ func TestAdmitAsksTheStateMachine(t *testing.T) {
 		{machinistv1.MachineRebooting, machinistv1.OperationReboot, nil, false},
 		{machinistv1.MachineRepairing, machinistv1.OperationReboot, nil, false},
 		{machinistv1.MachineDeleting, machinistv1.OperationReboot, nil, false},
-		{machinistv1.MachineFailed, machinistv1.OperationRepair, nil, false},
+		// A Failed Machine that has an instance can be repaired, and only
+		// repaired: a reboot (drained or not) does not bring it back.
+		{machinistv1.MachineFailed, machinistv1.OperationRepair, nil, true},
+		{machinistv1.MachineFailed, machinistv1.OperationReboot, nil, false},
+		{machinistv1.MachineFailed, machinistv1.OperationReboot, noDrain, false},
+		{machinistv1.MachineFailed, machinistv1.OperationReboot, &machinistv1.OperationOptions{Mode: "hard", Drain: ptr.To(false)}, false},
 	} {
-		m := &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m"}, Status: machinistv1.MachineStatus{Phase: tc.phase}}
+		// Every Machine here has an instance, so that only the phase decides.
+		m := &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m"}, Status: machinistv1.MachineStatus{
+			Phase: tc.phase, ProviderID: "inmemory://ns/m/uid"}}
 		err := Admit(m, tc.typ, tc.opts)
 		if tc.ok != (err == nil) {
 			t.Errorf("%s in %q: got %v, want allowed=%v", tc.typ, tc.phase, err, tc.ok)
@@ -76,5 +84,87 @@ func TestAdmitRefusesASecondOperationAndADeletingMachine(t *testing.T) {
 	m.DeletionTimestamp = ptr.To(metav1.Now())
 	if err := Admit(m, machinistv1.OperationRepair, nil); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "being deleted") {
 		t.Errorf("deleting: got %v", err)
+	}
+}
+
+// TestAdmitNamesThePhasesARepairNeeds: a repair is refused outside Running
+// and Failed, and the refusal says so, whichever event it would start with.
+func TestAdmitNamesThePhasesARepairNeeds(t *testing.T) {
+	for _, phase := range []machinistv1.MachinePhase{
+		machinistv1.MachinePending, machinistv1.MachineProvisioning, machinistv1.MachineDraining,
+		machinistv1.MachineRebooting, machinistv1.MachineRepairing, machinistv1.MachineDeleting,
+	} {
+		m := &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m"}, Status: machinistv1.MachineStatus{
+			Phase: phase, ProviderID: "inmemory://ns/m/uid"}}
+		err := Admit(m, machinistv1.OperationRepair, nil)
+		want := fmt.Sprintf(`machine "m" is %s; a repair can start only when it is Running or Failed`, phase)
+		if !errors.Is(err, ErrRefused) || err.Error() != want {
+			t.Errorf("repair in %s: got %v, want %q", phase, err, want)
+		}
+	}
+	m := &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m"}, Status: machinistv1.MachineStatus{
+		Phase: machinistv1.MachineFailed, ProviderID: "inmemory://ns/m/uid"}}
+	err := Admit(m, machinistv1.OperationReboot, nil)
+	if want := `machine "m" is Failed; a reboot can start only when it is Running`; !errors.Is(err, ErrRefused) || err.Error() != want {
+		t.Errorf("reboot in Failed: got %v, want %q", err, want)
+	}
+}
+
+// TestAdmitRefusesToRepairAMachineThatNeverHadAnInstance: a Machine that
+// failed before the provider made anything has nothing to re-image; the
+// refusal says so and what to do instead.
+func TestAdmitRefusesToRepairAMachineThatNeverHadAnInstance(t *testing.T) {
+	m := &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m"}, Status: machinistv1.MachineStatus{
+		Phase: machinistv1.MachineFailed, FailureReason: FailureCreate, FailureMessage: "quota exceeded"}}
+	err := Admit(m, machinistv1.OperationRepair, nil)
+	if !errors.Is(err, ErrRefused) {
+		t.Fatalf("got %v, want a refusal", err)
+	}
+	for _, want := range []string{`machine "m" is Failed before it had an instance`, FailureCreate, "nothing to repair", "delete it"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%q does not say %q", err, want)
+		}
+	}
+	if _, err := Request(m, machinistv1.OperationRepair, nil, machinistv1.SourceAPI, "alice", time.Now()); !errors.Is(err, ErrRefused) {
+		t.Errorf("Request: got %v, want the same refusal", err)
+	}
+	if m.Status.Operation != nil {
+		t.Errorf("a refused request recorded %+v", m.Status.Operation)
+	}
+
+	m.Status.ProviderID = "inmemory://ns/m/uid"
+	op, err := Request(m, machinistv1.OperationRepair, nil, machinistv1.SourceAPI, "alice", time.Now())
+	if err != nil {
+		t.Fatalf("with an instance: %v", err)
+	}
+	if op.State != machinistv1.OperationPending || m.Status.Operation != op {
+		t.Errorf("with an instance: recorded %+v", op)
+	}
+}
+
+// TestARepairStartsAFailedMachineWithoutADrain: the event that starts an
+// operation depends on the phase; only a Failed Machine's repair skips the
+// drain, and the table must allow that event there.
+func TestARepairStartsAFailedMachineWithoutADrain(t *testing.T) {
+	noDrain := &machinistv1.OperationOptions{Drain: ptr.To(false)}
+	for _, tc := range []struct {
+		typ   machinistv1.OperationType
+		opts  *machinistv1.OperationOptions
+		phase machinistv1.MachinePhase
+		want  Event
+	}{
+		{machinistv1.OperationRepair, nil, machinistv1.MachineFailed, Repair},
+		{machinistv1.OperationRepair, nil, machinistv1.MachineRunning, Drain},
+		{machinistv1.OperationReboot, nil, machinistv1.MachineRunning, Drain},
+		{machinistv1.OperationReboot, noDrain, machinistv1.MachineRunning, Reboot},
+		{machinistv1.OperationReboot, nil, machinistv1.MachineFailed, Drain},
+		{machinistv1.OperationReboot, noDrain, machinistv1.MachineFailed, Reboot},
+	} {
+		if got := firstEvent(tc.typ, tc.opts, tc.phase); got != tc.want {
+			t.Errorf("%s in %s: first event %s, want %s", tc.typ, tc.phase, got, tc.want)
+		}
+	}
+	if to, ok := Table.Allowed(machinistv1.MachineFailed, Repair); !ok || to != machinistv1.MachineRepairing {
+		t.Errorf("repair in Failed: table says (%s, %v), want Repairing", to, ok)
 	}
 }

@@ -28,7 +28,9 @@ import (
 
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/index"
 	"github.com/machinist-dev/machinist/internal/requeue"
+	"github.com/machinist-dev/machinist/internal/stale"
 )
 
 // Failure reasons a Machine can end with.
@@ -67,7 +69,9 @@ type Reconciler struct {
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 
-	writes lastWrites
+	// writes keeps a reconcile from acting on a cached Machine older
+	// than its own last write.
+	writes stale.Writes
 }
 
 // While a Machine has just entered Provisioning, it is looked at every
@@ -103,20 +107,7 @@ func (b Backoff) After(n int32) time.Duration {
 // SetupWithManager registers the controller, its cache indexes and watches.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts controller.Options) error {
 	idx := mgr.GetFieldIndexer()
-	if err := idx.IndexField(ctx, &corev1.Node{}, nodeByProviderID, func(o client.Object) []string {
-		if id := o.(*corev1.Node).Spec.ProviderID; id != "" {
-			return []string{id}
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
-	if err := idx.IndexField(ctx, &machinistv1.Machine{}, machineByProviderID, func(o client.Object) []string {
-		if id := o.(*machinistv1.Machine).Status.ProviderID; id != "" {
-			return []string{id}
-		}
-		return nil
-	}); err != nil {
+	if err := index.Register(ctx, idx); err != nil {
 		return err
 	}
 	if err := idx.IndexField(ctx, &machinistv1.Machine{}, machineByClass, func(o client.Object) []string {
@@ -237,12 +228,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	m := &machinistv1.Machine{}
 	if err := r.Client.Get(ctx, req.NamespacedName, m); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.writes.forget(req.NamespacedName)
+			r.writes.Forget(req.NamespacedName)
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	if r.writes.stale(m) {
-		return reconcile.Result{RequeueAfter: staleRecheck}, nil
+	if r.writes.Stale(m) {
+		return reconcile.Result{RequeueAfter: stale.Recheck}, nil
 	}
 	before := m.Status.DeepCopy()
 	s := &step{m: m, fsm: New(m.Status.Phase), now: r.now()}
@@ -265,7 +256,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			// from the phase that is really stored.
 			return requeue.Expected(reconcile.Result{}, errors.Join(err, werr))
 		}
-		r.writes.wrote(m)
+		r.writes.Wrote(m)
 	}
 	r.record(s)
 	if s.ack != "" {
@@ -274,7 +265,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			// unacknowledged and removes the annotation then.
 			err = errors.Join(err, aerr)
 		} else {
-			r.writes.wrote(m)
+			r.writes.Wrote(m)
 		}
 	}
 	return requeue.Expected(reconcile.Result{RequeueAfter: s.requeue}, err)
@@ -421,7 +412,7 @@ func (r *Reconciler) reconcileLive(ctx context.Context, s *step) error {
 		if err := r.Client.Update(ctx, m); err != nil {
 			return err
 		}
-		r.writes.wrote(m)
+		r.writes.Wrote(m)
 	}
 	if v, ok := m.Annotations[machinistv1.RequestAnnotation]; ok {
 		if err := r.takeRequest(ctx, s, v); err != nil {
@@ -497,6 +488,11 @@ func (r *Reconciler) reconcileLive(ctx context.Context, s *step) error {
 		if !h.recheck.IsZero() {
 			s.after(h.recheck.Sub(s.now) + time.Second)
 		}
+		if node != nil && !h.healthy && h.reason == reasonNodeLeaseExpired && isReady(node) {
+			// A kubelet that came back posts Ready before it renews its
+			// Lease, and renewals wake no reconcile: look again soon.
+			s.after(r.drainPoll())
+		}
 		if node != nil {
 			r.observeNode(m, node)
 			if err := r.applyNodeSpec(ctx, node, m, class, false); err != nil {
@@ -525,6 +521,13 @@ func (r *Reconciler) reconcileLive(ctx context.Context, s *step) error {
 			// Its record was lost or cleared by hand: back to service.
 			return r.abort(ctx, s, "no reboot or repair is in flight")
 		}
+		if d := deadlineOf(op); !d.IsZero() {
+			if !s.now.Before(d) {
+				return r.abort(ctx, s, fmt.Sprintf("the %s's timeout of %ds passed while draining: %s", verbOf(op.Type),
+					*op.Options.TimeoutSeconds, conditionMessage(m, machinistv1.ConditionDrained)))
+			}
+			s.after(d.Sub(s.now))
+		}
 		done, err := r.drain(ctx, s, class, verbOf(op.Type)+"ing")
 		if err != nil || !done {
 			return err
@@ -533,8 +536,27 @@ func (r *Reconciler) reconcileLive(ctx context.Context, s *step) error {
 
 	case machinistv1.MachineRebooting, machinistv1.MachineRepairing:
 		return r.awaitBoot(ctx, s, class)
+
+	case machinistv1.MachineFailed:
+		// Only a repair moves a Failed Machine; Admit let no other in.
+		op := m.Status.Operation
+		if !InFlight(op) {
+			return nil
+		}
+		if op.State == machinistv1.OperationPending {
+			startOperation(s)
+		}
+		return r.callProvider(ctx, s, class)
 	}
 	return nil
+}
+
+// conditionMessage is the message of m's condition t, or "".
+func conditionMessage(m *machinistv1.Machine, t string) string {
+	if c := meta.FindStatusCondition(m.Status.Conditions, t); c != nil {
+		return c.Message
+	}
+	return ""
 }
 
 func (r *Reconciler) reconcileDelete(ctx context.Context, s *step) error {

@@ -25,7 +25,9 @@ const (
 	Reboot Event = "reboot"
 	// Rebooted: the Node came back with a new boot ID and Ready.
 	Rebooted Event = "rebooted"
-	// Repair: the provider is re-imaging the instance.
+	// Repair: the provider is re-imaging the instance. A Failed Machine
+	// that has an instance can be repaired without a drain: re-imaging is
+	// what brings such a machine back.
 	Repair Event = "repair"
 	// Repaired: the re-imaged Node is Ready with a new boot ID.
 	Repaired Event = "repaired"
@@ -54,7 +56,7 @@ var Table = statemachine.Table[machinistv1.MachinePhase, Event]{
 		{Event: Drain, From: phases(machinistv1.MachineRunning), To: machinistv1.MachineDraining},
 		{Event: Reboot, From: phases(machinistv1.MachineRunning, machinistv1.MachineDraining), To: machinistv1.MachineRebooting},
 		{Event: Rebooted, From: phases(machinistv1.MachineRebooting), To: machinistv1.MachineRunning},
-		{Event: Repair, From: phases(machinistv1.MachineDraining), To: machinistv1.MachineRepairing},
+		{Event: Repair, From: phases(machinistv1.MachineDraining, machinistv1.MachineFailed), To: machinistv1.MachineRepairing},
 		{Event: Repaired, From: phases(machinistv1.MachineRepairing), To: machinistv1.MachineRunning},
 		{Event: Delete, From: phases(machinistv1.MachinePending, machinistv1.MachineProvisioning, machinistv1.MachineDraining,
 			machinistv1.MachineRebooting, machinistv1.MachineRepairing, machinistv1.MachineFailed), To: machinistv1.MachineDeleting},

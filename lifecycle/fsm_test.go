@@ -39,6 +39,7 @@ var moves = []move{
 	{"Repairing", "delete", "Deleting"},
 	{"Repairing", "fail", "Failed"},
 	{"Failed", "delete", "Deleting"},
+	{"Failed", "repair", "Repairing"},
 	{"Deleting", "deleted", "Deleted"},
 }
 

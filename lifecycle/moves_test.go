@@ -415,6 +415,56 @@ var _ = Describe("Moves of the Machine table", func() {
 		Eventually(inRepairing).Should(BeNumerically(">=", 5))
 	})
 
+	It("repairs a Failed Machine that has an instance, without a drain: Failed -> Repairing -> Running", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		// The machine stays off 3s after a restart: long after the reboot's
+		// timeoutSeconds (1s) fails it, well within the suite's 5s operation
+		// timeout for the repair that follows.
+		newClass(ctx, ns, "slow", &inmemorySpec{RebootLatency: metav1.Duration{Duration: 3 * time.Second}})
+		h := observe(ctx, ns)
+		moved := counted(transitionsOf("Failed", "Repairing", "repair"))
+		m := runMachine(ctx, newMachine(ns, "revived", "slow"))
+		boot, nodeUID := m.Status.BootID, m.Status.NodeRef.UID
+		request(ctx, m, machinistv1.OperationReboot, &machinistv1.OperationOptions{TimeoutSeconds: ptr.To(int64(1))})
+		Eventually(h.lastOf("revived")).WithTimeout(20 * time.Second).Should(And(
+			WithTransform(phase, Equal(failed)),
+			WithTransform(func(m *machinistv1.Machine) string { return m.Status.FailureReason }, Equal(lifecycle.FailureRebootTimeout)),
+		))
+
+		By("repairing it: the provider re-images the instance, no drain comes first")
+		op := request(ctx, m, machinistv1.OperationRepair, &machinistv1.OperationOptions{Reason: "did not come back"})
+		Eventually(h.lastOf("revived")).WithTimeout(20 * time.Second).Should(finished(machinistv1.OperationSucceeded))
+		Expect(h.phasesOf("revived")()).To(Equal([]machinistv1.MachinePhase{
+			pending, provisioning, running, rebooting, failed, repairing, running}))
+		Eventually(h.movesOf("revived")).Should(Equal(moves(
+			"Running -> Draining (drain)", "Draining -> Rebooting (reboot)", "Rebooting -> Failed (fail)",
+			"Failed -> Repairing (repair)", "Repairing -> Running (repaired)")))
+		Eventually(moved).Should(Equal(1.0))
+
+		By("clearing the failure as it leaves Failed, and recording a new boot on a Node registered afresh")
+		left := h.storedIn("revived", repairing)
+		Expect(left).NotTo(BeEmpty())
+		Expect(left[0].Status).To(MatchFields(IgnoreExtras, Fields{
+			"FailureReason":  BeEmpty(),
+			"FailureMessage": BeEmpty(),
+			"LastTransition": PointTo(MatchFields(IgnoreExtras, Fields{"From": Equal(failed), "Event": Equal("repair")})),
+		}))
+		last := h.lastOf("revived")()
+		Expect(last.Status.Operation).To(PointTo(MatchFields(IgnoreExtras, Fields{
+			"ID": Equal(op.ID), "State": Equal(machinistv1.OperationSucceeded), "Message": HavePrefix("repaired: boot ID"),
+		})))
+		Expect(last.Status.FailureReason).To(BeEmpty())
+		Expect(last.Status.FailureMessage).To(BeEmpty())
+		Expect(last.Status.BootID).NotTo(Equal(boot))
+		Expect(last.Status.NodeRef.UID).NotTo(Equal(nodeUID), "the Node was registered afresh")
+		Expect(condition(machinistv1.ConditionReady)(last)).To(PointTo(MatchFields(IgnoreExtras, Fields{"Status": Equal(metav1.ConditionTrue)})))
+		Expect(condition(machinistv1.ConditionDrained)(last)).To(BeNil())
+		restarts, err := provider.Restarts(m.Status.ProviderID)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(restarts).To(Equal(2), "the reboot, then the repair")
+		Eventually(func() bool { return node(ctx, last.Status.NodeRef.Name).Spec.Unschedulable }).Should(BeFalse())
+	})
+
 	It("aborts a drain whose operation record is gone: Draining -> Running, uncordoned", func(ctx SpecContext) {
 		ns := newNamespace(ctx)
 		newClass(ctx, ns, "small", nil)
@@ -501,6 +551,56 @@ var _ = Describe("Reboots and the drain", func() {
 	},
 		Entry("the class's timeout, the Machine setting none", 3*time.Second, time.Duration(0)),
 		Entry("the Machine's timeout over its class's", time.Hour, 3*time.Second),
+	)
+
+	DescribeTable("gives up a drain a pre-drain hook holds past the operation's timeoutSeconds: Draining -> Running, Failed",
+		func(ctx SpecContext, typ machinistv1.OperationType, verb string) {
+			ns := newNamespace(ctx)
+			newClass(ctx, ns, "small", nil)
+			h := observe(ctx, ns)
+			moved := counted(transitionsOf("Draining", "Running", "abort"))
+			m := newMachine(ns, "hooked", "small")
+			m.Annotations = map[string]string{machinistv1.PreDrainHookPrefix + "x": ""}
+			m = runMachine(ctx, m)
+			boot := m.Status.BootID
+			cordon := watchCordon(ctx, m.Status.NodeRef.Name)
+			op := request(ctx, m, typ, &machinistv1.OperationOptions{TimeoutSeconds: ptr.To(int64(2))})
+			Eventually(h.lastOf("hooked")).Should(And(
+				WithTransform(phase, Equal(draining)), WithTransform(drainedReason, Equal("PreDrainHook"))))
+
+			// Without timeoutSeconds the hook would hold it in Draining for ever.
+			Eventually(h.phasesOf("hooked")).WithTimeout(20 * time.Second).Should(Equal([]machinistv1.MachinePhase{
+				pending, provisioning, running, draining, running}))
+			Eventually(h.movesOf("hooked")).Should(Equal(moves("Running -> Draining (drain)", "Draining -> Running (abort)")))
+			Eventually(moved).Should(Equal(1.0))
+			last := h.lastOf("hooked")()
+			Expect(last.Status.Operation).To(PointTo(MatchFields(IgnoreExtras, Fields{
+				"ID":    Equal(op.ID),
+				"State": Equal(machinistv1.OperationFailed),
+				"Message": Equal("the " + verb + "'s timeout of 2s passed while draining: " +
+					"waiting for pre-drain hook annotation(s) to be removed: [pre-drain.hook.machinist.dev/x]"),
+			})))
+			Expect(condition(machinistv1.ConditionDrained)(last)).To(BeNil())
+			Expect(last.Status.Phase).To(Equal(running))
+			Expect(last.Status.FailureReason).To(BeEmpty(), "the operation failed, not the Machine")
+			Expect(last.Status.BootID).To(Equal(boot))
+			Expect(last.Annotations).To(HaveKey(machinistv1.PreDrainHookPrefix+"x"), "the hook is its owner's to remove")
+
+			By("giving up at the timeout and no sooner")
+			// Both times are stored in whole seconds, and the deadline is
+			// counted from the stored startedAt, so the difference is exact
+			// at its low end.
+			took := last.Status.Operation.CompletedAt.Sub(last.Status.Operation.StartedAt.Time)
+			Expect(took).To(And(BeNumerically(">=", 2*time.Second), BeNumerically("<=", 4*time.Second)))
+			Eventually(h.eventsOf("hooked")).Should(ContainElement(HavePrefix("Warning OperationFailed: " + verb + " " + op.ID)))
+			restarts, err := provider.Restarts(m.Status.ProviderID)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(restarts).To(BeZero(), "the provider was never asked")
+			// The hook comes before the cordon, so the Node was never cordoned.
+			Consistently(cordon.get, "500ms").Should(Equal([]bool{false}))
+		},
+		Entry("a reboot", machinistv1.OperationReboot, "reboot"),
+		Entry("a repair", machinistv1.OperationRepair, "repair"),
 	)
 
 	It("aborts a reboot the provider refuses for good: Draining -> Running, Failed, uncordoned", func(ctx SpecContext) {

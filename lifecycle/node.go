@@ -11,12 +11,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/index"
 )
 
 // Index names for the cache.
 const (
-	nodeByProviderID    = "spec.providerID"
-	machineByProviderID = "status.providerID"
+	nodeByProviderID    = index.NodeByProviderID
+	machineByProviderID = index.MachineByProviderID
 )
 
 // Reasons of the NodeHealthy condition.

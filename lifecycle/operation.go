@@ -8,9 +8,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
+	"k8s.io/utils/ptr"
 
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -35,13 +37,30 @@ func drains(typ machinistv1.OperationType, opts *machinistv1.OperationOptions) b
 	return typ != machinistv1.OperationReboot || opts == nil || opts.Drain == nil || *opts.Drain
 }
 
-// firstEvent is the event that starts an operation: the state machine, not
-// the caller, decides whether the Machine's phase allows it.
-func firstEvent(typ machinistv1.OperationType, opts *machinistv1.OperationOptions) Event {
-	if drains(typ, opts) {
+// firstEvent is the event that starts an operation on a Machine in phase:
+// the state machine, not the caller, decides whether the phase allows it.
+// A Failed Machine is repaired without a drain; a drain is how a Running
+// one is emptied first.
+func firstEvent(typ machinistv1.OperationType, opts *machinistv1.OperationOptions, phase machinistv1.MachinePhase) Event {
+	switch {
+	case typ == machinistv1.OperationRepair && phase == machinistv1.MachineFailed:
+		return Repair
+	case drains(typ, opts):
 		return Drain
 	}
 	return Reboot
+}
+
+// deadlineOf is when the operation in flight gives up, from its own
+// timeoutSeconds; zero when it has none.
+func deadlineOf(op *machinistv1.Operation) time.Time {
+	if !InFlight(op) {
+		return time.Time{}
+	}
+	if op == nil || op.StartedAt == nil || op.Options == nil || op.Options.TimeoutSeconds == nil {
+		return time.Time{}
+	}
+	return op.StartedAt.Add(time.Duration(*op.Options.TimeoutSeconds) * time.Second)
 }
 
 // InFlight reports whether op is still to be carried out.
@@ -64,9 +83,17 @@ func Admit(m *machinistv1.Machine, typ machinistv1.OperationType, opts *machinis
 	if phase == "" {
 		phase = Initial
 	}
-	if e := firstEvent(typ, opts); !New(phase).Can(e) {
+	if e := firstEvent(typ, opts, phase); !New(phase).Can(e) {
+		from := Table.From(e)
+		if typ == machinistv1.OperationRepair {
+			from = append(Table.From(Drain), machinistv1.MachineFailed)
+		}
 		return refuse("machine %q is %s; a %s can start only when it is %s",
-			m.Name, phase, verb, joinPhases(Table.From(e)))
+			m.Name, phase, verb, joinPhases(from))
+	}
+	if phase == machinistv1.MachineFailed && m.Status.ProviderID == "" {
+		return refuse("machine %q is Failed before it had an instance (%s); there is nothing to %s: delete it",
+			m.Name, m.Status.FailureReason, verb)
 	}
 	return nil
 }
@@ -87,6 +114,7 @@ func Request(m *machinistv1.Machine, typ machinistv1.OperationType, opts *machin
 		RequestedAt: &at,
 		Options:     opts,
 		Source:      source,
+		BootID:      m.Status.BootID,
 		Message:     "waiting for the Machine controller",
 	}
 	m.Status.Operation = op
@@ -133,6 +161,7 @@ const (
 	reasonStarted   = "OperationStarted"
 	reasonSucceeded = "OperationSucceeded"
 	reasonFailed    = "OperationFailed"
+	reasonDeadBoot  = "PodsOfDeadBootDeleted"
 )
 
 // Failure reasons an operation can leave a Machine with.
@@ -220,8 +249,17 @@ func (r *Reconciler) callProvider(ctx context.Context, s *step, class *machinist
 		r.retry(s, why.reason, why.err)
 		return nil
 	}
-	var err error
 	req := actuators.Operation{ID: op.ID, Hard: op.Options != nil && op.Options.Mode == "hard"}
+	// Judged before the reboot: a machine that boots fast could renew
+	// its Lease before the provider even answers.
+	var dead *deadNode
+	if !drains(op.Type, op.Options) && req.Hard {
+		var err error
+		if dead, err = r.unreachable(ctx, s); err != nil {
+			return err
+		}
+	}
+	var err error
 	event, doing := Reboot, "rebooting"
 	if op.Type == machinistv1.OperationRepair {
 		event, doing = Repair, "repairing"
@@ -244,11 +282,82 @@ func (r *Reconciler) callProvider(ctx context.Context, s *step, class *machinist
 		r.retry(s, "ProviderError", err)
 		return nil
 	}
+	if dead != nil {
+		if err := r.forgetDeadBoot(ctx, s, dead); err != nil {
+			return err
+		}
+	}
+	wasFailed := s.fsm.State() == machinistv1.MachineFailed
 	if err := s.fire(event); err != nil {
 		return err
 	}
+	if wasFailed {
+		m.Status.FailureReason, m.Status.FailureMessage = "", ""
+	}
 	op.Message = fmt.Sprintf("the provider is %s the instance; waiting for its Node to report a new boot ID and Ready", doing)
 	s.after(r.operationTimeout())
+	if d := deadlineOf(op); !d.IsZero() {
+		s.after(d.Sub(s.now))
+	}
+	return nil
+}
+
+// deadNode is a Node found not healthy before a hard reboot.
+type deadNode struct {
+	node *corev1.Node
+	why  string
+}
+
+// unreachable returns the Machine's Node if it is not healthy, else nil.
+func (r *Reconciler) unreachable(ctx context.Context, s *step) (*deadNode, error) {
+	node, err := r.nodeFor(ctx, s.m.Status.ProviderID)
+	if err != nil || node == nil {
+		return nil, err
+	}
+	h, err := r.nodeHealth(ctx, node, s.now)
+	if err != nil || h.healthy {
+		return nil, err
+	}
+	return &deadNode{node: node, why: h.message}, nil
+}
+
+// forgetDeadBoot deletes, at once, the pods bound to the Node of a Machine
+// that was just hard-rebooted without a drain while its Node was not
+// healthy. Nothing of the old boot runs any more, and no kubelet is left
+// to say so: without this, its pods would stay Running on the API, and
+// their controllers would not replace them, until the node lifecycle's
+// eviction some minutes later. Mirror pods are the kubelet's own to
+// recreate. A healthy Node's kubelet reports its pods itself after the
+// reboot, so they are left alone.
+func (r *Reconciler) forgetDeadBoot(ctx context.Context, s *step, dead *deadNode) error {
+	node := dead.node
+	pods, err := r.Kube.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node.Name})
+	if err != nil {
+		return fmt.Errorf("listing the pods of node %s: %w", node.Name, err)
+	}
+	gone := 0
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		if _, mirror := pod.Annotations[corev1.MirrorPodAnnotationKey]; mirror {
+			continue
+		}
+		err := r.Kube.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+			GracePeriodSeconds: ptr.To(int64(0)),
+			Preconditions:      &metav1.Preconditions{UID: &pod.UID},
+		})
+		switch {
+		case err == nil:
+			gone++
+		case apierrors.IsNotFound(err), apierrors.IsConflict(err):
+			// Gone already, or a new pod of the same name: not ours.
+		default:
+			return fmt.Errorf("deleting pod %s/%s of the dead boot of node %s: %w", pod.Namespace, pod.Name, node.Name, err)
+		}
+	}
+	if gone > 0 {
+		s.note(corev1.EventTypeNormal, reasonDeadBoot, "Reboot", "deleted %d pod(s) of node %s that died with its unreachable boot (%s)",
+			gone, node.Name, dead.why)
+	}
 	return nil
 }
 
@@ -280,15 +389,21 @@ func (r *Reconciler) awaitBoot(ctx context.Context, s *step, class *machinistv1.
 	if err != nil {
 		return err
 	}
+	// The boot the operation found; status.bootID may already hold the new
+	// one, if the reconcile that called the provider could not store it.
+	before := m.Status.BootID
+	if op := m.Status.Operation; InFlight(op) && op.BootID != "" {
+		before = op.BootID
+	}
 	if node != nil {
 		boot := node.Status.NodeInfo.BootID
-		if boot != "" && boot != m.Status.BootID {
+		if boot != "" && boot != before {
 			h, err := r.nodeHealth(ctx, node, s.now)
 			if err != nil {
 				return err
 			}
 			if h.healthy {
-				previous := m.Status.BootID
+				previous := before
 				if err := s.fire(event); err != nil {
 					return err
 				}
@@ -308,8 +423,12 @@ func (r *Reconciler) awaitBoot(ctx context.Context, s *step, class *machinistv1.
 		}
 	}
 	deadline := s.enteredAt().Add(r.operationTimeout())
+	msg := fmt.Sprintf("no Ready Node with a new boot ID %s after the provider began the %s", r.operationTimeout(), verb)
+	if d := deadlineOf(m.Status.Operation); !d.IsZero() && d.Before(deadline) {
+		deadline = d
+		msg = fmt.Sprintf("no Ready Node with a new boot ID %s after the %s began", d.Sub(m.Status.Operation.StartedAt.Time), verb)
+	}
 	if !s.now.Before(deadline) {
-		msg := fmt.Sprintf("no Ready Node with a new boot ID %s after the %s", r.operationTimeout(), verb)
 		if err := s.failMachine(failure, msg); err != nil {
 			return err
 		}

@@ -2,6 +2,7 @@ package lifecycle_test
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -195,6 +196,92 @@ var _ = Describe("Machine operations", func() {
 		Expect(m.Status.Operation.Message).To(ContainSubstring("no Ready Node with a new boot ID"))
 	})
 
+	It("fails a reboot whose Machine does not come back within the operation's timeoutSeconds, well before the controller's timeout", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		newClass(ctx, ns, "slow", &inmemorySpec{RebootLatency: metav1.Duration{Duration: time.Minute}})
+		m := runMachine(ctx, newMachine(ns, "t1", "slow"))
+		op := request(ctx, m, machinistv1.OperationReboot, &machinistv1.OperationOptions{TimeoutSeconds: ptr.To(int64(1))})
+		Eventually(getMachine(ctx, m)).WithTimeout(30 * time.Second).Should(finished(machinistv1.OperationFailed))
+		m = getMachine(ctx, m)()
+		msg := "no Ready Node with a new boot ID 1s after the reboot began"
+		Expect(m.Status).To(MatchFields(IgnoreExtras, Fields{
+			"Phase":          Equal(machinistv1.MachineFailed),
+			"FailureReason":  Equal(lifecycle.FailureRebootTimeout),
+			"FailureMessage": Equal(msg),
+			"LastTransition": PointTo(MatchFields(IgnoreExtras, Fields{"From": Equal(machinistv1.MachineRebooting), "Event": Equal("fail")})),
+			"Operation":      PointTo(MatchFields(IgnoreExtras, Fields{"ID": Equal(op.ID), "Message": Equal(msg)})),
+		}))
+		// The suite's operation timeout is 5s from entering Rebooting, after
+		// startedAt: ignoring timeoutSeconds would take 5s or more. Stored
+		// times have whole seconds and the deadline counts from the stored
+		// startedAt, so 1s is exact at the low end.
+		took := m.Status.LastTransition.Time.Sub(m.Status.Operation.StartedAt.Time)
+		Expect(took).To(And(BeNumerically(">=", time.Second), BeNumerically("<=", 3*time.Second)))
+	})
+
+	It("deletes the pods of a dead boot after a hard reboot without a drain of an unreachable Node", func(ctx SpecContext) {
+		ns, other := newNamespace(ctx), newNamespace(ctx)
+		// The machine stays off a second after the reboot, as a real one
+		// would, so that the Node the controller judges is the dead boot's.
+		newClass(ctx, ns, "small", &inmemorySpec{RebootLatency: metav1.Duration{Duration: time.Second}})
+		h := observe(ctx, ns)
+		m := runMachine(ctx, newMachine(ns, "dead", "small"))
+		boot, nodeName := m.Status.BootID, m.Status.NodeRef.Name
+		pod := boundPod(ctx, ns, "app", nodeName, nil, nil)
+		elsewhere := boundPod(ctx, other, "app", nodeName, nil, nil)
+		onAnotherNode := boundPod(ctx, ns, "other-node", "no-such-node", nil, nil)
+		mirror := mirrorPod(ctx, ns, node(ctx, nodeName))
+		Eventually(podPhase(ctx, pod)).Should(Equal(corev1.PodRunning), "the node agent runs bound pods")
+
+		By("crashing the machine until its Lease expires")
+		Expect(provider.Crash(m.Status.ProviderID)).To(Succeed())
+		Eventually(getMachine(ctx, m)).WithTimeout(3*leaseSeconds*time.Second + 5*time.Second).Should(
+			WithTransform(condition(machinistv1.ConditionNodeHealthy), PointTo(MatchFields(IgnoreExtras, Fields{
+				"Status": Equal(metav1.ConditionFalse), "Reason": Equal("NodeLeaseExpired"),
+			}))))
+		Expect(podPhase(ctx, pod)()).To(Equal(corev1.PodRunning), "no kubelet is left to say otherwise")
+
+		op := request(ctx, m, machinistv1.OperationReboot, &machinistv1.OperationOptions{Mode: "hard", Drain: ptr.To(false)})
+		Eventually(getMachine(ctx, m)).WithTimeout(30 * time.Second).Should(finished(machinistv1.OperationSucceeded))
+		m = getMachine(ctx, m)()
+		Expect(m.Status.Operation.ID).To(Equal(op.ID))
+		Expect(m.Status.Phase).To(Equal(machinistv1.MachineRunning))
+		Expect(m.Status.BootID).NotTo(Equal(boot))
+		Expect(h.phasesOf("dead")()).To(Equal([]machinistv1.MachinePhase{pending, provisioning, running, rebooting, running}),
+			"no drain")
+
+		By("deleting every pod bound to the Node but its mirror pod, and saying so")
+		Expect(podExists(ctx, pod)()).To(BeFalse())
+		Expect(podExists(ctx, elsewhere)()).To(BeFalse(), "pods of every namespace")
+		Expect(podExists(ctx, mirror)()).To(BeTrue(), "a mirror pod is the kubelet's to recreate")
+		Expect(podExists(ctx, onAnotherNode)()).To(BeTrue(), "only that Node's pods")
+		Eventually(h.eventsOf("dead")).Should(ContainElement(
+			HavePrefix(fmt.Sprintf("Normal PodsOfDeadBootDeleted: deleted 2 pod(s) of node %s that died with its unreachable boot (Node %s's kubelet has not renewed its Lease",
+				nodeName, nodeName))))
+	})
+
+	It("leaves a healthy Node's pods alone on a hard reboot without a drain", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		newClass(ctx, ns, "small", &inmemorySpec{RebootLatency: metav1.Duration{Duration: time.Second}})
+		h := observe(ctx, ns)
+		m := runMachine(ctx, newMachine(ns, "alive", "small"))
+		boot := m.Status.BootID
+		pod := boundPod(ctx, ns, "app", m.Status.NodeRef.Name, nil, nil)
+		Eventually(podPhase(ctx, pod)).Should(Equal(corev1.PodRunning), "the node agent runs bound pods")
+
+		request(ctx, m, machinistv1.OperationReboot, &machinistv1.OperationOptions{Mode: "hard", Drain: ptr.To(false)})
+		Eventually(getMachine(ctx, m)).WithTimeout(30 * time.Second).Should(finished(machinistv1.OperationSucceeded))
+		Expect(getMachine(ctx, m)().Status.BootID).NotTo(Equal(boot))
+		// The pods would have gone before Rebooting was stored, so long
+		// before the operation succeeded.
+		kept := &corev1.Pod{}
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(pod), kept)).To(Succeed())
+		Expect(kept.UID).To(Equal(pod.UID))
+		Expect(kept.DeletionTimestamp).To(BeNil())
+		Eventually(h.eventsOf("alive")).Should(ContainElement(HavePrefix("Normal OperationSucceeded:")))
+		Expect(h.eventsOf("alive")()).NotTo(ContainElement(ContainSubstring("PodsOfDeadBootDeleted")))
+	})
+
 	It("fails an operation in flight when its Machine is deleted", func(ctx SpecContext) {
 		ns := newNamespace(ctx)
 		newClass(ctx, ns, "slow", &inmemorySpec{RebootLatency: metav1.Duration{Duration: time.Minute}})
@@ -209,3 +296,32 @@ var _ = Describe("Machine operations", func() {
 			WithTimeout(30 * time.Second).ShouldNot(Succeed())
 	})
 })
+
+// podPhase reads pod's phase as stored.
+func podPhase(ctx context.Context, pod *corev1.Pod) func() corev1.PodPhase {
+	return func() corev1.PodPhase {
+		p := &corev1.Pod{}
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(pod), p)).To(Succeed())
+		return p.Status.Phase
+	}
+}
+
+// mirrorPod creates the API's copy of a static pod on n, as its kubelet
+// would: the mirror annotation and the Node as owner.
+func mirrorPod(ctx context.Context, ns string, n *corev1.Node) *corev1.Pod {
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: ns, Name: "static-" + n.Name,
+			Annotations: map[string]string{corev1.MirrorPodAnnotationKey: "mirror"},
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: "v1", Kind: "Node", Name: n.Name, UID: n.UID, Controller: ptr.To(true),
+			}},
+		},
+		Spec: corev1.PodSpec{
+			NodeName:   n.Name,
+			Containers: []corev1.Container{{Name: "app", Image: "registry.invalid/static:1"}},
+		},
+	}
+	Expect(k8s.Create(ctx, pod)).To(Succeed())
+	return pod
+}

@@ -246,6 +246,24 @@ func (p *Provider) Crash(providerID string) error {
 	return nil
 }
 
+// Break fails the instance's hardware for good, as a machine whose
+// network card died: it restarts at once, and from then on its Node
+// reports Ready=False after every boot, reboot or repair, until the
+// instance is deleted. Its Machine can only be healed by replacing it.
+func (p *Provider) Break(providerID string) error {
+	in, err := p.lookup(providerID)
+	if err != nil {
+		return err
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.powerOff()
+	in.faults.NeverReady, in.cfg.NeverReady = true, true
+	in.current = nodeagent.New(in.cfg)
+	in.powerOn()
+	return nil
+}
+
 // Create implements actuators.Actuator.
 func (p *Provider) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass) (string, error) {
 	if err := p.injectFailure(nil); err != nil {

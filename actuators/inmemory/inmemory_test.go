@@ -400,6 +400,38 @@ func TestRebootAndRepairChangeBootID(t *testing.T) {
 	g.Expect(actuators.IsPermanent(err)).To(BeTrue())
 }
 
+func TestBrokenStaysNotReadyThroughRebootAndRepair(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p := newProvider(t)
+	m, class := machine(t, "broken", "m", "")
+	id, err := p.Create(ctx, m, class)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Eventually(func(g Gomega) {
+		g.Expect(readyStatus(nodeFor(g, p, id))).To(Equal(corev1.ConditionTrue))
+	}).WithTimeout(wait).Should(Succeed())
+	before, err := p.BootID(id)
+	g.Expect(err).NotTo(HaveOccurred())
+
+	g.Expect(p.Break(id)).To(Succeed())
+	boot := before
+	for _, op := range []struct {
+		name string
+		do   func(context.Context, string, actuators.Operation) error
+	}{{"break", nil}, {"reboot", p.Reboot}, {"repair", p.Repair}} {
+		if op.do != nil {
+			g.Expect(op.do(ctx, id, actuators.Operation{ID: op.name})).To(Succeed())
+		}
+		g.Eventually(func(g Gomega) {
+			n := nodeFor(g, p, id)
+			g.Expect(n.Status.NodeInfo.BootID).NotTo(Equal(boot), "after %s the machine booted again", op.name)
+			g.Expect(readyStatus(n)).To(Equal(corev1.ConditionFalse), "after %s the Node is not Ready", op.name)
+		}).WithTimeout(wait).Should(Succeed())
+		boot, err = p.BootID(id)
+		g.Expect(err).NotTo(HaveOccurred())
+	}
+}
+
 func TestRebootLatencyKeepsTheMachineOff(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()

@@ -185,9 +185,16 @@ type Operation struct {
 	// Options are the request's options, as given.
 	// +optional
 	Options *OperationOptions `json:"options,omitempty"`
-	// Source is how the request arrived: API (the verbs server) or
-	// Annotation (machinist.dev/request).
-	// +kubebuilder:validation:Enum=API;Annotation
+	// BootID is the Machine's boot ID when the operation was requested.
+	// The operation is done once the Node reports another: recorded with
+	// the request, it survives a controller that called the provider but
+	// could not store what it did, and then sees the new boot already.
+	// +optional
+	BootID string `json:"bootID,omitempty"`
+	// Source is how the request arrived: API (the verbs server),
+	// Annotation (machinist.dev/request) or HealthCheck (a
+	// MachineHealthCheck's remediation).
+	// +kubebuilder:validation:Enum=API;Annotation;HealthCheck
 	// +optional
 	Source OperationSource `json:"source,omitempty"`
 }
@@ -201,6 +208,9 @@ const (
 	SourceAPI OperationSource = "API"
 	// SourceAnnotation: through the machinist.dev/request annotation.
 	SourceAnnotation OperationSource = "Annotation"
+	// SourceHealthCheck: by a MachineHealthCheck's remediation ladder;
+	// RequestedBy names it as machinehealthcheck/<name>.
+	SourceHealthCheck OperationSource = "HealthCheck"
 )
 
 // OperationOptions are the options a verb was requested with.
@@ -221,6 +231,12 @@ type OperationOptions struct {
 	// +kubebuilder:validation:MaxLength=256
 	// +optional
 	Reason string `json:"reason,omitempty"`
+	// TimeoutSeconds bounds the operation from its start: a drain still
+	// going gives up, and a Machine not back Ready with a new boot ID is
+	// Failed. Unset leaves the controller's own operation timeout.
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	TimeoutSeconds *int64 `json:"timeoutSeconds,omitempty"`
 }
 
 // MachineStatus is what the Machine controller observed and did.
@@ -276,6 +292,11 @@ type MachineStatus struct {
 	// FailureMessage explains the Failed phase to a person.
 	// +optional
 	FailureMessage string `json:"failureMessage,omitempty"`
+
+	// Remediation is where the Machine stands on its MachineHealthCheck's
+	// remediation ladder; only that health check writes it.
+	// +optional
+	Remediation *MachineRemediation `json:"remediation,omitempty"`
 }
 
 // Machine is one machine (and so one Node), driven through its lifecycle

@@ -24,7 +24,7 @@ func run(t *testing.T, args ...string) (string, error) {
 
 // machineMoves is how many moves docs/lifecycle.md's Machine table has,
 // counted by hand; lifecycle's fsm_test.go lists each one.
-const machineMoves = 20
+const machineMoves = 21
 
 func TestFSMPrintsEveryTransition(t *testing.T) {
 	for _, format := range []string{"mermaid", "dot"} {
@@ -64,7 +64,7 @@ func TestFSMRejectsUnknownFormatAndTable(t *testing.T) {
 	if _, err := run(t, "fsm", "--format", "png"); err == nil || !strings.Contains(err.Error(), "use mermaid or dot") {
 		t.Fatalf("got %v, want an error naming the formats", err)
 	}
-	if _, err := run(t, "fsm", "--table", "cluster"); err == nil || !strings.Contains(err.Error(), "use machine or rollout") {
+	if _, err := run(t, "fsm", "--table", "cluster"); err == nil || !strings.Contains(err.Error(), "use machine, rollout or remediation") {
 		t.Fatalf("got %v, want an error naming the tables", err)
 	}
 }

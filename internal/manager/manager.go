@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/deployment"
+	"github.com/machinist-dev/machinist/healthcheck"
 	"github.com/machinist-dev/machinist/lifecycle"
 	"github.com/machinist-dev/machinist/machineset"
 )
@@ -62,6 +64,11 @@ type Options struct {
 	// (empty: the namespace the process runs in, in a cluster).
 	LeaderElection          bool
 	LeaderElectionNamespace string
+	// NodeGrace is how long kubelets are given to report after the manager
+	// starts or the API server comes back before a Node condition counts
+	// against a Machine in a health check; zero means 40s, a kubelet's
+	// Lease duration.
+	NodeGrace time.Duration
 }
 
 // Manager is a controller-runtime manager with Machinist's controllers.
@@ -71,10 +78,12 @@ type Manager struct {
 	Metrics *lifecycle.Metrics
 	// Rollouts counts MachineDeployment rollout transitions.
 	Rollouts *prometheus.CounterVec
+	// Remediations are the health checks' metrics.
+	Remediations *healthcheck.Metrics
 }
 
-// New builds a manager running the Machine, MachineSet and MachineDeployment
-// controllers.
+// New builds a manager running the Machine, MachineSet, MachineDeployment
+// and MachineHealthCheck controllers.
 func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Options) (*Manager, error) {
 	cfg = rest.CopyConfig(cfg)
 	if opts.QPS > 0 {
@@ -91,8 +100,12 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	if health == "" {
 		health = "0"
 	}
+	checks := &healthcheck.Reconciler{NodeGrace: opts.NodeGrace}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                  scheme,
+		Scheme: scheme,
+		// A watch that failed may mean the API server was out of reach:
+		// the health checks then distrust stale Node conditions a while.
+		Cache:                   cache.Options{DefaultWatchErrorHandler: checks.WatchError},
 		Metrics:                 metricsserver.Options{BindAddress: addr},
 		HealthProbeBindAddress:  health,
 		LeaderElection:          opts.LeaderElection,
@@ -164,7 +177,15 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	if err := deployments.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err
 	}
-	return &Manager{Manager: mgr, Metrics: metrics, Rollouts: rollouts}, nil
+	remediations := healthcheck.NewMetrics()
+	if err := remediations.Register(reg); err != nil {
+		return nil, err
+	}
+	checks.Client, checks.Recorder, checks.Metrics = mgr.GetClient(), mgr.GetEventRecorder("machinist-machinehealthcheck"), remediations
+	if err := checks.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
+		return nil, err
+	}
+	return &Manager{Manager: mgr, Metrics: metrics, Rollouts: rollouts, Remediations: remediations}, nil
 }
 
 func or(v, def int) int {

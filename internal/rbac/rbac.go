@@ -9,16 +9,18 @@ package rbac
 // Machinist's own kinds: the controllers read and write them all, and their
 // status; they set finalizers on Machines.
 //
-// +kubebuilder:rbac:groups=machinist.dev,resources=machines;machinesets;machinedeployments;machineclasses,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=machinist.dev,resources=machines/status;machinesets/status;machinedeployments/status;machineclasses/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=machinist.dev,resources=machines;machinesets;machinedeployments;machineclasses;machinehealthchecks,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=machinist.dev,resources=machines/status;machinesets/status;machinedeployments/status;machineclasses/status;machinehealthchecks/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=machinist.dev,resources=machines/finalizers;machinesets/finalizers;machinedeployments/finalizers,verbs=update
 
 // The Machine controller labels, taints, cordons and deletes Nodes and
 // drains them by evicting their pods. It never writes a Node's status:
 // marking a dead kubelet's Node is the node lifecycle controller's job.
+// After a hard reboot of an unreachable Node it deletes the pods that died
+// with the old boot, which no kubelet is left to confirm.
 //
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;delete
 // +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create
 // +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch

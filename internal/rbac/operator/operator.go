@@ -7,7 +7,7 @@ package operator
 // The verbs, and reading the Machines they act on.
 // +kubebuilder:rbac:groups=subresources.machinist.dev,resources=machines/reboot;machines/repair,verbs=update
 // +kubebuilder:rbac:groups=subresources.machinist.dev,resources=machines,verbs=get
-// +kubebuilder:rbac:groups=machinist.dev,resources=machines;machinesets;machinedeployments;machineclasses,verbs=get;list;watch
+// +kubebuilder:rbac:groups=machinist.dev,resources=machines;machinesets;machinedeployments;machineclasses;machinehealthchecks,verbs=get;list;watch
 // The annotation path (machinist.dev/request) is a patch of the Machine.
 // +kubebuilder:rbac:groups=machinist.dev,resources=machines,verbs=patch
 // Rollouts: pause, resume and undo change the MachineDeployment.

@@ -1,0 +1,431 @@
+package healthcheck
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/index"
+	"github.com/machinist-dev/machinist/internal/requeue"
+	"github.com/machinist-dev/machinist/internal/stale"
+	"github.com/machinist-dev/machinist/internal/wake"
+)
+
+// Reconciler is the MachineHealthCheck controller. One reconcile of a
+// health check judges all its Machines, decides which rungs start, and
+// writes each Machine whose remediation changed once, then the check's
+// status if its counts changed.
+type Reconciler struct {
+	// Client reads from the manager's cache and writes to the API server.
+	Client client.Client
+	// Recorder emits an Event per rung started and ended.
+	Recorder events.EventRecorder
+	// Metrics counts remediations; nil records none.
+	Metrics *Metrics
+	// NodeGrace is how long kubelets are given to report after the manager
+	// starts or the API server comes back, before a Node condition counts
+	// against a Machine: a Lease period. Zero means 40s, the kubelet's.
+	NodeGrace time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+
+	writes  stale.Writes
+	mu      sync.Mutex
+	trusted time.Time // start of the manager, or the last watch error since
+}
+
+// RequestedBy is how a health check signs the operations it requests.
+func RequestedBy(name string) string { return "machinehealthcheck/" + name }
+
+// SetupWithManager registers the controller and its watches.
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts controller.Options) error {
+	if err := index.Register(ctx, mgr.GetFieldIndexer()); err != nil {
+		return err
+	}
+	r.sawAPI(r.now())
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&machinistv1.MachineHealthCheck{}, builder.WithPredicates(wake.OnChangeByOthers())).
+		Watches(&machinistv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.checksForMachine),
+			builder.WithPredicates(machineChanged())).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.checksForNode),
+			builder.WithPredicates(nodeChanged())).
+		WithOptions(opts).
+		Named("machinehealthcheck").
+		Complete(r)
+}
+
+// WatchError is a cache's watch error handler: a watch that failed means
+// the API server may have been out of reach, and the Node conditions it
+// shows after that may be stale until the kubelets have reported again.
+func (r *Reconciler) WatchError(ctx context.Context, rf *toolscache.Reflector, err error) {
+	if !apierrors.IsResourceExpired(err) && !apierrors.IsGone(err) {
+		r.sawAPI(r.now())
+	}
+	toolscache.DefaultWatchErrorHandler(ctx, rf, err)
+}
+
+func (r *Reconciler) sawAPI(t time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if t.After(r.trusted) {
+		r.trusted = t
+	}
+}
+
+func (r *Reconciler) trust() trust {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	grace := r.NodeGrace
+	if grace <= 0 {
+		grace = 40 * time.Second
+	}
+	return trust{Since: r.trusted, Grace: grace}
+}
+
+func (r *Reconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+// pass is one reconcile of one health check.
+type pass struct {
+	hc      *machinistv1.MachineHealthCheck
+	ladder  []machinistv1.Rung
+	now     time.Time
+	recheck time.Time
+	// slots is how many more remediations may start in this pass.
+	slots int
+	// held says why no remediation may start ("" when they may).
+	held string
+}
+
+func (p *pass) after(t time.Time) { p.recheck = earliest(p.recheck, t) }
+
+// target is one selected Machine and what this pass decides for it.
+type target struct {
+	m       *machinistv1.Machine
+	before  *machinistv1.MachineStatus
+	node    *corev1.Node
+	v       verdict
+	fsm     *ladder
+	notes   []note
+	replace bool
+	// counts and healed are the metrics of this pass, recorded once the
+	// Machine is written: a pass that fails to write is done again.
+	counts []count
+	healed time.Duration
+}
+
+type count struct {
+	action  machinistv1.RemediationAction
+	outcome string
+}
+
+func (t *target) count(a machinistv1.RemediationAction, outcome string) {
+	t.counts = append(t.counts, count{a, outcome})
+}
+
+type note struct{ kind, reason, message string }
+
+func (t *target) note(kind, reason, format string, args ...any) {
+	t.notes = append(t.notes, note{kind, reason, fmt.Sprintf(format, args...)})
+}
+
+// Reconcile implements reconcile.Reconciler.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	hc := &machinistv1.MachineHealthCheck{}
+	if err := r.Client.Get(ctx, req.NamespacedName, hc); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if !hc.DeletionTimestamp.IsZero() {
+		return reconcile.Result{}, nil
+	}
+	selector, err := metav1.LabelSelectorAsSelector(&hc.Spec.Selector)
+	if err != nil {
+		// CEL cannot check every selector; say so rather than retry.
+		return reconcile.Result{}, r.writeStatus(ctx, hc, hc.Status, invalid(hc, err))
+	}
+	var list machinistv1.MachineList
+	if err := r.Client.List(ctx, &list, client.InNamespace(hc.Namespace), client.MatchingLabelsSelector{Selector: selector}); err != nil {
+		return reconcile.Result{}, err
+	}
+	p := &pass{hc: hc, ladder: hc.Spec.Remediation.Ladder, now: r.now()}
+	checks, tr := checksOf(&hc.Spec), r.trust()
+	var targets []*target
+	for i := range list.Items {
+		m := &list.Items[i]
+		if r.writes.Stale(m) {
+			return reconcile.Result{RequeueAfter: stale.Recheck}, nil
+		}
+		if rem := m.Status.Remediation; rem != nil && rem.HealthCheck != hc.Name && r.exists(ctx, hc.Namespace, rem.HealthCheck) {
+			// Another health check selects it too and got there first.
+			continue
+		}
+		if !m.DeletionTimestamp.IsZero() {
+			continue
+		}
+		t := &target{m: m, before: m.Status.DeepCopy(), fsm: newFSM(m)}
+		if m.Status.Phase == machinistv1.MachineRunning {
+			if t.node, err = r.nodeOf(ctx, m); err != nil {
+				return reconcile.Result{}, err
+			}
+		}
+		t.v = judge(checks, m, t.node, p.now, tr)
+		if !t.v.recheck.IsZero() {
+			p.after(t.v.recheck)
+		}
+		targets = append(targets, t)
+	}
+	st := machinistv1.MachineHealthCheckStatus{ExpectedMachines: int32(len(targets)), ObservedGeneration: hc.Generation}
+	for _, t := range targets {
+		switch {
+		case t.v.known && t.v.healthy:
+			st.HealthyMachines++
+		case t.v.known:
+			st.UnhealthyMachines++
+		case t.m.Status.Remediation != nil && t.m.Status.Remediation.Phase != machinistv1.RemediationHealthy &&
+			t.m.Status.Remediation.Phase != machinistv1.RemediationRecovered:
+			st.UnhealthyMachines++
+		default:
+			st.HealthyMachines++
+		}
+	}
+	maxUnhealthy := scaled(hc.Spec.MaxUnhealthy, "100%", len(targets), false)
+	maxInFlight := max(scaled(hc.Spec.Remediation.MaxInFlight, "1", len(targets), true), 1)
+	if int(st.UnhealthyMachines) > maxUnhealthy {
+		p.held = fmt.Sprintf("%d of %d Machines are unhealthy, more than maxUnhealthy (%s) allows: no remediation starts until some recover",
+			st.UnhealthyMachines, len(targets), hc.Spec.MaxUnhealthy.String())
+	}
+
+	// Rungs in progress first: one that ends frees its slot for a Machine
+	// waiting in this same pass. The longest unhealthy go first.
+	slices.SortStableFunc(targets, func(a, b *target) int { return unhealthySince(a.m).Compare(unhealthySince(b.m)) })
+	var climbing, waiting []*target
+	for _, t := range targets {
+		if !mine(t.m, hc) || !remediating(t.m.Status.Remediation.Phase) {
+			waiting = append(waiting, t)
+			continue
+		}
+		climbing = append(climbing, t)
+		if err := r.step(p, t); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+	inFlight := r.inFlight(hc, list.Items, targets)
+	if p.held == "" {
+		p.slots = max(maxInFlight-inFlight, 0)
+	}
+	for _, t := range waiting {
+		if err := r.step(p, t); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+
+	// Written in the order decided: a rung that ended is stored before
+	// the one that took its slot starts, so that no one watching ever
+	// sees more than maxInFlight at once; and if it could not be stored,
+	// the new one does not start either.
+	var errs []error
+	for _, t := range climbing {
+		if err := r.write(ctx, p, t); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return requeue.Expected(reconcile.Result{}, errors.Join(errs...))
+	}
+	for _, t := range waiting {
+		if err := r.write(ctx, p, t); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	inFlight = r.inFlight(hc, list.Items, targets)
+	st.RemediationsInFlight = int32(inFlight)
+	if p.held == "" {
+		st.RemediationsAllowed = int32(max(maxInFlight-inFlight, 0))
+	}
+	st.Conditions = hc.Status.Conditions
+	r.setAllowed(hc, &st, p.held)
+	if err := r.writeStatus(ctx, hc, st, nil); err != nil {
+		errs = append(errs, err)
+	}
+	res := reconcile.Result{}
+	if !p.recheck.IsZero() {
+		// A second late rather than early: the verdict is due at recheck.
+		res.RequeueAfter = p.recheck.Sub(r.now()) + time.Second
+	}
+	return requeue.Expected(res, errors.Join(errs...))
+}
+
+// inFlight counts the Machines of hc on a rung: the targets as this pass
+// left them, and those being deleted (replaced, or deleted by someone
+// while on a rung) until they are gone.
+func (r *Reconciler) inFlight(hc *machinistv1.MachineHealthCheck, all []machinistv1.Machine, targets []*target) int {
+	n := 0
+	for _, t := range targets {
+		if mine(t.m, hc) && remediating(t.m.Status.Remediation.Phase) {
+			n++
+		}
+	}
+	for i := range all {
+		if m := &all[i]; !m.DeletionTimestamp.IsZero() && mine(m, hc) && remediating(m.Status.Remediation.Phase) {
+			n++
+		}
+	}
+	return n
+}
+
+// write stores what the pass decided for one Machine, then deletes it if
+// it is to be replaced: the rung is on record before the Machine goes.
+func (r *Reconciler) write(ctx context.Context, p *pass, t *target) error {
+	m := t.m
+	setCondition(m, t.v, p)
+	if !equality.Semantic.DeepEqual(t.before, &m.Status) {
+		if err := r.Client.Status().Update(ctx, m); err != nil {
+			return err
+		}
+		r.writes.Wrote(m)
+	}
+	for _, n := range t.notes {
+		if r.Recorder != nil {
+			r.Recorder.Eventf(m, p.hc, n.kind, n.reason, "Remediate", "%s", n.message)
+		}
+	}
+	if r.Metrics != nil {
+		r.Metrics.record(t.counts, t.healed)
+	}
+	if t.replace || (mine(m, p.hc) && m.Status.Remediation.Phase == machinistv1.RemediationReplacing) {
+		uid := m.UID
+		err := r.Client.Delete(ctx, m, client.Preconditions{UID: &uid})
+		return client.IgnoreNotFound(err)
+	}
+	return nil
+}
+
+// setCondition keeps the Machine's HealthCheckSucceeded condition in step
+// with the verdict; an unknown verdict leaves it as it was.
+func setCondition(m *machinistv1.Machine, v verdict, p *pass) {
+	if !v.known {
+		return
+	}
+	status := metav1.ConditionFalse
+	if v.healthy {
+		status = metav1.ConditionTrue
+	}
+	meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
+		Type: machinistv1.ConditionHealthCheckSucceeded, Status: status, Reason: v.reason,
+		Message: fmt.Sprintf("%s (machinehealthcheck %s)", v.message, p.hc.Name), ObservedGeneration: m.Generation,
+	})
+}
+
+// setAllowed sets the check's RemediationAllowed condition and emits an
+// Event when it changes.
+func (r *Reconciler) setAllowed(hc *machinistv1.MachineHealthCheck, st *machinistv1.MachineHealthCheckStatus, held string) {
+	c := metav1.Condition{Type: machinistv1.ConditionRemediationAllowed, Status: metav1.ConditionTrue, Reason: "WithinLimits",
+		Message: "unhealthy Machines are within maxUnhealthy", ObservedGeneration: hc.Generation}
+	if held != "" {
+		c.Status, c.Reason, c.Message = metav1.ConditionFalse, "TooManyUnhealthy", held
+	}
+	old := meta.FindStatusCondition(st.Conditions, c.Type)
+	st.Conditions = slices.Clone(st.Conditions)
+	meta.SetStatusCondition(&st.Conditions, c)
+	if r.Recorder == nil || (old != nil && old.Status == c.Status) {
+		return
+	}
+	if held != "" {
+		r.Recorder.Eventf(hc, nil, corev1.EventTypeWarning, "RemediationShortCircuited", "Remediate", "%s", held)
+	} else if old != nil {
+		r.Recorder.Eventf(hc, nil, corev1.EventTypeNormal, "RemediationAllowed", "Remediate", "%s", c.Message)
+	}
+}
+
+// invalid is the status of a health check whose selector is not valid.
+func invalid(hc *machinistv1.MachineHealthCheck, err error) *metav1.Condition {
+	return &metav1.Condition{Type: machinistv1.ConditionRemediationAllowed, Status: metav1.ConditionFalse,
+		Reason: "InvalidSelector", Message: err.Error(), ObservedGeneration: hc.Generation}
+}
+
+// writeStatus writes the check's status when it changed.
+func (r *Reconciler) writeStatus(ctx context.Context, hc *machinistv1.MachineHealthCheck, st machinistv1.MachineHealthCheckStatus, c *metav1.Condition) error {
+	if c != nil {
+		st.Conditions = slices.Clone(st.Conditions)
+		meta.SetStatusCondition(&st.Conditions, *c)
+	}
+	if equality.Semantic.DeepEqual(hc.Status, st) {
+		return nil
+	}
+	hc.Status = st
+	return r.Client.Status().Update(ctx, hc)
+}
+
+// exists reports whether the health check name is in the cache.
+func (r *Reconciler) exists(ctx context.Context, ns, name string) bool {
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &machinistv1.MachineHealthCheck{})
+	return !apierrors.IsNotFound(err)
+}
+
+// nodeOf returns the Machine's Node, found by providerID, or nil.
+func (r *Reconciler) nodeOf(ctx context.Context, m *machinistv1.Machine) (*corev1.Node, error) {
+	if m.Status.ProviderID == "" {
+		return nil, nil
+	}
+	var nodes corev1.NodeList
+	if err := r.Client.List(ctx, &nodes, client.MatchingFields{index.NodeByProviderID: m.Status.ProviderID}); err != nil {
+		return nil, err
+	}
+	if len(nodes.Items) == 0 {
+		return nil, nil
+	}
+	return &nodes.Items[0], nil
+}
+
+// mine reports whether hc remediates m.
+func mine(m *machinistv1.Machine, hc *machinistv1.MachineHealthCheck) bool {
+	return m.Status.Remediation != nil && m.Status.Remediation.HealthCheck == hc.Name
+}
+
+// remediating reports whether a rung is in progress in phase.
+func remediating(p machinistv1.RemediationPhase) bool {
+	return p == machinistv1.RemediationRebooting || p == machinistv1.RemediationRepairing || p == machinistv1.RemediationReplacing
+}
+
+func unhealthySince(m *machinistv1.Machine) time.Time {
+	if rem := m.Status.Remediation; rem != nil && rem.UnhealthySince != nil {
+		return rem.UnhealthySince.Time
+	}
+	return time.Time{}
+}
+
+// scaled resolves a count or percentage of total; nil means def.
+func scaled(v *intstr.IntOrString, def string, total int, roundUp bool) int {
+	if v == nil {
+		d := intstr.Parse(def)
+		v = &d
+	}
+	n, err := intstr.GetScaledValueFromIntOrPercent(v, total, roundUp)
+	if err != nil {
+		return 0
+	}
+	return n
+}

@@ -1,0 +1,324 @@
+package healthcheck_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+)
+
+const (
+	reboot  = machinistv1.RemediateReboot
+	repair  = machinistv1.RemediateRepair
+	replace = machinistv1.RemediateReplace
+)
+
+// A Machine whose hardware broke stays NotReady through a reboot and a
+// repair; the third rung replaces it, and its MachineSet makes a new one.
+func TestLadderClimbsFromRebootToReplace(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ns := setup(t, "ladder", "")
+	h := record(t, ns)
+	create(t, machineSet(ns, "workers", 1))
+	old := running(t, ns, 1)[0]
+	create(t, healthCheck(ns, "workers", rung(reboot, 4*time.Second), rung(repair, 4*time.Second), rung(replace, 0)))
+	if err := controllers.Provider.Break(old.Status.ProviderID); err != nil {
+		t.Fatal(err)
+	}
+
+	var fresh machinistv1.Machine
+	waitFor(t, "a new Machine replacing the broken one", func() bool {
+		ms := machines(t, ns)
+		if len(ms) != 1 || ms[0].Name == old.Name || ms[0].Status.Phase != machinistv1.MachineRunning {
+			return false
+		}
+		fresh = ms[0]
+		return true
+	})
+	// Found unhealthy and started on the first rung in one write: with a
+	// free slot, Unhealthy is never stored on its own.
+	want := []machinistv1.RemediationPhase{
+		machinistv1.RemediationRebooting, machinistv1.RemediationRepairing, machinistv1.RemediationReplacing,
+	}
+	if got := h.ladder(old.Name); !slices.Equal(got, want) {
+		t.Errorf("the broken Machine went through %v on the ladder, want %v", got, want)
+	}
+	phases := h.phases(old.Name)
+	for _, p := range []machinistv1.MachinePhase{machinistv1.MachineRebooting, machinistv1.MachineRepairing, machinistv1.MachineFailed} {
+		if !slices.Contains(phases, p) {
+			t.Errorf("the broken Machine's phases %v lack %s", phases, p)
+		}
+	}
+	if !h.deleted(old.Name) {
+		t.Error("no watch event showed the broken Machine deleted")
+	}
+	if exists, err := controllers.Provider.Exists(ctx, old.Status.ProviderID); err != nil || exists {
+		t.Errorf("the broken Machine's instance still exists (%v)", err)
+	}
+	if fresh.Status.Remediation != nil && fresh.Status.Remediation.Phase != machinistv1.RemediationHealthy {
+		t.Errorf("the new Machine starts with remediation %+v", fresh.Status.Remediation)
+	}
+	for _, reason := range []string{"MachineUnhealthy", "RemediationStarted", "RemediationFailed"} {
+		if len(events(t, ns, reason)) == 0 {
+			t.Errorf("no %s Event", reason)
+		}
+	}
+}
+
+// A Machine no MachineSet owns is never replaced: the rung is skipped and
+// the ladder runs out, visibly.
+func TestMachineWithoutSetIsNeverReplaced(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ns := setup(t, "bare", "")
+	m := &machinistv1.Machine{}
+	m.Namespace, m.Name, m.Labels = ns, "bare", map[string]string{"pool": "bare"}
+	m.Spec.ClassRef.Name, m.Spec.Version = "small", "v1.37.2"
+	create(t, m)
+	running(t, ns, 1)
+	get(t, m)
+	create(t, healthCheck(ns, "bare", rung(replace, 0)))
+	if err := controllers.Provider.Break(m.Status.ProviderID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the ladder exhausted", func() bool {
+		get(t, m)
+		return m.Status.Remediation != nil && m.Status.Remediation.Phase == machinistv1.RemediationExhausted
+	})
+	skipped := events(t, ns, "RemediationSkipped")
+	if len(skipped) == 0 || !strings.Contains(skipped[0].Note, "never replaced") {
+		t.Errorf("want a RemediationSkipped Event saying the Machine is never replaced, got %+v", skipped)
+	}
+	if len(events(t, ns, "RemediationExhausted")) == 0 {
+		t.Error("no RemediationExhausted Event")
+	}
+	time.Sleep(2 * time.Second)
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(m), m); err != nil || !m.DeletionTimestamp.IsZero() {
+		t.Errorf("the Machine was deleted (%v)", err)
+	}
+}
+
+// crash stops the Machines' agents: their Leases lapse and the node
+// lifecycle controller marks their Nodes Ready=Unknown.
+func crash(t *testing.T, ms ...machinistv1.Machine) {
+	t.Helper()
+	for _, m := range ms {
+		if err := controllers.Provider.Crash(m.Status.ProviderID); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// An unreachable Node is rebooted hard, without a drain, and comes back:
+// the same Machine, a new boot ID.
+func TestUnreachableMachineIsRebootedHard(t *testing.T) {
+	t.Parallel()
+	ns := setup(t, "unreachable", "")
+	h := record(t, ns)
+	create(t, machineSet(ns, "workers", 1))
+	m := running(t, ns, 1)[0]
+	create(t, healthCheck(ns, "workers", rung(reboot, 30*time.Second), rung(replace, 0)))
+	crash(t, m)
+	waitFor(t, "the Machine recovered", func() bool {
+		get(t, &m)
+		return m.Status.Remediation != nil && m.Status.Remediation.Phase == machinistv1.RemediationRecovered && healthy(&m)
+	})
+	op := m.Status.Operation
+	if op == nil || op.Source != machinistv1.SourceHealthCheck || op.RequestedBy != "machinehealthcheck/workers" ||
+		op.Options == nil || op.Options.Mode != "hard" || op.Options.Drain == nil || *op.Options.Drain {
+		t.Errorf("want a hard reboot without drain requested by machinehealthcheck/workers, got %+v", op)
+	}
+	if b := h.boots(m.Name); b != 2 {
+		t.Errorf("the Machine reported %d boot IDs, want 2: one reboot", b)
+	}
+	if got := h.ladder(m.Name); !slices.Equal(got, []machinistv1.RemediationPhase{
+		machinistv1.RemediationRebooting, machinistv1.RemediationRecovered}) {
+		t.Errorf("ladder %v", got)
+	}
+	c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionHealthCheckSucceeded)
+	if c == nil || c.Status != "True" {
+		t.Errorf("HealthCheckSucceeded is %+v, want True", c)
+	}
+}
+
+// With maxUnhealthy 40%, 3 of 5 unhealthy is too many: nothing is
+// remediated, and the health check says why. Once one is back, the other
+// two are remediated.
+func TestShortCircuit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ns := setup(t, "short", "")
+	h := record(t, ns)
+	create(t, machineSet(ns, "workers", 5))
+	ms := running(t, ns, 5)
+	// Three at once, as a zone outage would: the check is created once all
+	// three Nodes are unreachable, so that none is judged alone first.
+	crash(t, ms[:3]...)
+	waitFor(t, "three Nodes unreachable", func() bool {
+		n := 0
+		for _, m := range machines(t, ns) {
+			var node corev1.Node
+			if err := env.Client.Get(ctx, client.ObjectKey{Name: m.Status.NodeRef.Name}, &node); err == nil {
+				for _, c := range node.Status.Conditions {
+					if c.Type == corev1.NodeReady && c.Status == corev1.ConditionUnknown {
+						n++
+					}
+				}
+			}
+		}
+		return n == 3
+	})
+	// And for longer than the check's timeout, so that the first pass
+	// finds all three unhealthy.
+	time.Sleep(1500 * time.Millisecond)
+	hc := healthCheck(ns, "workers", rung(reboot, 30*time.Second))
+	hc.Spec.MaxUnhealthy = percent("40%")
+	hc.Spec.Remediation.MaxInFlight = percent("100%")
+	create(t, hc)
+	waitFor(t, "the health check short-circuited", func() bool {
+		get(t, hc)
+		c := meta.FindStatusCondition(hc.Status.Conditions, machinistv1.ConditionRemediationAllowed)
+		return hc.Status.UnhealthyMachines == 3 && c != nil && c.Status == "False" && c.Reason == "TooManyUnhealthy"
+	})
+	if hc.Status.RemediationsAllowed != 0 || hc.Status.ExpectedMachines != 5 {
+		t.Errorf("status %+v", hc.Status)
+	}
+	time.Sleep(3 * time.Second)
+	for _, s := range h.all() {
+		if s.ladder == machinistv1.RemediationRebooting {
+			t.Fatalf("Machine %s was remediated while 3 of 5 were unhealthy", s.name)
+		}
+	}
+	if len(events(t, ns, "RemediationShortCircuited")) == 0 {
+		t.Error("no RemediationShortCircuited Event")
+	}
+
+	// A person brings one back.
+	if err := controllers.Provider.Reboot(ctx, ms[0].Status.ProviderID, actuatorOp("by-hand")); err != nil {
+		t.Fatal(err)
+	}
+	running(t, ns, 5)
+	for _, m := range ms[1:3] {
+		if got := h.ladder(m.Name); !slices.Contains(got, machinistv1.RemediationRebooting) {
+			t.Errorf("Machine %s went through %v, want a Reboot rung", m.Name, got)
+		}
+	}
+	if got := h.ladder(ms[0].Name); slices.Contains(got, machinistv1.RemediationRebooting) {
+		t.Errorf("Machine %s, healed by hand, was remediated too: %v", ms[0].Name, got)
+	}
+}
+
+// maxInFlight 1 with 4 unhealthy: they are remediated one at a time, as
+// every watch event shows.
+func TestMaxInFlight(t *testing.T) {
+	t.Parallel()
+	ns := setup(t, "inflight", "")
+	h := record(t, ns)
+	create(t, machineSet(ns, "workers", 4))
+	ms := running(t, ns, 4)
+	hc := healthCheck(ns, "workers", rung(reboot, 30*time.Second))
+	hc.Spec.Remediation.MaxInFlight = &intstr.IntOrString{IntVal: 1}
+	create(t, hc)
+	crash(t, ms...)
+	waitFor(t, "all four recovered", func() bool {
+		n := 0
+		for _, m := range machines(t, ns) {
+			if m.Status.Remediation != nil && m.Status.Remediation.Phase == machinistv1.RemediationRecovered && healthy(&m) {
+				n++
+			}
+		}
+		return n == 4
+	})
+	now := map[string]machinistv1.RemediationPhase{}
+	most := 0
+	for _, s := range h.all() {
+		now[s.name] = s.ladder
+		n := 0
+		for _, p := range now {
+			if p == machinistv1.RemediationRebooting || p == machinistv1.RemediationRepairing || p == machinistv1.RemediationReplacing {
+				n++
+			}
+		}
+		most = max(most, n)
+	}
+	if most != 1 {
+		t.Errorf("at most %d remediations were in flight at once, want exactly 1", most)
+	}
+}
+
+// A Machine unhealthy again within the cooldown starts on the next rung.
+func TestCooldownStartsOnTheNextRung(t *testing.T) {
+	t.Parallel()
+	ns := setup(t, "cooldown", "")
+	h := record(t, ns)
+	create(t, machineSet(ns, "workers", 1))
+	m := running(t, ns, 1)[0]
+	hc := healthCheck(ns, "workers", rung(reboot, 30*time.Second), rung(repair, 30*time.Second))
+	hc.Spec.Remediation.Cooldown = duration(10 * time.Minute)
+	create(t, hc)
+	recovered := func(rung int32) func() bool {
+		return func() bool {
+			get(t, &m)
+			r := m.Status.Remediation
+			return r != nil && r.Phase == machinistv1.RemediationRecovered && r.Rung == rung && healthy(&m)
+		}
+	}
+	crash(t, m)
+	waitFor(t, "recovered by the Reboot rung", recovered(0))
+	crash(t, m)
+	waitFor(t, "recovered by the Repair rung", recovered(1))
+	want := []machinistv1.RemediationPhase{
+		machinistv1.RemediationRebooting, machinistv1.RemediationRecovered,
+		machinistv1.RemediationRepairing, machinistv1.RemediationRecovered,
+	}
+	if got := h.ladder(m.Name); !slices.Equal(got, want) {
+		t.Errorf("ladder %v, want %v", got, want)
+	}
+}
+
+// A healthy fleet costs the health check nothing at rest.
+func TestSettledFleetWritesNothing(t *testing.T) {
+	t.Parallel()
+	ns := setup(t, "settled", "")
+	create(t, machineSet(ns, "workers", 3))
+	running(t, ns, 3)
+	hc := healthCheck(ns, "workers", rung(reboot, 30*time.Second))
+	create(t, hc)
+	waitFor(t, "the health check counted three healthy", func() bool {
+		get(t, hc)
+		return hc.Status.HealthyMachines == 3
+	})
+	waitFor(t, "every Machine's HealthCheckSucceeded set", func() bool {
+		for _, m := range machines(t, ns) {
+			if c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionHealthCheckSucceeded); c == nil || c.Status != "True" {
+				return false
+			}
+		}
+		return true
+	})
+	rvs := map[string]string{}
+	for _, m := range machines(t, ns) {
+		rvs[m.Name] = m.ResourceVersion
+	}
+	get(t, hc)
+	hcRV := hc.ResourceVersion
+	time.Sleep(5 * time.Second)
+	for _, m := range machines(t, ns) {
+		if rvs[m.Name] != m.ResourceVersion {
+			t.Errorf("Machine %s was written at rest", m.Name)
+		}
+	}
+	get(t, hc)
+	if hc.ResourceVersion != hcRV {
+		t.Errorf("the health check was written at rest: %+v", hc.Status)
+	}
+}

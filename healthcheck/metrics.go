@@ -1,0 +1,49 @@
+package healthcheck
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the health checks' Prometheus metrics.
+type Metrics struct {
+	// Rungs counts rungs by action and outcome: started, succeeded,
+	// failed, skipped.
+	Rungs *prometheus.CounterVec
+	// Recovery is the time from a Machine found unhealthy to a rung
+	// bringing it back.
+	Recovery prometheus.Histogram
+}
+
+// NewMetrics returns unregistered metrics.
+func NewMetrics() *Metrics {
+	return &Metrics{
+		Rungs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "machinist_remediations_total",
+			Help: "Rungs of MachineHealthCheck remediation ladders, by action (Reboot, Repair, Replace) and outcome (started, succeeded, failed, skipped).",
+		}, []string{"action", "outcome"}),
+		Recovery: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "machinist_remediation_recovery_seconds",
+			Help:    "Time from a Machine found unhealthy to a remediation bringing it back healthy.",
+			Buckets: prometheus.ExponentialBuckets(5, 2, 12),
+		}),
+	}
+}
+
+// Register adds the metrics to reg.
+func (m *Metrics) Register(reg prometheus.Registerer) error {
+	if err := reg.Register(m.Rungs); err != nil {
+		return err
+	}
+	return reg.Register(m.Recovery)
+}
+
+func (m *Metrics) record(counts []count, healed time.Duration) {
+	for _, c := range counts {
+		m.Rungs.WithLabelValues(string(c.action), c.outcome).Inc()
+	}
+	if healed > 0 {
+		m.Recovery.Observe(healed.Seconds())
+	}
+}
