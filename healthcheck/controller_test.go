@@ -322,3 +322,47 @@ func TestSettledFleetWritesNothing(t *testing.T) {
 		t.Errorf("the health check was written at rest: %+v", hc.Status)
 	}
 }
+
+// A manager restarted while a Machine is on a rung resumes on the same
+// rung: it waits for the operation it had requested, which the provider
+// carries out once. Not parallel: the restart stops every controller.
+func TestRestartMidLadderKeepsTheRung(t *testing.T) {
+	ns := setup(t, "restart", `{"rebootLatency": "4s"}`)
+	h := record(t, ns)
+	create(t, machineSet(ns, "workers", 1))
+	m := running(t, ns, 1)[0]
+	create(t, healthCheck(ns, "workers", rung(reboot, time.Minute), rung(replace, 0)))
+	crash(t, m)
+	waitFor(t, "the Reboot rung started", func() bool {
+		get(t, &m)
+		return m.Status.Remediation != nil && m.Status.Remediation.Phase == machinistv1.RemediationRebooting
+	})
+	opID := m.Status.Remediation.OperationID
+	if err := controllers.RestartManager(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the Machine recovered", func() bool {
+		get(t, &m)
+		return m.Status.Remediation.Phase == machinistv1.RemediationRecovered && healthy(&m)
+	})
+	if m.Status.Remediation.OperationID != opID || m.Status.Remediation.Rung != 0 {
+		t.Errorf("after the restart the Machine is on rung %d with operation %s, want rung 0 with %s",
+			m.Status.Remediation.Rung, m.Status.Remediation.OperationID, opID)
+	}
+	restarts, err := controllers.Provider.Restarts(m.Status.ProviderID)
+	if err != nil || restarts != 1 {
+		t.Errorf("the provider restarted the machine %d times (%v), want once", restarts, err)
+	}
+	if b := h.boots(m.Name); b != 2 {
+		t.Errorf("the Machine reported %d boot IDs, want 2: one reboot", b)
+	}
+	ops := map[string]bool{}
+	for _, s := range h.all() {
+		if s.operation != "" {
+			ops[strings.Fields(s.operation)[0]] = true
+		}
+	}
+	if len(ops) != 1 {
+		t.Errorf("operations requested: %v, want only %s", ops, opID)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/machinist-dev/machinist/deployment"
+	"github.com/machinist-dev/machinist/healthcheck"
 	"github.com/machinist-dev/machinist/lifecycle"
 )
 
@@ -69,8 +70,8 @@ func TestFSMRejectsUnknownFormatAndTable(t *testing.T) {
 	}
 }
 
-// TestDocsShowTheTables keeps docs/lifecycle.md and docs/rollouts.md in
-// step with the code: each one's mermaid block must be exactly what
+// TestDocsShowTheTables keeps docs/lifecycle.md, docs/rollouts.md and
+// docs/healthchecks.md in step with the code: each one's mermaid block must be exactly what
 // `machinist fsm` prints, and every state and event must be explained.
 func TestDocsShowTheTables(t *testing.T) {
 	for _, c := range []struct {
@@ -79,6 +80,7 @@ func TestDocsShowTheTables(t *testing.T) {
 	}{
 		{"lifecycle.md", "machine", strs(lifecycle.Table.States()), strs(lifecycle.Table.Events())},
 		{"rollouts.md", "rollout", strs(deployment.Rollout.States()), strs(deployment.Rollout.Events())},
+		{"healthchecks.md", "remediation", strs(healthcheck.Table.States()), strs(healthcheck.Table.Events())},
 	} {
 		doc, err := os.ReadFile(filepath.Join("..", "..", "docs", c.doc))
 		if err != nil {
