@@ -102,6 +102,17 @@ func (c *Controllers) RestartManager() error {
 	return c.startManager()
 }
 
+// Paused stops the manager, runs f while no controller acts (the
+// provider's machines keep running), and starts a new manager with the
+// same options, even if f failed.
+func (c *Controllers) Paused(f func() error) error {
+	if err := c.stopManager(); err != nil {
+		return err
+	}
+	ferr := f()
+	return errors.Join(ferr, c.startManager())
+}
+
 // Stop stops the manager, then the provider's machines.
 func (c *Controllers) Stop() error {
 	err := c.stopManager()

@@ -1,0 +1,81 @@
+package healthcheck_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/machinist-dev/machinist/actuators"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/lifecycle"
+)
+
+// A Machine controller that called the provider but could not store what
+// it did (its status write lost a conflict, as it can to a health check
+// writing the same Machine) sees the new boot already on its next look.
+// The boot ID recorded with the operation, not the one it observes then,
+// says the reboot is done: the Machine must not wait for a second reboot
+// that never comes and be Failed at the timeout.
+//
+// It lives here because this package's suite can pause the controllers.
+// Not parallel: pausing stops every controller.
+func TestRebootDoneBeforeItWasStoredIsNotAwaitedAgain(t *testing.T) {
+	ctx := context.Background()
+	ns := setup(t, "lostwrite", "")
+	create(t, machineSet(ns, "workers", 1))
+	m := running(t, ns, 1)[0]
+	oldBoot := m.Status.BootID
+	var opID string
+	err := controllers.Paused(func() error {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(&m), &m); err != nil {
+			return err
+		}
+		op, err := lifecycle.Request(&m, machinistv1.OperationReboot,
+			&machinistv1.OperationOptions{Drain: ptr.To(false), TimeoutSeconds: ptr.To(int64(20))},
+			machinistv1.SourceAPI, "alice", time.Now())
+		if err != nil {
+			return err
+		}
+		opID = op.ID
+		if err := env.Client.Status().Update(ctx, &m); err != nil {
+			return err
+		}
+		// What the lost reconcile did before its write failed.
+		if err := controllers.Provider.Reboot(ctx, m.Status.ProviderID, actuators.Operation{ID: op.ID}); err != nil {
+			return err
+		}
+		waitFor(t, "the Node back with a new boot ID", func() bool {
+			var node corev1.Node
+			if err := env.Client.Get(ctx, client.ObjectKey{Name: m.Status.NodeRef.Name}, &node); err != nil {
+				return false
+			}
+			return node.Status.NodeInfo.BootID != oldBoot
+		})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		get(t, &m)
+		if op := m.Status.Operation; op != nil && op.ID == opID && !lifecycle.InFlight(op) {
+			if op.State != machinistv1.OperationSucceeded || m.Status.Phase != machinistv1.MachineRunning {
+				t.Fatalf("the reboot ended %s with the Machine %s: %s", op.State, m.Status.Phase, op.Message)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the reboot, done before it was stored, is still %s with the Machine %s after 15s",
+				m.Status.Operation.State, m.Status.Phase)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if restarts, err := controllers.Provider.Restarts(m.Status.ProviderID); err != nil || restarts != 1 {
+		t.Errorf("the machine restarted %d times (%v), want once", restarts, err)
+	}
+}
