@@ -366,3 +366,41 @@ func TestRestartMidLadderKeepsTheRung(t *testing.T) {
 		t.Errorf("operations requested: %v, want only %s", ops, opID)
 	}
 }
+
+// A rung the Machine's phase cannot take is skipped, visibly: a Failed
+// Machine cannot reboot, but it can be repaired.
+func TestFailedMachineSkipsRebootButIsRepaired(t *testing.T) {
+	t.Parallel()
+	ns := setup(t, "skip", "")
+	h := record(t, ns)
+	m := &machinistv1.Machine{}
+	m.Namespace, m.Name, m.Labels = ns, "broken", map[string]string{"pool": "broken"}
+	m.Spec.ClassRef.Name, m.Spec.Version = "small", "v1.37.2"
+	create(t, m)
+	running(t, ns, 1)
+	get(t, m)
+	create(t, healthCheck(ns, "broken", rung(reboot, 2*time.Second), rung(reboot, 2*time.Second), rung(repair, 2*time.Second), rung(replace, 0)))
+	if err := controllers.Provider.Break(m.Status.ProviderID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the ladder exhausted", func() bool {
+		get(t, m)
+		return m.Status.Remediation != nil && m.Status.Remediation.Phase == machinistv1.RemediationExhausted
+	})
+	if got, want := h.ladder(m.Name), []machinistv1.RemediationPhase{
+		machinistv1.RemediationRebooting, machinistv1.RemediationRepairing, machinistv1.RemediationExhausted,
+	}; !slices.Equal(got, want) {
+		t.Errorf("ladder %v, want %v", got, want)
+	}
+	var notes []string
+	for _, e := range events(t, ns, "RemediationSkipped") {
+		notes = append(notes, e.Note)
+	}
+	if len(notes) != 2 || !strings.Contains(strings.Join(notes, "\n"), "rung 2 of 4 (Reboot) skipped") ||
+		!strings.Contains(strings.Join(notes, "\n"), "is Failed") || !strings.Contains(strings.Join(notes, "\n"), "rung 4 of 4 (Replace) skipped") {
+		t.Errorf("want the second Reboot and the Replace skipped, saying why, got %q", notes)
+	}
+	if restarts, err := controllers.Provider.Restarts(m.Status.ProviderID); err != nil || restarts != 2 {
+		t.Errorf("the machine restarted %d times (%v), want 2: one reboot, one repair", restarts, err)
+	}
+}
