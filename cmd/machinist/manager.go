@@ -24,7 +24,7 @@ func managerCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "manager",
-		Short: "Run the controllers: Machines, MachineSets and MachineDeployments",
+		Short: "Run the controllers: Machines, MachineSets, MachineDeployments and MachineHealthChecks",
 		Long: `Run Machinist's controllers against a cluster. Several replicas may run
 with --leader-elect; one acts at a time.
 
@@ -72,6 +72,7 @@ Machinist out) is always available.`,
 	fs.IntVar(&opts.Burst, "kube-api-burst", 400, "burst of requests to the API server")
 	fs.DurationVar(&opts.ProvisionTimeout, "provision-timeout", 0, "how long a Machine may provision before it is Failed (0: 10m)")
 	fs.DurationVar(&opts.OperationTimeout, "operation-timeout", 0, "how long a reboot or repair may take before the Machine is Failed (0: 10m)")
+	fs.DurationVar(&opts.NodeGrace, "node-grace", 0, "how long after the manager starts, or a watch fails, before a Node condition counts against a Machine in a health check (0: 40s)")
 	logs.add(fs)
 	return cmd
 }
