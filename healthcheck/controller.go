@@ -301,6 +301,7 @@ func (r *Reconciler) inFlight(hc *machinistv1.MachineHealthCheck, all []machinis
 func (r *Reconciler) write(ctx context.Context, p *pass, t *target) error {
 	m := t.m
 	setCondition(m, t.v, p)
+	setRemediating(m)
 	if !equality.Semantic.DeepEqual(t.before, &m.Status) {
 		if err := r.Client.Status().Update(ctx, m); err != nil {
 			return err
@@ -337,6 +338,26 @@ func setCondition(m *machinistv1.Machine, v verdict, p *pass) {
 		Type: machinistv1.ConditionHealthCheckSucceeded, Status: status, Reason: v.reason,
 		Message: fmt.Sprintf("%s (machinehealthcheck %s)", v.message, p.hc.Name), ObservedGeneration: m.Generation,
 	})
+}
+
+// setRemediating mirrors status.remediation in the Remediating
+// condition: True, with the rung's action as its reason, while a rung is
+// in progress; False, with the phase as its reason, otherwise. A Machine
+// never found unhealthy has neither.
+func setRemediating(m *machinistv1.Machine) {
+	rem := m.Status.Remediation
+	if rem == nil {
+		return
+	}
+	c := metav1.Condition{Type: machinistv1.ConditionRemediating, Status: metav1.ConditionFalse, Reason: string(rem.Phase),
+		Message: rem.Message, ObservedGeneration: m.Generation}
+	if remediating(rem.Phase) {
+		c.Status, c.Reason = metav1.ConditionTrue, string(rem.Action)
+	}
+	if c.Message == "" {
+		c.Message = string(rem.Phase)
+	}
+	meta.SetStatusCondition(&m.Status.Conditions, c)
 }
 
 // setAllowed sets the check's RemediationAllowed condition and emits an

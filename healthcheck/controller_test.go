@@ -148,6 +148,16 @@ func TestUnreachableMachineIsRebootedHard(t *testing.T) {
 	if c == nil || c.Status != "True" {
 		t.Errorf("HealthCheckSucceeded is %+v, want True", c)
 	}
+	if c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionRemediating); c == nil || c.Status != "False" || c.Reason != "Recovered" {
+		t.Errorf("Remediating is %+v, want False, Recovered", c)
+	}
+	sawRung := false
+	for _, s := range h.all() {
+		sawRung = sawRung || (s.name == m.Name && s.remediating == "True/Reboot")
+	}
+	if !sawRung {
+		t.Error("no watch event showed the Remediating condition True with reason Reboot")
+	}
 }
 
 // With maxUnhealthy 40%, 3 of 5 unhealthy is too many: nothing is

@@ -186,6 +186,8 @@ type seen struct {
 	bootID    string
 	deleted   bool
 	operation string
+	// remediating is the Remediating condition as status/reason.
+	remediating string
 }
 
 // history records every change to the Machines of a namespace, in order.
@@ -215,6 +217,11 @@ func record(t *testing.T, ns string) *history {
 			}
 			if op := m.Status.Operation; op != nil {
 				s.operation = op.ID + " " + string(op.State)
+			}
+			for _, c := range m.Status.Conditions {
+				if c.Type == machinistv1.ConditionRemediating {
+					s.remediating = string(c.Status) + "/" + c.Reason
+				}
 			}
 			h.mu.Lock()
 			h.events = append(h.events, s)

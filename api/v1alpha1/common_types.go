@@ -12,7 +12,7 @@ type DrainSettings struct {
 	// Timeout bounds the whole drain. When it passes the Machine goes on
 	// (a deletion deletes anyway) and its Drained condition says so. Unset or
 	// zero means no limit: a drain waits as long as a budget refuses.
-	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+$')",message="drain timeout must be a duration such as 90s, 5m or 1h30m"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|ms|s|m|h))+$')",message="drain timeout must be a duration such as 90s, 5m or 1h30m"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +optional

@@ -16,7 +16,7 @@ type MachineHealthCheckSpec struct {
 	// NodeStartupTimeout is how long a Machine may go without a Ready Node
 	// after its provisioning started before it is unhealthy. Zero turns the
 	// check off.
-	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+$')",message="nodeStartupTimeout must be a duration such as 90s, 10m or 1h"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|ms|s|m|h))+$')",message="nodeStartupTimeout must be a duration such as 90s, 10m or 1h"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:default="10m"
@@ -28,9 +28,10 @@ type MachineHealthCheckSpec struct {
 	// Node is gone and a Failed Machine are unhealthy whatever this says.
 	// +kubebuilder:validation:MaxItems=16
 	// +kubebuilder:default={{type: "Ready", status: "Unknown", timeout: "60s"},{type: "Ready", status: "False", timeout: "60s"}}
+	// An empty list turns these checks off; unset takes the default.
 	// +listType=atomic
 	// +optional
-	UnhealthyNodeConditions []UnhealthyNodeCondition `json:"unhealthyNodeConditions,omitempty"`
+	UnhealthyNodeConditions []UnhealthyNodeCondition `json:"unhealthyNodeConditions"`
 
 	// Remediation is how an unhealthy Machine is brought back, and how
 	// many at once.
@@ -64,7 +65,7 @@ type UnhealthyNodeCondition struct {
 	Status string `json:"status"`
 
 	// Timeout is how long the condition must have held.
-	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+$')",message="a condition's timeout must be a duration such as 60s or 5m"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|ms|s|m|h))+$')",message="a condition's timeout must be a duration such as 60s or 5m"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	Timeout metav1.Duration `json:"timeout"`
@@ -111,7 +112,7 @@ type Remediation struct {
 	// Cooldown is how long a remediated Machine is remembered: one that
 	// falls unhealthy again within it starts on the rung after the one that
 	// last healed it, not on the first.
-	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+$')",message="cooldown must be a duration such as 30m or 1h"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|ms|s|m|h))+$')",message="cooldown must be a duration such as 30m or 1h"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:default="30m"
@@ -122,6 +123,7 @@ type Remediation struct {
 // Rung is one step of a remediation ladder.
 // +kubebuilder:validation:XValidation:rule="!has(self.mode) || self.action == 'Reboot'",message="mode applies only to a Reboot rung"
 // +kubebuilder:validation:XValidation:rule="self.action == 'Replace' || has(self.timeout)",message="a Reboot or Repair rung needs a timeout: how long it may take to bring the Machine back healthy"
+// +kubebuilder:validation:XValidation:rule="self.action != 'Replace' || !has(self.timeout)",message="a Replace rung takes no timeout: the Machine is deleted and its MachineSet makes a new one"
 type Rung struct {
 	// Action is what this rung does.
 	Action RemediationAction `json:"action"`
@@ -133,9 +135,10 @@ type Rung struct {
 	// +optional
 	Mode string `json:"mode,omitempty"`
 
-	// Timeout is how long the rung may take to bring the Machine back
-	// healthy, from when it starts; after that the next rung starts.
-	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('1s')",message="a rung's timeout must be a duration of at least 1s, such as 5m"
+	// Timeout is how long a Reboot or Repair rung may take to bring the
+	// Machine back healthy, from when it starts; after that the next rung
+	// starts. It is also the operation's timeoutSeconds.
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('1s')",message="a rung's timeout must be a duration of at least 1s, such as 5m"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +optional
@@ -187,6 +190,7 @@ const (
 
 // RemediationPhase is where a Machine stands on its health check's ladder.
 // The healthcheck package's state machine is the only thing that moves it.
+// +kubebuilder:validation:Enum=Healthy;Unhealthy;Rebooting;Repairing;Replacing;Recovered;Exhausted
 type RemediationPhase string
 
 // The phases of a Machine's remediation.

@@ -23,8 +23,9 @@ server, and the process provider, whose Machines are local processes.
 
 Everything is kept in --state-dir, so a second run picks up where the last
 one stopped. The first run creates MachineClass "local", MachineDeployment
-"workers" (3 Machines) and MachineSet "spare" (0) in namespace default.
-Ctrl-C stops everything it started.`,
+"workers" (3 Machines), MachineSet "spare" (0) and MachineHealthCheck
+"workers" (which heals the MachineDeployment's Machines) in namespace
+default. Ctrl-C stops everything it started.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := logs.setUp(); err != nil {

@@ -23,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	apiregv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
@@ -46,13 +47,28 @@ import (
 // VerbsService is the Service the verbs server is registered under.
 var VerbsService = types.NamespacedName{Namespace: "machinist-system", Name: "machinist-verbs"}
 
-// Sample names: the MachineClass, MachineDeployment and MachineSet made on
-// first start.
+// Sample names: the MachineClass, MachineDeployment, MachineSet and
+// MachineHealthCheck made on first start.
 const (
-	SampleNamespace  = "default"
-	SampleClass      = "local"
-	SampleDeployment = "workers"
-	SampleSet        = "spare"
+	SampleNamespace   = "default"
+	SampleClass       = "local"
+	SampleDeployment  = "workers"
+	SampleSet         = "spare"
+	SampleHealthCheck = "workers"
+)
+
+// How soon a dead machine shows on this host. Kubernetes' own values (a
+// kubelet's 40s Lease, the node lifecycle controller's 50s grace period)
+// are made for fleets; here a machine killed by hand must show NotReady,
+// and heal, within a demo's patience.
+const (
+	// leaseSeconds is each agent's Lease duration, renewed every
+	// renewInterval.
+	leaseSeconds  = 15
+	renewInterval = 3 * time.Second
+	// nodeMonitorGrace is how long kube-controller-manager waits for a
+	// silent kubelet before it marks the Node Ready=Unknown.
+	nodeMonitorGrace = 20 * time.Second
 )
 
 // Options configure Run.
@@ -135,12 +151,10 @@ func Run(ctx context.Context, opts Options) (err error) {
 
 	// Kubernetes' own controllers, as in any cluster: the garbage
 	// collector, the namespace controller and the node lifecycle controller.
-	// Its Node grace period is shorter than Kubernetes' 50s, like the
-	// process provider's Leases, so that a machine killed by hand shows
-	// NotReady within a demo's patience.
+	// Its Node grace period is nodeMonitorGrace, not Kubernetes' 50s.
 	kcm, err := controllermanager.Start(env, controllermanager.Options{
 		Binary: filepath.Join(opts.BinDir, "kube-controller-manager"), Dir: dir,
-		NodeMonitorGracePeriod: 20 * time.Second,
+		NodeMonitorGracePeriod: nodeMonitorGrace,
 	})
 	if err != nil {
 		return err
@@ -162,10 +176,9 @@ func Run(ctx context.Context, opts Options) (err error) {
 		Kubeconfig:  kubeconfig,
 		AgentBinary: agent,
 		StateDir:    filepath.Join(dir, "machines"),
-		// Shorter than the kubelet's 40s, so that a machine killed by
-		// hand shows NotReady within a demo's patience.
-		LeaseDurationSeconds: 15,
-		RenewInterval:        3 * time.Second,
+		// Shorter than the kubelet's 40s: see leaseSeconds.
+		LeaseDurationSeconds: leaseSeconds,
+		RenewInterval:        renewInterval,
 		ExitWithParent:       true,
 	})
 	if err != nil {
@@ -189,6 +202,14 @@ func Run(ctx context.Context, opts Options) (err error) {
 	defer cancel()
 	mgr, err := manager.New(runCtx, cfg, scheme, manager.Options{
 		Actuators: registry, Registry: prometheus.NewRegistry(), QPS: 200, Burst: 400,
+		// A Node condition counts against a Machine in a health check
+		// only this long after the manager starts (or a watch fails):
+		// until its kubelet reports, a Node may show what it was before.
+		// The agents start (above) before the manager and report within
+		// a Lease (leaseSeconds); the default, 40s, is a real kubelet's
+		// Lease and would only slow the demo. nodeMonitorGrace is the
+		// node lifecycle controller's own patience with a silent kubelet.
+		NodeGrace: nodeMonitorGrace,
 	})
 	if err != nil {
 		return err
@@ -216,7 +237,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 	logger.V(1).Info("ready", "kubeconfig", kubeconfig)
-	printNext(opts.Out, kubeconfig, created)
+	printNext(opts.Out, kubeconfig, filepath.Join(dir, "machines"), created)
 	select {
 	case <-ctx.Done():
 	case err := <-mgrDone:
@@ -299,9 +320,10 @@ func applyClusterRoles(ctx context.Context, c client.Client) error {
 const samplesMarker = "samples-created"
 
 // samples creates the MachineClass "local", the MachineDeployment
-// "workers" of 3 Machines and the MachineSet "spare" of none on the first
-// start only (marker records it); one that exists is left as it is. It
-// reports whether this start created them.
+// "workers" of 3 Machines, the MachineSet "spare" of none and the
+// MachineHealthCheck "workers" (healthCheck) on the first start only
+// (marker records it); one that exists is left as it is. It reports
+// whether this start created them.
 func samples(ctx context.Context, c client.Client, marker string) (bool, error) {
 	if _, err := os.Stat(marker); err == nil {
 		return false, nil
@@ -338,7 +360,7 @@ func samples(ctx context.Context, c client.Client, marker string) (bool, error) 
 		},
 	}
 	created := false
-	for _, obj := range []client.Object{class, md, set} {
+	for _, obj := range []client.Object{class, md, set, healthCheck()} {
 		err := c.Create(ctx, obj)
 		switch {
 		case err == nil:
@@ -351,11 +373,50 @@ func samples(ctx context.Context, c client.Client, marker string) (bool, error) 
 	return created, os.WriteFile(marker, nil, 0o600)
 }
 
-func printNext(out io.Writer, kubeconfig string, created bool) {
+// healthCheck is the sample MachineHealthCheck: it watches over the
+// MachineDeployment "workers" (its Machines are labelled pool=workers) with
+// values for one host and a short demo. config/samples/machinehealthcheck.yaml
+// is the same object; test/quickstart checks that they agree.
+//
+// A machine killed by hand shows Ready=Unknown nodeMonitorGrace (20s)
+// after its last Lease renewal, is found unhealthy 10s later and rebooted
+// (hard and without a drain, as its Node is unreachable), and is Running
+// again within seconds: well under a minute in all. Ready=False is a kubelet
+// that still reports but says it is not ready: given longer.
+func healthCheck() *machinistv1.MachineHealthCheck {
+	return &machinistv1.MachineHealthCheck{
+		ObjectMeta: metav1.ObjectMeta{Namespace: SampleNamespace, Name: SampleHealthCheck},
+		Spec: machinistv1.MachineHealthCheckSpec{
+			Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": SampleDeployment}},
+			// A machine here is a process: Ready within seconds, not the
+			// minutes a cloud instance takes.
+			NodeStartupTimeout: &metav1.Duration{Duration: 3 * time.Minute},
+			UnhealthyNodeConditions: []machinistv1.UnhealthyNodeCondition{
+				{Type: "Ready", Status: "Unknown", Timeout: metav1.Duration{Duration: 10 * time.Second}},
+				{Type: "Ready", Status: "False", Timeout: metav1.Duration{Duration: 30 * time.Second}},
+			},
+			// 40% of the 3 Machines, rounded down, is 1: one is healed; two
+			// down at once on one host point at the host, which no reboot
+			// of theirs fixes.
+			MaxUnhealthy: ptr.To(intstr.FromString("40%")),
+			Remediation: machinistv1.Remediation{
+				Ladder: []machinistv1.Rung{
+					{Action: machinistv1.RemediateReboot, Mode: "soft", Timeout: &metav1.Duration{Duration: 2 * time.Minute}},
+					{Action: machinistv1.RemediateRepair, Timeout: &metav1.Duration{Duration: 3 * time.Minute}},
+					{Action: machinistv1.RemediateReplace},
+				},
+				MaxInFlight: ptr.To(intstr.FromInt32(1)),
+				Cooldown:    &metav1.Duration{Duration: 10 * time.Minute},
+			},
+		},
+	}
+}
+
+func printNext(out io.Writer, kubeconfig, machines string, created bool) {
 	state := "Picked up the state of the last run."
 	if created {
-		state = fmt.Sprintf("Created, in namespace %s: MachineClass %q (provider process: every Machine is a\nlocal process), MachineDeployment %q of 3 Machines and MachineSet %q of 0.",
-			SampleNamespace, SampleClass, SampleDeployment, SampleSet)
+		state = fmt.Sprintf("Created, in namespace %s: MachineClass %q (provider process: every Machine is a\nlocal process), MachineDeployment %q of 3 Machines, MachineSet %q of 0,\nand MachineHealthCheck %q, which heals the MachineDeployment's Machines.",
+			SampleNamespace, SampleClass, SampleDeployment, SampleSet, SampleHealthCheck)
 	}
 	fmt.Fprintf(out, `
 Machinist is running. %s
@@ -365,7 +426,7 @@ In another terminal:
   export KUBECONFIG=%s
   export PATH=$PWD/bin:$PATH             # from the repository's top: kubectl and kubectl-machine
 
-  kubectl get machinist                  # Machines, MachineSets, MachineDeployments, MachineClasses
+  kubectl get machinist                  # Machines, MachineSets, MachineDeployments, MachineClasses, MachineHealthChecks
   kubectl get nodes
 
   # Scale a MachineSet
@@ -378,8 +439,12 @@ In another terminal:
   # Reboot a Machine and wait for its new boot ID
   kubectl machine reboot "$(kubectl get machines -l pool=workers -o name | head -1 | cut -d/ -f2)" --wait
 
+  # Kill a machine and watch the MachineHealthCheck reboot it, within a minute
+  kill -9 "$(grep -h '"pid"' %s/default_workers-*/state.json | head -1 | tr -dc 0-9)"
+  kubectl get machines -w
+
 More in README.md and docs/.
 
 Ctrl-C stops everything; `+"`make run`"+` again picks up where it left off.
-`, state, kubeconfig)
+`, state, kubeconfig, machines)
 }

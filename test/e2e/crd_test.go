@@ -29,6 +29,7 @@ var _ = Describe("The machinist.dev API", func() {
 			{"machinesets", "MachineSet", "ms", true},
 			{"machinedeployments", "MachineDeployment", "md", true},
 			{"machineclasses", "MachineClass", "mc", false},
+			{"machinehealthchecks", "MachineHealthCheck", "mhc", false},
 		} {
 			r, ok := byName[want.resource]
 			Expect(ok).To(BeTrue(), "resource %s is not served", want.resource)

@@ -128,6 +128,35 @@ var _ = Describe("kubectl", func() {
 		Expect(tables[2][1][:6]).To(Equal([]string{"machinedeployment.machinist.dev/pool", "3", "1", "3", "3", "Progressing"}))
 	})
 
+	It("prints a MachineHealthCheck's counts, and its reason with -o wide", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		hc := validMachineHealthCheck(ns, "workers")
+		Expect(k8s.Create(ctx, hc)).To(Succeed())
+		hc.Status = machinistv1.MachineHealthCheckStatus{
+			ExpectedMachines: 5, HealthyMachines: 2, UnhealthyMachines: 3, RemediationsInFlight: 1, RemediationsAllowed: 0,
+			Conditions: []metav1.Condition{{
+				Type: machinistv1.ConditionRemediationAllowed, Status: metav1.ConditionFalse, Reason: "TooManyUnhealthy",
+				Message: "3 of 5 Machines are unhealthy", LastTransitionTime: metav1.Now(),
+			}},
+		}
+		Expect(k8s.Status().Update(ctx, hc)).To(Succeed())
+
+		out, err := env.Kubectl(ctx, "-n", ns, "get", "mhc")
+		Expect(err).NotTo(HaveOccurred())
+		tables := table(out)
+		Expect(tables).To(HaveLen(1), out)
+		Expect(tables[0]).To(HaveLen(2), out)
+		Expect(tables[0][0]).To(Equal([]string{"NAME", "EXPECTED", "HEALTHY", "UNHEALTHY", "IN-FLIGHT", "ALLOWED", "AGE"}))
+		Expect(tables[0][1][:6]).To(Equal([]string{"workers", "5", "2", "3", "1", "0"}))
+
+		wide, err := env.Kubectl(ctx, "-n", ns, "get", "machinehealthcheck", "workers", "-o", "wide")
+		Expect(err).NotTo(HaveOccurred())
+		tables = table(wide)
+		Expect(tables[0][0]).To(Equal([]string{"NAME", "EXPECTED", "HEALTHY", "UNHEALTHY", "IN-FLIGHT", "ALLOWED", "AGE", "REASON"}))
+		Expect(tables[0][1][6:]).To(HaveLen(2), wide)
+		Expect(tables[0][1][7]).To(Equal("TooManyUnhealthy"))
+	})
+
 	It("lists every kind under the machinist category", func(ctx SpecContext) {
 		ns := newNamespace(ctx)
 		for _, o := range []client.Object{
@@ -135,6 +164,7 @@ var _ = Describe("kubectl", func() {
 			validMachine(ns, "worker-0"),
 			validMachineSet(ns, "workers", 1),
 			validMachineDeployment(ns, "pool"),
+			validMachineHealthCheck(ns, "workers"),
 		} {
 			Expect(k8s.Create(ctx, o)).To(Succeed())
 		}
@@ -145,6 +175,7 @@ var _ = Describe("kubectl", func() {
 			"machine.machinist.dev/worker-0",
 			"machineset.machinist.dev/workers",
 			"machinedeployment.machinist.dev/pool",
+			"machinehealthcheck.machinist.dev/workers",
 		))
 		out, err = env.Kubectl(ctx, "-n", ns, "get", "mc", "-o", "name")
 		Expect(err).NotTo(HaveOccurred())

@@ -2,8 +2,11 @@ package e2e
 
 import (
 	"fmt"
+	"maps"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -71,6 +74,76 @@ func validMachineDeployment(ns, name string) *machinistv1.MachineDeployment {
 			},
 		},
 	}
+}
+
+// validMachineHealthCheck selects the Machines labelled pool=name and
+// leaves everything else to the defaults.
+func validMachineHealthCheck(ns, name string) *machinistv1.MachineHealthCheck {
+	return &machinistv1.MachineHealthCheck{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: machinistv1.MachineHealthCheckSpec{
+			Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": name}},
+		},
+	}
+}
+
+// fullMachineHealthCheck sets every field of a MachineHealthCheck's spec,
+// none to its default.
+func fullMachineHealthCheck(ns, name string) *machinistv1.MachineHealthCheck {
+	return &machinistv1.MachineHealthCheck{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: machinistv1.MachineHealthCheckSpec{
+			Selector: metav1.LabelSelector{
+				MatchLabels: map[string]string{"pool": name},
+				MatchExpressions: []metav1.LabelSelectorRequirement{
+					{Key: "zone", Operator: metav1.LabelSelectorOpIn, Values: []string{"a", "b"}},
+				},
+			},
+			NodeStartupTimeout: &metav1.Duration{Duration: 15 * time.Minute},
+			UnhealthyNodeConditions: []machinistv1.UnhealthyNodeCondition{
+				{Type: "Ready", Status: "Unknown", Timeout: metav1.Duration{Duration: 2 * time.Minute}},
+				{Type: "KernelDeadlock", Status: "True", Timeout: metav1.Duration{Duration: 30 * time.Second}},
+			},
+			Remediation: machinistv1.Remediation{
+				Ladder: []machinistv1.Rung{
+					rung(machinistv1.RemediateReboot, "hard", "2m"),
+					rung(machinistv1.RemediateRepair, "", "20m"),
+					rung(machinistv1.RemediateReplace, "", ""),
+				},
+				MaxInFlight: ptr.To(intstr.FromString("25%")),
+				Cooldown:    &metav1.Duration{Duration: time.Hour},
+			},
+			MaxUnhealthy: ptr.To(intstr.FromInt32(3)),
+		},
+	}
+}
+
+// healthCheckYAML is a MachineHealthCheck written as a user's YAML would
+// be: its selector, and the spec fields given, exactly as given. The Go
+// type cannot send a malformed duration, an empty list (omitempty drops
+// it) or a spec without remediation (it always sends "remediation": {}).
+func healthCheckYAML(ns, name string, spec map[string]any) *unstructured.Unstructured {
+	s := map[string]any{"selector": map[string]any{"matchLabels": map[string]any{"pool": name}}}
+	maps.Copy(s, spec)
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": machinistv1.GroupVersion.String(),
+		"kind":       "MachineHealthCheck",
+		"metadata":   map[string]any{"namespace": ns, "name": name},
+		"spec":       s,
+	}}
+}
+
+// rung is one rung of a remediation ladder; timeout "" leaves it unset.
+func rung(action machinistv1.RemediationAction, mode, timeout string) machinistv1.Rung {
+	r := machinistv1.Rung{Action: action, Mode: mode}
+	if timeout != "" {
+		d, err := time.ParseDuration(timeout)
+		if err != nil {
+			panic(err)
+		}
+		r.Timeout = &metav1.Duration{Duration: d}
+	}
+	return r
 }
 
 // replicasOf returns spec.replicas of a MachineSet or MachineDeployment.

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -55,6 +56,17 @@ const (
 	taintKeyMsg         = "every taint needs a key"
 	drainTimeoutMsg     = "drain timeout must be a duration such as 90s, 5m or 1h30m"
 	drainGraceMsg       = "drain gracePeriodSeconds must be zero or more"
+
+	replaceLastMsg       = "Replace must be the last rung, and only one: nothing can follow a Machine that was deleted"
+	rungModeMsg          = "mode applies only to a Reboot rung"
+	rungTimeoutNeededMsg = "a Reboot or Repair rung needs a timeout: how long it may take to bring the Machine back healthy"
+	replaceTimeoutMsg    = "a Replace rung takes no timeout: the Machine is deleted and its MachineSet makes a new one"
+	rungTimeoutMsg       = "a rung's timeout must be a duration of at least 1s, such as 5m"
+	maxInFlightMsg       = "maxInFlight must be a whole number of Machines (1 or more) or a percentage from 1% to 100%"
+	maxUnhealthyMsg      = "maxUnhealthy must be a whole number of Machines (0 or more) or a percentage from 0% to 100%"
+	conditionTimeoutMsg  = "a condition's timeout must be a duration such as 60s or 5m"
+	nodeStartupMsg       = "nodeStartupTimeout must be a duration such as 90s, 10m or 1h"
+	cooldownMsg          = "cooldown must be a duration such as 30m or 1h"
 )
 
 // errs is how the server joins several errors about one object.
@@ -913,6 +925,381 @@ var invalidCases = []invalidCase{
 		},
 		want: `spec.nodeTemplate.capacity.cpu: Invalid value: "lots": spec.nodeTemplate.capacity.cpu in body should match '^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$'`,
 	},
+
+	// MachineHealthCheck.
+	{
+		name: "MachineHealthCheck whose ladder has Replace before another rung",
+		build: func(ns string) client.Object {
+			hc := validMachineHealthCheck(ns, "early-replace")
+			hc.Spec.Remediation.Ladder = []machinistv1.Rung{
+				rung(machinistv1.RemediateReplace, "", ""),
+				rung(machinistv1.RemediateReboot, "", "5m"),
+			}
+			return hc
+		},
+		want: "spec.remediation.ladder: Invalid value: " + replaceLastMsg,
+	},
+	{
+		name: "MachineHealthCheck whose ladder has two Replace rungs",
+		build: func(ns string) client.Object {
+			hc := validMachineHealthCheck(ns, "twice")
+			hc.Spec.Remediation.Ladder = []machinistv1.Rung{
+				rung(machinistv1.RemediateReboot, "", "5m"),
+				rung(machinistv1.RemediateReplace, "", ""),
+				rung(machinistv1.RemediateReplace, "", ""),
+			}
+			return hc
+		},
+		want: "spec.remediation.ladder: Invalid value: " + replaceLastMsg,
+	},
+	{
+		name: "MachineHealthCheck with a mode on a Repair rung",
+		build: func(ns string) client.Object {
+			hc := validMachineHealthCheck(ns, "hard-repair")
+			hc.Spec.Remediation.Ladder = []machinistv1.Rung{
+				rung(machinistv1.RemediateRepair, "hard", "15m"),
+				rung(machinistv1.RemediateReplace, "", ""),
+			}
+			return hc
+		},
+		want: "spec.remediation.ladder[0]: Invalid value: " + rungModeMsg,
+	},
+	{
+		name: "MachineHealthCheck with a mode on a Replace rung",
+		build: func(ns string) client.Object {
+			hc := validMachineHealthCheck(ns, "soft-replace")
+			hc.Spec.Remediation.Ladder = []machinistv1.Rung{
+				rung(machinistv1.RemediateReboot, "", "5m"),
+				rung(machinistv1.RemediateReplace, "soft", ""),
+			}
+			return hc
+		},
+		want: "spec.remediation.ladder[1]: Invalid value: " + rungModeMsg,
+	},
+	{
+		name: "MachineHealthCheck with a Reboot rung without a timeout",
+		build: func(ns string) client.Object {
+			hc := validMachineHealthCheck(ns, "endless-reboot")
+			hc.Spec.Remediation.Ladder = []machinistv1.Rung{
+				rung(machinistv1.RemediateReboot, "hard", ""),
+				rung(machinistv1.RemediateReplace, "", ""),
+			}
+			return hc
+		},
+		want: "spec.remediation.ladder[0]: Invalid value: " + rungTimeoutNeededMsg,
+	},
+	{
+		name: "MachineHealthCheck with a Repair rung without a timeout",
+		build: func(ns string) client.Object {
+			hc := validMachineHealthCheck(ns, "endless-repair")
+			hc.Spec.Remediation.Ladder = []machinistv1.Rung{
+				rung(machinistv1.RemediateReboot, "", "5m"),
+				rung(machinistv1.RemediateRepair, "", ""),
+			}
+			return hc
+		},
+		want: "spec.remediation.ladder[1]: Invalid value: " + rungTimeoutNeededMsg,
+	},
+	{
+		name: "MachineHealthCheck with a Replace rung that has a timeout",
+		build: func(ns string) client.Object {
+			hc := validMachineHealthCheck(ns, "timed-replace")
+			hc.Spec.Remediation.Ladder = []machinistv1.Rung{
+				rung(machinistv1.RemediateReboot, "", "5m"),
+				rung(machinistv1.RemediateReplace, "", "10m"),
+			}
+			return hc
+		},
+		want: "spec.remediation.ladder[1]: Invalid value: " + replaceTimeoutMsg,
+	},
+	{
+		name: "MachineHealthCheck with a rung timeout of 0s",
+		build: func(ns string) client.Object {
+			hc := validMachineHealthCheck(ns, "instant")
+			hc.Spec.Remediation.Ladder = []machinistv1.Rung{
+				{Action: machinistv1.RemediateReboot, Timeout: &metav1.Duration{}},
+			}
+			return hc
+		},
+		want: `spec.remediation.ladder[0].timeout: Invalid value: "0s": ` + rungTimeoutMsg,
+	},
+	{
+		name: "MachineHealthCheck with a rung timeout under a second",
+		build: func(ns string) client.Object {
+			hc := validMachineHealthCheck(ns, "hasty")
+			hc.Spec.Remediation.Ladder = []machinistv1.Rung{rung(machinistv1.RemediateRepair, "", "999ms")}
+			return hc
+		},
+		want: `spec.remediation.ladder[0].timeout: Invalid value: "999ms": ` + rungTimeoutMsg,
+	},
+	{
+		name: "MachineHealthCheck with a rung timeout of 5 minutes in words",
+		build: func(ns string) client.Object {
+			return healthCheckYAML(ns, "wordy", map[string]any{"remediation": map[string]any{
+				"ladder": []any{map[string]any{"action": "Reboot", "timeout": "5 minutes"}},
+			}})
+		},
+		want: `spec.remediation.ladder[0].timeout: Invalid value: "5 minutes": ` + rungTimeoutMsg,
+	},
+	{
+		name: "MachineHealthCheck with a negative rung timeout",
+		build: func(ns string) client.Object {
+			return healthCheckYAML(ns, "rewind", map[string]any{"remediation": map[string]any{
+				"ladder": []any{map[string]any{"action": "Reboot", "timeout": "-5m"}},
+			}})
+		},
+		want: `spec.remediation.ladder[0].timeout: Invalid value: "-5m": ` + rungTimeoutMsg,
+	},
+	{
+		// Written as YAML would be: omitempty drops an empty ladder, and
+		// the server then applies the default one.
+		name: "MachineHealthCheck with an empty ladder",
+		build: func(ns string) client.Object {
+			return healthCheckYAML(ns, "no-rungs", map[string]any{"remediation": map[string]any{"ladder": []any{}}})
+		},
+		want: "spec.remediation.ladder: Invalid value: 0: spec.remediation.ladder in body should have at least 1 items",
+	},
+	{
+		name: "MachineHealthCheck with a ladder of more than 8 rungs",
+		build: func(ns string) client.Object {
+			hc := validMachineHealthCheck(ns, "tall")
+			for range 9 {
+				hc.Spec.Remediation.Ladder = append(hc.Spec.Remediation.Ladder, rung(machinistv1.RemediateReboot, "", "1m"))
+			}
+			return hc
+		},
+		want: schemaErr("spec.remediation.ladder: Too many: 9: must have at most 8 items"),
+	},
+	{
+		name: "MachineHealthCheck with a rung of unknown action",
+		build: func(ns string) client.Object {
+			hc := validMachineHealthCheck(ns, "pray")
+			hc.Spec.Remediation.Ladder = []machinistv1.Rung{rung("Pray", "", "1h")}
+			return hc
+		},
+		want: schemaErr(`spec.remediation.ladder[0].action: Unsupported value: "Pray": supported values: "Reboot", "Repair", "Replace"`),
+	},
+	{
+		name: "MachineHealthCheck with a Reboot rung of unknown mode",
+		build: func(ns string) client.Object {
+			hc := validMachineHealthCheck(ns, "gentle")
+			hc.Spec.Remediation.Ladder = []machinistv1.Rung{rung(machinistv1.RemediateReboot, "gentle", "5m")}
+			return hc
+		},
+		want: schemaErr(`spec.remediation.ladder[0].mode: Unsupported value: "gentle": supported values: "soft", "hard"`),
+	},
+	{
+		// Written as YAML would be: the Go type always sends an action.
+		name: "MachineHealthCheck with a rung written without an action",
+		build: func(ns string) client.Object {
+			return healthCheckYAML(ns, "idle", map[string]any{"remediation": map[string]any{
+				"ladder": []any{map[string]any{"timeout": "5m"}},
+			}})
+		},
+		want: schemaErr("spec.remediation.ladder[0].action: Required value"),
+	},
+	{
+		name: "MachineHealthCheck with maxInFlight 0",
+		build: func(ns string) client.Object {
+			hc := validMachineHealthCheck(ns, "grounded")
+			hc.Spec.Remediation.MaxInFlight = ptr.To(intstr.FromInt32(0))
+			return hc
+		},
+		want: "spec.remediation.maxInFlight: Invalid value: 0: " + maxInFlightMsg,
+	},
+	{
+		name: "MachineHealthCheck with maxInFlight 0%",
+		build: func(ns string) client.Object {
+			hc := validMachineHealthCheck(ns, "grounded-percent")
+			hc.Spec.Remediation.MaxInFlight = ptr.To(intstr.FromString("0%"))
+			return hc
+		},
+		want: `spec.remediation.maxInFlight: Invalid value: "0%": ` + maxInFlightMsg,
+	},
+	{
+		name: "MachineHealthCheck with maxInFlight over 100%",
+		build: func(ns string) client.Object {
+			hc := validMachineHealthCheck(ns, "overflight")
+			hc.Spec.Remediation.MaxInFlight = ptr.To(intstr.FromString("150%"))
+			return hc
+		},
+		want: `spec.remediation.maxInFlight: Invalid value: "150%": ` + maxInFlightMsg,
+	},
+	{
+		name: "MachineHealthCheck with maxInFlight a number written as a string",
+		build: func(ns string) client.Object {
+			hc := validMachineHealthCheck(ns, "quoted")
+			hc.Spec.Remediation.MaxInFlight = ptr.To(intstr.FromString("2"))
+			return hc
+		},
+		want: `spec.remediation.maxInFlight: Invalid value: "2": ` + maxInFlightMsg,
+	},
+	{
+		name: "MachineHealthCheck with maxUnhealthy over 100%",
+		build: func(ns string) client.Object {
+			hc := validMachineHealthCheck(ns, "overwhelmed")
+			hc.Spec.MaxUnhealthy = ptr.To(intstr.FromString("101%"))
+			return hc
+		},
+		want: `spec.maxUnhealthy: Invalid value: "101%": ` + maxUnhealthyMsg,
+	},
+	{
+		name: "MachineHealthCheck with a negative maxUnhealthy",
+		build: func(ns string) client.Object {
+			hc := validMachineHealthCheck(ns, "pessimist")
+			hc.Spec.MaxUnhealthy = ptr.To(intstr.FromInt32(-1))
+			return hc
+		},
+		want: "spec.maxUnhealthy: Invalid value: -1: " + maxUnhealthyMsg,
+	},
+	{
+		name: "MachineHealthCheck with a Node condition of status Maybe",
+		build: func(ns string) client.Object {
+			hc := validMachineHealthCheck(ns, "unsure")
+			hc.Spec.UnhealthyNodeConditions = []machinistv1.UnhealthyNodeCondition{
+				{Type: "Ready", Status: "Maybe", Timeout: metav1.Duration{Duration: time.Minute}},
+			}
+			return hc
+		},
+		want: schemaErr(`spec.unhealthyNodeConditions[0].status: Unsupported value: "Maybe": supported values: "True", "False", "Unknown"`),
+	},
+	{
+		name: "MachineHealthCheck with a Node condition of empty type",
+		build: func(ns string) client.Object {
+			hc := validMachineHealthCheck(ns, "typeless")
+			hc.Spec.UnhealthyNodeConditions = []machinistv1.UnhealthyNodeCondition{
+				{Type: "", Status: "False", Timeout: metav1.Duration{Duration: time.Minute}},
+			}
+			return hc
+		},
+		want: `spec.unhealthyNodeConditions[0].type: Invalid value: "": spec.unhealthyNodeConditions[0].type in body should be at least 1 chars long`,
+	},
+	{
+		name: "MachineHealthCheck with a Node condition type longer than a condition type can be",
+		build: func(ns string) client.Object {
+			hc := validMachineHealthCheck(ns, "verbose")
+			hc.Spec.UnhealthyNodeConditions = []machinistv1.UnhealthyNodeCondition{
+				{Type: strings.Repeat("t", 317), Status: "True", Timeout: metav1.Duration{Duration: time.Minute}},
+			}
+			return hc
+		},
+		want: schemaErr("spec.unhealthyNodeConditions[0].type: Too long: may not be more than 316 bytes"),
+	},
+	{
+		name: "MachineHealthCheck with a Node condition whose timeout is not a duration",
+		build: func(ns string) client.Object {
+			return healthCheckYAML(ns, "sixty", map[string]any{"unhealthyNodeConditions": []any{
+				map[string]any{"type": "Ready", "status": "False", "timeout": "sixty seconds"},
+			}})
+		},
+		want: `spec.unhealthyNodeConditions[0].timeout: Invalid value: "sixty seconds": ` + conditionTimeoutMsg,
+	},
+	{
+		// Written as YAML would be: the Go type always sends a timeout.
+		name: "MachineHealthCheck with a Node condition written without a timeout",
+		build: func(ns string) client.Object {
+			return healthCheckYAML(ns, "forever", map[string]any{"unhealthyNodeConditions": []any{
+				map[string]any{"type": "Ready", "status": "False"},
+			}})
+		},
+		want: schemaErr("spec.unhealthyNodeConditions[0].timeout: Required value"),
+	},
+	{
+		// Written as YAML would be: the Go type always sends a type and
+		// a status.
+		name: "MachineHealthCheck with a Node condition written without a type",
+		build: func(ns string) client.Object {
+			return healthCheckYAML(ns, "nameless", map[string]any{"unhealthyNodeConditions": []any{
+				map[string]any{"status": "False", "timeout": "1m"},
+			}})
+		},
+		want: schemaErr("spec.unhealthyNodeConditions[0].type: Required value"),
+	},
+	{
+		name: "MachineHealthCheck with a Node condition written without a status",
+		build: func(ns string) client.Object {
+			return healthCheckYAML(ns, "statusless", map[string]any{"unhealthyNodeConditions": []any{
+				map[string]any{"type": "Ready", "timeout": "1m"},
+			}})
+		},
+		want: schemaErr("spec.unhealthyNodeConditions[0].status: Required value"),
+	},
+	{
+		name: "MachineHealthCheck with more than 16 Node conditions",
+		build: func(ns string) client.Object {
+			hc := validMachineHealthCheck(ns, "fussy")
+			for i := range 17 {
+				hc.Spec.UnhealthyNodeConditions = append(hc.Spec.UnhealthyNodeConditions, machinistv1.UnhealthyNodeCondition{
+					Type: fmt.Sprintf("Problem%d", i), Status: "True", Timeout: metav1.Duration{Duration: time.Minute},
+				})
+			}
+			return hc
+		},
+		want: schemaErr("spec.unhealthyNodeConditions: Too many: 17: must have at most 16 items"),
+	},
+	{
+		name: "MachineHealthCheck with a nodeStartupTimeout in words",
+		build: func(ns string) client.Object {
+			return healthCheckYAML(ns, "slow-start", map[string]any{"nodeStartupTimeout": "ten minutes"})
+		},
+		want: `spec.nodeStartupTimeout: Invalid value: "ten minutes": ` + nodeStartupMsg,
+	},
+	{
+		// Longer than Go's time.Duration can hold: it would be stored and
+		// then fail every client that reads it.
+		name: "MachineHealthCheck with a nodeStartupTimeout too long to read back",
+		build: func(ns string) client.Object {
+			return healthCheckYAML(ns, "forever", map[string]any{"nodeStartupTimeout": "9999999999999h"})
+		},
+		want: `spec.nodeStartupTimeout: Invalid value: "9999999999999h": ` + nodeStartupMsg,
+	},
+	{
+		// Go reads a bare 0 as a duration; the rule wants a unit.
+		name: "MachineHealthCheck with a nodeStartupTimeout of 0 without a unit",
+		build: func(ns string) client.Object {
+			return healthCheckYAML(ns, "unitless", map[string]any{"nodeStartupTimeout": "0"})
+		},
+		want: `spec.nodeStartupTimeout: Invalid value: "0": ` + nodeStartupMsg,
+	},
+	{
+		name: "MachineHealthCheck with a negative cooldown",
+		build: func(ns string) client.Object {
+			return healthCheckYAML(ns, "backwards", map[string]any{"remediation": map[string]any{"cooldown": "-5m"}})
+		},
+		want: `spec.remediation.cooldown: Invalid value: "-5m": ` + cooldownMsg,
+	},
+	{
+		name: "MachineHealthCheck with a cooldown longer than 32 characters",
+		// Well formed, so only the length is wrong.
+		build: func(ns string) client.Object {
+			return healthCheckYAML(ns, "long-cooldown", map[string]any{"remediation": map[string]any{"cooldown": strings.Repeat("1m", 17)}})
+		},
+		want: schemaErr("spec.remediation.cooldown: Too long: may not be more than 32 bytes"),
+	},
+	{
+		// Written as YAML would be: the Go type always sends a selector.
+		name: "MachineHealthCheck without a selector",
+		build: func(ns string) client.Object {
+			return &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": machinistv1.GroupVersion.String(),
+				"kind":       "MachineHealthCheck",
+				"metadata":   map[string]any{"namespace": ns, "name": "unselective"},
+				"spec":       map[string]any{"maxUnhealthy": "40%"},
+			}}
+		},
+		want: schemaErr("spec.selector: Required value"),
+	},
+	{
+		name: "MachineHealthCheck changed to a ladder that starts with Replace",
+		build: func(ns string) client.Object {
+			return validMachineHealthCheck(ns, "reordered")
+		},
+		update: func(o client.Object) {
+			hc := o.(*machinistv1.MachineHealthCheck)
+			hc.Spec.Remediation.Ladder = append([]machinistv1.Rung{rung(machinistv1.RemediateReplace, "", "")}, hc.Spec.Remediation.Ladder[:2]...)
+		},
+		want: "spec.remediation.ladder: Invalid value: " + replaceLastMsg,
+	},
 }
 
 // validCase is an object on the edge of a rule that the API server must
@@ -993,6 +1380,79 @@ var validCases = []validCase{
 		md.Spec.ProgressDeadlineSeconds = ptr.To(int32(60))
 		return md
 	}},
+	{"MachineHealthCheck with every field set", func(ns string) client.Object {
+		return fullMachineHealthCheck(ns, "full")
+	}},
+	{"MachineHealthCheck with maxInFlight 20%", func(ns string) client.Object {
+		hc := validMachineHealthCheck(ns, "fifth")
+		hc.Spec.Remediation.MaxInFlight = ptr.To(intstr.FromString("20%"))
+		return hc
+	}},
+	{"MachineHealthCheck with maxInFlight 1% and maxUnhealthy 0", func(ns string) client.Object {
+		hc := validMachineHealthCheck(ns, "careful")
+		hc.Spec.Remediation.MaxInFlight = ptr.To(intstr.FromString("1%"))
+		hc.Spec.MaxUnhealthy = ptr.To(intstr.FromInt32(0))
+		return hc
+	}},
+	{"MachineHealthCheck with maxInFlight 100% and maxUnhealthy 0%", func(ns string) client.Object {
+		hc := validMachineHealthCheck(ns, "all-at-once")
+		hc.Spec.Remediation.MaxInFlight = ptr.To(intstr.FromString("100%"))
+		hc.Spec.MaxUnhealthy = ptr.To(intstr.FromString("0%"))
+		return hc
+	}},
+	{"MachineHealthCheck with a hard and a soft Reboot rung before Replace", func(ns string) client.Object {
+		hc := validMachineHealthCheck(ns, "two-reboots")
+		hc.Spec.Remediation.Ladder = []machinistv1.Rung{
+			rung(machinistv1.RemediateReboot, "hard", "1m"),
+			rung(machinistv1.RemediateReboot, "soft", "2m"),
+			rung(machinistv1.RemediateReplace, "", ""),
+		}
+		return hc
+	}},
+	{"MachineHealthCheck whose ladder is Replace alone", func(ns string) client.Object {
+		hc := validMachineHealthCheck(ns, "replace-only")
+		hc.Spec.Remediation.Ladder = []machinistv1.Rung{rung(machinistv1.RemediateReplace, "", "")}
+		return hc
+	}},
+	{"MachineHealthCheck whose ladder has no Replace", func(ns string) client.Object {
+		hc := validMachineHealthCheck(ns, "keep")
+		hc.Spec.Remediation.Ladder = []machinistv1.Rung{
+			rung(machinistv1.RemediateReboot, "", "5m"),
+			rung(machinistv1.RemediateRepair, "", "15m"),
+		}
+		return hc
+	}},
+	{"MachineHealthCheck with rung timeouts of 1s, 1.5h and 1h30m", func(ns string) client.Object {
+		return healthCheckYAML(ns, "timeouts", map[string]any{"remediation": map[string]any{"ladder": []any{
+			map[string]any{"action": "Reboot", "timeout": "1s"},
+			map[string]any{"action": "Reboot", "mode": "hard", "timeout": "1.5h"},
+			map[string]any{"action": "Repair", "timeout": "1h30m"},
+		}}})
+	}},
+	{"MachineHealthCheck with a ladder of 8 rungs and 16 Node conditions", func(ns string) client.Object {
+		hc := validMachineHealthCheck(ns, "most")
+		for range 7 {
+			hc.Spec.Remediation.Ladder = append(hc.Spec.Remediation.Ladder, rung(machinistv1.RemediateReboot, "", "1m"))
+		}
+		hc.Spec.Remediation.Ladder = append(hc.Spec.Remediation.Ladder, rung(machinistv1.RemediateReplace, "", ""))
+		for i := range 16 {
+			hc.Spec.UnhealthyNodeConditions = append(hc.Spec.UnhealthyNodeConditions, machinistv1.UnhealthyNodeCondition{
+				Type: fmt.Sprintf("Problem%d", i), Status: "True", Timeout: metav1.Duration{Duration: time.Minute},
+			})
+		}
+		return hc
+	}},
+	{"MachineHealthCheck with nodeStartupTimeout and cooldown 0s", func(ns string) client.Object {
+		return healthCheckYAML(ns, "zero", map[string]any{
+			"nodeStartupTimeout": "0s",
+			"remediation":        map[string]any{"cooldown": "0s"},
+		})
+	}},
+	{"MachineHealthCheck with an empty selector", func(ns string) client.Object {
+		hc := validMachineHealthCheck(ns, "everything")
+		hc.Spec.Selector = metav1.LabelSelector{}
+		return hc
+	}},
 }
 
 // ruleMessages returns the message of every x-kubernetes-validations rule in
@@ -1048,6 +1508,7 @@ var _ = Describe("API validation", func() {
 			validMachine(ns, "m"),
 			validMachineSet(ns, "ms", 2),
 			validMachineDeployment(ns, "md"),
+			validMachineHealthCheck(ns, "mhc"),
 		} {
 			Expect(k8s.Create(ctx, o)).To(Succeed(), "%T %s", o, o.GetName())
 		}

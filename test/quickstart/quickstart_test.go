@@ -22,6 +22,7 @@ import (
 	"github.com/go-logr/logr"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -29,8 +30,11 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/yaml"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/healthcheck"
+	"github.com/machinist-dev/machinist/internal/local"
 	"github.com/machinist-dev/machinist/internal/testenv"
 )
 
@@ -192,6 +196,83 @@ func kubeClient(t *testing.T, dir string) client.Client {
 	return c
 }
 
+// timedOutput is a script's output with the time each line arrived, so
+// that a step's duration can be read from the lines it printed.
+type timedOutput struct {
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	partial []byte
+	lines   []timedLine
+}
+
+type timedLine struct {
+	at   time.Time
+	text string
+}
+
+func (o *timedOutput) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	now := time.Now()
+	o.buf.Write(p)
+	o.partial = append(o.partial, p...)
+	for {
+		i := bytes.IndexByte(o.partial, '\n')
+		if i < 0 {
+			break
+		}
+		o.lines = append(o.lines, timedLine{now, string(o.partial[:i])})
+		o.partial = o.partial[i+1:]
+	}
+	return len(p), nil
+}
+
+func (o *timedOutput) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.String()
+}
+
+// arrived is when the first line matching re arrived, zero if none did.
+func (o *timedOutput) arrived(re *regexp.Regexp) time.Time {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, l := range o.lines {
+		if re.MatchString(l.text) {
+			return l.at
+		}
+	}
+	return time.Time{}
+}
+
+// machineRow is one row of the kill step's `kubectl get machine -o
+// custom-columns=NAME,UID,PHASE,BOOT-ID`.
+type machineRow struct{ line, name, uid, phase, boot string }
+
+var machineRowRE = regexp.MustCompile(`(?m)^(\S+)\s+([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\s+(\S+)\s+(\S+)[ \t]*$`)
+
+func machineRows(out string) []machineRow {
+	var rows []machineRow
+	for _, m := range machineRowRE.FindAllStringSubmatch(out, -1) {
+		rows = append(rows, machineRow{line: m[0], name: m[1], uid: m[2], phase: m[3], boot: m[4]})
+	}
+	return rows
+}
+
+// sampleHealthCheck is config/samples/machinehealthcheck.yaml.
+func sampleHealthCheck(t *testing.T) *machinistv1.MachineHealthCheck {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(testenv.Root(), "config", "samples", "machinehealthcheck.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &machinistv1.MachineHealthCheck{}
+	if err := yaml.UnmarshalStrict(raw, hc); err != nil {
+		t.Fatal(err)
+	}
+	return hc
+}
+
 func machines(g Gomega, c client.Client, pool string) []machinistv1.Machine {
 	var list machinistv1.MachineList
 	g.Expect(c.List(context.Background(), &list, client.InNamespace("default"), client.MatchingLabels{"pool": pool})).To(Succeed())
@@ -206,12 +287,21 @@ func TestQuickStart(t *testing.T) {
 	g.Expect(run.output()).To(ContainSubstring(`MachineDeployment "workers" of 3 Machines`))
 	c := kubeClient(t, dir)
 
+	// The first start made the sample health check, the one in
+	// config/samples.
+	made := &machinistv1.MachineHealthCheck{}
+	g.Expect(c.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: local.SampleHealthCheck}, made)).To(Succeed())
+	sample := sampleHealthCheck(t)
+	g.Expect(sample.Name).To(Equal(made.Name))
+	g.Expect(equality.Semantic.DeepEqual(sample.Spec, made.Spec)).To(BeTrue(),
+		"config/samples/machinehealthcheck.yaml and the health check machinist run makes differ:\n%+v\n%+v", sample.Spec, made.Spec)
+
 	// The README's block, as written, from the top of the tree.
 	sh := exec.Command("bash", "-euo", "pipefail", "-c", quickStartBlock(t))
 	sh.Dir = dir
 	sh.Env = append(os.Environ(), "KUBECONFIG=")
-	var out bytes.Buffer
-	sh.Stdout, sh.Stderr = &out, &out
+	out := &timedOutput{}
+	sh.Stdout, sh.Stderr = out, out
 	done := make(chan error, 1)
 	if err := sh.Start(); err != nil {
 		t.Fatal(err)
@@ -228,7 +318,22 @@ func TestQuickStart(t *testing.T) {
 	}
 	t.Logf("quick start output:\n%s", out.String())
 	g.Expect(out.String()).To(ContainSubstring("successfully rolled out"))
-	g.Expect(out.String()).To(MatchRegexp(`machine/\S+ rebooted \(boot ID \S+ -> \S+\)`))
+	reboot := regexp.MustCompile(`machine/(\S+) rebooted \(boot ID \S+ -> (\S+)\)`).FindStringSubmatch(out.String())
+	g.Expect(reboot).NotTo(BeNil(), "the reboot step's last line")
+
+	// Kill a machine and watch it heal: the step shows the Machine before
+	// the kill -9 and after it healed.
+	rows := machineRows(out.String())
+	g.Expect(rows).To(HaveLen(2), "the kill step's machine before and after")
+	before, after := rows[0], rows[1]
+	g.Expect(after.name).To(Equal(before.name))
+	g.Expect(after.uid).To(Equal(before.uid), "the same Machine, not a replacement")
+	g.Expect(before.phase).To(Equal(string(machinistv1.MachineRunning)))
+	g.Expect(after.phase).To(Equal(string(machinistv1.MachineRunning)))
+	g.Expect(after.boot).NotTo(Equal(before.boot), "a new boot ID")
+	t.Logf("kill -9 to healed: %s", out.arrived(regexp.MustCompile(regexp.QuoteMeta(after.line))).Sub(
+		out.arrived(regexp.MustCompile(regexp.QuoteMeta(before.line)))).Round(time.Second))
+	killed := before.name
 
 	// What each step promised.
 	g.Eventually(func(g Gomega) {
@@ -240,16 +345,59 @@ func TestQuickStart(t *testing.T) {
 	}).WithTimeout(2 * time.Minute).Should(Succeed())
 	workers := machines(g, c, "workers")
 	g.Expect(workers).To(HaveLen(3))
-	rebooted := 0
+	healed := false
 	for _, m := range workers {
 		g.Expect(m.Spec.Version).To(Equal("v1.37.2"))
 		g.Expect(m.Status.Phase).To(Equal(machinistv1.MachineRunning))
 		g.Expect(m.Status.NodeInfo.KubeletVersion).To(Equal("v1.37.2"))
-		if op := m.Status.Operation; op != nil && op.Type == machinistv1.OperationReboot && op.State == machinistv1.OperationSucceeded {
-			rebooted++
+		op := m.Status.Operation
+		switch {
+		case m.Name == killed:
+			// The Reboot rung healed it: the same Machine, Running and
+			// NodeHealthy with a new boot ID, the boot it was killed in
+			// rebooted hard, without a drain, by the health check.
+			healed = true
+			g.Expect(string(m.UID)).To(Equal(before.uid))
+			g.Expect(m.Status.BootID).To(Equal(after.boot))
+			g.Expect(m.Status.Conditions).To(ContainElement(And(
+				HaveField("Type", machinistv1.ConditionNodeHealthy), HaveField("Status", BeEquivalentTo("True")))))
+			rem := m.Status.Remediation
+			g.Expect(rem).NotTo(BeNil())
+			g.Expect(op).NotTo(BeNil())
+			g.Expect(*rem).To(And(HaveField("HealthCheck", local.SampleHealthCheck), HaveField("Phase", machinistv1.RemediationRecovered),
+				HaveField("Rung", BeEquivalentTo(0)), HaveField("Action", machinistv1.RemediateReboot),
+				HaveField("RecoveredAt", Not(BeNil())), HaveField("OperationID", op.ID)), "%+v", rem)
+			g.Expect(*op).To(And(HaveField("Type", machinistv1.OperationReboot), HaveField("State", machinistv1.OperationSucceeded),
+				HaveField("RequestedBy", healthcheck.RequestedBy(local.SampleHealthCheck)), HaveField("Source", machinistv1.SourceHealthCheck),
+				HaveField("BootID", before.boot)), "%+v", op)
+			g.Expect(op.Options).NotTo(BeNil())
+			g.Expect(op.Options.Mode).To(Equal("hard"), "the Node was unreachable")
+			g.Expect(op.Options.Drain).To(HaveValue(BeFalse()), "the Node was unreachable")
+			t.Logf("%s: unhealthy at %s, recovered at %s", m.Name, rem.UnhealthySince.UTC().Format(time.RFC3339), rem.RecoveredAt.UTC().Format(time.RFC3339))
+			if m.Name == reboot[1] {
+				// The boot the health check rebooted is the one the
+				// reboot step brought.
+				g.Expect(op.BootID).To(Equal(reboot[2]))
+			}
+		default:
+			// No other Machine fell unhealthy: not while rolled out, not
+			// while rebooted.
+			if rem := m.Status.Remediation; rem != nil {
+				g.Expect(rem.Phase).To(Equal(machinistv1.RemediationHealthy), "%s: %+v", m.Name, rem)
+			}
+			if m.Name == reboot[1] {
+				g.Expect(op).NotTo(BeNil())
+				g.Expect(*op).To(And(HaveField("Type", machinistv1.OperationReboot), HaveField("State", machinistv1.OperationSucceeded)))
+			}
 		}
 	}
-	g.Expect(rebooted).To(Equal(1))
+	g.Expect(healed).To(BeTrue(), "the killed Machine %s is gone", killed)
+	g.Eventually(func(g Gomega) {
+		hc := &machinistv1.MachineHealthCheck{}
+		g.Expect(c.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: local.SampleHealthCheck}, hc)).To(Succeed())
+		g.Expect(hc.Status).To(And(HaveField("ExpectedMachines", BeEquivalentTo(3)), HaveField("HealthyMachines", BeEquivalentTo(3)),
+			HaveField("RemediationsInFlight", BeEquivalentTo(0))))
+	}).WithTimeout(30 * time.Second).Should(Succeed())
 
 	// Kubernetes' garbage collector runs: deleting the MachineSet deletes
 	// its Machines, each through its lifecycle, and their agents and Nodes.

@@ -50,7 +50,7 @@ func TestMachine(t *testing.T) {
 	stop()
 	bootID := m.Status.BootID
 
-	t.Run("status shows phase, node, conditions and operation", func(t *testing.T) {
+	t.Run("status shows phase, node, conditions, operation and remediation", func(t *testing.T) {
 		// Half an hour ago: below ten minutes the age is printed to the
 		// second, and a stored time drops its fraction, so "5m" could read
 		// "5m1s".
@@ -58,7 +58,7 @@ func TestMachine(t *testing.T) {
 			st.Operation = &machinistv1.Operation{
 				Type: machinistv1.OperationReboot, ID: "op-status", State: machinistv1.OperationRunning,
 				RequestedBy: "alice", RequestedAt: &metav1.Time{Time: time.Now().Add(-30 * time.Minute)}, StartedAt: &metav1.Time{Time: time.Now()},
-				Message: "draining the node",
+				Message: "draining the node", Source: machinistv1.SourceAPI, BootID: bootID,
 				Options: &machinistv1.OperationOptions{Mode: "hard", Drain: ptr.To(false), GracePeriodSeconds: ptr.To(int64(30))},
 			}
 		})
@@ -78,14 +78,19 @@ func TestMachine(t *testing.T) {
 			`(?m)^\s+ID:\s+op-status$`,
 			`(?m)^\s+State:\s+Running$`,
 			`(?m)^\s+Requested by:\s+alice$`,
+			`(?m)^\s+Source:\s+API$`,
 			`(?m)^\s+Requested at:\s+\S+ \(30m ago\)$`,
 			`(?m)^\s+Completed:\s+<none>$`,
+			`(?m)^\s+Boot ID at request:\s+` + regexp.QuoteMeta(bootID) + `$`,
 			`(?m)^\s+Message:\s+draining the node$`,
 			`(?m)^\s+Options:\s+mode=hard drain=false gracePeriodSeconds=30$`,
 		} {
 			if !regexp.MustCompile(want).MatchString(r.stdout) {
 				t.Errorf("status output does not match %s:\n%s", want, r.stdout)
 			}
+		}
+		if strings.Contains(r.stdout, "Remediation") {
+			t.Errorf("status of a Machine no health check judged shows a remediation:\n%s", r.stdout)
 		}
 
 		r = plugin(ns, "status", "machine/m1", "-o", "json")
@@ -107,6 +112,74 @@ func TestMachine(t *testing.T) {
 		if r := plugin(ns, "status", "nosuch"); r.code != ExitRefused || !strings.Contains(r.stderr, `"nosuch" not found`) {
 			t.Errorf("status of a missing Machine should exit %d saying so:\n%s", ExitRefused, r)
 		}
+
+		// A health check's rung in progress, after an earlier recovery
+		// within the cooldown; the times are more than ten minutes ago
+		// for the reason above.
+		now := time.Now()
+		unhealthy := now.Add(-40 * time.Minute).UTC().Truncate(time.Second)
+		started := now.Add(-20 * time.Minute).UTC().Truncate(time.Second)
+		recovered := now.Add(-3 * time.Hour).UTC().Truncate(time.Second)
+		setStatus(t, key, func(st *machinistv1.MachineStatus) {
+			st.Operation = &machinistv1.Operation{
+				Type: machinistv1.OperationRepair, ID: "op-remedy", State: machinistv1.OperationRunning,
+				RequestedBy: "machinehealthcheck/workers", RequestedAt: &metav1.Time{Time: started}, StartedAt: &metav1.Time{Time: started},
+				Source: machinistv1.SourceHealthCheck, BootID: bootID,
+				Options: &machinistv1.OperationOptions{TimeoutSeconds: ptr.To(int64(900)), Reason: "machinehealthcheck workers: Node n is Ready=False"},
+			}
+			st.Remediation = &machinistv1.MachineRemediation{
+				HealthCheck: "workers", Phase: machinistv1.RemediationRepairing,
+				Rung: 1, Action: machinistv1.RemediateRepair, OperationID: "op-remedy",
+				UnhealthySince: &metav1.Time{Time: unhealthy}, RungStartedAt: &metav1.Time{Time: started}, RecoveredAt: &metav1.Time{Time: recovered},
+				Message: "rung 2 of 3: repair op-remedy",
+			}
+		})
+		r = plugin(ns, "status", "m1")
+		if r.code != ExitOK {
+			t.Fatal(r)
+		}
+		at := func(t time.Time) string { return regexp.QuoteMeta(t.Format(time.RFC3339)) }
+		for _, want := range []string{
+			`(?m)^\s+Requested by:\s+machinehealthcheck/workers$`,
+			`(?m)^\s+Source:\s+HealthCheck$`,
+			`(?m)^\s+Options:\s+timeoutSeconds=900 reason="machinehealthcheck workers: Node n is Ready=False"$`,
+			// The whole section, in order, and the last thing printed.
+			`(?m)^Remediation:\n` +
+				`\s+Health check:\s+workers\n` +
+				`\s+Phase:\s+Repairing\n` +
+				`\s+Rung:\s+2 \(Repair\)\n` +
+				`\s+Operation ID:\s+op-remedy\n` +
+				`\s+Unhealthy since:\s+` + at(unhealthy) + ` \(40m ago\)\n` +
+				`\s+Rung started:\s+` + at(started) + ` \(20m ago\)\n` +
+				`\s+Recovered at:\s+` + at(recovered) + ` \(3h ago\)\n` +
+				`\s+Message:\s+rung 2 of 3: repair op-remedy\n\z`,
+		} {
+			if !regexp.MustCompile(want).MatchString(r.stdout) {
+				t.Errorf("status output does not match %s:\n%s", want, r.stdout)
+			}
+		}
+
+		// Found unhealthy, waiting for a slot: no rung yet, so no rung
+		// number, and the unset times say so.
+		setStatus(t, key, func(st *machinistv1.MachineStatus) {
+			st.Remediation = &machinistv1.MachineRemediation{
+				HealthCheck: "workers", Phase: machinistv1.RemediationUnhealthy, UnhealthySince: &metav1.Time{Time: unhealthy},
+				Message: "waiting for a free slot: maxInFlight (1) remediations are in flight",
+			}
+		})
+		r = plugin(ns, "status", "m1")
+		for _, want := range []string{
+			`(?m)^\s+Phase:\s+Unhealthy$`,
+			`(?m)^\s+Rung:\s+<none>$`,
+			`(?m)^\s+Rung started:\s+<none>$`,
+			`(?m)^\s+Recovered at:\s+<none>$`,
+			`(?m)^\s+Message:\s+waiting for a free slot: maxInFlight \(1\) remediations are in flight$`,
+		} {
+			if !regexp.MustCompile(want).MatchString(r.stdout) {
+				t.Errorf("status output does not match %s:\n%s", want, r.stdout)
+			}
+		}
+		setStatus(t, key, func(st *machinistv1.MachineStatus) { st.Remediation = nil })
 	})
 
 	t.Run("wait reports progress and succeeds", func(t *testing.T) {

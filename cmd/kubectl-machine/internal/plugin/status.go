@@ -22,11 +22,12 @@ func (o *options) statusCommand() *cobra.Command {
 	var output string
 	cmd := &cobra.Command{
 		Use:   "status NAME",
-		Short: "Show a Machine's phase, Node, conditions, operation and last transition",
+		Short: "Show a Machine's phase, Node, conditions, operation, remediation and last transition",
 		Long: `Show a Machine's phase, Node, provider ID and boot ID, a summary of its
-conditions, its operation (the verb in progress or the last one finished)
-and the lifecycle's last transition. -o json or -o yaml prints the whole
-Machine instead.
+conditions, its operation (the verb in progress or the last one finished),
+where it stands on its MachineHealthCheck's remediation ladder, if one
+ever judged it unhealthy, and the lifecycle's last transition. -o json or
+-o yaml prints the whole Machine instead.
 
 ` + exitCodesHelp,
 		Example: `  kubectl machine status m1
@@ -117,22 +118,58 @@ func describeMachine(w io.Writer, m *machinistv1.Machine, now time.Time) error {
 		}
 	}
 
-	op := st.Operation
+	if err := describeOperation(w, st.Operation, now); err != nil {
+		return err
+	}
+	return describeRemediation(w, st.Remediation, now)
+}
+
+func describeOperation(w io.Writer, op *machinistv1.Operation, now time.Time) error {
 	if op == nil {
 		_, err := fmt.Fprintln(w, "Operation:  <none>")
 		return err
 	}
 	fmt.Fprintln(w, "Operation:")
-	tw = newTable(w)
+	tw := newTable(w)
 	field(tw, "  Type", string(op.Type))
 	field(tw, "  ID", op.ID)
 	field(tw, "  State", string(op.State))
 	field(tw, "  Requested by", orNone(op.RequestedBy))
+	field(tw, "  Source", orNone(string(op.Source)))
 	field(tw, "  Requested at", when(op.RequestedAt, now))
 	field(tw, "  Started", when(op.StartedAt, now))
 	field(tw, "  Completed", when(op.CompletedAt, now))
+	// The boot the operation must see replaced before it is done.
+	field(tw, "  Boot ID at request", orNone(op.BootID))
 	field(tw, "  Message", orNone(op.Message))
 	field(tw, "  Options", operationOptions(op.Options))
+	return tw.Flush()
+}
+
+// describeRemediation prints where the Machine stands on its health
+// check's ladder; nothing for a Machine no health check has judged
+// unhealthy.
+func describeRemediation(w io.Writer, rem *machinistv1.MachineRemediation, now time.Time) error {
+	if rem == nil {
+		return nil
+	}
+	fmt.Fprintln(w, "Remediation:")
+	tw := newTable(w)
+	field(tw, "  Health check", rem.HealthCheck)
+	field(tw, "  Phase", string(rem.Phase))
+	// The stored rung is an index; people count rungs from 1, as the
+	// health check's Events and messages do. Before a rung starts there
+	// is no action, and the index means nothing.
+	rung := "<none>"
+	if rem.Action != "" {
+		rung = fmt.Sprintf("%d (%s)", rem.Rung+1, rem.Action)
+	}
+	field(tw, "  Rung", rung)
+	field(tw, "  Operation ID", orNone(rem.OperationID))
+	field(tw, "  Unhealthy since", when(rem.UnhealthySince, now))
+	field(tw, "  Rung started", when(rem.RungStartedAt, now))
+	field(tw, "  Recovered at", when(rem.RecoveredAt, now))
+	field(tw, "  Message", orNone(rem.Message))
 	return tw.Flush()
 }
 
@@ -179,6 +216,9 @@ func operationOptions(o *machinistv1.OperationOptions) string {
 	}
 	if o.GracePeriodSeconds != nil {
 		parts = append(parts, "gracePeriodSeconds="+strconv.FormatInt(*o.GracePeriodSeconds, 10))
+	}
+	if o.TimeoutSeconds != nil {
+		parts = append(parts, "timeoutSeconds="+strconv.FormatInt(*o.TimeoutSeconds, 10))
 	}
 	if o.Reason != "" {
 		parts = append(parts, "reason="+strconv.Quote(o.Reason))
