@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -157,6 +159,18 @@ func TestUnreachableMachineIsRebootedHard(t *testing.T) {
 	}
 	if !sawRung {
 		t.Error("no watch event showed the Remediating condition True with reason Reboot")
+	}
+	// Other tests remediate too, in parallel: at least this one counts.
+	rungs := controllers.Manager.Remediations.Rungs
+	for _, outcome := range []string{"started", "succeeded"} {
+		if n := testutil.ToFloat64(rungs.WithLabelValues("Reboot", outcome)); n < 1 {
+			t.Errorf("machinist_remediations_total{action=Reboot,outcome=%s} is %v", outcome, n)
+		}
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(controllers.Manager.Remediations.Recovery)
+	if mfs, err := reg.Gather(); err != nil || len(mfs) != 1 || mfs[0].Metric[0].GetHistogram().GetSampleCount() < 1 {
+		t.Errorf("machinist_remediation_recovery_seconds observed no recovery (%v)", err)
 	}
 }
 
