@@ -82,6 +82,7 @@ var wantObjects = []string{
 	"ClusterRoleBinding machinist-verbs-auth-delegator",
 	"CustomResourceDefinition machineclasses.machinist.dev",
 	"CustomResourceDefinition machinedeployments.machinist.dev",
+	"CustomResourceDefinition machinehealthchecks.machinist.dev",
 	"CustomResourceDefinition machines.machinist.dev",
 	"CustomResourceDefinition machinesets.machinist.dev",
 	"Deployment machinist-system/machinist-manager",
