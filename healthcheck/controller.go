@@ -28,6 +28,7 @@ import (
 	"github.com/machinist-dev/machinist/internal/requeue"
 	"github.com/machinist-dev/machinist/internal/stale"
 	"github.com/machinist-dev/machinist/internal/wake"
+	"github.com/machinist-dev/machinist/lifecycle"
 )
 
 // Reconciler is the MachineHealthCheck controller. One reconcile of a
@@ -191,7 +192,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 				return reconcile.Result{}, err
 			}
 		}
-		t.v = judge(checks, m, t.node, p.now, tr)
+		if lifecycle.InFlight(m.Status.Operation) {
+			// Not judged until the operation ends: a Machine whose
+			// reboot is recorded but not yet begun still looks as it did,
+			// and a verdict written now would only race the Machine
+			// controller's own write.
+			t.v = verdict{}
+		} else {
+			t.v = judge(checks, m, t.node, p.now, tr)
+		}
 		if !t.v.recheck.IsZero() {
 			p.after(t.v.recheck)
 		}
