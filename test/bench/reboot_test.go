@@ -105,13 +105,7 @@ func rebootAll(b *testing.B, n int) {
 	}
 	wait(b, rebooted, timeout(n), "every reboot Succeeded")
 	total := time.Since(start)
-	b.StopTimer()
-
-	time.Sleep(3 * time.Second)
-	after, err := testenv.ReadWrites(ctx, kube)
-	if err != nil {
-		b.Fatal(err)
-	}
+	after := finalWrites(ctx, b, kube)
 	w := after.Done.Since(before.Done)
 	b.ReportMetric(accepted.Seconds(), "s-to-accept-all")
 	b.ReportMetric(float64(n)/accepted.Seconds(), "requests/s")

@@ -75,13 +75,7 @@ func rollingUpgrade(b *testing.B, n int) {
 	}
 	wait(b, upgraded, 2*timeout(n), "the upgrade")
 	engine := time.Since(start)
-	b.StopTimer()
-
-	time.Sleep(3 * time.Second)
-	w1, err := testenv.ReadWrites(ctx, kube)
-	if err != nil {
-		b.Fatal(err)
-	}
+	w1 := finalWrites(ctx, b, kube)
 	if err := ctrls.Stop(); err != nil {
 		b.Fatal(err)
 	}

@@ -34,11 +34,11 @@ const (
 // env is the control plane of the benchmark running now.
 var env *testenv.Env
 
-// freshEnv starts a control plane of the benchmark's own, so that objects a
-// previous benchmark left behind cannot load the controllers it measures,
-// and stops it when the benchmark ends.
-func freshEnv(b *testing.B) *testenv.Env {
-	e, err := testenv.Start()
+// freshEnv starts a control plane of the benchmark's own (with opts), so
+// that objects a previous benchmark left behind cannot load the
+// controllers it measures, and stops it when the benchmark ends.
+func freshEnv(b *testing.B, opts testenv.Options) *testenv.Env {
+	e, err := testenv.StartWith(opts)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -65,22 +65,28 @@ func BenchmarkScaleUp(b *testing.B) {
 // setUp starts a control plane of the benchmark's own, the controllers
 // with an inmemory provider, and a namespace with a MachineClass "small".
 func setUp(ctx context.Context, b *testing.B, prefix string) (kubernetes.Interface, *testenv.Controllers, string) {
-	env := freshEnv(b)
-	kube, err := kubernetes.NewForConfig(env.Config)
+	// Leases renewed rarely: kubelet heartbeats are the provider's load,
+	// not the engine's, and would blur the write counts.
+	return startControllers(ctx, b, freshEnv(b, testenv.Options{}), prefix, manager.Options{},
+		testenv.Leases{DurationSeconds: 3600, RenewInterval: time.Hour})
+}
+
+// startControllers starts the controllers on e with the benchmarks'
+// workers and client limits over opts, and a namespace holding the
+// MachineClass "small".
+func startControllers(ctx context.Context, b *testing.B, e *testenv.Env, prefix string, opts manager.Options, leases testenv.Leases) (kubernetes.Interface, *testenv.Controllers, string) {
+	kube, err := kubernetes.NewForConfig(e.Config)
 	if err != nil {
 		b.Fatal(err)
 	}
 	resetPeakRSS()
-	// Leases renewed rarely: kubelet heartbeats are the provider's load,
-	// not the engine's, and would blur the write counts.
-	ctrls, err := env.StartControllers(manager.Options{
-		MachineWorkers: workers, MachineSetWorkers: 4, QPS: qps, Burst: burst, Repeatable: true,
-	}, testenv.Leases{DurationSeconds: 3600, RenewInterval: time.Hour})
+	opts.MachineWorkers, opts.MachineSetWorkers, opts.QPS, opts.Burst, opts.Repeatable = workers, 4, qps, burst, true
+	ctrls, err := e.StartControllers(opts, leases)
 	if err != nil {
 		b.Fatal(err)
 	}
 	ns := namespace(ctx, b, prefix)
-	if err := env.InmemoryClass(ctx, ns, "small", ""); err != nil {
+	if err := e.InmemoryClass(ctx, ns, "small", ""); err != nil {
 		b.Fatal(err)
 	}
 	return kube, ctrls, ns
@@ -114,14 +120,7 @@ func scaleUp(b *testing.B, n int) {
 		b.Fatalf("not every Machine was Running after %s: %d Machines by phase %v", timeout(n), len(list.Items), phases)
 	}
 	engine := time.Since(start)
-	b.StopTimer()
-
-	// Let trailing status writes and Events land before counting.
-	time.Sleep(3 * time.Second)
-	after, err := testenv.ReadWrites(ctx, kube)
-	if err != nil {
-		b.Fatal(err)
-	}
+	after := finalWrites(ctx, b, kube)
 	rss := peakRSS()
 	if err := ctrls.Stop(); err != nil {
 		b.Fatal(err)
@@ -230,6 +229,18 @@ func namespace(ctx context.Context, b *testing.B, prefix string) string {
 		b.Fatal(err)
 	}
 	return ns.Name
+}
+
+// finalWrites stops the benchmark's timer and reads the API server's
+// write counts once the trailing status writes and Events have landed.
+func finalWrites(ctx context.Context, b *testing.B, kube kubernetes.Interface) testenv.Counts {
+	b.StopTimer()
+	time.Sleep(3 * time.Second)
+	after, err := testenv.ReadWrites(ctx, kube)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return after
 }
 
 // resetPeakRSS restarts the kernel's peak-RSS count for this process.
