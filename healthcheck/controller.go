@@ -49,9 +49,12 @@ type Reconciler struct {
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 
-	writes  stale.Writes
-	mu      sync.Mutex
-	trusted time.Time // start of the manager, or the last watch error since
+	// writes and checkWrites keep a pass from acting on a cached Machine,
+	// or health check, older than its own last write to it.
+	writes      stale.Writes
+	checkWrites stale.Writes
+	mu          sync.Mutex
+	trusted     time.Time // start of the manager, or the last watch error since
 }
 
 // RequestedBy is how a health check signs the operations it requests.
@@ -157,10 +160,16 @@ func (t *target) note(kind, reason, format string, args ...any) {
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	hc := &machinistv1.MachineHealthCheck{}
 	if err := r.Client.Get(ctx, req.NamespacedName, hc); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.checkWrites.Forget(req.NamespacedName)
+		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	if !hc.DeletionTimestamp.IsZero() {
 		return reconcile.Result{}, nil
+	}
+	if r.checkWrites.Stale(hc) {
+		return reconcile.Result{RequeueAfter: stale.Recheck}, nil
 	}
 	selector, err := metav1.LabelSelectorAsSelector(&hc.Spec.Selector)
 	if err != nil {
@@ -406,7 +415,11 @@ func (r *Reconciler) writeStatus(ctx context.Context, hc *machinistv1.MachineHea
 		return nil
 	}
 	hc.Status = st
-	return r.Client.Status().Update(ctx, hc)
+	if err := r.Client.Status().Update(ctx, hc); err != nil {
+		return err
+	}
+	r.checkWrites.Wrote(hc)
+	return nil
 }
 
 // exists reports whether the health check name is in the cache.
