@@ -46,6 +46,7 @@ func TestLadderClimbsFromRebootToReplace(t *testing.T) {
 		fresh = ms[0]
 		return true
 	})
+	h.caughtUp(t, old.Name, "", 0)
 	// Found unhealthy and started on the first rung in one write: with a
 	// free slot, Unhealthy is never stored on its own.
 	want := []machinistv1.RemediationPhase{
@@ -70,7 +71,7 @@ func TestLadderClimbsFromRebootToReplace(t *testing.T) {
 		t.Errorf("the new Machine starts with remediation %+v", fresh.Status.Remediation)
 	}
 	for _, reason := range []string{"MachineUnhealthy", "RemediationStarted", "RemediationFailed"} {
-		if len(events(t, ns, reason)) == 0 {
+		if len(events(t, ns, reason, 1)) == 0 {
 			t.Errorf("no %s Event", reason)
 		}
 	}
@@ -96,11 +97,11 @@ func TestMachineWithoutSetIsNeverReplaced(t *testing.T) {
 		get(t, m)
 		return m.Status.Remediation != nil && m.Status.Remediation.Phase == machinistv1.RemediationExhausted
 	})
-	skipped := events(t, ns, "RemediationSkipped")
+	skipped := events(t, ns, "RemediationSkipped", 1)
 	if len(skipped) == 0 || !strings.Contains(skipped[0].Note, "never replaced") {
 		t.Errorf("want a RemediationSkipped Event saying the Machine is never replaced, got %+v", skipped)
 	}
-	if len(events(t, ns, "RemediationExhausted")) == 0 {
+	if len(events(t, ns, "RemediationExhausted", 1)) == 0 {
 		t.Error("no RemediationExhausted Event")
 	}
 	time.Sleep(2 * time.Second)
@@ -134,6 +135,7 @@ func TestUnreachableMachineIsRebootedHard(t *testing.T) {
 		get(t, &m)
 		return m.Status.Remediation != nil && m.Status.Remediation.Phase == machinistv1.RemediationRecovered && healthy(&m)
 	})
+	h.caughtUp(t, m.Name, machinistv1.RemediationRecovered, 0)
 	op := m.Status.Operation
 	if op == nil || op.Source != machinistv1.SourceHealthCheck || op.RequestedBy != "machinehealthcheck/workers" ||
 		op.Options == nil || op.Options.Mode != "hard" || op.Options.Drain == nil || *op.Options.Drain {
@@ -161,16 +163,28 @@ func TestUnreachableMachineIsRebootedHard(t *testing.T) {
 		t.Error("no watch event showed the Remediating condition True with reason Reboot")
 	}
 	// Other tests remediate too, in parallel: at least this one counts.
+	// The controller records metrics right after its write, which this
+	// test may read first.
 	rungs := controllers.Manager.Remediations.Rungs
-	for _, outcome := range []string{"started", "succeeded"} {
-		if n := testutil.ToFloat64(rungs.WithLabelValues("Reboot", outcome)); n < 1 {
-			t.Errorf("machinist_remediations_total{action=Reboot,outcome=%s} is %v", outcome, n)
-		}
-	}
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(controllers.Manager.Remediations.Recovery)
-	if mfs, err := reg.Gather(); err != nil || len(mfs) != 1 || mfs[0].Metric[0].GetHistogram().GetSampleCount() < 1 {
-		t.Errorf("machinist_remediation_recovery_seconds observed no recovery (%v)", err)
+	recoveries := func() uint64 {
+		mfs, err := reg.Gather()
+		if err != nil || len(mfs) != 1 {
+			t.Fatalf("gathering the recovery histogram: %v", err)
+		}
+		return mfs[0].Metric[0].GetHistogram().GetSampleCount()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for testutil.ToFloat64(rungs.WithLabelValues("Reboot", "succeeded")) < 1 || recoveries() < 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("machinist_remediations_total{action=Reboot,outcome=succeeded} is %v and the recovery histogram has %d samples",
+				testutil.ToFloat64(rungs.WithLabelValues("Reboot", "succeeded")), recoveries())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := testutil.ToFloat64(rungs.WithLabelValues("Reboot", "started")); n < 1 {
+		t.Errorf("machinist_remediations_total{action=Reboot,outcome=started} is %v", n)
 	}
 }
 
@@ -222,7 +236,7 @@ func TestShortCircuit(t *testing.T) {
 			t.Fatalf("Machine %s was remediated while 3 of 5 were unhealthy", s.name)
 		}
 	}
-	if len(events(t, ns, "RemediationShortCircuited")) == 0 {
+	if len(events(t, ns, "RemediationShortCircuited", 1)) == 0 {
 		t.Error("no RemediationShortCircuited Event")
 	}
 
@@ -231,6 +245,9 @@ func TestShortCircuit(t *testing.T) {
 		t.Fatal(err)
 	}
 	running(t, ns, 5)
+	for _, m := range ms[1:3] {
+		h.caughtUp(t, m.Name, machinistv1.RemediationRecovered, 0)
+	}
 	for _, m := range ms[1:3] {
 		if got := h.ladder(m.Name); !slices.Contains(got, machinistv1.RemediationRebooting) {
 			t.Errorf("Machine %s went through %v, want a Reboot rung", m.Name, got)
@@ -300,6 +317,7 @@ func TestCooldownStartsOnTheNextRung(t *testing.T) {
 	waitFor(t, "recovered by the Reboot rung", recovered(0))
 	crash(t, m)
 	waitFor(t, "recovered by the Repair rung", recovered(1))
+	h.caughtUp(t, m.Name, machinistv1.RemediationRecovered, 1)
 	want := []machinistv1.RemediationPhase{
 		machinistv1.RemediationRebooting, machinistv1.RemediationRecovered,
 		machinistv1.RemediationRepairing, machinistv1.RemediationRecovered,
@@ -369,6 +387,7 @@ func TestRestartMidLadderKeepsTheRung(t *testing.T) {
 		get(t, &m)
 		return m.Status.Remediation.Phase == machinistv1.RemediationRecovered && healthy(&m)
 	})
+	h.caughtUp(t, m.Name, machinistv1.RemediationRecovered, 0)
 	if m.Status.Remediation.OperationID != opID || m.Status.Remediation.Rung != 0 {
 		t.Errorf("after the restart the Machine is on rung %d with operation %s, want rung 0 with %s",
 			m.Status.Remediation.Rung, m.Status.Remediation.OperationID, opID)
@@ -411,13 +430,14 @@ func TestFailedMachineSkipsRebootButIsRepaired(t *testing.T) {
 		get(t, m)
 		return m.Status.Remediation != nil && m.Status.Remediation.Phase == machinistv1.RemediationExhausted
 	})
+	h.caughtUp(t, m.Name, machinistv1.RemediationExhausted, m.Status.Remediation.Rung)
 	if got, want := h.ladder(m.Name), []machinistv1.RemediationPhase{
 		machinistv1.RemediationRebooting, machinistv1.RemediationRepairing, machinistv1.RemediationExhausted,
 	}; !slices.Equal(got, want) {
 		t.Errorf("ladder %v, want %v", got, want)
 	}
 	var notes []string
-	for _, e := range events(t, ns, "RemediationSkipped") {
+	for _, e := range events(t, ns, "RemediationSkipped", 2) {
 		notes = append(notes, e.Note)
 	}
 	if len(notes) != 2 || !strings.Contains(strings.Join(notes, "\n"), "rung 2 of 4 (Reboot) skipped") ||

@@ -237,6 +237,39 @@ func (h *history) all() []seen {
 	return slices.Clone(h.events)
 }
 
+// caughtUp waits (up to 15s) until the watch has delivered what a read
+// already showed: Machine name's latest event in remediation phase last
+// on rung, or its deletion when last is empty.
+func (h *history) caughtUp(t *testing.T, name string, last machinistv1.RemediationPhase, rung int32) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var latest *seen
+		for _, s := range h.all() {
+			if s.name == name {
+				if last == "" && s.deleted {
+					return
+				}
+				latest = &s
+			}
+		}
+		if last != "" && latest != nil && latest.ladder == last && latest.rung == rung {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the watch never showed Machine %s %s", name, orDeleted(last))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func orDeleted(p machinistv1.RemediationPhase) string {
+	if p == "" {
+		return "deleted"
+	}
+	return string(p)
+}
+
 // ladder is the sequence of distinct remediation phases the Machine name
 // went through.
 func (h *history) ladder(name string) []machinistv1.RemediationPhase {
@@ -281,20 +314,28 @@ func (h *history) boots(name string) int {
 	return len(ids)
 }
 
-// events lists the Events with reason on objects in ns.
-func events(t *testing.T, ns, reason string) []eventsv1.Event {
+// events lists the Events with reason on objects in ns, waiting up to 15s
+// for at least atLeast of them: the recorder sends Events after the write
+// that they follow, in the background.
+func events(t *testing.T, ns, reason string, atLeast int) []eventsv1.Event {
 	t.Helper()
-	var list eventsv1.EventList
-	if err := env.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
-		t.Fatal(err)
-	}
-	var out []eventsv1.Event
-	for _, e := range list.Items {
-		if e.Reason == reason {
-			out = append(out, e)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var list eventsv1.EventList
+		if err := env.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
 		}
+		var out []eventsv1.Event
+		for _, e := range list.Items {
+			if e.Reason == reason {
+				out = append(out, e)
+			}
+		}
+		if len(out) >= atLeast || time.Now().After(deadline) {
+			return out
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
-	return out
 }
 
 func get(t *testing.T, o client.Object) {
