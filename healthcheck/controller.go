@@ -128,13 +128,12 @@ func (p *pass) after(t time.Time) { p.recheck = earliest(p.recheck, t) }
 
 // target is one selected Machine and what this pass decides for it.
 type target struct {
-	m       *machinistv1.Machine
-	before  *machinistv1.MachineStatus
-	node    *corev1.Node
-	v       verdict
-	fsm     *ladder
-	notes   []note
-	replace bool
+	m      *machinistv1.Machine
+	before *machinistv1.MachineStatus
+	node   *corev1.Node
+	v      verdict
+	fsm    *ladder
+	notes  []note
 	// counts and healed are the metrics of this pass, recorded once the
 	// Machine is written: a pass that fails to write is done again.
 	counts []count
@@ -197,7 +196,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		t := &target{m: m, before: m.Status.DeepCopy(), fsm: newFSM(m)}
 		if m.Status.Phase == machinistv1.MachineRunning {
-			if t.node, err = r.nodeOf(ctx, m); err != nil {
+			if t.node, err = index.NodeFor(ctx, r.Client, m.Status.ProviderID); err != nil {
 				return reconcile.Result{}, err
 			}
 		}
@@ -334,10 +333,14 @@ func (r *Reconciler) write(ctx context.Context, p *pass, t *target) error {
 	if r.Metrics != nil {
 		r.Metrics.record(t.counts, t.healed)
 	}
-	if t.replace || (mine(m, p.hc) && m.Status.Remediation.Phase == machinistv1.RemediationReplacing) {
+	// A Replacing Machine is deleted after its rung is stored, and again
+	// by a later pass if the manager stopped between the two.
+	if mine(m, p.hc) && m.Status.Remediation.Phase == machinistv1.RemediationReplacing {
 		uid := m.UID
-		err := r.Client.Delete(ctx, m, client.Preconditions{UID: &uid})
-		return client.IgnoreNotFound(err)
+		if err := r.Client.Delete(ctx, m, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil {
+			return err
+		}
+		r.writes.Forget(client.ObjectKeyFromObject(m))
 	}
 	return nil
 }
@@ -426,21 +429,6 @@ func (r *Reconciler) writeStatus(ctx context.Context, hc *machinistv1.MachineHea
 func (r *Reconciler) exists(ctx context.Context, ns, name string) bool {
 	err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &machinistv1.MachineHealthCheck{})
 	return !apierrors.IsNotFound(err)
-}
-
-// nodeOf returns the Machine's Node, found by providerID, or nil.
-func (r *Reconciler) nodeOf(ctx context.Context, m *machinistv1.Machine) (*corev1.Node, error) {
-	if m.Status.ProviderID == "" {
-		return nil, nil
-	}
-	var nodes corev1.NodeList
-	if err := r.Client.List(ctx, &nodes, client.MatchingFields{index.NodeByProviderID: m.Status.ProviderID}); err != nil {
-		return nil, err
-	}
-	if len(nodes.Items) == 0 {
-		return nil, nil
-	}
-	return &nodes.Items[0], nil
 }
 
 // mine reports whether hc remediates m.

@@ -448,3 +448,85 @@ func TestFailedMachineSkipsRebootButIsRepaired(t *testing.T) {
 		t.Errorf("the machine restarted %d times (%v), want 2: one reboot, one repair", restarts, err)
 	}
 }
+
+// A provider that refuses the reboot fails the rung's operation at once;
+// the next rung, a repair, brings the Machine back.
+func TestRefusedRebootHandsOverToRepair(t *testing.T) {
+	t.Parallel()
+	ns := setup(t, "refused", `{"failReboot": "host locked"}`)
+	h := record(t, ns)
+	create(t, machineSet(ns, "workers", 1))
+	m := running(t, ns, 1)[0]
+	create(t, healthCheck(ns, "workers", rung(reboot, time.Minute), rung(repair, time.Minute), rung(replace, 0)))
+	crash(t, m)
+	waitFor(t, "recovered by the Repair rung", func() bool {
+		get(t, &m)
+		r := m.Status.Remediation
+		return r != nil && r.Phase == machinistv1.RemediationRecovered && r.Rung == 1 && healthy(&m)
+	})
+	h.caughtUp(t, m.Name, machinistv1.RemediationRecovered, 1)
+	if got, want := h.ladder(m.Name), []machinistv1.RemediationPhase{
+		machinistv1.RemediationRebooting, machinistv1.RemediationRepairing, machinistv1.RemediationRecovered,
+	}; !slices.Equal(got, want) {
+		t.Errorf("ladder %v, want %v", got, want)
+	}
+	failed := events(t, ns, "RemediationFailed", 1)
+	if len(failed) == 0 || !strings.Contains(failed[0].Note, "host locked") {
+		t.Errorf("want a RemediationFailed Event with the provider's refusal, got %+v", failed)
+	}
+	if restarts, err := controllers.Provider.Restarts(m.Status.ProviderID); err != nil || restarts != 1 {
+		t.Errorf("the machine restarted %d times (%v), want once: the repair", restarts, err)
+	}
+}
+
+// A Machine whose Node never becomes Ready fails nodeStartupTimeout; it
+// cannot be rebooted while Provisioning, so that rung is skipped and it is
+// replaced.
+func TestNodeStartupTimeoutReplaces(t *testing.T) {
+	t.Parallel()
+	ns := setup(t, "startup", `{"neverReady": true}`)
+	h := record(t, ns)
+	hc := healthCheck(ns, "workers", rung(reboot, time.Minute), rung(replace, 0))
+	hc.Spec.NodeStartupTimeout = duration(2 * time.Second)
+	create(t, hc)
+	set := machineSet(ns, "workers", 1)
+	create(t, set)
+	// Every new Machine fails the same way: stop the churn, which would
+	// load the tests running beside this one.
+	t.Cleanup(func() {
+		_ = env.Client.Delete(context.Background(), hc)
+		_ = env.Client.Delete(context.Background(), set)
+	})
+	var first machinistv1.Machine
+	waitFor(t, "the first Machine", func() bool {
+		ms := machines(t, ns)
+		if len(ms) == 0 {
+			return false
+		}
+		first = ms[0]
+		return true
+	})
+	h.caughtUp(t, first.Name, "", 0)
+	if got := h.ladder(first.Name); !slices.Equal(got, []machinistv1.RemediationPhase{machinistv1.RemediationReplacing}) {
+		t.Errorf("ladder %v, want [Replacing]", got)
+	}
+	var notes []string
+	for _, e := range events(t, ns, "RemediationSkipped", 1) {
+		notes = append(notes, e.Note)
+	}
+	if !strings.Contains(strings.Join(notes, "\n"), "rung 1 of 2 (Reboot) skipped") {
+		t.Errorf("want the Reboot rung skipped for a Provisioning Machine, got %q", notes)
+	}
+	unhealthy := events(t, ns, "MachineUnhealthy", 1)
+	if len(unhealthy) == 0 || !strings.Contains(unhealthy[0].Note, "nodeStartupTimeout") {
+		t.Errorf("want a MachineUnhealthy Event naming nodeStartupTimeout, got %+v", unhealthy)
+	}
+	waitFor(t, "a new Machine made in its place", func() bool {
+		for _, m := range machines(t, ns) {
+			if m.Name != first.Name {
+				return true
+			}
+		}
+		return false
+	})
+}

@@ -158,7 +158,6 @@ func (r *Reconciler) begin(p *pass, t *target, i int32) (skipped string, err err
 		if owner == nil || owner.Kind != "MachineSet" {
 			return "no MachineSet owns the Machine, so nothing would make a new one: it is never replaced", nil
 		}
-		t.replace = true
 		what = fmt.Sprintf("deleting the Machine so that MachineSet %s makes a new one", owner.Name)
 	default:
 		typ, opts := machinistv1.OperationReboot, &machinistv1.OperationOptions{}

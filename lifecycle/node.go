@@ -40,17 +40,7 @@ type health struct {
 
 // nodeFor returns the Node whose spec.providerID is providerID, or nil.
 func (r *Reconciler) nodeFor(ctx context.Context, providerID string) (*corev1.Node, error) {
-	if providerID == "" {
-		return nil, nil
-	}
-	var nodes corev1.NodeList
-	if err := r.Client.List(ctx, &nodes, client.MatchingFields{nodeByProviderID: providerID}); err != nil {
-		return nil, err
-	}
-	if len(nodes.Items) == 0 {
-		return nil, nil
-	}
-	return &nodes.Items[0], nil
+	return index.NodeFor(ctx, r.Client, providerID)
 }
 
 // nodeHealth judges a Node as the node lifecycle controller would: Ready,

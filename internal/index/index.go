@@ -51,3 +51,19 @@ func Register(ctx context.Context, idx client.FieldIndexer) error {
 	})
 	return o.err
 }
+
+// NodeFor returns the Node whose spec.providerID is providerID, from the
+// cache behind c, or nil when there is none.
+func NodeFor(ctx context.Context, c client.Reader, providerID string) (*corev1.Node, error) {
+	if providerID == "" {
+		return nil, nil
+	}
+	var nodes corev1.NodeList
+	if err := c.List(ctx, &nodes, client.MatchingFields{NodeByProviderID: providerID}); err != nil {
+		return nil, err
+	}
+	if len(nodes.Items) == 0 {
+		return nil, nil
+	}
+	return &nodes.Items[0], nil
+}
