@@ -11,10 +11,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/lifecycle"
 )
 
 const (
@@ -529,4 +531,58 @@ func TestNodeStartupTimeoutReplaces(t *testing.T) {
 		}
 		return false
 	})
+}
+
+// A Machine with someone else's operation in flight is left alone until it
+// ends: here a person's reboot, held in Draining by a pre-drain hook, of a
+// Machine whose Node is unreachable. The reboot brings it back; the health
+// check never starts a rung.
+func TestPersonsOperationIsLeftAlone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ns := setup(t, "person", "")
+	h := record(t, ns)
+	create(t, machineSet(ns, "workers", 1))
+	m := running(t, ns, 1)[0]
+	hook := machinistv1.PreDrainHookPrefix + "person"
+	if err := env.Client.Patch(ctx, &m, client.RawPatch(types.MergePatchType,
+		[]byte(`{"metadata":{"annotations":{"`+hook+`":""}}}`))); err != nil {
+		t.Fatal(err)
+	}
+	get(t, &m)
+	op, err := lifecycle.Request(&m, machinistv1.OperationReboot, nil, machinistv1.SourceAPI, "alice", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Status().Update(ctx, &m); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the reboot held in Draining", func() bool {
+		get(t, &m)
+		return m.Status.Phase == machinistv1.MachineDraining
+	})
+	crash(t, m)
+	create(t, healthCheck(ns, "workers", rung(reboot, time.Minute), rung(replace, 0)))
+	time.Sleep(5 * time.Second) // the Node is Unknown for longer than the check's 1s by now
+	get(t, &m)
+	if r := m.Status.Remediation; r != nil && r.Phase != machinistv1.RemediationHealthy {
+		t.Fatalf("the health check acted while alice's reboot was in flight: %+v", r)
+	}
+	if err := env.Client.Patch(ctx, &m, client.RawPatch(types.MergePatchType,
+		[]byte(`{"metadata":{"annotations":{"`+hook+`":null}}}`))); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "alice's reboot done and the Machine healthy", func() bool {
+		get(t, &m)
+		return m.Status.Operation.ID == op.ID && m.Status.Operation.State == machinistv1.OperationSucceeded && healthy(&m)
+	})
+	time.Sleep(2 * time.Second)
+	for _, s := range h.all() {
+		if s.name == m.Name && (s.ladder == machinistv1.RemediationRebooting || s.ladder == machinistv1.RemediationReplacing) {
+			t.Fatalf("the health check started a rung on %s: %+v", m.Name, s)
+		}
+		if s.name == m.Name && s.operation != "" && !strings.HasPrefix(s.operation, op.ID) {
+			t.Fatalf("another operation was requested: %s", s.operation)
+		}
+	}
 }
