@@ -299,13 +299,12 @@ func (r *Reconciler) callProvider(ctx context.Context, s *step, class *machinist
 	if d := deadlineOf(op); !d.IsZero() {
 		s.after(d.Sub(s.now))
 	}
-	if op.BootID != "" && m.Status.BootID != op.BootID {
-		// The Node already booted anew: an earlier reconcile called the
-		// provider but could not store the move, and the Node's event
-		// was spent on it. Look now, not at the deadline.
-		return r.awaitBoot(ctx, s, class)
-	}
-	return nil
+	// The Node may have booted anew already: a fast machine, or an
+	// earlier call that took effect though its reply was lost or its move
+	// not stored. Its Node's event was then spent while the Machine was
+	// not yet Rebooting, and this reconcile's own write wakes nothing:
+	// look now, not at the deadline.
+	return r.awaitBoot(ctx, s, class)
 }
 
 // deadNode is a Node found not healthy before a hard reboot.

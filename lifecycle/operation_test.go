@@ -101,6 +101,30 @@ var _ = Describe("Machine operations", func() {
 			"OperationRequested", "OperationStarted", "MachineDraining", "MachineRebooting", "OperationSucceeded"))
 	})
 
+	It("finishes a reboot whose provider reply was lost after the machine had booted again", func(ctx SpecContext) {
+		// Found by the chaos tests: the Node's new boot was seen while the
+		// Machine was still Draining, the retried call moved it to
+		// Rebooting, and nothing woke it again until the operation timed
+		// out and the Machine was Failed.
+		ns := newNamespace(ctx)
+		newClass(ctx, ns, "small", nil)
+		m := runMachine(ctx, newMachine(ns, "lost", "small"))
+		boot := m.Status.BootID
+		// The first call reboots; it and the retries that find it done
+		// lose their replies until the new boot's Node events are spent.
+		provider.LoseNextReplies(4)
+		DeferCleanup(func() { provider.LoseNextReplies(0) })
+		request(ctx, m, machinistv1.OperationReboot, nil)
+		// Well inside the suite's 5s operation timeout.
+		Eventually(getMachine(ctx, m)).WithTimeout(4 * time.Second).Should(finished(machinistv1.OperationSucceeded))
+		m = getMachine(ctx, m)()
+		Expect(m.Status.Phase).To(Equal(machinistv1.MachineRunning))
+		Expect(m.Status.BootID).NotTo(Equal(boot))
+		restarts, err := provider.Restarts(m.Status.ProviderID)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(restarts).To(Equal(1), "the retried call did not reboot again")
+	})
+
 	It("reboots without a drain when asked, and leaves a Node cordoned by hand cordoned", func(ctx SpecContext) {
 		ns := newNamespace(ctx)
 		newClass(ctx, ns, "small", nil)

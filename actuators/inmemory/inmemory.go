@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -145,6 +146,7 @@ type Provider struct {
 	mu        sync.Mutex
 	faults    ProviderSpec
 	failNext  int
+	loseNext  int
 	rand      *rand.Rand
 	byID      map[string]*instance
 	byUID     map[types.UID]*instance
@@ -211,6 +213,38 @@ func (p *Provider) FailNext(n int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.failNext = max(n, 0)
+}
+
+// LoseNextReplies makes the next n Reboot or Repair calls take effect (a
+// repeated operation ID: none) and then fail with a transient error, as a
+// reply lost on its way back: the caller cannot tell it from a call that
+// did nothing, and must not repeat the operation.
+func (p *Provider) LoseNextReplies(n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.loseNext = max(n, 0)
+}
+
+// Instances lists the providerIDs of every instance that exists: created
+// and not deleted, running or not. Tests keep their books with it: each
+// belongs to a live Machine, or it leaked.
+func (p *Provider) Instances() []string {
+	p.mu.Lock()
+	all := make([]*instance, 0, len(p.byID))
+	for _, in := range p.byID {
+		all = append(all, in)
+	}
+	p.mu.Unlock()
+	var ids []string
+	for _, in := range all {
+		in.mu.Lock()
+		if !in.destroyed {
+			ids = append(ids, in.providerID)
+		}
+		in.mu.Unlock()
+	}
+	slices.Sort(ids)
+	return ids
 }
 
 // NodeName returns the Node name of the instance providerID names.
@@ -458,7 +492,7 @@ func (p *Provider) restart(ctx context.Context, providerID string, op actuators.
 		return actuators.Permanent(fmt.Errorf("rebooting %s: %s", providerID, msg))
 	}
 	if op.ID != "" && in.lastOp == op.ID {
-		return nil
+		return p.loseReply(wipe)
 	}
 	in.powerOff()
 	if wipe {
@@ -479,7 +513,23 @@ func (p *Provider) restart(ctx context.Context, providerID string, op actuators.
 		in.lastOp = op.ID
 	}
 	in.restarts++
-	return nil
+	return p.loseReply(wipe)
+}
+
+// loseReply fails a Reboot or Repair that was carried out, if
+// LoseNextReplies asked for it.
+func (p *Provider) loseReply(repair bool) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.loseNext == 0 {
+		return nil
+	}
+	p.loseNext--
+	what := "reboot"
+	if repair {
+		what = "repair"
+	}
+	return fmt.Errorf("%w (LoseNextReplies: the %s was carried out)", ErrTransient, what)
 }
 
 // Restarts reports how many reboots and repairs the instance has done;

@@ -6,9 +6,20 @@
 //
 //	<StateDir>/<namespace>_<name>_<uid>/   one per Machine
 //	    state.json   the provider's record: providerID, Node name, agent PID,
-//	                 operations done, restarts (kept by a repair)
+//	                 the operation under way and the last one done, restarts
+//	                 (kept by a repair)
 //	    agent.log    the agent's stdout and stderr
 //	    boot-id      the running agent's boot ID
+//
+// A Provider takes the machines in its StateDir over lazily, on the first
+// call of any of its methods (Stop aside), not when it is made: in a manager
+// with leader election the controllers call the provider only once they
+// lead, so only the leader takes machines over, and a standby replica over
+// the same StateDir leaves the leader's agents alone. Taking over finds a
+// machine's agents by their command lines in /proc, not by the recorded PID
+// alone, so that an agent started by a provider killed before it recorded
+// the PID is adopted rather than started twice; and it finishes a reboot or
+// repair that such a provider left halfway (see restart).
 //
 // Process liveness is read from /proc, so the provider runs on Linux.
 package process
@@ -28,6 +39,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -84,10 +96,16 @@ type Options struct {
 }
 
 // Provider is the process actuators.Actuator. Machines run until deleted or
-// until Stop; a new Provider over the same StateDir takes them over.
+// until Stop; a new Provider over the same StateDir takes them over on its
+// first call.
 type Provider struct {
 	opts   Options
 	client kubernetes.Interface
+
+	// loadMu makes concurrent first calls take over once; loaded is set
+	// once a takeover has succeeded.
+	loadMu sync.Mutex
+	loaded atomic.Bool
 
 	mu       sync.Mutex
 	machines map[string]*machine // by providerID; deleted ones stay, not live
@@ -109,6 +127,25 @@ type state struct {
 	// so that a repeated call does not restart the machine twice.
 	LastOperation string `json:"lastOperation,omitempty"`
 	Restarts      int    `json:"restarts"`
+	// Pending is the reboot or repair under way: written before the agent
+	// is halted, and cleared in the write that records the new agent's PID
+	// with LastOperation and Restarts, so that a provider killed halfway
+	// leaves what the next one needs to finish it once (see restart).
+	Pending *pendingOp `json:"pending,omitempty"`
+	// Deleting is written before Delete halts the agent: a provider killed
+	// before the directory is gone leaves a machine the next one must not
+	// boot again.
+	Deleting bool `json:"deleting,omitempty"`
+}
+
+// pendingOp is a reboot or repair begun and not yet finished.
+type pendingOp struct {
+	// ID is the operation's ID, empty if the caller gave none.
+	ID string `json:"id"`
+	// Repair is set for a repair, which wipes the machine; else a reboot.
+	Repair bool `json:"repair,omitempty"`
+	// Hard is set when the agent is killed (SIGKILL), not stopped.
+	Hard bool `json:"hard,omitempty"`
 }
 
 // machine is one instance. Its mutex orders power changes, so that racing
@@ -124,12 +161,19 @@ type machine struct {
 	// on Linux it holds a pidfd.
 	proc *os.Process
 	exit chan struct{} // closed once proc has exited
+	// takenOver is set once load has taken the machine over; a machine
+	// whose takeover failed is tried again by the next load.
+	takenOver bool
 }
 
-// New makes a Provider over opts.StateDir and takes over the machines
-// already there: an agent still running (a previous Provider died without
-// Stop) is adopted, and a machine whose agent is not running is booted.
-// Call Stop to end them all.
+// New makes a Provider over opts.StateDir. It takes over no machine: the
+// machines already there (left by a previous Provider, which may have died
+// without Stop, or may still run in another replica) are taken over on the
+// first call of any method but Stop, once; a takeover that fails fails that
+// call and is tried again on the next. Taking over adopts an agent still
+// running, killing any duplicate, boots a machine whose agent is not
+// running, and finishes a reboot or repair left halfway. Call Stop to end
+// the machines taken over or created.
 func New(opts Options) (*Provider, error) {
 	if opts.Kubeconfig == "" || opts.StateDir == "" {
 		return nil, errors.New("process: Options needs a Kubeconfig and a StateDir")
@@ -161,19 +205,47 @@ func New(opts Options) (*Provider, error) {
 	if err := os.MkdirAll(opts.StateDir, 0o755); err != nil {
 		return nil, fmt.Errorf("process: %w", err)
 	}
-	p := &Provider{opts: opts, client: client, machines: map[string]*machine{}}
-	if err := p.load(); err != nil {
-		return nil, errors.Join(err, p.Stop(context.Background()))
-	}
-	return p, nil
+	return &Provider{opts: opts, client: client, machines: map[string]*machine{}}, nil
 }
 
-// load takes over every machine in StateDir.
-func (p *Provider) load() error {
+// takeOver takes the machines in StateDir over unless that was done: every
+// method but Stop calls it first. Concurrent calls wait for one takeover;
+// a failed one is tried again by the next call.
+func (p *Provider) takeOver(ctx context.Context) error {
+	if p.loaded.Load() {
+		return nil
+	}
+	p.loadMu.Lock()
+	defer p.loadMu.Unlock()
+	if p.loaded.Load() {
+		return nil
+	}
+	if err := p.load(ctx); err != nil {
+		return err
+	}
+	p.loaded.Store(true)
+	return nil
+}
+
+// load takes over every machine in StateDir not taken over yet. It goes on
+// past a machine it fails to take over, so that one broken machine does not
+// leave the others down, and returns the errors. Callers hold p.loadMu.
+func (p *Provider) load(ctx context.Context) error {
+	if p.isStopped() {
+		return errStopped
+	}
 	entries, err := os.ReadDir(p.opts.StateDir)
 	if err != nil {
 		return fmt.Errorf("process: %w", err)
 	}
+	// One scan for all machines: the agents found are started by no one
+	// else meanwhile (a provider that might is dead or not leading), and
+	// adopt checks each again.
+	running, err := scanAgents()
+	if err != nil {
+		return err
+	}
+	var errs []error
 	for _, e := range entries {
 		if !e.IsDir() {
 			continue
@@ -182,30 +254,127 @@ func (p *Provider) load() error {
 		st, err := readState(dir)
 		if errors.Is(err, fs.ErrNotExist) {
 			// A Create that died before writing the state: the Machine has
-			// no providerID yet, and its next Create starts over.
+			// no providerID yet, nor an agent (started only after the
+			// state is written), and its next Create starts over.
 			continue
 		}
 		if err != nil {
-			return err
+			errs = append(errs, err)
+			continue
 		}
-		m := &machine{dir: dir, live: true, st: st}
-		p.machines[st.ProviderID] = m
-		m.mu.Lock()
-		if !m.adopt() {
-			err = p.start(m)
-		}
-		m.mu.Unlock()
-		if err != nil {
-			return err
+		if err := p.loadMachine(ctx, dir, st, running[st.ProviderID]); err != nil {
+			errs = append(errs, err)
 		}
 	}
+	return errors.Join(errs...)
+}
+
+// loadMachine takes over the machine in dir, whose agents pids are.
+func (p *Provider) loadMachine(ctx context.Context, dir string, st state, pids []int) error {
+	p.mu.Lock()
+	m, ok := p.machines[st.ProviderID]
+	p.mu.Unlock()
+	if !ok {
+		m = &machine{dir: dir}
+	}
+	// Locked before it is registered, under p.mu where Stop marks the
+	// Provider stopped before it takes each machine's lock: a machine
+	// registered here is one Stop stops, after its takeover.
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.takenOver {
+		return nil
+	}
+	p.mu.Lock()
+	if p.stopped {
+		p.mu.Unlock()
+		return errStopped
+	}
+	p.machines[st.ProviderID] = m
+	p.mu.Unlock()
+	// What an earlier, failed attempt left is on disk and in /proc too.
+	m.st, m.live, m.proc, m.exit = st, true, nil, nil
+	if err := p.adoptOrBoot(ctx, m, pids); err != nil {
+		return err
+	}
+	m.takenOver = true
 	return nil
 }
 
-// Stop terminates every agent (SIGTERM, then SIGKILL after StopTimeout or
-// once ctx ends) and waits until they are gone. Machines and their Nodes
-// stay; a new Provider over the StateDir boots them again. Calls after Stop
-// fail.
+// adoptOrBoot takes over one machine, whose agents (from /proc) are pids:
+// it adopts one (the recorded PID if it is among them), kills the others,
+// and records the adopted PID; if none runs, it boots the machine. A
+// pending operation is finished here if the previous provider had halted
+// the agent (the recorded PID is 0 or no longer an agent): a repair's wipe
+// is redone if no agent runs, the machine booted or the agent started
+// after the halt adopted, and the operation recorded done. If the recorded
+// PID is still a running agent, the halt never happened, and the operation
+// stays pending for the caller's retry. Callers hold m.mu.
+func (p *Provider) adoptOrBoot(ctx context.Context, m *machine, pids []int) error {
+	id := m.st.ProviderID
+	recorded := m.st.PID != 0 && slices.Contains(pids, m.st.PID)
+	candidates := slices.Clone(pids)
+	if recorded {
+		// First choice.
+		candidates = slices.DeleteFunc(candidates, func(pid int) bool { return pid == m.st.PID })
+		candidates = slices.Insert(candidates, 0, m.st.PID)
+	}
+	kept := 0
+	var errs []error
+	for _, pid := range candidates {
+		if kept == 0 && m.adopt(pid) {
+			kept = pid
+			continue
+		}
+		// A duplicate: one machine, one agent.
+		if err := p.kill(pid, id); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if kept == 0 {
+		switch {
+		case m.st.Deleting:
+			// Its Delete was under way; the retry finishes it.
+			return nil
+		case m.st.Pending != nil:
+			// A pending operation's halt happened, so this boot finishes it.
+		case m.st.PID != 0 && !p.opts.ExitWithParent:
+			// Its agent died by itself, or was killed: the machine
+			// crashed. A controller restarting does not power machines
+			// on; a reboot or a repair will. (Agents that die with their
+			// provider, ExitWithParent, died of its death, not a crash.)
+			return nil
+		}
+		// Stopped by a provider's Stop, or halted by one killed before it
+		// booted the agent again.
+		return p.boot(ctx, m)
+	}
+	next := m.st
+	next.PID = kept
+	// Still a running agent of the recorded PID, the halt never happened.
+	if m.st.Pending != nil && !(recorded && kept == m.st.PID) {
+		// The agent kept was started after the halt, and so finishes it.
+		finish(&next)
+	}
+	if next.PID == m.st.PID && next.Pending == m.st.Pending {
+		return nil
+	}
+	if err := writeState(m.dir, next); err != nil {
+		return err
+	}
+	m.st = next
+	return nil
+}
+
+// Stop terminates every agent it took over or started (SIGTERM, then
+// SIGKILL after StopTimeout or once ctx ends) and waits until they are
+// gone; it takes nothing over, so a Provider never called (a standby
+// replica's) leaves every agent alone. Machines and their Nodes stay; a new
+// Provider over the StateDir boots them again on its first call. After
+// Stop, calls that would take machines over or start an agent fail.
 func (p *Provider) Stop(ctx context.Context) error {
 	p.mu.Lock()
 	p.stopped = true
@@ -230,6 +399,9 @@ func (p *Provider) Stop(ctx context.Context) error {
 
 // NodeName returns the Node name of the instance providerID names.
 func (p *Provider) NodeName(providerID string) (string, error) {
+	if err := p.takeOver(context.Background()); err != nil {
+		return "", err
+	}
 	m, err := p.lookup(providerID)
 	if err != nil {
 		return "", err
@@ -242,6 +414,9 @@ func (p *Provider) NodeName(providerID string) (string, error) {
 // PID returns the process ID of the instance's agent, or an error when it
 // is not running; killing it (kill -9) is a machine crash.
 func (p *Provider) PID(providerID string) (int, error) {
+	if err := p.takeOver(context.Background()); err != nil {
+		return 0, err
+	}
 	m, err := p.lookup(providerID)
 	if err != nil {
 		return 0, err
@@ -257,6 +432,9 @@ func (p *Provider) PID(providerID string) (int, error) {
 // BootID returns the boot ID the instance's current or last agent chose,
 // empty if it has not chosen one yet.
 func (p *Provider) BootID(providerID string) (string, error) {
+	if err := p.takeOver(context.Background()); err != nil {
+		return "", err
+	}
 	m, err := p.lookup(providerID)
 	if err != nil {
 		return "", err
@@ -271,6 +449,9 @@ func (p *Provider) BootID(providerID string) (string, error) {
 // Restarts reports how many reboots and repairs the instance has done;
 // tests use it to prove an operation ran exactly once.
 func (p *Provider) Restarts(providerID string) (int, error) {
+	if err := p.takeOver(context.Background()); err != nil {
+		return 0, err
+	}
 	m, err := p.lookup(providerID)
 	if err != nil {
 		return 0, err
@@ -284,6 +465,9 @@ func (p *Provider) Restarts(providerID string) (int, error) {
 // Machine alone, so a repeated call finds the same directory and starts the
 // agent only if it is not running.
 func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class *machinistv1.MachineClass) (string, error) {
+	if err := p.takeOver(ctx); err != nil {
+		return "", err
+	}
 	if id := mach.Spec.ProviderID; id != "" {
 		ok, err := p.Exists(ctx, id)
 		if err == nil && !ok {
@@ -301,7 +485,7 @@ func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class 
 	p.mu.Lock()
 	if p.stopped {
 		p.mu.Unlock()
-		return "", errors.New("process: provider is stopped")
+		return "", errStopped
 	}
 	m, ok := p.machines[id]
 	if !ok {
@@ -328,7 +512,7 @@ func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class 
 	if m.running() {
 		return id, nil
 	}
-	if err := p.start(m); err != nil {
+	if err := p.boot(ctx, m); err != nil {
 		return "", err
 	}
 	return id, nil
@@ -336,7 +520,10 @@ func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class 
 
 // Exists implements actuators.Actuator: the machine's directory exists. A
 // crashed machine exists; only Delete ends one.
-func (p *Provider) Exists(_ context.Context, providerID string) (bool, error) {
+func (p *Provider) Exists(ctx context.Context, providerID string) (bool, error) {
+	if err := p.takeOver(ctx); err != nil {
+		return false, err
+	}
 	ns, name, uid, err := parseProviderID(providerID)
 	if err != nil {
 		return false, actuators.Permanent(err)
@@ -351,7 +538,10 @@ func (p *Provider) Exists(_ context.Context, providerID string) (bool, error) {
 // FindByUID implements actuators.Actuator. The machine's directory is
 // named after its Machine, so a Create that died before writing its state
 // file is found too.
-func (p *Provider) FindByUID(_ context.Context, uid types.UID) (string, error) {
+func (p *Provider) FindByUID(ctx context.Context, uid types.UID) (string, error) {
+	if err := p.takeOver(ctx); err != nil {
+		return "", err
+	}
 	if uid == "" || strings.ContainsAny(string(uid), "/_*?[") {
 		return "", nil
 	}
@@ -370,6 +560,9 @@ func (p *Provider) FindByUID(_ context.Context, uid types.UID) (string, error) {
 // Delete implements actuators.Actuator: it stops the agent and removes the
 // machine's directory. The Node is the controller's to delete.
 func (p *Provider) Delete(ctx context.Context, providerID string) error {
+	if err := p.takeOver(ctx); err != nil {
+		return err
+	}
 	ns, name, uid, err := parseProviderID(providerID)
 	if err != nil {
 		return actuators.Permanent(err)
@@ -384,6 +577,14 @@ func (p *Provider) Delete(ctx context.Context, providerID string) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.live && !m.st.Deleting {
+		next := m.st
+		next.Deleting = true
+		if err := writeState(m.dir, next); err != nil {
+			return err
+		}
+		m.st = next
+	}
 	if err := p.halt(ctx, m, false); err != nil {
 		return err
 	}
@@ -410,7 +611,34 @@ func (p *Provider) Repair(ctx context.Context, providerID string, op actuators.O
 	return p.restart(ctx, providerID, op, true)
 }
 
+// restart carries out a reboot or a repair (wipe) once per op.ID. It is
+// written ahead: the operation is recorded pending before it acts, and
+// recorded done (LastOperation, Restarts+1, pending cleared) in the state
+// write that records the new agent's PID. A call whose op.ID is the last
+// done does nothing; one whose op.ID is pending carries it out, for it was
+// not finished. Where a provider killed (SIGKILL) at any point leaves the
+// machine, its next takeover (adoptOrBoot) and the caller's retry with the
+// same op.ID restart it exactly once:
+//
+//   - before the pending write: nothing happened; the agent is adopted and
+//     the retry restarts it.
+//   - after it, before the agent exits (halt's signal sent or not): the
+//     recorded PID is still an agent, which is adopted with the operation
+//     left pending; the retry halts it and boots a new one. An agent that
+//     exits before the takeover looks at it counts as halted, below.
+//   - after the agent exited, before or after halt's write of PID 0, or
+//     during the wipe: the recorded PID is 0 or no longer an agent and none
+//     runs, so the takeover redoes a repair's wipe, boots the machine and
+//     records the operation done; the retry does nothing.
+//   - in start, after cmd.Start, before its state write: an agent runs
+//     that the state does not name; the takeover finds it in /proc, adopts
+//     it (it was started after the halt) and records the operation done;
+//     the retry does nothing.
+//   - after start's state write: done; the retry does nothing.
 func (p *Provider) restart(ctx context.Context, providerID string, op actuators.Operation, wipe bool) error {
+	if err := p.takeOver(ctx); err != nil {
+		return err
+	}
 	m, err := p.lookup(providerID)
 	if err != nil {
 		return actuators.Permanent(err)
@@ -423,28 +651,21 @@ func (p *Provider) restart(ctx context.Context, providerID string, op actuators.
 	if op.ID != "" && m.st.LastOperation == op.ID {
 		return nil
 	}
+	// Write-ahead. A pending operation of another ID was abandoned by its
+	// caller: this one replaces it.
+	pending := &pendingOp{ID: op.ID, Repair: wipe, Hard: op.Hard}
+	if m.st.Pending == nil || *m.st.Pending != *pending {
+		next := m.st
+		next.Pending = pending
+		if err := writeState(m.dir, next); err != nil {
+			return err
+		}
+		m.st = next
+	}
 	if err := p.halt(ctx, m, op.Hard); err != nil {
 		return err
 	}
-	if wipe {
-		if err := p.wipe(ctx, m); err != nil {
-			// Off, not re-imaged: come back as before and let the caller
-			// retry the whole repair.
-			return errors.Join(err, p.start(m))
-		}
-	}
-	// Recorded with the new PID in start's one state write, so a
-	// successful call is never carried out twice.
-	prev := m.st
-	if op.ID != "" {
-		m.st.LastOperation = op.ID
-	}
-	m.st.Restarts++
-	if err := p.start(m); err != nil {
-		m.st = prev
-		return err
-	}
-	return nil
+	return p.boot(ctx, m)
 }
 
 // wipe re-images a stopped machine: its files but the state file go, and
@@ -468,16 +689,42 @@ func (p *Provider) wipe(ctx context.Context, m *machine) error {
 	return nil
 }
 
-// start boots the machine's agent and records its PID. Callers hold m.mu,
-// with no agent running.
-func (p *Provider) start(m *machine) error {
+// boot starts the agent of a machine whose agent is not running, and with
+// it finishes a pending operation, whose halt is thereby done: a repair's
+// wipe first, and the operation recorded done in the state write that
+// records the agent's PID. Callers hold m.mu.
+func (p *Provider) boot(ctx context.Context, m *machine) error {
+	op := m.st.Pending
+	if op == nil {
+		return p.start(m, nil)
+	}
+	if op.Repair {
+		if err := p.wipe(ctx, m); err != nil {
+			// Off, not re-imaged: come back as before, the repair not
+			// pending, and let the caller retry the whole repair.
+			return errors.Join(err, p.start(m, func(st *state) { st.Pending = nil }))
+		}
+	}
+	return p.start(m, finish)
+}
+
+// finish records st's pending operation done.
+func finish(st *state) {
+	if st.Pending.ID != "" {
+		st.LastOperation = st.Pending.ID
+	}
+	st.Restarts++
+	st.Pending = nil
+}
+
+// start boots the machine's agent and records its PID, with what commit,
+// unless nil, changes in the state, in one write. Callers hold m.mu, with no
+// agent running.
+func (p *Provider) start(m *machine, commit func(*state)) error {
 	// Checked under p.mu, where Stop marks the Provider stopped before it
 	// takes each machine's lock: an agent started here is one Stop stops.
-	p.mu.Lock()
-	stopped := p.stopped
-	p.mu.Unlock()
-	if stopped {
-		return errors.New("process: provider is stopped")
+	if p.isStopped() {
+		return errStopped
 	}
 	log, err := os.OpenFile(filepath.Join(m.dir, logFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -502,12 +749,17 @@ func (p *Provider) start(m *machine) error {
 		close(exit)
 	}()
 	m.proc, m.exit = cmd.Process, exit
-	m.st.PID = cmd.Process.Pid
-	if err := writeState(m.dir, m.st); err != nil {
-		// A PID we cannot record is an agent a new Provider would start
-		// twice; better none.
+	next := m.st
+	next.PID = cmd.Process.Pid
+	if commit != nil {
+		commit(&next)
+	}
+	if err := writeState(m.dir, next); err != nil {
+		// Not recorded, the agent is not started: the state stays as it
+		// was, naming no running agent.
 		return errors.Join(err, p.halt(context.Background(), m, true))
 	}
+	m.st = next
 	return nil
 }
 
@@ -564,8 +816,13 @@ func (p *Provider) halt(ctx context.Context, m *machine, hard bool) error {
 	if m.st.PID == 0 || !m.live {
 		return nil
 	}
-	m.st.PID = 0
-	return writeState(m.dir, m.st)
+	next := m.st
+	next.PID = 0
+	if err := writeState(m.dir, next); err != nil {
+		return err
+	}
+	m.st = next
+	return nil
 }
 
 // running reports whether the machine's agent is alive. Callers hold m.mu.
@@ -581,12 +838,11 @@ func (m *machine) running() bool {
 	}
 }
 
-// adopt takes over the agent the state file names, if it still runs (its
-// Provider died without Stop), and reports whether it did. It is not our
-// child, so nothing tells us when it exits: that is polled. Callers hold
-// m.mu.
-func (m *machine) adopt() bool {
-	pid, id := m.st.PID, m.st.ProviderID
+// adopt takes over pid, if it is a running agent of the machine, and
+// reports whether it did. It is not our child, so nothing tells us when it
+// exits: that is polled. Callers hold m.mu.
+func (m *machine) adopt(pid int) bool {
+	id := m.st.ProviderID
 	if pid == 0 || !isAgent(pid, id) {
 		return false
 	}
@@ -607,6 +863,52 @@ func (m *machine) adopt() bool {
 	return true
 }
 
+// kill ends pid (SIGKILL), if it is an agent of providerID, and waits until
+// it is gone.
+func (p *Provider) kill(pid int, providerID string) error {
+	proc, err := os.FindProcess(pid)
+	if err != nil || !isAgent(pid, providerID) {
+		return nil // gone
+	}
+	defer proc.Release()
+	_ = proc.Kill()
+	deadline := time.Now().Add(p.opts.StopTimeout)
+	for isAgent(pid, providerID) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("process: a duplicate agent of %s, PID %d, survives SIGKILL", providerID, pid)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil
+}
+
+// scanAgents finds the live agents in /proc, by providerID: processes whose
+// argv[1] is "agent" and which have an argument --provider-id=<id>, as
+// isAgent checks for one PID.
+func scanAgents() (map[string][]int, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("process: finding agents: %w", err)
+	}
+	found := map[string][]int{}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid <= 0 {
+			continue
+		}
+		args := agentArgv(pid)
+		if args == nil {
+			continue
+		}
+		for _, a := range args[2:] {
+			if id, ok := strings.CutPrefix(string(a), "--provider-id="); ok && !slices.Contains(found[id], pid) {
+				found[id] = append(found[id], pid)
+			}
+		}
+	}
+	return found, nil
+}
+
 // isAgent reports whether pid is a live agent of providerID. A PID alone
 // could by now be any process's; the command line tells ours apart, and a
 // zombie has none.
@@ -614,13 +916,29 @@ func isAgent(pid int, providerID string) bool {
 	if syscall.Kill(pid, 0) != nil {
 		return false
 	}
+	return slices.ContainsFunc(agentArgv(pid), func(a []byte) bool { return string(a) == "--provider-id="+providerID })
+}
+
+// agentArgv is pid's command line if it is an agent's (its argv[1] is
+// "agent"), else nil; a process that exited, even a zombie, has none.
+func agentArgv(pid int) [][]byte {
 	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
 	if err != nil {
-		return false
+		return nil
 	}
 	args := bytes.Split(bytes.TrimRight(cmdline, "\x00"), []byte{0})
-	return len(args) > 1 && string(args[1]) == "agent" &&
-		slices.ContainsFunc(args, func(a []byte) bool { return string(a) == "--provider-id="+providerID })
+	if len(args) < 2 || string(args[1]) != "agent" {
+		return nil
+	}
+	return args
+}
+
+var errStopped = errors.New("process: provider is stopped")
+
+func (p *Provider) isStopped() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stopped
 }
 
 // lookup returns the live machine providerID names.

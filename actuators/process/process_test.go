@@ -3,11 +3,13 @@ package process_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -485,4 +487,449 @@ func TestStopLeavesNoAgentRunning(t *testing.T) {
 	}
 	_, err := p.Create(ctx, machine("late"), nil)
 	g.Expect(err).To(MatchError(ContainSubstring("stopped")))
+}
+
+// machineDir is the directory of the machine named name in the state
+// directory dir.
+func machineDir(t *testing.T, dir, name string) string {
+	t.Helper()
+	dirs, err := filepath.Glob(filepath.Join(dir, "proc_"+name+"_*"))
+	if err != nil || len(dirs) != 1 {
+		t.Fatalf("the directory of machine %s in %s: %v %v", name, dir, dirs, err)
+	}
+	return dirs[0]
+}
+
+// readStateFile reads a machine's state.json.
+func readStateFile(t *testing.T, mdir string) map[string]any {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(mdir, "state.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := map[string]any{}
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// crashState edits a machine's state.json into what a provider killed
+// (SIGKILL) at some instruction would have left.
+func crashState(t *testing.T, mdir string, edit func(st map[string]any)) {
+	t.Helper()
+	st := readStateFile(t, mdir)
+	edit(st)
+	b, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(mdir, "state.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// statePID is the agent PID a state file records.
+func statePID(st map[string]any) int {
+	pid, _ := st["pid"].(float64)
+	return int(pid)
+}
+
+// cmdline is a process's command line.
+func cmdline(t *testing.T, pid int) []string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+}
+
+// startAgent starts an agent with argv in mdir, as a provider killed after
+// cmd.Start and before it recorded the PID would have left it; it is killed
+// when the test ends if it still runs.
+func startAgent(t *testing.T, mdir string, argv []string) int {
+	t.Helper()
+	log, err := os.OpenFile(filepath.Join(mdir, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Dir = mdir
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait() // reaped, so that a killed one is gone
+		close(done)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+	})
+	return cmd.Process.Pid
+}
+
+// stoppedMachine creates the machine name with a first Provider over dir,
+// waits for its boot, and stops that Provider, as a provider killed after
+// halting the agent (state PID 0, no agent running) would have left it. It
+// returns the providerID, the Node as booted, and the agent's command line.
+func stoppedMachine(t *testing.T, dir, name string) (string, *corev1.Node, []string) {
+	t.Helper()
+	g := NewWithT(t)
+	ctx := context.Background()
+	first, _ := newProvider(t, dir)
+	id, err := first.Create(ctx, machine(name), nil)
+	g.Expect(err).NotTo(HaveOccurred())
+	n := booted(t, first, id, "")
+	pid, err := first.PID(id)
+	g.Expect(err).NotTo(HaveOccurred())
+	argv := cmdline(t, pid)
+	g.Expect(first.Stop(ctx)).To(Succeed())
+	g.Expect(agents(id)).To(BeEmpty())
+	g.Expect(statePID(readStateFile(t, machineDir(t, dir, name)))).To(BeZero())
+	return id, n, argv
+}
+
+// TestNewTakesNothingOverUntilTheFirstCall catches a standby replica that
+// boots, when it is made, the agent of a machine the leader had halted (in
+// a reboot), so that two agents run once the leader boots it.
+func TestNewTakesNothingOverUntilTheFirstCall(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	id, before, _ := stoppedMachine(t, dir, "lazy")
+	mdir := machineDir(t, dir, "lazy")
+	stateBefore := readStateFile(t, mdir)
+
+	leader, _ := newProvider(t, dir)
+	standby, _ := newProvider(t, dir)
+	g.Consistently(func() []int { return agents(id) }).WithTimeout(2 * time.Second).Should(BeEmpty())
+	g.Expect(readStateFile(t, mdir)).To(Equal(stateBefore))
+
+	// A broken machine fails the takeover, which racing first calls make
+	// once each, without booting the good machine twice.
+	broken := filepath.Join(dir, "proc_broken_00000000-0000-0000-0000-000000000000")
+	g.Expect(os.Mkdir(broken, 0o755)).To(Succeed())
+	g.Expect(os.WriteFile(filepath.Join(broken, "state.json"), []byte("{"), 0o644)).To(Succeed())
+	errs := make([]error, 4)
+	var wg sync.WaitGroup
+	wg.Go(func() { _, errs[0] = leader.Restarts(id) })
+	wg.Go(func() { _, errs[1] = leader.Exists(ctx, id) })
+	wg.Go(func() { _, errs[2] = leader.PID(id) })
+	wg.Go(func() { errs[3] = leader.Reboot(ctx, id, actuators.Operation{ID: "never"}) })
+	wg.Wait()
+	g.Expect(errs).To(HaveEach(MatchError(ContainSubstring("broken"))))
+	g.Expect(agents(id)).To(HaveLen(1))
+	pid := agents(id)[0]
+
+	// Tried again on the next call, once the cause is gone.
+	g.Expect(os.RemoveAll(broken)).To(Succeed())
+	g.Expect(leader.PID(id)).To(Equal(pid))
+	booted(t, leader, id, before.Status.NodeInfo.BootID)
+	g.Expect(leader.Restarts(id)).To(Equal(0))
+	g.Expect(agents(id)).To(Equal([]int{pid}))
+
+	// The standby was never called: its Stop leaves the leader's agent be.
+	g.Expect(standby.Stop(ctx)).To(Succeed())
+	g.Expect(agents(id)).To(Equal([]int{pid}))
+	_, err := standby.PID(id)
+	g.Expect(err).To(MatchError(ContainSubstring("stopped")), "a stopped provider takes nothing over")
+	g.Expect(agents(id)).To(Equal([]int{pid}))
+}
+
+// TestTakeoverAdoptsAnAgentWhosePIDWasNotRecorded catches a takeover that
+// trusts the recorded PID alone: a provider killed between cmd.Start and
+// its state write leaves an agent running while state.json says PID 0, and
+// the takeover must adopt it, not start a second one.
+func TestTakeoverAdoptsAnAgentWhosePIDWasNotRecorded(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	id, before, argv := stoppedMachine(t, dir, "unrecorded")
+	mdir := machineDir(t, dir, "unrecorded")
+	orphan := startAgent(t, mdir, argv)
+
+	p, _ := newProvider(t, dir)
+	g.Expect(p.Exists(ctx, id)).To(BeTrue())
+	g.Expect(agents(id)).To(Equal([]int{orphan}))
+	g.Expect(p.PID(id)).To(Equal(orphan))
+	g.Expect(statePID(readStateFile(t, mdir))).To(Equal(orphan), "the adopted PID is recorded")
+	n := booted(t, p, id, before.Status.NodeInfo.BootID)
+	g.Expect(p.BootID(id)).To(Equal(n.Status.NodeInfo.BootID))
+	g.Consistently(func() []int { return agents(id) }).WithTimeout(time.Second).Should(Equal([]int{orphan}))
+	g.Expect(p.Restarts(id)).To(Equal(0))
+
+	// Adopted for good: Stop ends it.
+	g.Expect(p.Stop(ctx)).To(Succeed())
+	g.Eventually(func() []int { return agents(id) }).WithTimeout(wait).Should(BeEmpty())
+}
+
+// TestTakeoverKillsDuplicateAgents catches a takeover that leaves two agents
+// of one machine running: it keeps the recorded one if it runs, else any
+// one, records it, and kills the others.
+func TestTakeoverKillsDuplicateAgents(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+
+	// The provider whose state these are, left as killed: not called again.
+	first, _ := newProvider(t, dir)
+	recordedID, err := first.Create(ctx, machine("recorded"), nil)
+	g.Expect(err).NotTo(HaveOccurred())
+	unrecordedID, err := first.Create(ctx, machine("twins"), nil)
+	g.Expect(err).NotTo(HaveOccurred())
+	recorded, err := first.PID(recordedID)
+	g.Expect(err).NotTo(HaveOccurred())
+	unrecorded, err := first.PID(unrecordedID)
+	g.Expect(err).NotTo(HaveOccurred())
+	argv := cmdline(t, unrecorded)
+
+	// One recorded agent, running, and a duplicate of it.
+	dup := startAgent(t, machineDir(t, dir, "recorded"), cmdline(t, recorded))
+	g.Expect(agents(recordedID)).To(ConsistOf(recorded, dup))
+
+	// Two agents, neither recorded: the recorded one crashed.
+	g.Expect(syscall.Kill(unrecorded, syscall.SIGKILL)).To(Succeed())
+	g.Eventually(func() bool { return gone(unrecorded) }).WithTimeout(wait).Should(BeTrue())
+	crashState(t, machineDir(t, dir, "twins"), func(st map[string]any) { st["pid"] = 0 })
+	twins := []int{startAgent(t, machineDir(t, dir, "twins"), argv), startAgent(t, machineDir(t, dir, "twins"), argv)}
+	g.Expect(agents(unrecordedID)).To(ConsistOf(twins))
+
+	p, _ := newProvider(t, dir)
+	g.Expect(p.PID(recordedID)).To(Equal(recorded))
+	g.Expect(agents(recordedID)).To(Equal([]int{recorded}))
+	g.Expect(statePID(readStateFile(t, machineDir(t, dir, "recorded")))).To(Equal(recorded))
+
+	kept, err := p.PID(unrecordedID)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(twins).To(ContainElement(kept))
+	g.Expect(agents(unrecordedID)).To(Equal([]int{kept}))
+	g.Expect(statePID(readStateFile(t, machineDir(t, dir, "twins")))).To(Equal(kept))
+	booted(t, p, unrecordedID, "")
+	booted(t, p, recordedID, "")
+	g.Expect(agents(recordedID)).To(Equal([]int{recorded}))
+	g.Expect(agents(unrecordedID)).To(Equal([]int{kept}))
+}
+
+// TestTakeoverFinishesAPendingOpWhoseHaltHadCompleted catches a reboot or
+// repair done twice, or its boot done without the operation recorded, when
+// the provider was killed after halting the agent and before booting it
+// again: the takeover boots the machine (redoing a repair's wipe) and
+// records the operation done, and the controller's retry of the same
+// operation ID does nothing.
+func TestTakeoverFinishesAPendingOpWhoseHaltHadCompleted(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		repair bool
+		// deadPID: killed after the agent exited and before halt wrote
+		// PID 0, so the state names an agent that is gone.
+		deadPID bool
+	}{
+		{name: "reboot-dead-pid", deadPID: true},
+		{name: "repair-pid-0", repair: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewWithT(t)
+			ctx := context.Background()
+			dir := t.TempDir()
+			first, _ := newProvider(t, dir)
+			id, err := first.Create(ctx, machine(tc.name), nil)
+			g.Expect(err).NotTo(HaveOccurred())
+			before := booted(t, first, id, "")
+			oldPID, err := first.PID(id)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(clientset.CoreV1().Nodes().Patch(ctx, before.Name, types.MergePatchType,
+				[]byte(`{"metadata":{"labels":{"team":"a"}}}`), metav1.PatchOptions{})).Error().NotTo(HaveOccurred())
+			g.Expect(first.Stop(ctx)).To(Succeed())
+			g.Expect(gone(oldPID)).To(BeTrue())
+			mdir := machineDir(t, dir, tc.name)
+			junk := filepath.Join(mdir, "scratch")
+			g.Expect(os.WriteFile(junk, []byte("left by the old image"), 0o644)).To(Succeed())
+			crashState(t, mdir, func(st map[string]any) {
+				st["pending"] = map[string]any{"id": "op-1", "repair": tc.repair}
+				if tc.deadPID {
+					st["pid"] = oldPID
+				}
+			})
+
+			p, _ := newProvider(t, dir)
+			do := p.Reboot
+			if tc.repair {
+				do = p.Repair
+			}
+			// The first call takes over, which finishes the operation.
+			g.Expect(p.Restarts(id)).To(Equal(1))
+			pid, err := p.PID(id)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(agents(id)).To(Equal([]int{pid}))
+			st := readStateFile(t, mdir)
+			g.Expect(st).NotTo(HaveKey("pending"))
+			g.Expect(st).To(HaveKeyWithValue("lastOperation", "op-1"))
+			g.Expect(statePID(st)).To(Equal(pid))
+			after := booted(t, p, id, before.Status.NodeInfo.BootID)
+			if tc.repair {
+				g.Expect(after.UID).NotTo(Equal(before.UID), "the Node registered afresh")
+				g.Expect(after.Labels).NotTo(HaveKey("team"))
+				g.Expect(junk).NotTo(BeAnExistingFile())
+			} else {
+				g.Expect(after.UID).To(Equal(before.UID))
+				g.Expect(after.Labels).To(HaveKeyWithValue("team", "a"))
+				g.Expect(junk).To(BeAnExistingFile())
+			}
+
+			// The controller's retry finds it done: one restart, one new
+			// boot.
+			for range 2 {
+				g.Expect(do(ctx, id, actuators.Operation{ID: "op-1"})).To(Succeed())
+				g.Expect(p.Restarts(id)).To(Equal(1))
+				g.Expect(p.PID(id)).To(Equal(pid))
+				g.Expect(p.BootID(id)).To(Equal(after.Status.NodeInfo.BootID))
+				g.Expect(agents(id)).To(Equal([]int{pid}))
+			}
+			g.Expect(node(g, p, id).UID).To(Equal(after.UID))
+		})
+	}
+}
+
+// TestTakeoverRecordsDoneAPendingOpWhoseAgentWasStartedAfterTheHalt catches
+// a reboot done twice when the provider was killed after starting the new
+// agent and before recording it with the operation done: the takeover
+// adopts that agent and records the operation done, and the retry does
+// nothing.
+func TestTakeoverRecordsDoneAPendingOpWhoseAgentWasStartedAfterTheHalt(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	id, before, argv := stoppedMachine(t, dir, "rebooted")
+	mdir := machineDir(t, dir, "rebooted")
+	crashState(t, mdir, func(st map[string]any) {
+		st["pending"] = map[string]any{"id": "op-1", "hard": true}
+	})
+	rebooted := startAgent(t, mdir, argv)
+
+	p, _ := newProvider(t, dir)
+	// The controller's retry, the first call: the takeover records the
+	// operation done, and the retry finds it so.
+	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "op-1", Hard: true})).To(Succeed())
+	g.Expect(p.Restarts(id)).To(Equal(1))
+	g.Expect(p.PID(id)).To(Equal(rebooted))
+	g.Expect(agents(id)).To(Equal([]int{rebooted}))
+	st := readStateFile(t, mdir)
+	g.Expect(st).NotTo(HaveKey("pending"))
+	g.Expect(st).To(HaveKeyWithValue("lastOperation", "op-1"))
+	g.Expect(statePID(st)).To(Equal(rebooted))
+	after := booted(t, p, id, before.Status.NodeInfo.BootID)
+	g.Expect(p.BootID(id)).To(Equal(after.Status.NodeInfo.BootID))
+
+	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "op-1", Hard: true})).To(Succeed())
+	g.Expect(p.Restarts(id)).To(Equal(1))
+	g.Expect(p.PID(id)).To(Equal(rebooted))
+	g.Expect(p.BootID(id)).To(Equal(after.Status.NodeInfo.BootID))
+}
+
+// TestTakeoverLeavesPendingAnOpWhoseAgentStillRuns catches an operation
+// recorded done, or carried out by the takeover, when the provider was
+// killed after recording it pending and before halting the agent: the
+// takeover adopts the agent with the operation still pending, and the
+// retry carries it out once.
+func TestTakeoverLeavesPendingAnOpWhoseAgentStillRuns(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	first, _ := newProvider(t, dir)
+	id, err := first.Create(ctx, machine("unhalted"), nil)
+	g.Expect(err).NotTo(HaveOccurred())
+	before := booted(t, first, id, "")
+	pid, err := first.PID(id)
+	g.Expect(err).NotTo(HaveOccurred())
+	mdir := machineDir(t, dir, "unhalted")
+	// The first provider is left as killed: not called again.
+	crashState(t, mdir, func(st map[string]any) {
+		st["pending"] = map[string]any{"id": "op-1"}
+	})
+
+	p, _ := newProvider(t, dir)
+	g.Expect(p.Restarts(id)).To(Equal(0))
+	g.Expect(p.PID(id)).To(Equal(pid))
+	g.Expect(agents(id)).To(Equal([]int{pid}))
+	g.Expect(p.BootID(id)).To(Equal(before.Status.NodeInfo.BootID))
+	st := readStateFile(t, mdir)
+	g.Expect(st).To(HaveKeyWithValue("pending", HaveKeyWithValue("id", "op-1")))
+	g.Expect(st).NotTo(HaveKey("lastOperation"))
+
+	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "op-1"})).To(Succeed())
+	g.Expect(p.Restarts(id)).To(Equal(1))
+	newPID, err := p.PID(id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(newPID).NotTo(Equal(pid))
+	g.Eventually(func() bool { return gone(pid) }).WithTimeout(wait).Should(BeTrue())
+	g.Expect(agents(id)).To(Equal([]int{newPID}))
+	after := booted(t, p, id, before.Status.NodeInfo.BootID)
+	st = readStateFile(t, mdir)
+	g.Expect(st).NotTo(HaveKey("pending"))
+	g.Expect(st).To(HaveKeyWithValue("lastOperation", "op-1"))
+
+	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "op-1"})).To(Succeed())
+	g.Expect(p.Restarts(id)).To(Equal(1))
+	g.Expect(p.PID(id)).To(Equal(newPID))
+	g.Expect(p.BootID(id)).To(Equal(after.Status.NodeInfo.BootID))
+}
+
+// TestTakeoverLeavesACrashedMachineOff: an agent killed outright is a
+// machine that crashed. A new provider (a restarted or new leader) must not
+// power it on, or it would heal what only a reboot, a repair or a health
+// check should; a reboot then brings it back, once.
+func TestTakeoverLeavesACrashedMachineOff(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	first, _ := newProvider(t, dir)
+	id, err := first.Create(ctx, machine("crashed"), nil)
+	g.Expect(err).NotTo(HaveOccurred())
+	before := booted(t, first, id, "")
+	pid, err := first.PID(id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(syscall.Kill(pid, syscall.SIGKILL)).To(Succeed())
+	g.Eventually(func() bool { return gone(pid) }).WithTimeout(wait).Should(BeTrue())
+
+	// As after the first provider's process was killed too.
+	second, _ := newProvider(t, dir)
+	g.Expect(second.Exists(ctx, id)).To(BeTrue())
+	g.Consistently(func() []int { return agents(id) }).WithTimeout(2 * time.Second).Should(BeEmpty())
+	_, err = second.PID(id)
+	g.Expect(err).To(HaveOccurred(), "no agent runs")
+
+	g.Expect(second.Reboot(ctx, id, actuators.Operation{ID: "op-1"})).To(Succeed())
+	booted(t, second, id, before.Status.NodeInfo.BootID)
+	g.Expect(agents(id)).To(HaveLen(1))
+	g.Expect(second.Restarts(id)).To(Equal(1))
+}
+
+// TestTakeoverDoesNotBootAMachineBeingDeleted: a provider killed in the
+// middle of Delete, after the agent stopped and before the directory went,
+// leaves a machine the next provider must not boot; the retried Delete
+// finishes.
+func TestTakeoverDoesNotBootAMachineBeingDeleted(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	first, _ := newProvider(t, dir)
+	id, err := first.Create(ctx, machine("half-deleted"), nil)
+	g.Expect(err).NotTo(HaveOccurred())
+	booted(t, first, id, "")
+	g.Expect(first.Stop(ctx)).To(Succeed())
+	mdir := machineDir(t, dir, "half-deleted")
+	crashState(t, mdir, func(st map[string]any) { st["deleting"] = true })
+
+	second, _ := newProvider(t, dir)
+	g.Expect(second.Exists(ctx, id)).To(BeTrue())
+	g.Consistently(func() []int { return agents(id) }).WithTimeout(2 * time.Second).Should(BeEmpty())
+	g.Expect(second.Delete(ctx, id)).To(Succeed())
+	g.Expect(second.Exists(ctx, id)).To(BeFalse())
+	g.Expect(agents(id)).To(BeEmpty())
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/inmemory"
+	"github.com/machinist-dev/machinist/actuators/process"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/internal/manager"
 )
@@ -20,6 +21,7 @@ func managerCommand() *cobra.Command {
 	var (
 		kubeconfig string
 		opts       manager.Options
+		machines   process.Options
 		logs       logFlags
 	)
 	cmd := &cobra.Command{
@@ -29,7 +31,16 @@ func managerCommand() *cobra.Command {
 with --leader-elect; one acts at a time.
 
 Providers: "inmemory" (machines as goroutines in this process, for trying
-Machinist out) is always available.`,
+Machinist out) is always available. "process" (machines as agent processes
+on this host) is available with --process-state-dir; its machines outlive
+the manager, and the leader takes them over from the state directory, so
+replicas on one host share it.
+
+A leader that cannot renew its Lease within --leader-elect-renew-deadline
+(for example while kube-apiserver is down) exits with status 1 and the
+message "leader election lost", to be restarted as a Deployment restarts a
+container; a replica started while kube-apiserver is down waits for it,
+logging "waiting for kube-apiserver", instead of exiting again.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := logs.setUp(); err != nil {
@@ -49,12 +60,30 @@ Machinist out) is always available.`,
 			if err := opts.Actuators.Register(inmemory.Name, provider); err != nil {
 				return err
 			}
+			if machines.StateDir != "" {
+				if machines.Kubeconfig == "" {
+					machines.Kubeconfig = kubeconfig
+				}
+				// Never stopped: the machines outlive the manager, as real
+				// ones outlive a controller.
+				p, err := process.New(machines)
+				if err != nil {
+					return err
+				}
+				if err := opts.Actuators.Register(process.Name, p); err != nil {
+					return err
+				}
+			}
 			scheme, err := managerScheme()
 			if err != nil {
 				return err
 			}
 			mgr, err := manager.New(ctx, cfg, scheme, opts)
 			if err != nil {
+				if ctx.Err() != nil {
+					// Stopped while waiting for kube-apiserver: a clean stop.
+					return nil
+				}
 				return err
 			}
 			return mgr.Start(ctx)
@@ -64,6 +93,9 @@ Machinist out) is always available.`,
 	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the cluster; empty means in-cluster credentials")
 	fs.BoolVar(&opts.LeaderElection, "leader-elect", false, "elect a leader among replicas (Lease machinist-manager)")
 	fs.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader Lease; empty means the pod's own")
+	fs.DurationVar(&opts.LeaseDuration, "leader-elect-lease-duration", 0, "how long a candidate waits after the leader's last renewal before it takes over (0: 15s)")
+	fs.DurationVar(&opts.RenewDeadline, "leader-elect-renew-deadline", 0, "how long the leader keeps trying to renew before it gives up and exits (0: 10s)")
+	fs.DurationVar(&opts.RetryPeriod, "leader-elect-retry-period", 0, "how often candidates try to take the Lease and the leader renews it (0: 2s)")
 	fs.StringVar(&opts.MetricsAddr, "metrics-bind-address", ":8080", `address of /metrics; "0" turns it off`)
 	fs.StringVar(&opts.HealthAddr, "health-probe-bind-address", ":8081", `address of /healthz and /readyz; "0" turns them off`)
 	fs.IntVar(&opts.MachineWorkers, "machine-workers", 16, "Machines reconciled at once")
@@ -73,6 +105,11 @@ Machinist out) is always available.`,
 	fs.DurationVar(&opts.ProvisionTimeout, "provision-timeout", 0, "how long a Machine may provision before it is Failed (0: 10m)")
 	fs.DurationVar(&opts.OperationTimeout, "operation-timeout", 0, "how long a reboot or repair may take before the Machine is Failed (0: 10m)")
 	fs.DurationVar(&opts.NodeGrace, "node-grace", 0, "how long after the manager starts, or a watch fails, before a Node condition counts against a Machine in a health check (0: 40s)")
+	fs.StringVar(&machines.StateDir, "process-state-dir", "", `turn on the "process" provider, keeping its machines' state here`)
+	fs.StringVar(&machines.Kubeconfig, "process-kubeconfig", "", "kubeconfig the process provider's agents reach kube-apiserver with; empty means --kubeconfig")
+	fs.StringVar(&machines.AgentBinary, "process-agent-binary", "", "the machinist binary the agents run; empty means this one")
+	fs.Int32Var(&machines.LeaseDurationSeconds, "process-lease-duration-seconds", 0, "the agents' Node Lease duration (0: 40)")
+	fs.DurationVar(&machines.RenewInterval, "process-renew-interval", 0, "how often the agents renew their Node Leases (0: 10s)")
 	logs.add(fs)
 	return cmd
 }

@@ -6,6 +6,7 @@ package manager
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/machinist-dev/machinist/actuators"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/deployment"
 	"github.com/machinist-dev/machinist/healthcheck"
 	"github.com/machinist-dev/machinist/lifecycle"
@@ -64,6 +66,11 @@ type Options struct {
 	// (empty: the namespace the process runs in, in a cluster).
 	LeaderElection          bool
 	LeaderElectionNamespace string
+	// LeaseDuration, RenewDeadline and RetryPeriod time the election; zero
+	// values keep client-go's 15s, 10s and 2s. A leader that cannot renew
+	// within RenewDeadline exits; a candidate takes an expired Lease
+	// LeaseDuration after its last renewal, checking every RetryPeriod.
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// NodeGrace is how long kubelets are given to report after the manager
 	// starts or the API server comes back before a Node condition counts
 	// against a Machine in a health check; zero means 40s, a kubelet's
@@ -100,6 +107,13 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	if health == "" {
 		health = "0"
 	}
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := awaitAPI(ctx, kube); err != nil {
+		return nil, err
+	}
 	checks := &healthcheck.Reconciler{NodeGrace: opts.NodeGrace}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: scheme,
@@ -113,6 +127,9 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 		LeaderElectionNamespace: opts.LeaderElectionNamespace,
 		// A new leader starts at once when the old one stops cleanly.
 		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 durationOrNil(opts.LeaseDuration),
+		RenewDeadline:                 durationOrNil(opts.RenewDeadline),
+		RetryPeriod:                   durationOrNil(opts.RetryPeriod),
 	})
 	if err != nil {
 		return nil, err
@@ -131,10 +148,6 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 		}); err != nil {
 			return nil, err
 		}
-	}
-	kube, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
 	}
 	metrics := lifecycle.NewMetrics(mgr.GetClient())
 	reg := opts.Registry
@@ -188,9 +201,45 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	return &Manager{Manager: mgr, Metrics: metrics, Rollouts: rollouts, Remediations: remediations}, nil
 }
 
+// awaitAPI waits until kube-apiserver serves Machinist's API group. The
+// controllers' indexes need discovery as they are set up, so a manager
+// started while kube-apiserver is down (as after an outage, which ends a
+// leader's term) would otherwise exit at once, and again at each restart:
+// a crash loop. It waits instead, saying so, until ctx ends.
+func awaitAPI(ctx context.Context, kube kubernetes.Interface) error {
+	log := ctrl.Log.WithName("manager")
+	gv := machinistv1.GroupVersion.String()
+	delay, waited := 250*time.Millisecond, false
+	for {
+		_, err := kube.Discovery().ServerResourcesForGroupVersion(gv)
+		if err == nil {
+			if waited {
+				log.Info("kube-apiserver serves " + gv + "; starting")
+			}
+			return nil
+		}
+		log.Info("waiting for kube-apiserver to serve "+gv, "error", err.Error(), "retryIn", delay.String())
+		waited = true
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for kube-apiserver to serve %s: %w (last error: %v)", gv, ctx.Err(), err)
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
+}
+
 func or(v, def int) int {
 	if v > 0 {
 		return v
 	}
 	return def
+}
+
+// durationOrNil leaves a zero duration to controller-runtime's default.
+func durationOrNil(d time.Duration) *time.Duration {
+	if d <= 0 {
+		return nil
+	}
+	return &d
 }

@@ -12,12 +12,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -47,6 +50,11 @@ type Env struct {
 	env *envtest.Environment
 	dir string
 	kcm *controllermanager.Process
+	// apiserver is the kube-apiserver StartAPIServer started, replacing
+	// envtest's; apiserverDone is closed once it exits, nil while stopped.
+	apiserver     *exec.Cmd
+	apiserverDone chan struct{}
+	apiserverArgs []string
 }
 
 // Options choose what runs beside etcd and kube-apiserver.
@@ -194,6 +202,9 @@ func (e *Env) Stop() error {
 		err = e.kcm.Stop(ctx)
 		cancel()
 	}
+	if e.apiserverDone != nil {
+		err = errors.Join(err, e.StopAPIServer())
+	}
 	err = errors.Join(err, e.env.Stop())
 	if e.dir != "" {
 		_ = os.RemoveAll(e.dir)
@@ -275,4 +286,89 @@ func Build(pkg, out string) error {
 		return fmt.Errorf("go build %s: %w\n%s", pkg, err, output)
 	}
 	return nil
+}
+
+// StopAPIServer kills kube-apiserver (SIGKILL, as a crash or the loss of
+// its host would), leaving etcd and everything else running; clients see
+// connections refused until StartAPIServer. Nothing is lost: etcd holds
+// the state. Tests of what Machinist does meanwhile use it. (A SIGTERM
+// would do as well, but kube-apiserver drains its watches for up to a
+// minute first.)
+func (e *Env) StopAPIServer() error {
+	if e.apiserver == nil {
+		pids := orphans.Children("kube-apiserver")
+		if len(pids) != 1 {
+			return fmt.Errorf("testenv: found %d kube-apiserver processes, want 1", len(pids))
+		}
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pids[0]))
+		if err != nil {
+			return err
+		}
+		e.apiserverArgs = strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+		proc, err := os.FindProcess(pids[0])
+		if err != nil {
+			return err
+		}
+		// envtest's own goroutine reaps it; wait by polling.
+		if err := proc.Kill(); err != nil {
+			return err
+		}
+		deadline := time.Now().Add(time.Minute)
+		for len(orphans.Children("kube-apiserver")) > 0 {
+			if time.Now().After(deadline) {
+				return errors.New("testenv: kube-apiserver still there a minute after SIGKILL")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		e.apiserver = &exec.Cmd{} // stopped, by the above
+		return nil
+	}
+	if e.apiserverDone == nil {
+		return errors.New("testenv: kube-apiserver is not running")
+	}
+	_ = e.apiserver.Process.Kill()
+	<-e.apiserverDone
+	e.apiserverDone = nil
+	return nil
+}
+
+// StartAPIServer starts kube-apiserver again after StopAPIServer, with the
+// same flags, certificates and port, over the same etcd, and waits until it
+// is ready.
+func (e *Env) StartAPIServer(ctx context.Context) error {
+	if e.apiserver == nil || e.apiserverDone != nil {
+		return errors.New("testenv: StartAPIServer without StopAPIServer")
+	}
+	log, err := os.OpenFile(filepath.Join(e.dir, "kube-apiserver.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	cmd := exec.Command(e.apiserverArgs[0], e.apiserverArgs[1:]...)
+	cmd.Stdout, cmd.Stderr = log, log
+	// Dies with the test binary, as envtest's own does through the guard.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("testenv: starting kube-apiserver again: %w", err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	e.apiserver, e.apiserverDone = cmd, done
+	kube, err := kubernetes.NewForConfig(e.Config)
+	if err != nil {
+		return err
+	}
+	for {
+		body, err := kube.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		if err == nil && string(body) == "ok" {
+			return nil
+		}
+		select {
+		case <-done:
+			return fmt.Errorf("testenv: kube-apiserver exited; see %s", log.Name())
+		case <-ctx.Done():
+			return fmt.Errorf("testenv: kube-apiserver not ready: %w (last: %v)", ctx.Err(), err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }

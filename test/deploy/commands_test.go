@@ -212,3 +212,28 @@ func TestAPIServerCommand(t *testing.T) {
 	g.Expect(code).To(Equal(http.StatusOK))
 	p.terminate(t)
 }
+
+// TestManagerWaitsForKubeAPIServer starts `machinist manager` while its
+// kube-apiserver is out of reach, as after an outage that cost the leader
+// its Lease: it must wait, saying so, not exit and be restarted in a loop;
+// and SIGTERM still stops it cleanly.
+func TestManagerWaitsForKubeAPIServer(t *testing.T) {
+	g := NewWithT(t)
+	raw, err := os.ReadFile(env.Kubeconfig)
+	g.Expect(err).NotTo(HaveOccurred())
+	// The same credentials, at a port nothing listens on.
+	dead := fmt.Sprintf("https://127.0.0.1:%d", freePort(t))
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	g.Expect(os.WriteFile(kubeconfig, []byte(strings.ReplaceAll(string(raw), strings.TrimSuffix(env.Config.Host, "/"), dead)), 0o600)).To(Succeed())
+	g.Expect(string(raw)).To(ContainSubstring(strings.TrimSuffix(env.Config.Host, "/")))
+
+	p := machinist(t, "manager", "--kubeconfig", kubeconfig, "--leader-elect", "--leader-election-namespace", "default",
+		"--metrics-bind-address=0", "--health-probe-bind-address=0")
+	g.Eventually(p.output).WithTimeout(30 * time.Second).Should(ContainSubstring("waiting for kube-apiserver to serve machinist.dev/v1alpha1"))
+	select {
+	case err := <-p.done:
+		t.Fatalf("the manager exited (%v) while kube-apiserver was out of reach:\n%s", err, p.output())
+	case <-time.After(3 * time.Second):
+	}
+	p.terminate(t)
+}

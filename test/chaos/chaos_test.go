@@ -1,0 +1,229 @@
+package chaos_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// TestKill kills the manager with SIGKILL, once or twice at random moments,
+// while it does the seed's scenario; the supervisor starts it again each
+// time, and the run must converge with the books straight.
+func TestKill(t *testing.T) {
+	forEachSeed(t, func(t *testing.T, r *run) {
+		sc := scenarios[r.seed%uint64(len(scenarios))]
+		t.Logf("scenario: %s", sc.name)
+		rep := r.startReplica("a")
+		r.waitLeader(rep)
+		sc.setup(r)
+		began := time.Now()
+		window := sc.act(r)
+		kills := 1 + r.rng.IntN(2)
+		var at []time.Time
+		if sc.versions > 0 {
+			// After a random number of the work's Machine versions.
+			points := []int{1 + r.rng.IntN(sc.versions-1), 1 + r.rng.IntN(sc.versions-1)}[:kills]
+			slices.Sort(points)
+			for i, n := range points {
+				r.monitor.awaitProgress(began, n, 3*time.Second)
+				rep.kill()
+				at = append(at, time.Now())
+				r.note("kill -9 %d of %d after %d Machine versions of about %d, %v into the work", i+1, kills, n, sc.versions, time.Since(began).Round(time.Millisecond))
+			}
+		} else {
+			for i := range kills {
+				d := r.between(0, window/time.Duration(kills))
+				time.Sleep(d)
+				rep.kill()
+				at = append(at, time.Now())
+				r.note("kill -9 %d of %d, %v into its share of the %v window", i+1, kills, d.Round(time.Millisecond), window.Round(time.Millisecond))
+			}
+		}
+		r.verify(sc.want)
+		stored, _ := r.monitor.versionsSince(began)
+		r.note("converged %v after the work began, which stored %d Machine versions", time.Since(began).Round(time.Millisecond), stored)
+		// A kill that struck after the work was done proves little; say
+		// which did not. The restarted manager cannot write within 2s of
+		// a kill (the Lease outlives its holder), so what comes later is
+		// work the kill interrupted.
+		for i, k := range at {
+			if _, ok := r.monitor.firstAfterTime(k.Add(2 * time.Second)); !ok {
+				r.note("kill %d struck after the work was done", i+1)
+			} else {
+				r.note("kill %d struck mid-work", i+1)
+			}
+		}
+		if exits := rep.unplannedExits(); len(exits) > 0 {
+			t.Errorf("the manager exited %d times unbidden; last:\n%s", len(exits), exits[len(exits)-1].Tail)
+		}
+	})
+}
+
+// verify waits until want holds, then checks the books, the invariants
+// and that every operation was carried out exactly once.
+func (r *run) verify(want func(*run) error) {
+	r.t.Helper()
+	r.wait("convergence", func() error { return want(r) })
+	if err := r.checkProvider(); err != nil {
+		r.t.Error(err)
+	}
+	if err := r.checkOnce(); err != nil {
+		r.t.Error(err)
+	}
+	v := r.monitor.check()
+	r.note("monitor: %s", v)
+	if len(v.breaches) > 0 {
+		r.t.Errorf("invariants broken: %s", v)
+	}
+}
+
+// waitLeader waits until rep holds the leader Lease.
+func (r *run) waitLeader(rep *replica) {
+	r.t.Helper()
+	if err := poll(time.Minute, func() error {
+		if !rep.leading() {
+			return errLeader
+		}
+		return nil
+	}); err != nil {
+		r.t.Fatalf("%s: %v\n%s", rep.name, err, rep.output())
+	}
+}
+
+var errLeader = errorString("not the leader yet")
+
+type errorString string
+
+func (e errorString) Error() string { return string(e) }
+
+// TestFailover runs two replicas and kills the leader at a random moment
+// of a rolling upgrade; the other must take over and finish it. The
+// killed replica comes back only after the failover, so that the time
+// measured is the standby's. Failover time runs from the kill to the first
+// write of the new leader's controllers.
+func TestFailover(t *testing.T) {
+	forEachSeed(t, func(t *testing.T, r *run) {
+		a, b := r.startReplica("a"), r.startReplica("b")
+		leader, standby := r.whichLeads(a, b)
+		surge := int32(1 + r.rng.IntN(3))
+		r.createDeployment(10, rolling(surge, int32(r.rng.IntN(2))), "v1.37.1")
+		r.wait("10 Machines Running", func() error { return r.deploymentSettled("v1.37.1") })
+		began := time.Now()
+		r.setVersion("v1.37.2")
+		// A rollout of 10 stores some 60 Machine versions.
+		r.monitor.awaitProgress(began, 1+r.rng.IntN(50), 3*time.Second)
+		leader.hold()
+		killed := time.Now()
+		leader.kill()
+		lease, took := r.awaitNewHolder(killed)
+		first, ok := r.monitor.firstAfterRV(lease)
+		if !ok {
+			// Nothing was left to do: the rollout had finished.
+			r.note("failover: the Lease changed hands %v after the kill; the rollout had already finished", took.Round(time.Millisecond))
+		} else {
+			r.note("failover: the Lease changed hands %v after the kill; the new leader's first write %v after it",
+				took.Round(time.Millisecond), first.Sub(killed).Round(time.Millisecond))
+		}
+		if !standby.leading() {
+			t.Errorf("the standby did not take over:\n%s", standby.output())
+		}
+		leader.release()
+		r.verify(func(r *run) error { return r.deploymentSettled("v1.37.2") })
+		for _, rep := range []*replica{a, b} {
+			if exits := rep.unplannedExits(); len(exits) > 0 {
+				t.Errorf("%s exited %d times unbidden; last:\n%s", rep.name, len(exits), exits[len(exits)-1].Tail)
+			}
+		}
+	})
+}
+
+// whichLeads waits until one of two replicas leads and returns it first.
+func (r *run) whichLeads(a, b *replica) (leader, standby *replica) {
+	r.t.Helper()
+	err := poll(time.Minute, func() error {
+		switch {
+		case a.leading():
+			leader, standby = a, b
+		case b.leading():
+			leader, standby = b, a
+		default:
+			return errLeader
+		}
+		return nil
+	})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return leader, standby
+}
+
+// awaitNewHolder polls the leader Lease until its holder changes after a
+// kill, and returns the Lease's resourceVersion then and how long it took.
+func (r *run) awaitNewHolder(killed time.Time) (string, time.Duration) {
+	r.t.Helper()
+	ctx := context.Background()
+	key := client.ObjectKey{Namespace: leaseNamespace, Name: "machinist-manager"}
+	lease := &coordinationv1.Lease{}
+	r.must(env.Client.Get(ctx, key, lease))
+	holder := ptrValue(lease.Spec.HolderIdentity)
+	for {
+		if err := env.Client.Get(ctx, key, lease); err == nil && ptrValue(lease.Spec.HolderIdentity) != holder {
+			return lease.ResourceVersion, time.Since(killed)
+		}
+		if time.Since(killed) > time.Minute {
+			r.t.Fatalf("the Lease is still held by %s a minute after its holder was killed", holder)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func ptrValue(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// TestAPIServerRestart stops kube-apiserver for 20s at a random moment of
+// a rolling upgrade, and starts it again over the same etcd. The leader
+// cannot renew its Lease meanwhile, so it exits with "leader election
+// lost", which the supervisor (a Deployment, in a cluster) restarts; the
+// new process waits for kube-apiserver without exiting, takes the Lease
+// when it is back and finishes the rollout.
+func TestAPIServerRestart(t *testing.T) {
+	forEachSeed(t, func(t *testing.T, r *run) {
+		rep := r.startReplica("a")
+		r.waitLeader(rep)
+		r.createDeployment(10, rolling(int32(1+r.rng.IntN(3)), int32(r.rng.IntN(2))), "v1.37.1")
+		r.wait("10 Machines Running", func() error { return r.deploymentSettled("v1.37.1") })
+		began := time.Now()
+		r.setVersion("v1.37.2")
+		r.monitor.awaitProgress(began, 1+r.rng.IntN(50), 3*time.Second)
+		r.must(env.StopAPIServer())
+		down := time.Now()
+		time.Sleep(20 * time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		r.must(env.StartAPIServer(ctx))
+		r.note("kube-apiserver was down %v", time.Since(down).Round(time.Millisecond))
+		r.verify(func(r *run) error { return r.deploymentSettled("v1.37.2") })
+		// What an operator sees: at most one exit, that one clean and
+		// saying why; no crash loop and no panic.
+		exits := rep.unplannedExits()
+		r.note("the manager exited %d times during the outage", len(exits))
+		if len(exits) > 1 {
+			t.Errorf("the manager exited %d times (a crash loop); last:\n%s", len(exits), exits[len(exits)-1].Tail)
+		}
+		for _, e := range exits {
+			if !strings.Contains(e.Tail, "leader election lost") || strings.Contains(e.Tail, "panic") {
+				t.Errorf("the manager exited (%s) without saying it lost the election:\n%s", e.Err, e.Tail)
+			}
+		}
+		r.waitLeader(rep)
+	})
+}

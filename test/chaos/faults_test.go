@@ -1,0 +1,258 @@
+package chaos_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/machinist-dev/machinist/actuators"
+	"github.com/machinist-dev/machinist/actuators/inmemory"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/manager"
+	"github.com/machinist-dev/machinist/lifecycle"
+)
+
+// flaky is a provider that fails a share of its calls and answers each
+// after a random delay. Half of the failures come before the call does
+// anything; the other half after it took effect, as a reply lost on the
+// way back: the controller cannot tell the two apart, and must not
+// repeat what was done.
+type flaky struct {
+	actuators.Actuator
+	rate    float64
+	latency time.Duration
+
+	mu  sync.Mutex
+	rng *rand.Rand
+
+	calls, before, after atomic.Int64
+}
+
+func (f *flaky) roll() (delay time.Duration, fail, late bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delay = time.Duration(f.rng.Int64N(int64(f.latency)))
+	fail = f.rng.Float64() < f.rate
+	return delay, fail, f.rng.IntN(2) == 0
+}
+
+func (f *flaky) do(ctx context.Context, call string, fn func() error) error {
+	f.calls.Add(1)
+	delay, fail, late := f.roll()
+	select {
+	case <-time.After(delay):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if fail && !late {
+		f.before.Add(1)
+		return fmt.Errorf("%s: injected failure before the call", call)
+	}
+	err := fn()
+	if fail && err == nil {
+		f.after.Add(1)
+		return fmt.Errorf("%s: injected failure after the call took effect", call)
+	}
+	return err
+}
+
+func (f *flaky) Create(ctx context.Context, m *machinistv1.Machine, c *machinistv1.MachineClass) (string, error) {
+	var id string
+	err := f.do(ctx, "create", func() (err error) { id, err = f.Actuator.Create(ctx, m, c); return err })
+	if err != nil {
+		return "", err
+	}
+	return id, nil
+}
+
+func (f *flaky) Exists(ctx context.Context, id string) (bool, error) {
+	var ok bool
+	err := f.do(ctx, "exists", func() (err error) { ok, err = f.Actuator.Exists(ctx, id); return err })
+	return ok, err
+}
+
+func (f *flaky) Delete(ctx context.Context, id string) error {
+	return f.do(ctx, "delete", func() error { return f.Actuator.Delete(ctx, id) })
+}
+
+func (f *flaky) FindByUID(ctx context.Context, uid types.UID) (string, error) {
+	var id string
+	err := f.do(ctx, "findByUID", func() (err error) { id, err = f.Actuator.FindByUID(ctx, uid); return err })
+	if err != nil {
+		return "", err
+	}
+	return id, nil
+}
+
+func (f *flaky) Reboot(ctx context.Context, id string, op actuators.Operation) error {
+	return f.do(ctx, "reboot", func() error { return f.Actuator.Reboot(ctx, id, op) })
+}
+
+func (f *flaky) Repair(ctx context.Context, id string, op actuators.Operation) error {
+	return f.do(ctx, "repair", func() error { return f.Actuator.Repair(ctx, id, op) })
+}
+
+// shortBackoff keeps a Machine that failed a few calls in a row from
+// waiting minutes: the faults are meant to be survived, not waited out.
+var shortBackoff = lifecycle.Backoff{Base: 500 * time.Millisecond, Cap: 5 * time.Second}
+
+// TestProviderFaults runs a scale-up of 20, a rolling upgrade of them and
+// 10 reboots against an inmemory provider that fails 30% of its calls
+// (half of them after acting) and answers each after up to 300ms. The
+// manager runs in this process, so that the books can be read from the
+// provider itself.
+func TestProviderFaults(t *testing.T) {
+	forEachSeed(t, func(t *testing.T, r *run) {
+		ctx, cancel := context.WithCancel(context.Background())
+		provider, err := inmemory.New(inmemory.Options{Config: env.Config, LeaseDurationSeconds: agentLease, RenewInterval: agentRenew, Seed: r.seed})
+		r.must(err)
+		f := &flaky{Actuator: provider, rate: 0.3, latency: 300 * time.Millisecond, rng: rand.New(rand.NewPCG(r.seed, 7))}
+		reg := actuators.NewRegistry()
+		r.must(reg.Register(inmemory.Name, f))
+		mgr, err := manager.New(ctx, env.Config, env.Scheme, manager.Options{
+			Actuators: reg, Repeatable: true, Registry: prometheus.NewRegistry(), MachineWorkers: 8, MachineSetWorkers: 2,
+			Backoff: shortBackoff,
+		})
+		r.must(err)
+		done := make(chan error, 1)
+		go func() { done <- mgr.Start(ctx) }()
+		r.holdings = func() (int, int) { return len(instancesOf(provider, r.ns)), 0 }
+		r.checkProvider = func() error { return inmemoryBooks(provider, r.ns, r.machineList()) }
+		r.restarts = func(_ types.UID, id string) (int, bool) {
+			n, err := provider.Restarts(id)
+			return n, err == nil
+		}
+		r.stops = append(r.stops, func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+			provider.Stop()
+		})
+		r.must(env.Client.Patch(ctx, &machinistv1.MachineClass{ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: class}},
+			client.RawPatch(types.MergePatchType, []byte(`{"spec":{"provider":"inmemory"}}`))))
+
+		r.createDeployment(20, rolling(3, 0), "v1.37.1")
+		r.wait("20 Machines Running", func() error { return r.deploymentSettled("v1.37.1") })
+		r.setVersion("v1.37.2")
+		r.wait("the rollout", func() error { return r.deploymentSettled("v1.37.2") })
+		r.requestAll("reboot", `{"apiVersion":"subresources.machinist.dev/v1alpha1","kind":"RebootOptions"}`)
+		r.verify(func(r *run) error { return errorsJoin(r.deploymentSettled("v1.37.2"), r.opsSucceeded()) })
+		r.note("provider calls: %d, failed before acting %d, failed after acting %d", f.calls.Load(), f.before.Load(), f.after.Load())
+
+	})
+}
+
+// inmemoryBooks checks that each live Machine has its instance, and the
+// provider holds no other.
+func inmemoryBooks(p *inmemory.Provider, ns string, ms []machinistv1.Machine) error {
+	ids := map[string]bool{}
+	for _, id := range instancesOf(p, ns) {
+		ids[id] = true
+	}
+	var problems []string
+	for _, m := range ms {
+		if !ids[m.Status.ProviderID] {
+			problems = append(problems, fmt.Sprintf("Machine %s has no instance %q (missing)", m.Name, m.Status.ProviderID))
+		}
+		delete(ids, m.Status.ProviderID)
+	}
+	for id := range ids {
+		problems = append(problems, fmt.Sprintf("instance %q belongs to no Machine (leaked)", id))
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("books: %s", strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// instancesOf lists the provider's instances of namespace ns.
+func instancesOf(p *inmemory.Provider, ns string) []string {
+	var out []string
+	for _, id := range p.Instances() {
+		if strings.HasPrefix(id, inmemory.Name+":///"+ns+"/") {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// TestKillDuringRemediation crashes one Machine's agent under a
+// MachineHealthCheck and kills the manager at a random moment while the
+// health check notices and heals it.
+func TestKillDuringRemediation(t *testing.T) {
+	forEachSeed(t, func(t *testing.T, r *run) {
+		ctx := context.Background()
+		rep := r.startReplica("a")
+		r.waitLeader(rep)
+		r.createSet(4, nil)
+		r.wait("4 Machines Running", func() error { return r.setSettled(4) })
+		r.must(env.Client.Create(ctx, healthCheck(r.ns)))
+		r.wait("the health check to count 4 healthy Machines", func() error { return r.healthy(4) })
+
+		ms := r.machineList()
+		victim := ms[r.rng.IntN(len(ms))]
+		r.crashAgent(victim)
+		crashed := time.Now()
+		kills := 1 + r.rng.IntN(2)
+		for range kills {
+			time.Sleep(r.between(0, 50*time.Second/time.Duration(kills)))
+			rep.kill()
+		}
+		r.note("crashed %s; killed the manager %d times in the next %v", victim.Name, kills, time.Since(crashed).Round(time.Second))
+		r.verify(func(r *run) error { return errorsJoin(r.setSettled(4), r.healthy(4)) })
+		// The crashed Machine came back through the ladder: rebooted or
+		// repaired (once: checkOnce), or replaced.
+		m := &machinistv1.Machine{}
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(&victim), m)
+		if err == nil && (m.Status.Operation == nil || m.Status.Operation.Source != machinistv1.SourceHealthCheck) {
+			t.Errorf("Machine %s is back without a remediation: operation %+v", m.Name, m.Status.Operation)
+		}
+		if exits := rep.unplannedExits(); len(exits) > 0 {
+			t.Errorf("the manager exited %d times unbidden; last:\n%s", len(exits), exits[len(exits)-1].Tail)
+		}
+	})
+}
+
+// healthCheck heals the pool: a reboot, then a repair, then a new Machine.
+func healthCheck(ns string) *machinistv1.MachineHealthCheck {
+	return &machinistv1.MachineHealthCheck{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "heal"},
+		Spec: machinistv1.MachineHealthCheckSpec{
+			Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": setName}},
+			UnhealthyNodeConditions: []machinistv1.UnhealthyNodeCondition{
+				{Type: "Ready", Status: "Unknown", Timeout: metav1.Duration{Duration: 5 * time.Second}},
+				{Type: "Ready", Status: "False", Timeout: metav1.Duration{Duration: 5 * time.Second}},
+			},
+			Remediation: machinistv1.Remediation{
+				Ladder: []machinistv1.Rung{
+					{Action: machinistv1.RemediateReboot, Mode: "hard", Timeout: &metav1.Duration{Duration: 90 * time.Second}},
+					{Action: machinistv1.RemediateRepair, Timeout: &metav1.Duration{Duration: 2 * time.Minute}},
+					{Action: machinistv1.RemediateReplace},
+				},
+			},
+		},
+	}
+}
+
+// healthy reports whether the health check counts n healthy Machines.
+func (r *run) healthy(n int32) error {
+	h := &machinistv1.MachineHealthCheck{}
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: r.ns, Name: "heal"}, h); err != nil {
+		return err
+	}
+	if h.Status.HealthyMachines != n || h.Status.ExpectedMachines != n || h.Status.RemediationsInFlight != 0 {
+		return fmt.Errorf("health check: %d expected, %d healthy, %d in flight", h.Status.ExpectedMachines, h.Status.HealthyMachines, h.Status.RemediationsInFlight)
+	}
+	return nil
+}

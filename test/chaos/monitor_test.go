@@ -1,0 +1,442 @@
+package chaos_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/deployment"
+	"github.com/machinist-dev/machinist/lifecycle"
+)
+
+// event is one stored version of an object, as a watch delivered it.
+type event struct {
+	rv   uint64
+	at   time.Time
+	typ  watch.EventType
+	obj  client.Object
+	gap  bool // seen by a list after the watch lost its place: versions before it may be missing
+	kind string
+}
+
+// monitor watches a namespace's Machines, MachineSets and
+// MachineDeployments, and all Nodes, from the start of a run, and records
+// every version it is sent. The invariants are checked afterwards by
+// replaying the versions in etcd's order (resourceVersion: one etcd, so
+// one sequence), which a watch of each kind alone cannot give.
+type monitor struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu     sync.Mutex
+	events []event
+	gaps   int
+}
+
+func startMonitor(t *testing.T, ns string) *monitor {
+	w, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &monitor{cancel: cancel}
+	kinds := []struct {
+		kind string
+		list func() client.ObjectList
+		ns   string
+	}{
+		{"Machine", func() client.ObjectList { return &machinistv1.MachineList{} }, ns},
+		{"MachineSet", func() client.ObjectList { return &machinistv1.MachineSetList{} }, ns},
+		{"MachineDeployment", func() client.ObjectList { return &machinistv1.MachineDeploymentList{} }, ns},
+		{"Node", func() client.ObjectList { return &corev1.NodeList{} }, ""},
+	}
+	ready := make(chan struct{}, len(kinds))
+	for _, k := range kinds {
+		m.wg.Go(func() { m.watch(ctx, w, k.kind, k.ns, k.list, ready) })
+	}
+	for range kinds {
+		select {
+		case <-ready:
+		case <-time.After(time.Minute):
+			t.Fatal("the monitor's watches did not start")
+		}
+	}
+	return m
+}
+
+func (m *monitor) stop() {
+	m.cancel()
+	m.wg.Wait()
+}
+
+// watch follows one kind from a list, and after every break resumes from
+// the last version seen; when that version is gone (410, as after a
+// kube-apiserver restart) it lists again and marks what it finds as a gap.
+func (m *monitor) watch(ctx context.Context, w client.WithWatch, kind, ns string, newList func() client.ObjectList, ready chan<- struct{}) {
+	rv := ""
+	relist := true
+	first := true
+	for ctx.Err() == nil {
+		if relist {
+			list := newList()
+			if err := w.List(ctx, list, client.InNamespace(ns)); err != nil {
+				time.Sleep(200 * time.Millisecond)
+				continue
+			}
+			items, _ := listItems(list)
+			for _, obj := range items {
+				m.record(kind, watch.Modified, obj, !first)
+			}
+			rv, relist = list.(metav1.ListInterface).GetResourceVersion(), false
+			if first {
+				ready <- struct{}{}
+				first = false
+			}
+		}
+		wi, err := w.Watch(ctx, newList(), client.InNamespace(ns), &client.ListOptions{Raw: &metav1.ListOptions{
+			ResourceVersion: rv, AllowWatchBookmarks: true}})
+		if err != nil {
+			relist = apierrors.IsResourceExpired(err) || apierrors.IsGone(err)
+			time.Sleep(200 * time.Millisecond)
+			continue
+		}
+		for e := range wi.ResultChan() {
+			if e.Type == watch.Error {
+				if st, ok := e.Object.(*metav1.Status); ok && (st.Code == 410 || st.Reason == metav1.StatusReasonExpired || st.Reason == metav1.StatusReasonGone) {
+					relist = true
+				}
+				break
+			}
+			obj, ok := e.Object.(client.Object)
+			if !ok {
+				continue
+			}
+			rv = obj.GetResourceVersion()
+			if e.Type != watch.Bookmark {
+				m.record(kind, e.Type, obj, false)
+			}
+		}
+		wi.Stop()
+		if relist {
+			m.mu.Lock()
+			m.gaps++
+			m.mu.Unlock()
+		}
+	}
+}
+
+func listItems(list client.ObjectList) ([]client.Object, error) {
+	switch l := list.(type) {
+	case *corev1.NodeList:
+		out := make([]client.Object, len(l.Items))
+		for i := range l.Items {
+			out[i] = &l.Items[i]
+		}
+		return out, nil
+	}
+	return objects(list), nil
+}
+
+func (m *monitor) record(kind string, typ watch.EventType, obj client.Object, gap bool) {
+	rv, err := strconv.ParseUint(obj.GetResourceVersion(), 10, 64)
+	if err != nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.events = append(m.events, event{rv: rv, at: time.Now(), typ: typ, obj: obj.DeepCopyObject().(client.Object), gap: gap, kind: kind})
+}
+
+// ordered returns every version seen, once each, in etcd's order.
+func (m *monitor) ordered() []event {
+	m.mu.Lock()
+	all := slices.Clone(m.events)
+	m.mu.Unlock()
+	sort.SliceStable(all, func(i, j int) bool { return all[i].rv < all[j].rv })
+	type key struct {
+		kind string
+		uid  types.UID
+		rv   uint64
+		del  bool
+	}
+	seen := map[key]bool{}
+	out := all[:0]
+	for _, e := range all {
+		k := key{e.kind, e.obj.GetUID(), e.rv, e.typ == watch.Deleted}
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		out = append(out, e)
+	}
+	return out
+}
+
+// firstAfterRV returns when the first Machine, MachineSet or
+// MachineDeployment version stored after resourceVersion rv arrived.
+func (m *monitor) firstAfterRV(rv string) (time.Time, bool) {
+	after, err := strconv.ParseUint(rv, 10, 64)
+	if err != nil {
+		return time.Time{}, false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var first time.Time
+	for _, e := range m.events {
+		if e.kind != "Node" && !e.gap && e.rv > after && (first.IsZero() || e.at.Before(first)) {
+			first = e.at
+		}
+	}
+	return first, !first.IsZero()
+}
+
+// firstAfterTime returns when the first Machine, MachineSet or
+// MachineDeployment version arriving after since arrived.
+func (m *monitor) firstAfterTime(since time.Time) (time.Time, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, e := range m.events {
+		if e.kind != "Node" && !e.gap && e.at.After(since) {
+			return e.at, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// awaitProgress waits until n Machine versions have arrived since since,
+// or none has for idle (the work is done, or stalled): a moment picked by
+// the work's progress rather than the clock, so that a fault strikes
+// mid-work however fast the host.
+func (m *monitor) awaitProgress(since time.Time, n int, idle time.Duration) {
+	last := time.Now()
+	for {
+		seen, latest := m.versionsSince(since)
+		if seen >= n {
+			return
+		}
+		if latest.After(last) {
+			last = latest
+		}
+		if time.Since(last) > idle {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// versionsSince counts the Machine versions arrived since since, and says
+// when the last one did.
+func (m *monitor) versionsSince(since time.Time) (int, time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n, latest := 0, time.Time{}
+	for _, e := range m.events {
+		if e.kind == "Machine" && e.at.After(since) {
+			n++
+			if e.at.After(latest) {
+				latest = e.at
+			}
+		}
+	}
+	return n, latest
+}
+
+// verdict is what the replay found.
+type verdict struct {
+	breaches    []string
+	transitions int
+	gapped      int // phase changes seen across a gap in the watch
+	multi       int // phase changes of several moves in one write
+}
+
+// check replays the recorded versions and checks the invariants:
+//   - every stored change of a Machine's phase follows a path of the
+//     lifecycle table (never backwards), and the transition it records is
+//     a move of the table ending in the new phase;
+//   - no MachineSet ever had a Machine created while it already had
+//     spec.replicas live ones (a slot filled twice);
+//   - no MachineDeployment had more Machines than replicas+maxSurge, or,
+//     once all its replicas had been available, fewer in service than
+//     replicas-maxUnavailable (see inService); a Recreate one never had
+//     Machines of two MachineSets at once.
+func (m *monitor) check() verdict {
+	var v verdict
+	machines := map[types.UID]*machinistv1.Machine{}
+	sets := map[types.UID]*machinistv1.MachineSet{}
+	mds := map[types.UID]*machinistv1.MachineDeployment{}
+	armed := map[types.UID]bool{} // MachineDeployments that reached full availability
+	breach := func(format string, args ...any) {
+		if len(v.breaches) < 20 {
+			v.breaches = append(v.breaches, fmt.Sprintf(format, args...))
+		}
+	}
+	for _, e := range m.ordered() {
+		switch obj := e.obj.(type) {
+		case *machinistv1.Machine:
+			old, existed := machines[obj.UID]
+			if e.typ == watch.Deleted {
+				delete(machines, obj.UID)
+				continue
+			}
+			if !existed && !e.gap {
+				if owner := setOf(obj); owner != "" {
+					if s, ok := sets[owner]; ok {
+						live := 0
+						for _, o := range machines {
+							if setOf(o) == owner && o.DeletionTimestamp == nil {
+								live++
+							}
+						}
+						if s.Spec.Replicas != nil && int32(live) >= *s.Spec.Replicas {
+							breach("rv %d: Machine %s created for MachineSet %s, which already had %d live Machines for %d replicas", e.rv, obj.Name, s.Name, live, *s.Spec.Replicas)
+						}
+					}
+				}
+			}
+			from := lifecycle.Initial
+			if existed && old.Status.Phase != "" {
+				from = old.Status.Phase
+			}
+			if to := obj.Status.Phase; to != "" && to != from {
+				v.transitions++
+				path, ok := lifecycle.Table.Path(from, to)
+				switch {
+				case !ok:
+					breach("rv %d: Machine %s went from %s to %s, which no path of the lifecycle table joins", e.rv, obj.Name, from, to)
+				case e.gap:
+					v.gapped++
+				case len(path) > 1:
+					// One reconcile may fire several events and write once
+					// (Pending, provisioned and Ready at once).
+					v.multi++
+				}
+				if t := obj.Status.LastTransition; !e.gap && t != nil && (!existed || old.Status.LastTransition == nil || *t != *old.Status.LastTransition) {
+					if next, ok := lifecycle.Table.Allowed(t.From, lifecycle.Event(t.Event)); !ok || next != t.To || t.To != to {
+						breach("rv %d: Machine %s in %s records the transition %s --%s--> %s, which is not a move of the lifecycle table ending there", e.rv, obj.Name, to, t.From, t.Event, t.To)
+					}
+				}
+			}
+			machines[obj.UID] = obj
+		case *machinistv1.MachineSet:
+			if e.typ == watch.Deleted {
+				delete(sets, obj.UID)
+				continue
+			}
+			sets[obj.UID] = obj
+		case *machinistv1.MachineDeployment:
+			if e.typ == watch.Deleted {
+				delete(mds, obj.UID)
+				continue
+			}
+			mds[obj.UID] = obj
+		default:
+			continue
+		}
+		for _, md := range mds {
+			if md.DeletionTimestamp != nil || md.Spec.Replicas == nil {
+				continue
+			}
+			replicas := *md.Spec.Replicas
+			total, available := int32(0), int32(0)
+			populated := map[types.UID]bool{}
+			for _, o := range machines {
+				s, ok := sets[setOf(o)]
+				if !ok || !ownedBy(s, md.UID) {
+					continue
+				}
+				total++
+				populated[s.UID] = true
+				if inService(o) {
+					available++
+				}
+			}
+			strategy, err := deployment.Resolve(md.Spec.Strategy, replicas)
+			if err != nil {
+				continue
+			}
+			if available >= replicas {
+				armed[md.UID] = true
+			}
+			if strategy.Type == machinistv1.RecreateStrategy {
+				if len(populated) > 1 {
+					breach("rv %d: Recreate MachineDeployment %s had Machines of %d MachineSets at once", e.rv, md.Name, len(populated))
+				}
+				continue
+			}
+			if total > replicas+strategy.MaxSurge {
+				breach("rv %d: MachineDeployment %s had %d Machines, more than %d replicas + %d maxSurge", e.rv, md.Name, total, replicas, strategy.MaxSurge)
+			}
+			if armed[md.UID] && available < replicas-strategy.MaxUnavailable {
+				breach("rv %d: MachineDeployment %s had %d available Machines, fewer than %d replicas - %d maxUnavailable", e.rv, md.Name, available, replicas, strategy.MaxUnavailable)
+			}
+		}
+	}
+	return v
+}
+
+// inService reports whether m counts as available against a rollout's
+// maxUnavailable: Running, or out for a reboot or repair it will come back
+// from, which a rollout does not cause and does not bound. A Machine being
+// deleted, or not yet Running, does not count.
+func inService(m *machinistv1.Machine) bool {
+	if m.DeletionTimestamp != nil {
+		return false
+	}
+	switch m.Status.Phase {
+	case machinistv1.MachineRunning, machinistv1.MachineRebooting, machinistv1.MachineRepairing:
+		return true
+	case machinistv1.MachineDraining:
+		return m.Status.Operation != nil
+	}
+	return false
+}
+
+// setOf is the UID of the MachineSet controlling m, or "".
+func setOf(m *machinistv1.Machine) types.UID {
+	if ref := metav1.GetControllerOf(m); ref != nil && ref.Kind == "MachineSet" {
+		return ref.UID
+	}
+	return ""
+}
+
+func ownedBy(obj metav1.Object, uid types.UID) bool {
+	ref := metav1.GetControllerOf(obj)
+	return ref != nil && ref.UID == uid
+}
+
+// bootIDs returns, per Node name, the boot IDs its versions reported, in
+// order, each once.
+func (m *monitor) bootIDs() map[string][]string {
+	out := map[string][]string{}
+	for _, e := range m.ordered() {
+		n, ok := e.obj.(*corev1.Node)
+		if !ok || e.typ == watch.Deleted {
+			continue
+		}
+		id := n.Status.NodeInfo.BootID
+		if ids := out[n.Name]; id != "" && (len(ids) == 0 || ids[len(ids)-1] != id) {
+			out[n.Name] = append(ids, id)
+		}
+	}
+	return out
+}
+
+// String summarises a verdict.
+func (v verdict) String() string {
+	return fmt.Sprintf("%d phase changes (%d of several moves in one write, %d across a watch gap), %d breaches%s", v.transitions, v.multi, v.gapped, len(v.breaches),
+		strings.Join(append([]string{""}, v.breaches...), "\n  "))
+}
