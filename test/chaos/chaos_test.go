@@ -121,19 +121,26 @@ func TestFailover(t *testing.T) {
 		killed := time.Now()
 		leader.kill()
 		lease, took := r.awaitNewHolder(killed)
-		first, ok := r.monitor.firstAfterRV(lease)
-		if !ok {
-			// Nothing was left to do: the rollout had finished.
-			r.note("failover: the Lease changed hands %v after the kill; the rollout had already finished", took.Round(time.Millisecond))
-		} else {
-			r.note("failover: the Lease changed hands %v after the kill; the new leader's first write %v after it",
-				took.Round(time.Millisecond), first.Sub(killed).Round(time.Millisecond))
-		}
-		if !standby.leading() {
-			t.Errorf("the standby did not take over:\n%s", standby.output())
+		// The killed leader is held back, so the new holder can only be
+		// the standby; it logs so just after its write.
+		if err := poll(10*time.Second, func() error {
+			if !standby.leading() {
+				return errLeader
+			}
+			return nil
+		}); err != nil {
+			t.Errorf("the standby did not take over: %v\n%s", err, standby.output())
 		}
 		leader.release()
 		r.verify(func(r *run) error { return r.deploymentSettled("v1.37.2") })
+		// Read once the work is done: the new leader writes after it
+		// takes the Lease.
+		if first, ok := r.monitor.firstAfterRV(lease); ok {
+			r.note("failover (Lease %v, renew deadline %v, retry %v): the Lease changed hands %v after the kill; the new leader's first write came %v after the kill",
+				leaseDuration, renewDeadline, retryPeriod, took.Round(time.Millisecond), first.Sub(killed).Round(time.Millisecond))
+		} else {
+			r.note("failover: the Lease changed hands %v after the kill; the rollout had finished before it", took.Round(time.Millisecond))
+		}
 		for _, rep := range []*replica{a, b} {
 			if exits := rep.unplannedExits(); len(exits) > 0 {
 				t.Errorf("%s exited %d times unbidden; last:\n%s", rep.name, len(exits), exits[len(exits)-1].Tail)

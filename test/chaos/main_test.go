@@ -61,12 +61,27 @@ const (
 )
 
 // Leader election is timed shorter than client-go's 15s/10s/2s so that a
-// run does not spend most of its time waiting for a dead leader's Lease.
-const (
-	leaseDuration = 8 * time.Second
-	renewDeadline = 6 * time.Second
-	retryPeriod   = time.Second
+// run does not spend most of its time waiting for a dead leader's Lease;
+// CHAOS_LEASE_DURATION, CHAOS_RENEW_DEADLINE and CHAOS_RETRY_PERIOD set
+// other timings (docs/reliability.md measures failover with both).
+var (
+	leaseDuration = envDuration("CHAOS_LEASE_DURATION", 8*time.Second)
+	renewDeadline = envDuration("CHAOS_RENEW_DEADLINE", 6*time.Second)
+	retryPeriod   = envDuration("CHAOS_RETRY_PERIOD", time.Second)
 )
+
+func envDuration(name string, def time.Duration) time.Duration {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		fmt.Fprintf(os.Stderr, "%s=%q: want a positive duration such as 15s\n", name, v)
+		os.Exit(2)
+	}
+	return d
+}
 
 func TestMain(m *testing.M) {
 	flag.Parse()

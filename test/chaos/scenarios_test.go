@@ -56,7 +56,7 @@ var scenarios = []scenario{
 			return 6 * time.Second
 		},
 		want:     func(r *run) error { return r.setSettled(30) },
-		versions: 120,
+		versions: 90,
 	},
 	{
 		name: "scale-down 30→5",
@@ -69,7 +69,7 @@ var scenarios = []scenario{
 			return 4 * time.Second
 		},
 		want:     func(r *run) error { return r.setSettled(5) },
-		versions: 75,
+		versions: 50,
 	},
 	{
 		name: "rolling upgrade of 20, maxSurge 3",
@@ -82,7 +82,7 @@ var scenarios = []scenario{
 			return 15 * time.Second
 		},
 		want:     func(r *run) error { return r.deploymentSettled("v1.37.2") },
-		versions: 140,
+		versions: 100,
 	},
 	{
 		name: "Recreate rollout of 10",
@@ -94,7 +94,8 @@ var scenarios = []scenario{
 			r.setVersion("v1.37.2")
 			return 5 * time.Second
 		},
-		want: func(r *run) error { return r.deploymentSettled("v1.37.2") },
+		want:     func(r *run) error { return r.deploymentSettled("v1.37.2") },
+		versions: 50,
 	},
 	{
 		name: "10 reboots through the verbs server",
@@ -107,7 +108,7 @@ var scenarios = []scenario{
 			return 6 * time.Second
 		},
 		want:     func(r *run) error { return errorsJoin(r.setSettled(10), r.opsSucceeded()) },
-		versions: 40,
+		versions: 30,
 	},
 	{
 		name: "5 repairs through the verbs server",
@@ -120,7 +121,7 @@ var scenarios = []scenario{
 			return 6 * time.Second
 		},
 		want:     func(r *run) error { return errorsJoin(r.setSettled(5), r.opsSucceeded()) },
-		versions: 20,
+		versions: 15,
 	},
 	{
 		name: "scale-down 6→2 with drains held by a PodDisruptionBudget, then relaxed",
