@@ -2,6 +2,8 @@ package chaos_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -9,6 +11,8 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 )
 
 // TestKill kills the manager with SIGKILL, once or twice at random moments,
@@ -95,11 +99,7 @@ func (r *run) waitLeader(rep *replica) {
 	}
 }
 
-var errLeader = errorString("not the leader yet")
-
-type errorString string
-
-func (e errorString) Error() string { return string(e) }
+var errLeader = errors.New("not the leader yet")
 
 // TestFailover runs two replicas and kills the leader at a random moment
 // of a rolling upgrade; the other must take over and finish it. The
@@ -147,6 +147,29 @@ func TestFailover(t *testing.T) {
 			}
 		}
 	})
+}
+
+// remediated lists the Machines a health check ever climbed a rung for
+// (rebooted, repaired or replaced), from every version the monitor saw.
+func (r *run) remediated() []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, e := range r.monitor.ordered() {
+		m, ok := e.obj.(*machinistv1.Machine)
+		if !ok || m.Status.Remediation == nil {
+			continue
+		}
+		switch m.Status.Remediation.Phase {
+		case machinistv1.RemediationRebooting, machinistv1.RemediationRepairing, machinistv1.RemediationReplacing:
+		default:
+			continue
+		}
+		if !seen[m.Name] {
+			seen[m.Name] = true
+			out = append(out, fmt.Sprintf("%s (%s)", m.Name, m.Status.Remediation.Phase))
+		}
+	}
+	return out
 }
 
 // whichLeads waits until one of two replicas leads and returns it first.
@@ -208,6 +231,9 @@ func TestAPIServerRestart(t *testing.T) {
 		r.waitLeader(rep)
 		r.createDeployment(10, rolling(int32(1+r.rng.IntN(3)), int32(r.rng.IntN(2))), "v1.37.1")
 		r.wait("10 Machines Running", func() error { return r.deploymentSettled("v1.37.1") })
+		// A health check over the fleet, which the outage must not fool:
+		// the Nodes' conditions go stale while no kubelet can report.
+		r.must(env.Client.Create(context.Background(), healthCheck(r.ns, mdName)))
 		began := time.Now()
 		r.setVersion("v1.37.2")
 		r.monitor.awaitProgress(began, 1+r.rng.IntN(50), 3*time.Second)
@@ -217,8 +243,17 @@ func TestAPIServerRestart(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		r.must(env.StartAPIServer(ctx))
-		r.note("kube-apiserver was down %v", time.Since(down).Round(time.Millisecond))
+		back := time.Now()
+		r.note("kube-apiserver was down %v, from %v into the rollout", back.Sub(down).Round(time.Millisecond), down.Sub(began).Round(time.Millisecond))
 		r.verify(func(r *run) error { return r.deploymentSettled("v1.37.2") })
+		if _, ok := r.monitor.firstAfterTime(back); ok {
+			r.note("the outage struck mid-work: Machines, sets or the rollout were written after it")
+		} else {
+			r.note("nothing was written after the outage: the rollout had finished before it")
+		}
+		if healed := r.remediated(); len(healed) > 0 {
+			t.Errorf("the health check remediated healthy Machines after the outage: %v", healed)
+		}
 		// What an operator sees: at most one exit, that one clean and
 		// saying why; no crash loop and no panic.
 		exits := rep.unplannedExits()

@@ -238,6 +238,28 @@ func (m *monitor) awaitProgress(since time.Time, n int, idle time.Duration) {
 	}
 }
 
+// awaitVersion waits until a version arriving after since satisfies ok,
+// or timeout passes, and reports whether one did. The watch pushes each
+// version within milliseconds, so a fault can strike right after a write
+// too brief for polling to catch.
+func (m *monitor) awaitVersion(since time.Time, ok func(client.Object) bool, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	seen := 0
+	for time.Now().Before(deadline) {
+		m.mu.Lock()
+		events := m.events[seen:]
+		seen = len(m.events)
+		m.mu.Unlock()
+		for _, e := range events {
+			if e.at.After(since) && ok(e.obj) {
+				return true
+			}
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return false
+}
+
 // versionsSince counts the Machine versions arrived since since, and says
 // when the last one did.
 func (m *monitor) versionsSince(since time.Time) (int, time.Time) {

@@ -3,6 +3,7 @@ package chaos_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -107,7 +108,7 @@ var scenarios = []scenario{
 			r.requestAll("reboot", `{"apiVersion":"subresources.machinist.dev/v1alpha1","kind":"RebootOptions"}`)
 			return 6 * time.Second
 		},
-		want:     func(r *run) error { return errorsJoin(r.setSettled(10), r.opsSucceeded()) },
+		want:     func(r *run) error { return errors.Join(r.setSettled(10), r.opsSucceeded()) },
 		versions: 30,
 	},
 	{
@@ -120,7 +121,7 @@ var scenarios = []scenario{
 			r.requestAll("repair", `{"apiVersion":"subresources.machinist.dev/v1alpha1","kind":"RepairOptions","reason":"chaos"}`)
 			return 6 * time.Second
 		},
-		want:     func(r *run) error { return errorsJoin(r.setSettled(5), r.opsSucceeded()) },
+		want:     func(r *run) error { return errors.Join(r.setSettled(5), r.opsSucceeded()) },
 		versions: 15,
 	},
 	{
@@ -141,19 +142,6 @@ var scenarios = []scenario{
 		},
 		want: func(r *run) error { return r.setSettled(2) },
 	},
-}
-
-func errorsJoin(errs ...error) error {
-	var msgs []string
-	for _, err := range errs {
-		if err != nil {
-			msgs = append(msgs, err.Error())
-		}
-	}
-	if len(msgs) == 0 {
-		return nil
-	}
-	return fmt.Errorf("%s", strings.Join(msgs, "; "))
 }
 
 func rolling(surge, unavailable int32) machinistv1.MachineDeploymentStrategy {
