@@ -7,6 +7,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"time"
 
@@ -111,7 +113,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	if err != nil {
 		return nil, err
 	}
-	if err := awaitAPI(ctx, kube); err != nil {
+	if err := awaitAPI(ctx, kube, health); err != nil {
 		return nil, err
 	}
 	checks := &healthcheck.Reconciler{NodeGrace: opts.NodeGrace}
@@ -205,11 +207,21 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 // controllers' indexes need discovery as they are set up, so a manager
 // started while kube-apiserver is down (as after an outage, which ends a
 // leader's term) would otherwise exit at once, and again at each restart:
-// a crash loop. It waits instead, saying so, until ctx ends.
-func awaitAPI(ctx context.Context, kube kubernetes.Interface) error {
+// a crash loop. It waits instead, saying so, until ctx ends. Meanwhile it
+// answers the probes on healthAddr ("0": none): alive, not ready, so that
+// a kubelet's liveness probe does not restart a process that is only
+// waiting.
+func awaitAPI(ctx context.Context, kube kubernetes.Interface, healthAddr string) error {
 	log := ctrl.Log.WithName("manager")
 	gv := machinistv1.GroupVersion.String()
 	delay, waited := 250*time.Millisecond, false
+	var probes *http.Server
+	defer func() {
+		if probes != nil {
+			// Before the manager binds the same address.
+			_ = probes.Close()
+		}
+	}()
 	for {
 		_, err := kube.Discovery().ServerResourcesForGroupVersion(gv)
 		if err == nil {
@@ -219,6 +231,9 @@ func awaitAPI(ctx context.Context, kube kubernetes.Interface) error {
 			return nil
 		}
 		log.Info("waiting for kube-apiserver to serve "+gv, "error", err.Error(), "retryIn", delay.String())
+		if !waited && healthAddr != "0" {
+			probes = waitingProbes(healthAddr, "waiting for kube-apiserver to serve "+gv)
+		}
 		waited = true
 		select {
 		case <-ctx.Done():
@@ -227,6 +242,23 @@ func awaitAPI(ctx context.Context, kube kubernetes.Interface) error {
 		}
 		delay = min(2*delay, 5*time.Second)
 	}
+}
+
+// waitingProbes serves /healthz (ok) and /readyz (503, why) on addr until
+// closed. A failure to listen is logged, not fatal: probes are a courtesy
+// here, and the manager reports the same address's error when it starts.
+func waitingProbes(addr, why string) *http.Server {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) { http.Error(w, why, http.StatusServiceUnavailable) })
+	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		ctrl.Log.WithName("manager").Error(err, "serving the probes while waiting for kube-apiserver")
+		return nil
+	}
+	go func() { _ = srv.Serve(ln) }()
+	return srv
 }
 
 func or(v, def int) int {

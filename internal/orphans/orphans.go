@@ -27,8 +27,24 @@ func Guard(pids ...int) error {
 	for i, p := range pids {
 		list[i] = strconv.Itoa(p)
 	}
-	script := fmt.Sprintf("while kill -0 %d 2>/dev/null; do sleep 1; done; kill -9 %s 2>/dev/null; exit 0",
-		os.Getpid(), strings.Join(list, " "))
+	return watchdog("kill -9 " + strings.Join(list, " "))
+}
+
+// GuardExecutable is Guard for every process that runs the executable at
+// path, whoever started it and whenever: for children's children that
+// outlive their parents on purpose (machine agents), whose PIDs are not
+// known here. path should be this process's own copy, such as a binary a
+// test built into a temporary directory, or it kills others' processes too.
+func GuardExecutable(path string) error {
+	if !filepath.IsAbs(path) || strings.ContainsAny(path, "'\\ ") {
+		return fmt.Errorf("orphans: %q is not an absolute path without quotes, backslashes or spaces", path)
+	}
+	return watchdog(fmt.Sprintf("pkill -9 -f '^%s( |$)'", path))
+}
+
+// watchdog runs kill, a shell command, once this process is gone.
+func watchdog(kill string) error {
+	script := fmt.Sprintf("while kill -0 %d 2>/dev/null; do sleep 1; done; %s 2>/dev/null; exit 0", os.Getpid(), kill)
 	cmd := exec.Command("sh", "-c", script)
 	// Its own session: a Ctrl-C to the parent's group must not end it
 	// before the parent has stopped.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
@@ -16,6 +17,20 @@ import (
 func TestHelperProcess(t *testing.T) {
 	if os.Getenv("ORPHANS_HELPER") != "1" {
 		return
+	}
+	if exe := os.Getenv("ORPHANS_EXECUTABLE"); exe != "" {
+		// Guarded by its executable, as the chaos tests guard agents
+		// that the managers start.
+		child := exec.Command(exe, "300")
+		if err := child.Start(); err != nil {
+			os.Exit(2)
+		}
+		if err := GuardExecutable(exe); err != nil {
+			os.Exit(4)
+		}
+		os.Stdout.WriteString(strconv.Itoa(child.Process.Pid) + "\n")
+		time.Sleep(time.Minute)
+		os.Exit(5)
 	}
 	child := exec.Command("sleep", "300")
 	if err := child.Start(); err != nil {
@@ -33,8 +48,35 @@ func TestHelperProcess(t *testing.T) {
 }
 
 func TestAKilledParentTakesItsChildrenWithIt(t *testing.T) {
+	killedWithParent(t)
+}
+
+func TestAKilledParentTakesTheProcessesOfItsExecutableWithIt(t *testing.T) {
+	// A copy of sleep of this test's own, so that no other sleep dies.
+	exe := filepath.Join(t.TempDir(), "sleeper")
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(sleep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(exe, raw, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	killedWithParent(t, "ORPHANS_EXECUTABLE="+exe)
+	if err := GuardExecutable("relative/path"); err == nil {
+		t.Error("GuardExecutable accepted a relative path")
+	}
+}
+
+// killedWithParent runs the helper as a parent with env, kills it, and
+// checks that the child it reported dies too.
+func killedWithParent(t *testing.T, env ...string) {
+	t.Helper()
 	parent := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$")
-	parent.Env = append(os.Environ(), "ORPHANS_HELPER=1")
+	parent.Env = append(append(os.Environ(), "ORPHANS_HELPER=1"), env...)
 	out, err := parent.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

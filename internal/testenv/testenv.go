@@ -50,11 +50,13 @@ type Env struct {
 	env *envtest.Environment
 	dir string
 	kcm *controllermanager.Process
-	// apiserver is the kube-apiserver StartAPIServer started, replacing
-	// envtest's; apiserverDone is closed once it exits, nil while stopped.
+	// apiserverArgs is the command line of envtest's kube-apiserver, once
+	// StopAPIServer has killed it; apiserver is the one StartAPIServer
+	// started in its place, and apiserverDone is closed once that exits
+	// (nil while none runs).
+	apiserverArgs []string
 	apiserver     *exec.Cmd
 	apiserverDone chan struct{}
-	apiserverArgs []string
 }
 
 // Options choose what runs beside etcd and kube-apiserver.
@@ -295,40 +297,37 @@ func Build(pkg, out string) error {
 // would do as well, but kube-apiserver drains its watches for up to a
 // minute first.)
 func (e *Env) StopAPIServer() error {
-	if e.apiserver == nil {
-		pids := orphans.Children("kube-apiserver")
-		if len(pids) != 1 {
-			return fmt.Errorf("testenv: found %d kube-apiserver processes, want 1", len(pids))
-		}
-		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pids[0]))
-		if err != nil {
-			return err
-		}
-		e.apiserverArgs = strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
-		proc, err := os.FindProcess(pids[0])
-		if err != nil {
-			return err
-		}
-		// envtest's own goroutine reaps it; wait by polling.
-		if err := proc.Kill(); err != nil {
-			return err
-		}
-		deadline := time.Now().Add(time.Minute)
-		for len(orphans.Children("kube-apiserver")) > 0 {
-			if time.Now().After(deadline) {
-				return errors.New("testenv: kube-apiserver still there a minute after SIGKILL")
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		e.apiserver = &exec.Cmd{} // stopped, by the above
+	if e.apiserverDone != nil {
+		// One StartAPIServer started.
+		_ = e.apiserver.Process.Kill()
+		<-e.apiserverDone
+		e.apiserver, e.apiserverDone = nil, nil
 		return nil
 	}
-	if e.apiserverDone == nil {
+	if e.apiserverArgs != nil {
 		return errors.New("testenv: kube-apiserver is not running")
 	}
-	_ = e.apiserver.Process.Kill()
-	<-e.apiserverDone
-	e.apiserverDone = nil
+	// envtest's: its command line is what StartAPIServer runs again.
+	pids := orphans.Children("kube-apiserver")
+	if len(pids) != 1 {
+		return fmt.Errorf("testenv: found %d kube-apiserver processes, want 1", len(pids))
+	}
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pids[0]))
+	if err != nil {
+		return err
+	}
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+		return err
+	}
+	e.apiserverArgs = strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+	// envtest's own goroutine reaps it; wait by polling.
+	deadline := time.Now().Add(time.Minute)
+	for len(orphans.Children("kube-apiserver")) > 0 {
+		if time.Now().After(deadline) {
+			return errors.New("testenv: kube-apiserver still there a minute after SIGKILL")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	return nil
 }
 
@@ -336,7 +335,7 @@ func (e *Env) StopAPIServer() error {
 // same flags, certificates and port, over the same etcd, and waits until it
 // is ready.
 func (e *Env) StartAPIServer(ctx context.Context) error {
-	if e.apiserver == nil || e.apiserverDone != nil {
+	if e.apiserverArgs == nil || e.apiserverDone != nil {
 		return errors.New("testenv: StartAPIServer without StopAPIServer")
 	}
 	log, err := os.OpenFile(filepath.Join(e.dir, "kube-apiserver.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
@@ -346,10 +345,14 @@ func (e *Env) StartAPIServer(ctx context.Context) error {
 	defer log.Close()
 	cmd := exec.Command(e.apiserverArgs[0], e.apiserverArgs[1:]...)
 	cmd.Stdout, cmd.Stderr = log, log
-	// Dies with the test binary, as envtest's own does through the guard.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("testenv: starting kube-apiserver again: %w", err)
+	}
+	// Killed with the test binary, as envtest's own is.
+	if err := orphans.Guard(cmd.Process.Pid); err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return err
 	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()

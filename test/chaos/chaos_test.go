@@ -56,7 +56,7 @@ func TestKill(t *testing.T) {
 		// a kill (the Lease outlives its holder), so what comes later is
 		// work the kill interrupted.
 		for i, k := range at {
-			if _, ok := r.monitor.firstAfterTime(k.Add(2 * time.Second)); !ok {
+			if _, ok := r.monitor.firstWrite(arrivedAfter(k.Add(2 * time.Second))); !ok {
 				r.note("kill %d struck after the work was done", i+1)
 			} else {
 				r.note("kill %d struck mid-work", i+1)
@@ -135,7 +135,7 @@ func TestFailover(t *testing.T) {
 		r.verify(func(r *run) error { return r.deploymentSettled("v1.37.2") })
 		// Read once the work is done: the new leader writes after it
 		// takes the Lease.
-		if first, ok := r.monitor.firstAfterRV(lease); ok {
+		if first, ok := r.monitor.firstWrite(storedAfter(lease)); ok {
 			r.note("failover (Lease %v, renew deadline %v, retry %v): the Lease changed hands %v after the kill; the new leader's first write came %v after the kill",
 				leaseDuration, renewDeadline, retryPeriod, took.Round(time.Millisecond), first.Sub(killed).Round(time.Millisecond))
 		} else {
@@ -246,7 +246,7 @@ func TestAPIServerRestart(t *testing.T) {
 		back := time.Now()
 		r.note("kube-apiserver was down %v, from %v into the rollout", back.Sub(down).Round(time.Millisecond), down.Sub(began).Round(time.Millisecond))
 		r.verify(func(r *run) error { return r.deploymentSettled("v1.37.2") })
-		if _, ok := r.monitor.firstAfterTime(back); ok {
+		if _, ok := r.monitor.firstWrite(arrivedAfter(back)); ok {
 			r.note("the outage struck mid-work: Machines, sets or the rollout were written after it")
 		} else {
 			r.note("nothing was written after the outage: the rollout had finished before it")

@@ -18,10 +18,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -32,6 +30,7 @@ import (
 
 	"go.uber.org/zap/zapcore"
 
+	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/internal/testenv"
 )
 
@@ -106,7 +105,9 @@ func TestMain(m *testing.M) {
 			if err := testenv.Build("./cmd/machinist", binary); err != nil {
 				return stop, err
 			}
-			if err := guardAgents(); err != nil {
+			// The managers and, above all, the agents, which outlive a
+			// manager on purpose and so would outlive the tests.
+			if err := orphans.GuardExecutable(binary); err != nil {
 				return stop, err
 			}
 			verbs, err = e.StartVerbs()
@@ -160,19 +161,4 @@ func forEachSeed(t *testing.T, run func(t *testing.T, r *run)) {
 		passed++
 	}
 	t.Logf("%s: %d of %d runs passed (seeds %d..%d)", t.Name(), passed, len(all), all[0], all[len(all)-1])
-}
-
-// guardAgents starts a watchdog that, once this test binary is gone
-// (finished, or killed by -timeout), kills every process of the binary
-// built for it: the managers and, above all, the agents, which outlive a
-// manager on purpose and so would outlive the tests.
-func guardAgents() error {
-	script := fmt.Sprintf("while kill -0 %d 2>/dev/null; do sleep 1; done; pkill -9 -f '^%s ' ; exit 0", os.Getpid(), binary)
-	cmd := exec.Command("sh", "-c", script)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("starting the agents' watchdog: %w", err)
-	}
-	go func() { _ = cmd.Wait() }()
-	return nil
 }

@@ -87,9 +87,9 @@ func (rep *replica) supervise(started chan struct{}) {
 		out := &bytes.Buffer{}
 		cmd := exec.Command(binary, rep.args...)
 		w := &lockedWriter{mu: &rep.mu, w: []interface{ Write([]byte) (int, error) }{log, out}}
+		// Killed with the test binary by the watchdog over the binary
+		// (TestMain), never left behind.
 		cmd.Stdout, cmd.Stderr = w, w
-		// Killed with the test binary, never left behind.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		err = cmd.Start()
 		rep.cmd, rep.out, rep.started = cmd, out, time.Now()
 		rep.mu.Unlock()
@@ -170,7 +170,9 @@ func (rep *replica) stop() {
 	select {
 	case <-rep.done:
 	case <-time.After(time.Minute):
-		_ = cmd.Process.Kill()
+		if cmd != nil && cmd.Process != nil {
+			_ = cmd.Process.Kill()
+		}
 		<-rep.done
 	}
 }

@@ -97,8 +97,7 @@ func (m *monitor) watch(ctx context.Context, w client.WithWatch, kind, ns string
 				time.Sleep(200 * time.Millisecond)
 				continue
 			}
-			items, _ := listItems(list)
-			for _, obj := range items {
+			for _, obj := range objects(list) {
 				m.record(kind, watch.Modified, obj, !first)
 			}
 			rv, relist = list.(metav1.ListInterface).GetResourceVersion(), false
@@ -139,18 +138,6 @@ func (m *monitor) watch(ctx context.Context, w client.WithWatch, kind, ns string
 	}
 }
 
-func listItems(list client.ObjectList) ([]client.Object, error) {
-	switch l := list.(type) {
-	case *corev1.NodeList:
-		out := make([]client.Object, len(l.Items))
-		for i := range l.Items {
-			out[i] = &l.Items[i]
-		}
-		return out, nil
-	}
-	return objects(list), nil
-}
-
 func (m *monitor) record(kind string, typ watch.EventType, obj client.Object, gap bool) {
 	rv, err := strconv.ParseUint(obj.GetResourceVersion(), 10, 64)
 	if err != nil {
@@ -186,35 +173,28 @@ func (m *monitor) ordered() []event {
 	return out
 }
 
-// firstAfterRV returns when the first Machine, MachineSet or
-// MachineDeployment version stored after resourceVersion rv arrived.
-func (m *monitor) firstAfterRV(rv string) (time.Time, bool) {
-	after, err := strconv.ParseUint(rv, 10, 64)
-	if err != nil {
-		return time.Time{}, false
-	}
+// firstWrite returns when the first Machine, MachineSet or
+// MachineDeployment version that after accepts arrived: the first write of
+// a controller, for nothing else writes those.
+func (m *monitor) firstWrite(after func(event) bool) (time.Time, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var first time.Time
 	for _, e := range m.events {
-		if e.kind != "Node" && !e.gap && e.rv > after && (first.IsZero() || e.at.Before(first)) {
+		if e.kind != "Node" && !e.gap && after(e) && (first.IsZero() || e.at.Before(first)) {
 			first = e.at
 		}
 	}
 	return first, !first.IsZero()
 }
 
-// firstAfterTime returns when the first Machine, MachineSet or
-// MachineDeployment version arriving after since arrived.
-func (m *monitor) firstAfterTime(since time.Time) (time.Time, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, e := range m.events {
-		if e.kind != "Node" && !e.gap && e.at.After(since) {
-			return e.at, true
-		}
-	}
-	return time.Time{}, false
+// arrivedAfter accepts the versions that arrived after t.
+func arrivedAfter(t time.Time) func(event) bool { return func(e event) bool { return e.at.After(t) } }
+
+// storedAfter accepts the versions etcd stored after resourceVersion rv.
+func storedAfter(rv string) func(event) bool {
+	after, err := strconv.ParseUint(rv, 10, 64)
+	return func(e event) bool { return err == nil && e.rv > after }
 }
 
 // awaitProgress waits until n Machine versions have arrived since since,

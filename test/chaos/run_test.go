@@ -12,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -190,21 +191,13 @@ func poll(timeout time.Duration, f func() error) error {
 	}
 }
 
-// objects lists the items of a typed list as client.Objects.
+// objects lists the items of a list as client.Objects.
 func objects(list client.ObjectList) []client.Object {
-	var out []client.Object
-	switch l := list.(type) {
-	case *machinistv1.MachineDeploymentList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *machinistv1.MachineSetList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *machinistv1.MachineList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
+	items, _ := meta.ExtractList(list)
+	out := make([]client.Object, 0, len(items))
+	for _, item := range items {
+		if obj, ok := item.(client.Object); ok {
+			out = append(out, obj)
 		}
 	}
 	return out

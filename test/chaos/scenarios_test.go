@@ -11,8 +11,6 @@ import (
 	"syscall"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -316,49 +314,19 @@ func (r *run) opsSucceeded() error {
 }
 
 // holdDrains puts a pod on every Node of the run, protected by a
-// PodDisruptionBudget that allows no eviction. No disruption controller
-// runs here, so the run publishes the budget's status itself.
+// PodDisruptionBudget that allows no eviction.
 func (r *run) holdDrains() {
-	ctx := context.Background()
-	labels := map[string]string{"app": pdbName}
+	var nodes []string
 	for _, m := range r.machineList() {
-		r.must(env.Client.Create(ctx, &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: "db-" + m.Name, Labels: labels},
-			Spec: corev1.PodSpec{
-				NodeName:   m.Status.NodeRef.Name,
-				Containers: []corev1.Container{{Name: "db", Image: "registry.invalid/db:1"}},
-			},
-		}))
+		nodes = append(nodes, m.Status.NodeRef.Name)
 	}
-	pdb := &policyv1.PodDisruptionBudget{
-		ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: pdbName},
-		Spec: policyv1.PodDisruptionBudgetSpec{
-			MaxUnavailable: ptr.To(intstr.FromInt32(0)),
-			Selector:       &metav1.LabelSelector{MatchLabels: labels},
-		},
-	}
-	r.must(env.Client.Create(ctx, pdb))
-	r.setBudget(0)
+	r.must(env.HoldDrains(context.Background(), r.ns, pdbName, nodes...))
 }
 
 // relaxDrains lets every pod go.
-func (r *run) relaxDrains() { r.setBudget(100) }
-
-func (r *run) setBudget(allowed int32) {
-	ctx := context.Background()
-	err := poll(time.Minute, func() error {
-		pdb := &policyv1.PodDisruptionBudget{}
-		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: r.ns, Name: pdbName}, pdb); err != nil {
-			return err
-		}
-		pods := int32(6)
-		pdb.Status = policyv1.PodDisruptionBudgetStatus{
-			ObservedGeneration: pdb.Generation, DisruptionsAllowed: allowed, CurrentHealthy: pods, DesiredHealthy: max(pods-allowed, 0), ExpectedPods: pods,
-		}
-		return env.Client.Status().Update(ctx, pdb)
-	})
-	if err != nil {
-		r.t.Errorf("setting the PodDisruptionBudget's status: %v", err)
+func (r *run) relaxDrains() {
+	if err := env.AllowDisruptions(context.Background(), r.ns, pdbName, 100); err != nil {
+		r.t.Errorf("relaxing the PodDisruptionBudget: %v", err)
 	}
 }
 

@@ -215,25 +215,75 @@ func TestAPIServerCommand(t *testing.T) {
 
 // TestManagerWaitsForKubeAPIServer starts `machinist manager` while its
 // kube-apiserver is out of reach, as after an outage that cost the leader
-// its Lease: it must wait, saying so, not exit and be restarted in a loop;
-// and SIGTERM still stops it cleanly.
+// its Lease: it must wait, saying so, alive to its liveness probe and not
+// ready, rather than exit and be restarted in a loop; and once
+// kube-apiserver is back it starts, on the same probe address.
 func TestManagerWaitsForKubeAPIServer(t *testing.T) {
 	g := NewWithT(t)
 	raw, err := os.ReadFile(env.Kubeconfig)
 	g.Expect(err).NotTo(HaveOccurred())
-	// The same credentials, at a port nothing listens on.
-	dead := fmt.Sprintf("https://127.0.0.1:%d", freePort(t))
+	host := strings.TrimSuffix(env.Config.Host, "/")
+	g.Expect(string(raw)).To(ContainSubstring(host))
+	// The same credentials, at a port where nothing listens until the
+	// test forwards it to the real kube-apiserver.
+	port := freePort(t)
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	g.Expect(os.WriteFile(kubeconfig, []byte(strings.ReplaceAll(string(raw), strings.TrimSuffix(env.Config.Host, "/"), dead)), 0o600)).To(Succeed())
-	g.Expect(string(raw)).To(ContainSubstring(strings.TrimSuffix(env.Config.Host, "/")))
+	g.Expect(os.WriteFile(kubeconfig, []byte(strings.ReplaceAll(string(raw), host, fmt.Sprintf("https://127.0.0.1:%d", port))), 0o600)).To(Succeed())
 
+	health := freePort(t)
 	p := machinist(t, "manager", "--kubeconfig", kubeconfig, "--leader-elect", "--leader-election-namespace", "default",
-		"--metrics-bind-address=0", "--health-probe-bind-address=0")
+		"--metrics-bind-address=0", fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", health))
 	g.Eventually(p.output).WithTimeout(30 * time.Second).Should(ContainSubstring("waiting for kube-apiserver to serve machinist.dev/v1alpha1"))
+	probe := func(path string) func() (int, error) {
+		return func() (int, error) {
+			code, _, err := get(fmt.Sprintf("http://127.0.0.1:%d%s", health, path))
+			return code, err
+		}
+	}
+	g.Eventually(probe("/healthz")).Should(Equal(http.StatusOK), "alive while waiting")
+	g.Expect(probe("/readyz")()).To(Equal(http.StatusServiceUnavailable), "not ready while waiting")
 	select {
 	case err := <-p.done:
 		t.Fatalf("the manager exited (%v) while kube-apiserver was out of reach:\n%s", err, p.output())
 	case <-time.After(3 * time.Second):
 	}
+
+	// SIGTERM while waiting is a clean stop (exit 0).
+	stopped := machinist(t, "manager", "--kubeconfig", kubeconfig, "--metrics-bind-address=0", "--health-probe-bind-address=0")
+	g.Eventually(stopped.output).WithTimeout(30 * time.Second).Should(ContainSubstring("waiting for kube-apiserver"))
+	stopped.terminate(t)
+
+	// kube-apiserver comes back.
+	forward(t, fmt.Sprintf("127.0.0.1:%d", port), strings.TrimPrefix(host, "https://"))
+	g.Eventually(p.output).WithTimeout(30 * time.Second).Should(ContainSubstring("kube-apiserver serves machinist.dev/v1alpha1; starting"))
+	g.Eventually(probe("/readyz")).WithTimeout(time.Minute).Should(Equal(http.StatusOK), p.output)
 	p.terminate(t)
+}
+
+// forward relays TCP connections from listen to target until the test ends.
+func forward(t *testing.T, listen, target string) {
+	t.Helper()
+	l, err := net.Listen("tcp", listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	go func() {
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer func() { _ = in.Close() }()
+				out, err := net.Dial("tcp", target)
+				if err != nil {
+					return
+				}
+				defer func() { _ = out.Close() }()
+				go func() { _, _ = io.Copy(out, in) }()
+				_, _ = io.Copy(in, out)
+			}()
+		}
+	}()
 }

@@ -6,12 +6,9 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -88,7 +85,9 @@ func TestSettledFleetWritesNothing(t *testing.T) {
 	// A drain held by a PodDisruptionBudget: a pod on the held Machine's
 	// Node that the budget will not let go.
 	waitFor(t, 30*time.Second, "the held Machine Running", func() bool { return get(t, c, held).Status.Phase == machinistv1.MachineRunning })
-	holdDrain(t, e, ns, get(t, c, held).Status.NodeRef.Name)
+	if err := e.HoldDrains(ctx, ns, "db", get(t, c, held).Status.NodeRef.Name); err != nil {
+		t.Fatal(err)
+	}
 	if err := c.Delete(ctx, held); err != nil {
 		t.Fatal(err)
 	}
@@ -191,41 +190,5 @@ func deployment(ns, name string, replicas int32) *machinistv1.MachineDeployment 
 				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}, Version: "v1.37.2"},
 			},
 		},
-	}
-}
-
-// holdDrain puts a pod on node that a PodDisruptionBudget protects. No
-// disruption controller runs beside this kube-apiserver, so the test
-// publishes the budget's status itself: no disruption allowed.
-func holdDrain(t *testing.T, e *testenv.Env, ns, node string) {
-	t.Helper()
-	ctx := context.Background()
-	c := e.Client
-	labels := map[string]string{"app": "db"}
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "db", Labels: labels},
-		Spec: corev1.PodSpec{
-			NodeName:   node,
-			Containers: []corev1.Container{{Name: "db", Image: "registry.invalid/db:1"}},
-		},
-	}
-	if err := c.Create(ctx, pod); err != nil {
-		t.Fatal(err)
-	}
-	pdb := &policyv1.PodDisruptionBudget{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "db"},
-		Spec: policyv1.PodDisruptionBudgetSpec{
-			MinAvailable: ptr.To(intstr.FromInt32(1)),
-			Selector:     &metav1.LabelSelector{MatchLabels: labels},
-		},
-	}
-	if err := c.Create(ctx, pdb); err != nil {
-		t.Fatal(err)
-	}
-	pdb.Status = policyv1.PodDisruptionBudgetStatus{
-		ObservedGeneration: pdb.Generation, DisruptionsAllowed: 0, CurrentHealthy: 1, DesiredHealthy: 1, ExpectedPods: 1,
-	}
-	if err := c.Status().Update(ctx, pdb); err != nil {
-		t.Fatal(err)
 	}
 }
