@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -224,11 +225,13 @@ func TestManagerWaitsForKubeAPIServer(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	host := strings.TrimSuffix(env.Config.Host, "/")
 	g.Expect(string(raw)).To(ContainSubstring(host))
-	// The same credentials, at a port where nothing listens until the
-	// test forwards it to the real kube-apiserver.
-	port := freePort(t)
+	// The same credentials, through a relay that drops every connection
+	// until the test lets it through to the real kube-apiserver. It holds
+	// its port throughout: a port merely found free could be taken by a
+	// server of another test meanwhile.
+	relay := newRelay(t, strings.TrimPrefix(host, "https://"))
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	g.Expect(os.WriteFile(kubeconfig, []byte(strings.ReplaceAll(string(raw), host, fmt.Sprintf("https://127.0.0.1:%d", port))), 0o600)).To(Succeed())
+	g.Expect(os.WriteFile(kubeconfig, []byte(strings.ReplaceAll(string(raw), host, "https://"+relay.addr)), 0o600)).To(Succeed())
 
 	health := freePort(t)
 	p := machinist(t, "manager", "--kubeconfig", kubeconfig, "--leader-elect", "--leader-election-namespace", "default",
@@ -254,20 +257,26 @@ func TestManagerWaitsForKubeAPIServer(t *testing.T) {
 	stopped.terminate(t)
 
 	// kube-apiserver comes back.
-	forward(t, fmt.Sprintf("127.0.0.1:%d", port), strings.TrimPrefix(host, "https://"))
+	relay.up.Store(true)
 	g.Eventually(p.output).WithTimeout(30 * time.Second).Should(ContainSubstring("kube-apiserver serves machinist.dev/v1alpha1; starting"))
 	g.Eventually(probe("/readyz")).WithTimeout(time.Minute).Should(Equal(http.StatusOK), p.output)
 	p.terminate(t)
 }
 
-// forward relays TCP connections from listen to target until the test ends.
-func forward(t *testing.T, listen, target string) {
+// relay is a TCP relay to target, which drops every connection until up.
+type relay struct {
+	addr string
+	up   atomic.Bool
+}
+
+func newRelay(t *testing.T, target string) *relay {
 	t.Helper()
-	l, err := net.Listen("tcp", listen)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = l.Close() })
+	r := &relay{addr: l.Addr().String()}
 	go func() {
 		for {
 			in, err := l.Accept()
@@ -276,6 +285,9 @@ func forward(t *testing.T, listen, target string) {
 			}
 			go func() {
 				defer func() { _ = in.Close() }()
+				if !r.up.Load() {
+					return
+				}
 				out, err := net.Dial("tcp", target)
 				if err != nil {
 					return
@@ -286,4 +298,5 @@ func forward(t *testing.T, listen, target string) {
 			}()
 		}
 	}()
+	return r
 }
