@@ -6,7 +6,8 @@ package config
 
 import "embed"
 
-// Manifests are the CRDs (crd/bases) and ClusterRoles (rbac) as generated.
+// Manifests are the CRDs (crd/bases) and ClusterRoles (rbac) as generated,
+// and the admission policies (admission).
 //
-//go:embed crd/bases/*.yaml rbac/role.yaml rbac/verbs.yaml rbac/operator.yaml rbac/viewer.yaml
+//go:embed crd/bases/*.yaml rbac/role.yaml rbac/verbs.yaml rbac/operator.yaml rbac/viewer.yaml admission/request.yaml
 var Manifests embed.FS

@@ -66,6 +66,10 @@ type Reconciler struct {
 	// to come back with a new boot ID and Ready before it is Failed. Zero
 	// means 10 minutes.
 	OperationTimeout time.Duration
+	// APIReader reads past the cache; it asks whether the admission
+	// policy that vouches for a request annotation's requester is in
+	// force. Nil believes no requester.
+	APIReader client.Reader
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 
@@ -416,6 +420,12 @@ func (r *Reconciler) reconcileLive(ctx context.Context, s *step) error {
 	}
 	if v, ok := m.Annotations[machinistv1.RequestAnnotation]; ok {
 		if err := r.takeRequest(ctx, s, v); err != nil {
+			return err
+		}
+	} else if _, ok := m.Annotations[machinistv1.RequestedByAnnotation]; ok {
+		// Someone removed a request before it was taken: its requester
+		// must not linger as if a request were waiting.
+		if err := r.ackRequest(ctx, m, ""); err != nil {
 			return err
 		}
 	}

@@ -13,9 +13,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/admission"
 )
 
 // ErrRefused matches (errors.Is) every reason an operation cannot start
@@ -191,21 +193,48 @@ func (r *Reconciler) takeRequest(ctx context.Context, s *step, value string) err
 			machinistv1.RequestAnnotation, value)
 		return r.ackRequest(ctx, m, m.Annotations[machinistv1.LastRequestAnnotation])
 	}
-	op, err := Request(m, typ, nil, machinistv1.SourceAnnotation, "", s.now)
+	op, err := Request(m, typ, nil, machinistv1.SourceAnnotation, r.requester(ctx, m), s.now)
 	if err != nil {
 		s.note(corev1.EventTypeWarning, reasonRefused, "Request", "annotation %s=%s: %v", machinistv1.RequestAnnotation, value, err)
 		return r.ackRequest(ctx, m, m.Annotations[machinistv1.LastRequestAnnotation])
 	}
-	s.note(corev1.EventTypeNormal, reasonRequested, "Request", "%s %s requested by annotation", verbOf(typ), op.ID)
+	by := ""
+	if op.RequestedBy != "" {
+		by = " of " + op.RequestedBy
+	}
+	s.note(corev1.EventTypeNormal, reasonRequested, "Request", "%s %s requested by annotation%s", verbOf(typ), op.ID, by)
 	s.ack = op.ID
 	return nil
 }
 
-// ackRequest removes the request annotation and records which operation
-// it became (empty: none, it was refused).
+// requester is who set the request annotation, as far as it is known: the
+// name in RequestedByAnnotation, which the admission policies of
+// config/admission stamp (or, with only the validating one, check), and
+// only while they are in force. Without them anyone who may patch the
+// Machine could have written any name, so none is believed.
+func (r *Reconciler) requester(ctx context.Context, m *machinistv1.Machine) string {
+	by := m.Annotations[machinistv1.RequestedByAnnotation]
+	if by == "" || r.APIReader == nil {
+		return ""
+	}
+	ok, err := admission.Vouches(ctx, r.APIReader)
+	if err != nil {
+		log.FromContext(ctx).Info("cannot tell whether the request admission policy is in force; the requester is not recorded",
+			"policy", admission.RequestPolicy, "requestedBy", by, "error", err.Error())
+		return ""
+	}
+	if !ok {
+		return ""
+	}
+	return by
+}
+
+// ackRequest removes the request annotation, and who set it, and records
+// which operation it became (empty: none, it was refused).
 func (r *Reconciler) ackRequest(ctx context.Context, m *machinistv1.Machine, opID string) error {
 	status := m.Status.DeepCopy()
 	delete(m.Annotations, machinistv1.RequestAnnotation)
+	delete(m.Annotations, machinistv1.RequestedByAnnotation)
 	if opID != "" {
 		m.Annotations[machinistv1.LastRequestAnnotation] = opID
 	}

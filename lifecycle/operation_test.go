@@ -187,6 +187,23 @@ var _ = Describe("Machine operations", func() {
 		}).Should(Succeed())
 	})
 
+	It("believes no requester annotation while no admission policy vouches for it, and removes it with the request", func(ctx SpecContext) {
+		// This suite installs no admission policy: anyone who may patch
+		// a Machine could write any name.
+		ns := newNamespace(ctx)
+		newClass(ctx, ns, "small", nil)
+		m := runMachine(ctx, newMachine(ns, "f0", "small"))
+		patch := client.MergeFrom(m.DeepCopy())
+		m.Annotations = map[string]string{machinistv1.RequestAnnotation: "reboot", machinistv1.RequestedByAnnotation: "mallory"}
+		Expect(k8s.Patch(ctx, m, patch)).To(Succeed())
+		Eventually(getMachine(ctx, m)).WithTimeout(30 * time.Second).Should(finished(machinistv1.OperationSucceeded))
+		m = getMachine(ctx, m)()
+		Expect(m.Status.Operation.Source).To(Equal(machinistv1.SourceAnnotation))
+		Expect(m.Status.Operation.RequestedBy).To(BeEmpty())
+		Expect(m.Annotations).NotTo(HaveKey(machinistv1.RequestAnnotation))
+		Expect(m.Annotations).NotTo(HaveKey(machinistv1.RequestedByAnnotation))
+	})
+
 	It("refuses a request annotation the Machine's phase does not allow, or that names no verb, and removes it", func(ctx SpecContext) {
 		ns := newNamespace(ctx)
 		newClass(ctx, ns, "stuck", &inmemorySpec{NeverReady: true})

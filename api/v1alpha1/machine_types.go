@@ -104,6 +104,13 @@ const (
 	// removes the request, so a controller that crashed after recording
 	// the operation can tell the request was already taken.
 	LastRequestAnnotation = "machinist.dev/last-request"
+
+	// RequestedByAnnotation names who set RequestAnnotation. The
+	// admission policies in config/admission write it (kube-apiserver
+	// stamps the requester's user name) and refuse any other value, so the
+	// controller can record it as the operation's requestedBy. It is
+	// removed with the request.
+	RequestedByAnnotation = "machinist.dev/requested-by"
 )
 
 // MachineFinalizer keeps a Machine until its instance and Node are gone.

@@ -38,6 +38,7 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/apiserver"
 	"github.com/machinist-dev/machinist/config"
+	"github.com/machinist-dev/machinist/internal/admission"
 	"github.com/machinist-dev/machinist/internal/controllermanager"
 	"github.com/machinist-dev/machinist/internal/manager"
 	"github.com/machinist-dev/machinist/internal/orphans"
@@ -146,6 +147,11 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 	if err := applyClusterRoles(ctx, c); err != nil {
+		return err
+	}
+	// The request annotation is governed like the verbs: only those who
+	// may reboot or repair can ask for it, and their name is recorded.
+	if err := admission.Install(ctx, c); err != nil {
 		return err
 	}
 

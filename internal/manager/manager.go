@@ -169,6 +169,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 		Backoff:          opts.Backoff,
 		DrainPoll:        opts.DrainPoll,
 		OperationTimeout: opts.OperationTimeout,
+		APIReader:        mgr.GetAPIReader(),
 	}
 	if err := machines.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineWorkers, 16), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err

@@ -25,6 +25,11 @@ package rbac
 // +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch
 
+// The Machine controller believes the requester a request annotation
+// names only while the admission policy that vouches for it is bound.
+//
+// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingadmissionpolicies;validatingadmissionpolicybindings,verbs=get
+
 // Events record every lifecycle transition; Leases carry leader election.
 //
 // +kubebuilder:rbac:groups="";events.k8s.io,resources=events,verbs=create;patch

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
@@ -29,7 +30,9 @@ type Controllers struct {
 	// Manager runs the controllers.
 	Manager *manager.Manager
 
-	env    *Env
+	env *Env
+	// config is the manager's; the provider always acts as the admin.
+	config *rest.Config
 	opts   manager.Options
 	cancel context.CancelFunc
 	done   chan error
@@ -46,6 +49,22 @@ type Leases struct {
 // as "inmemory". opts.Actuators and opts.Registry are filled in; metrics go
 // to a private registry so that several managers can run in one process.
 func (e *Env) StartControllers(opts manager.Options, leases Leases) (*Controllers, error) {
+	return e.startControllers(e.Config, opts, leases)
+}
+
+// StartControllersAs is StartControllers with the manager acting as user
+// (through impersonation), so that only what user may do works: run it as
+// the manager's ServiceAccount bound to the machinist-manager ClusterRole
+// to prove that role and the admission policies let the controllers work.
+// The provider's machines still act as the admin, as kubelets would with
+// their own credentials.
+func (e *Env) StartControllersAs(user rest.ImpersonationConfig, opts manager.Options, leases Leases) (*Controllers, error) {
+	cfg := rest.CopyConfig(e.Config)
+	cfg.Impersonate = user
+	return e.startControllers(cfg, opts, leases)
+}
+
+func (e *Env) startControllers(cfg *rest.Config, opts manager.Options, leases Leases) (*Controllers, error) {
 	provider, err := inmemory.New(inmemory.Options{
 		Config: e.Config, LeaseDurationSeconds: leases.DurationSeconds, RenewInterval: leases.RenewInterval,
 	})
@@ -59,7 +78,7 @@ func (e *Env) StartControllers(opts manager.Options, leases Leases) (*Controller
 	}
 	// The manager may be started again in this process (RestartManager).
 	opts.Repeatable = true
-	c := &Controllers{Provider: provider, env: e, opts: opts}
+	c := &Controllers{Provider: provider, env: e, config: cfg, opts: opts}
 	if err := c.startManager(); err != nil {
 		provider.Stop()
 		return nil, err
@@ -70,7 +89,7 @@ func (e *Env) StartControllers(opts manager.Options, leases Leases) (*Controller
 func (c *Controllers) startManager() error {
 	c.opts.Registry = prometheus.NewRegistry()
 	ctx, cancel := context.WithCancel(context.Background())
-	mgr, err := manager.New(ctx, c.env.Config, c.env.Scheme, c.opts)
+	mgr, err := manager.New(ctx, c.config, c.env.Scheme, c.opts)
 	if err != nil {
 		cancel()
 		return err

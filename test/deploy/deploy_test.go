@@ -87,12 +87,16 @@ var wantObjects = []string{
 	"CustomResourceDefinition machinesets.machinist.dev",
 	"Deployment machinist-system/machinist-manager",
 	"Deployment machinist-system/machinist-verbs",
+	"MutatingAdmissionPolicy machinist-request-requester",
+	"MutatingAdmissionPolicyBinding machinist-request-requester",
 	"Namespace machinist-system",
 	"RoleBinding kube-system/machinist-verbs-auth-reader",
 	"Service machinist-system/machinist-manager-metrics",
 	"Service machinist-system/machinist-verbs",
 	"ServiceAccount machinist-system/machinist-manager",
 	"ServiceAccount machinist-system/machinist-verbs",
+	"ValidatingAdmissionPolicy machinist-request",
+	"ValidatingAdmissionPolicyBinding machinist-request",
 }
 
 // wantArgs are the containers' arguments: the contract with the machinist
@@ -266,7 +270,7 @@ func TestAnotherNamespace(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	dir := t.TempDir()
-	for _, sub := range []string{"crd", "crd/bases", "rbac", "manager", "apiservice", "default"} {
+	for _, sub := range []string{"crd", "crd/bases", "rbac", "manager", "apiservice", "admission", "default"} {
 		files, err := filepath.Glob(filepath.Join(env.Root, "config", sub, "*.yaml"))
 		if err != nil || len(files) == 0 {
 			t.Fatalf("no YAML in config/%s: %v", sub, err)
@@ -651,6 +655,16 @@ func TestServiceAccountsMayDoWhatTheyNeed(t *testing.T) {
 		{managerSA, []string{"create", "events.events.k8s.io", "-n", namespace}, true},
 		{managerSA, []string{"patch", verbsAPIService}, false},
 		{managerSA, []string{"create", "tokenreviews.authentication.k8s.io"}, false},
+		// Whether the request annotation's policy is in force, and no more.
+		{managerSA, []string{"get", "validatingadmissionpolicies.admissionregistration.k8s.io/machinist-request"}, true},
+		{managerSA, []string{"get", "validatingadmissionpolicybindings.admissionregistration.k8s.io/machinist-request"}, true},
+		{managerSA, []string{"update", "validatingadmissionpolicybindings.admissionregistration.k8s.io/machinist-request"}, false},
+
+		// People: patch on Machines is not the operator's; what lets them
+		// reboot is the verbs (below), on either path.
+		{operator, []string{"get", "machines.machinist.dev", "-A"}, true},
+		{operator, []string{"patch", "machines.machinist.dev", "-A"}, false},
+		{operator, []string{"patch", "machinedeployments.machinist.dev", "-A"}, true},
 	} {
 		if got := canI(t, ctx, tc.user, tc.args...); got != tc.want {
 			t.Errorf("kubectl auth can-i %s --as=%s: %v, want %v", strings.Join(tc.args, " "), tc.user, got, tc.want)
@@ -668,6 +682,9 @@ func TestServiceAccountsMayDoWhatTheyNeed(t *testing.T) {
 		{operator, subresourcesv1.Reboot, true},
 		{operator, subresourcesv1.Repair, true},
 		{stranger, subresourcesv1.Reboot, false},
+		// The controllers remove the request annotation but never
+		// request: the admission policy lets them through without it.
+		{managerSA, subresourcesv1.Reboot, false},
 	} {
 		review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
 			User:   tc.user,

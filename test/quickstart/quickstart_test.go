@@ -26,6 +26,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -397,6 +398,16 @@ func TestQuickStart(t *testing.T) {
 		g.Expect(c.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: local.SampleHealthCheck}, hc)).To(Succeed())
 		g.Expect(hc.Status).To(And(HaveField("ExpectedMachines", BeEquivalentTo(3)), HaveField("HealthyMachines", BeEquivalentTo(3)),
 			HaveField("RemediationsInFlight", BeEquivalentTo(0))))
+	}).WithTimeout(30 * time.Second).Should(Succeed())
+
+	// machinist run installed the admission policies: a request through
+	// the annotation carries its requester's real name, whatever was
+	// written (a server dry run: admitted as it would be, stored nowhere).
+	g.Eventually(func(g Gomega) {
+		m := &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: killed}}
+		patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"reboot",%q:"mallory"}}}`, machinistv1.RequestAnnotation, machinistv1.RequestedByAnnotation)
+		g.Expect(c.Patch(context.Background(), m, client.RawPatch(types.MergePatchType, []byte(patch)), client.DryRunAll)).To(Succeed())
+		g.Expect(m.Annotations).To(HaveKeyWithValue(machinistv1.RequestedByAnnotation, Not(Or(BeEmpty(), Equal("mallory")))))
 	}).WithTimeout(30 * time.Second).Should(Succeed())
 
 	// Kubernetes' garbage collector runs: deleting the MachineSet deletes

@@ -2,13 +2,16 @@
 // ClusterRole: people who may reboot and repair Machines. The verbs are
 // PUT on subresources, so RBAC sees them as update on machines/reboot and
 // machines/repair in the verbs group.
+//
+// It holds no patch on Machines: the annotation path (machinist.dev/request)
+// is a patch, but the admission policy machinist-request admits it only for
+// a requester with the verb's update, so a role that edits Machines grants
+// the patch and this one the right to reboot or repair.
 package operator
 
 // The verbs, and reading the Machines they act on.
 // +kubebuilder:rbac:groups=subresources.machinist.dev,resources=machines/reboot;machines/repair,verbs=update
 // +kubebuilder:rbac:groups=subresources.machinist.dev,resources=machines,verbs=get
 // +kubebuilder:rbac:groups=machinist.dev,resources=machines;machinesets;machinedeployments;machineclasses;machinehealthchecks,verbs=get;list;watch
-// The annotation path (machinist.dev/request) is a patch of the Machine.
-// +kubebuilder:rbac:groups=machinist.dev,resources=machines,verbs=patch
 // Rollouts: pause, resume and undo change the MachineDeployment.
 // +kubebuilder:rbac:groups=machinist.dev,resources=machinedeployments,verbs=patch;update

@@ -92,6 +92,18 @@ func TestMachine(t *testing.T) {
 		if strings.Contains(r.stdout, "Remediation") {
 			t.Errorf("status of a Machine no health check judged shows a remediation:\n%s", r.stdout)
 		}
+		if strings.Contains(r.stdout, "Request:") {
+			t.Errorf("status of a Machine with no request annotation shows one:\n%s", r.stdout)
+		}
+
+		// A request annotation the controller has not taken yet (they
+		// are stopped), and who made it.
+		annotateMachine(t, key, `{"metadata":{"annotations":{"machinist.dev/request":"repair","machinist.dev/requested-by":"olga"}}}`)
+		r = plugin(ns, "status", "m1")
+		if want := `(?m)^Request:\s+"repair", requested by olga \(annotation machinist.dev/request, not taken yet\)$`; !regexp.MustCompile(want).MatchString(r.stdout) {
+			t.Errorf("status output does not match %s:\n%s", want, r.stdout)
+		}
+		annotateMachine(t, key, `{"metadata":{"annotations":{"machinist.dev/request":null,"machinist.dev/requested-by":null}}}`)
 
 		r = plugin(ns, "status", "machine/m1", "-o", "json")
 		var got machinistv1.Machine
@@ -285,6 +297,15 @@ func setStatus(t *testing.T, key client.ObjectKey, change func(*machinistv1.Mach
 		return env.Client.Status().Update(ctx, m)
 	})
 	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// annotateMachine merge-patches the Machine's metadata with patch.
+func annotateMachine(t *testing.T, key client.ObjectKey, patch string) {
+	t.Helper()
+	m := &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
+	if err := env.Client.Patch(context.Background(), m, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
 		t.Fatal(err)
 	}
 }

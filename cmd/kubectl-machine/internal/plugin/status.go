@@ -24,7 +24,8 @@ func (o *options) statusCommand() *cobra.Command {
 		Use:   "status NAME",
 		Short: "Show a Machine's phase, Node, conditions, operation, remediation and last transition",
 		Long: `Show a Machine's phase, Node, provider ID and boot ID, a summary of its
-conditions, its operation (the verb in progress or the last one finished),
+conditions, a request annotation not yet taken, its operation (the verb in
+progress or the last one finished, and who asked for it),
 where it stands on its MachineHealthCheck's remediation ladder, if one
 ever judged it unhealthy, and the lifecycle's last transition. -o json or
 -o yaml prints the whole Machine instead.
@@ -118,10 +119,26 @@ func describeMachine(w io.Writer, m *machinistv1.Machine, now time.Time) error {
 		}
 	}
 
+	if err := describeRequest(w, m); err != nil {
+		return err
+	}
 	if err := describeOperation(w, st.Operation, now); err != nil {
 		return err
 	}
 	return describeRemediation(w, st.Remediation, now)
+}
+
+// describeRequest prints a request annotation the controller has not
+// taken yet, and who made it: once taken, the operation says so.
+func describeRequest(w io.Writer, m *machinistv1.Machine) error {
+	verb, ok := m.Annotations[machinistv1.RequestAnnotation]
+	if !ok {
+		return nil
+	}
+	tw := newTable(w)
+	field(tw, "Request", fmt.Sprintf("%s, requested by %s (annotation %s, not taken yet)",
+		strconv.Quote(verb), orNone(m.Annotations[machinistv1.RequestedByAnnotation]), machinistv1.RequestAnnotation))
+	return tw.Flush()
 }
 
 func describeOperation(w io.Writer, op *machinistv1.Operation, now time.Time) error {

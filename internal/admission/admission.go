@@ -1,0 +1,86 @@
+// Package admission installs the admission policies of config/admission,
+// which govern the machinist.dev/request annotation like the verbs it
+// stands for: kube-apiserver checks the requester's right to the verb and
+// stamps their name. `machinist run` and the tests install them as
+// `kubectl apply --server-side -k config/default` does in a cluster.
+package admission
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/machinist-dev/machinist/config"
+)
+
+// RequestPolicy names the ValidatingAdmissionPolicy, and its binding, that
+// admits a request annotation only from someone allowed the verb and a
+// requester annotation only with the requester's own name.
+const RequestPolicy = "machinist-request"
+
+// manifest is the file in config that holds the policies and bindings.
+const manifest = "admission/request.yaml"
+
+// Objects decodes the policies and their bindings, in the file's order.
+func Objects() ([]*unstructured.Unstructured, error) {
+	raw, err := config.Manifests.ReadFile(manifest)
+	if err != nil {
+		return nil, err
+	}
+	var out []*unstructured.Unstructured
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
+	for {
+		u := &unstructured.Unstructured{}
+		err := dec.Decode(&u.Object)
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", manifest, err)
+		}
+		if len(u.Object) > 0 {
+			out = append(out, u)
+		}
+	}
+}
+
+// Install creates or updates the policies and bindings with server-side
+// apply. kube-apiserver enforces them a moment later, once its policy
+// informers have seen them.
+func Install(ctx context.Context, c client.Client) error {
+	objs, err := Objects()
+	if err != nil {
+		return err
+	}
+	for _, u := range objs {
+		if err := c.Patch(ctx, u, client.Apply, client.FieldOwner("machinist"), client.ForceOwnership); err != nil {
+			return fmt.Errorf("applying %s %s: %w", u.GetKind(), u.GetName(), err)
+		}
+	}
+	return nil
+}
+
+// Vouches reports whether kube-apiserver enforces RequestPolicy: the
+// policy exists, and so does its binding, which denies what it refuses. Only then does
+// machinist.dev/requested-by name who really set the request; without it,
+// anyone who may patch the Machine could have written any name. It reads
+// the API, not a cache: it is asked once per request.
+func Vouches(ctx context.Context, r client.Reader) (bool, error) {
+	p := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+	if err := r.Get(ctx, client.ObjectKey{Name: RequestPolicy}, p); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	b := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+	if err := r.Get(ctx, client.ObjectKey{Name: RequestPolicy}, b); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	return b.Spec.PolicyName == RequestPolicy && slices.Contains(b.Spec.ValidationActions, admissionregistrationv1.Deny), nil
+}
