@@ -361,10 +361,11 @@ func (a *Agent) heartbeat(ctx context.Context, log logr.Logger, node *corev1.Nod
 			return
 		}
 		wctx, cancel := writeContext(ctx)
-		var err error
-		lease, err = a.ensureLease(wctx, node)
+		created, err := a.ensureLease(wctx, node)
 		cancel()
-		if err != nil {
+		if err == nil {
+			lease = created
+		} else {
 			if ctx.Err() != nil {
 				return
 			}
@@ -453,15 +454,24 @@ func (a *Agent) ensureLease(ctx context.Context, node *corev1.Node) (*coordinati
 	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: a.cfg.NodeName, Namespace: corev1.NamespaceNodeLease}}
 	fill(lease)
 	created, err := leases.Create(ctx, lease, metav1.CreateOptions{})
+	if err == nil {
+		return created, nil
+	}
+	// client-go answers an error with an empty object, not nil: a caller
+	// that kept it would renew a Lease without a name forever.
 	if !apierrors.IsAlreadyExists(err) {
-		return created, err
+		return nil, err
 	}
 	existing, err := leases.Get(ctx, a.cfg.NodeName, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
 	}
 	fill(existing)
-	return leases.Update(ctx, existing, metav1.UpdateOptions{})
+	updated, err := leases.Update(ctx, existing, metav1.UpdateOptions{})
+	if err != nil {
+		return nil, err
+	}
+	return updated, nil
 }
 
 // requestTimeout bounds one write, and so how long a crash can wait for a

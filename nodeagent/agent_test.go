@@ -2,7 +2,11 @@ package nodeagent_test
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"os"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,16 +17,21 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/machinist-dev/machinist/internal/testenv"
 	"github.com/machinist-dev/machinist/nodeagent"
 )
 
-var clientset kubernetes.Interface
+var (
+	clientset kubernetes.Interface
+	config    *rest.Config
+)
 
 func TestMain(m *testing.M) {
 	os.Exit(testenv.Run(m, func(e *testenv.Env) {
 		clientset = kubernetes.NewForConfigOrDie(e.Config)
+		config = e.Config
 	}))
 }
 
@@ -155,6 +164,56 @@ func TestRegistersNodeAndRenewsLeaseUntilCrash(t *testing.T) {
 	}).WithTimeout(4*renew).WithPolling(renew/4).Should(Equal(stopped), "a crashed agent renews nothing")
 	g.Expect(getNode(g, name).ResourceVersion).To(Equal(node.ResourceVersion), "a crashed agent writes no farewell status")
 	g.Expect(time.Since(stopped)).To(BeNumerically(">", 4*renew))
+}
+
+// failFirst fails the first request its match accepts with a 500, as a
+// kube-apiserver that goes away mid-request would, and passes the rest.
+type failFirst struct {
+	next   http.RoundTripper
+	match  func(*http.Request) bool
+	failed atomic.Bool
+}
+
+func (f *failFirst) RoundTrip(r *http.Request) (*http.Response, error) {
+	if f.match(r) && f.failed.CompareAndSwap(false, true) {
+		return &http.Response{
+			StatusCode: http.StatusInternalServerError, Status: "500 Internal Server Error", Request: r,
+			Header: http.Header{"Content-Type": []string{"text/plain"}},
+			Body:   io.NopCloser(strings.NewReader("kube-apiserver is going away")),
+		}, nil
+	}
+	return f.next.RoundTrip(r)
+}
+
+// A Lease whose creation failed once is created on the next try and then
+// renewed: the failed try must not leave the agent renewing a Lease it
+// never got (client-go answers an error with an empty object).
+func TestLeaseCreatedAfterAFailedTry(t *testing.T) {
+	g := NewWithT(t)
+	const name = "lease-retry-1"
+	cfg := rest.CopyConfig(config)
+	fault := &failFirst{match: func(r *http.Request) bool {
+		return r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/namespaces/kube-node-lease/leases")
+	}}
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { fault.next = rt; return fault })
+	flaky, err := kubernetes.NewForConfig(cfg)
+	g.Expect(err).NotTo(HaveOccurred())
+
+	agent := nodeagent.New(nodeagent.Config{
+		Client: flaky, NodeName: name, ProviderID: "test:///" + name, Version: "v1.37.2",
+		RenewInterval: renew, LeaseDurationSeconds: 3,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- agent.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	var first time.Time
+	g.Eventually(func(g Gomega) { first = renewTime(g, name) }).WithTimeout(wait).Should(Succeed())
+	g.Expect(fault.failed.Load()).To(BeTrue(), "the first Lease create was failed")
+	g.Eventually(func(g Gomega) {
+		g.Expect(renewTime(g, name)).To(BeTemporally(">", first))
+	}).WithTimeout(wait).Should(Succeed(), "the lease is renewed")
 }
 
 func TestNeverReady(t *testing.T) {
