@@ -52,15 +52,55 @@ type Actuator interface {
 	// Repair re-images the instance: fresh state, a new boot ID, a Node
 	// registered afresh. It is idempotent on op.ID, like Reboot.
 	Repair(ctx context.Context, providerID string, op Operation) error
+
+	// Update changes the instance in place to run op.Version: it
+	// restarts, and its Node, under the same name and keeping what others
+	// put on it, reports the new version and a new boot ID. It is
+	// idempotent on op.ID, like Reboot. The controller calls it only for a
+	// change InPlace accepts.
+	Update(ctx context.Context, providerID string, op Operation) error
+
+	// InPlace reports whether Update can apply change to an instance of
+	// this provider; a change it cannot apply needs a new instance.
+	InPlace(change Change) bool
 }
 
-// Operation identifies one reboot or repair request, so that providers can
-// carry each out at most once.
+// Operation identifies one reboot, repair or update request, so that
+// providers can carry each out at most once.
 type Operation struct {
 	// ID is the operation's ID from the Machine's status.operation.
 	ID string
 	// Hard asks for a power cycle instead of an orderly restart.
 	Hard bool
+	// Version is the version an Update brings the instance to.
+	Version string
+}
+
+// Change is what differs between what an instance runs and what its
+// Machine asks for; each field set is a kind of change.
+type Change struct {
+	// Version: spec.version, the node (kubelet) version.
+	Version bool
+	// Class: the MachineClass, or what it says (provider, providerSpec).
+	Class bool
+}
+
+// Empty reports whether c changes nothing.
+func (c Change) Empty() bool { return c == Change{} }
+
+// String names the kinds of change, for messages.
+func (c Change) String() string {
+	var kinds []string
+	if c.Version {
+		kinds = append(kinds, "version")
+	}
+	if c.Class {
+		kinds = append(kinds, "machine class")
+	}
+	if len(kinds) == 0 {
+		return "nothing"
+	}
+	return strings.Join(kinds, " and ")
 }
 
 type permanentError struct{ err error }

@@ -511,7 +511,9 @@ func (r *Reconciler) reconcileLive(ctx context.Context, s *step) error {
 		}
 		op := m.Status.Operation
 		if !InFlight(op) {
-			return nil
+			if op = r.updateFor(s, class, node); op == nil {
+				return nil
+			}
 		}
 		if op.State == machinistv1.OperationPending {
 			startOperation(s)
@@ -538,13 +540,13 @@ func (r *Reconciler) reconcileLive(ctx context.Context, s *step) error {
 			}
 			s.after(d.Sub(s.now))
 		}
-		done, err := r.drain(ctx, s, class, verbOf(op.Type)+"ing")
+		done, err := r.drain(ctx, s, class, gerund(verbOf(op.Type)))
 		if err != nil || !done {
 			return err
 		}
 		return r.callProvider(ctx, s, class)
 
-	case machinistv1.MachineRebooting, machinistv1.MachineRepairing:
+	case machinistv1.MachineRebooting, machinistv1.MachineRepairing, machinistv1.MachineUpdating:
 		return r.awaitBoot(ctx, s, class)
 
 	case machinistv1.MachineFailed:
@@ -596,7 +598,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *step) error {
 		fallthrough
 
 	case machinistv1.MachinePending, machinistv1.MachineProvisioning, machinistv1.MachineRebooting,
-		machinistv1.MachineRepairing, machinistv1.MachineFailed:
+		machinistv1.MachineRepairing, machinistv1.MachineUpdating, machinistv1.MachineFailed:
 		if s.fsm.State() != machinistv1.MachineDeleting {
 			if err := s.fire(Delete); err != nil {
 				return err

@@ -54,6 +54,7 @@ type inmemorySpec struct {
 	FailCreate    string          `json:"failCreate,omitempty"`
 	RebootLatency metav1.Duration `json:"rebootLatency,omitempty"`
 	FailReboot    string          `json:"failReboot,omitempty"`
+	FailUpdate    string          `json:"failUpdate,omitempty"`
 }
 
 func newMachine(ns, name, class string) *machinistv1.Machine {
@@ -191,7 +192,7 @@ func machinesByPhase() map[string]float64 {
 // the API server, with a zero for each phase a Machine can be stored in.
 func listedByPhase(ctx context.Context) map[string]float64 {
 	out := map[string]float64{}
-	for _, p := range []string{"Pending", "Provisioning", "Running", "Draining", "Rebooting", "Repairing", "Deleting", "Failed"} {
+	for _, p := range []string{"Pending", "Provisioning", "Running", "Draining", "Rebooting", "Repairing", "Updating", "Deleting", "Failed"} {
 		out[p] = 0
 	}
 	var list machinistv1.MachineList

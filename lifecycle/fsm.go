@@ -31,6 +31,11 @@ const (
 	Repair Event = "repair"
 	// Repaired: the re-imaged Node is Ready with a new boot ID.
 	Repaired Event = "repaired"
+	// Update: the provider is changing the instance in place to the
+	// Machine's spec.version.
+	Update Event = "update"
+	// Updated: the Node reports the new version, a new boot ID and Ready.
+	Updated Event = "updated"
 	// Delete: the instance is being destroyed.
 	Delete Event = "delete"
 	// Deleted: the instance and its Node are gone; the Machine object goes next.
@@ -58,12 +63,14 @@ var Table = statemachine.Table[machinistv1.MachinePhase, Event]{
 		{Event: Rebooted, From: phases(machinistv1.MachineRebooting), To: machinistv1.MachineRunning},
 		{Event: Repair, From: phases(machinistv1.MachineDraining, machinistv1.MachineFailed), To: machinistv1.MachineRepairing},
 		{Event: Repaired, From: phases(machinistv1.MachineRepairing), To: machinistv1.MachineRunning},
+		{Event: Update, From: phases(machinistv1.MachineDraining), To: machinistv1.MachineUpdating},
+		{Event: Updated, From: phases(machinistv1.MachineUpdating), To: machinistv1.MachineRunning},
 		{Event: Delete, From: phases(machinistv1.MachinePending, machinistv1.MachineProvisioning, machinistv1.MachineDraining,
-			machinistv1.MachineRebooting, machinistv1.MachineRepairing, machinistv1.MachineFailed), To: machinistv1.MachineDeleting},
+			machinistv1.MachineRebooting, machinistv1.MachineRepairing, machinistv1.MachineUpdating, machinistv1.MachineFailed), To: machinistv1.MachineDeleting},
 		{Event: Deleted, From: phases(machinistv1.MachineDeleting), To: Gone},
 		{Event: Abort, From: phases(machinistv1.MachineDraining), To: machinistv1.MachineRunning},
 		{Event: Fail, From: phases(machinistv1.MachinePending, machinistv1.MachineProvisioning, machinistv1.MachineRebooting,
-			machinistv1.MachineRepairing), To: machinistv1.MachineFailed},
+			machinistv1.MachineRepairing, machinistv1.MachineUpdating), To: machinistv1.MachineFailed},
 	},
 }
 

@@ -135,11 +135,15 @@ func verbOf(typ machinistv1.OperationType) string {
 		return "reboot"
 	case machinistv1.OperationRepair:
 		return "repair"
+	case machinistv1.OperationUpdate:
+		return "update"
 	}
 	return string(typ)
 }
 
-func pastTense(verb string) string { return verb + "ed" }
+func pastTense(verb string) string { return strings.TrimSuffix(verb, "e") + "ed" }
+
+func gerund(verb string) string { return strings.TrimSuffix(verb, "e") + "ing" }
 
 func joinPhases(ps []machinistv1.MachinePhase) string {
 	out := ""
@@ -170,6 +174,7 @@ const (
 const (
 	FailureRebootTimeout = "RebootTimeout"
 	FailureRepairTimeout = "RepairTimeout"
+	FailureUpdateTimeout = "UpdateTimeout"
 )
 
 // takeRequest turns the request annotation into an operation. The
@@ -245,6 +250,47 @@ func (r *Reconciler) ackRequest(ctx context.Context, m *machinistv1.Machine, opI
 	return err
 }
 
+// updateFor records an Update when the Machine's spec.version is not the
+// version its Node runs, and returns it; nil when there is none to carry
+// out. An Update to this version that failed is not tried again: the
+// Machine keeps running what it runs until someone changes the version
+// again (or replaces it). A provider that cannot change the version in
+// place gets the Update recorded Failed at once, saying so.
+func (r *Reconciler) updateFor(s *step, class *machinistv1.MachineClass, node *corev1.Node) *machinistv1.Operation {
+	m := s.m
+	want := m.Spec.Version
+	if want == "" || node == nil {
+		return nil
+	}
+	have := node.Status.NodeInfo.KubeletVersion
+	if have == "" || have == want {
+		return nil
+	}
+	if last := m.Status.Operation; last != nil && last.Type == machinistv1.OperationUpdate &&
+		last.ToVersion == want && last.State == machinistv1.OperationFailed {
+		return nil
+	}
+	act, why := r.actuatorFor(m, class)
+	if why != nil {
+		// The class or its provider is missing: nothing can be updated
+		// until it is back, and the Running Machine goes on as it is.
+		return nil
+	}
+	op, err := Request(m, machinistv1.OperationUpdate, nil, machinistv1.SourceSpec, "", s.now)
+	if err != nil {
+		return nil
+	}
+	op.FromVersion, op.ToVersion = have, want
+	if !act.InPlace(actuators.Change{Version: true}) {
+		startOperation(s)
+		endOperation(s, machinistv1.OperationFailed, fmt.Sprintf(
+			"provider %q cannot change the version of an instance in place: replace the Machine to run %s", class.Spec.Provider, want))
+		return nil
+	}
+	s.note(corev1.EventTypeNormal, reasonRequested, "Update", "update %s requested: version %s -> %s", op.ID, have, want)
+	return op
+}
+
 // startOperation marks the Machine's pending operation as started.
 func startOperation(s *step) {
 	op := s.m.Status.Operation
@@ -290,10 +336,15 @@ func (r *Reconciler) callProvider(ctx context.Context, s *step, class *machinist
 	}
 	var err error
 	event, doing := Reboot, "rebooting"
-	if op.Type == machinistv1.OperationRepair {
+	switch op.Type {
+	case machinistv1.OperationRepair:
 		event, doing = Repair, "repairing"
 		err = act.Repair(ctx, m.Status.ProviderID, req)
-	} else {
+	case machinistv1.OperationUpdate:
+		event, doing = Update, "updating"
+		req.Version = op.ToVersion
+		err = act.Update(ctx, m.Status.ProviderID, req)
+	default:
 		err = act.Reboot(ctx, m.Status.ProviderID, req)
 	}
 	if actuators.IsPermanent(err) {
@@ -324,6 +375,9 @@ func (r *Reconciler) callProvider(ctx context.Context, s *step, class *machinist
 		m.Status.FailureReason, m.Status.FailureMessage = "", ""
 	}
 	op.Message = fmt.Sprintf("the provider is %s the instance; waiting for its Node to report a new boot ID and Ready", doing)
+	if op.Type == machinistv1.OperationUpdate {
+		op.Message = fmt.Sprintf("the provider is updating the instance to %s; waiting for its Node to report it, a new boot ID and Ready", op.ToVersion)
+	}
 	s.after(r.operationTimeout())
 	if d := deadlineOf(op); !d.IsZero() {
 		s.after(d.Sub(s.now))
@@ -416,8 +470,16 @@ func (r *Reconciler) abort(ctx context.Context, s *step, why string) error {
 func (r *Reconciler) awaitBoot(ctx context.Context, s *step, class *machinistv1.MachineClass) error {
 	m := s.m
 	event, verb, failure := Rebooted, "reboot", FailureRebootTimeout
-	if s.fsm.State() == machinistv1.MachineRepairing {
+	switch s.fsm.State() {
+	case machinistv1.MachineRepairing:
 		event, verb, failure = Repaired, "repair", FailureRepairTimeout
+	case machinistv1.MachineUpdating:
+		event, verb, failure = Updated, "update", FailureUpdateTimeout
+	}
+	// An update is done only once the Node runs the version it asked for.
+	version := ""
+	if op := m.Status.Operation; InFlight(op) && op.Type == machinistv1.OperationUpdate {
+		version = op.ToVersion
 	}
 	node, err := r.nodeFor(ctx, m.Status.ProviderID)
 	if err != nil {
@@ -431,7 +493,7 @@ func (r *Reconciler) awaitBoot(ctx context.Context, s *step, class *machinistv1.
 	}
 	if node != nil {
 		boot := node.Status.NodeInfo.BootID
-		if boot != "" && boot != before {
+		if boot != "" && boot != before && (version == "" || node.Status.NodeInfo.KubeletVersion == version) {
 			h, err := r.nodeHealth(ctx, node, s.now)
 			if err != nil {
 				return err
@@ -446,7 +508,11 @@ func (r *Reconciler) awaitBoot(ctx context.Context, s *step, class *machinistv1.
 				meta.RemoveStatusCondition(&m.Status.Conditions, machinistv1.ConditionDrained)
 				op := m.Status.Operation
 				if InFlight(op) {
-					endOperation(s, machinistv1.OperationSucceeded, fmt.Sprintf("%sed: boot ID %s -> %s", verb, previous, boot))
+					done := fmt.Sprintf("%s: boot ID %s -> %s", pastTense(verb), previous, boot)
+					if version != "" {
+						done = fmt.Sprintf("updated: version %s -> %s, boot ID %s -> %s", op.FromVersion, version, previous, boot)
+					}
+					endOperation(s, machinistv1.OperationSucceeded, done)
 				}
 				// Only what this operation cordoned is uncordoned.
 				return r.applyNodeSpec(ctx, node, m, class, op == nil || drains(op.Type, op.Options))
@@ -457,10 +523,14 @@ func (r *Reconciler) awaitBoot(ctx context.Context, s *step, class *machinistv1.
 		}
 	}
 	deadline := s.enteredAt().Add(r.operationTimeout())
-	msg := fmt.Sprintf("no Ready Node with a new boot ID %s after the provider began the %s", r.operationTimeout(), verb)
+	want := "a new boot ID"
+	if version != "" {
+		want = "version " + version + " and a new boot ID"
+	}
+	msg := fmt.Sprintf("no Ready Node with %s %s after the provider began the %s", want, r.operationTimeout(), verb)
 	if d := deadlineOf(m.Status.Operation); !d.IsZero() && d.Before(deadline) {
 		deadline = d
-		msg = fmt.Sprintf("no Ready Node with a new boot ID %s after the %s began", d.Sub(m.Status.Operation.StartedAt.Time), verb)
+		msg = fmt.Sprintf("no Ready Node with %s %s after the %s began", want, d.Sub(m.Status.Operation.StartedAt.Time), verb)
 	}
 	if !s.now.Before(deadline) {
 		if err := s.failMachine(failure, msg); err != nil {

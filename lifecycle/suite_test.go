@@ -23,6 +23,8 @@ var (
 	k8s      client.Client
 	provider *inmemory.Provider
 	metrics  *lifecycle.Metrics
+	// controllers can be restarted, as a crash would.
+	controllers *testenv.Controllers
 )
 
 // Short leases and timeouts keep the specs fast; they are the only thing
@@ -39,7 +41,6 @@ func TestController(t *testing.T) {
 
 var _ = BeforeSuite(func() {
 	ctrl.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
-	var controllers *testenv.Controllers
 	var stop func() error
 	var err error
 	env, controllers, stop, err = testenv.StartWithControllers(manager.Options{

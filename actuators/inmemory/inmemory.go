@@ -43,6 +43,7 @@ var ErrTransient = errors.New("inmemory: injected transient failure")
 //	  neverReady: true       # Nodes register but never become Ready
 //	  failCreate: "quota exceeded"  # Create fails permanently with this message
 //	  failReboot: "host locked"     # Reboot fails permanently with this message
+//	  failUpdate: "image missing"   # Update fails permanently with this message
 type ProviderSpec struct {
 	// CreateLatency is how long creating a new instance takes.
 	CreateLatency metav1.Duration `json:"createLatency,omitempty"`
@@ -54,13 +55,17 @@ type ProviderSpec struct {
 	// FailCreate, when set, is the message of a permanent error every
 	// Create of a new instance fails with.
 	FailCreate string `json:"failCreate,omitempty"`
-	// RebootLatency is how long a rebooted or repaired machine stays off
-	// before it boots again.
+	// RebootLatency is how long a rebooted, repaired or updated machine
+	// stays off before it boots again.
 	RebootLatency metav1.Duration `json:"rebootLatency,omitempty"`
 	// FailReboot, when set, is the message of a permanent error every
 	// Reboot fails with, as a provider that refuses to restart a machine
 	// would answer; the machine keeps running. Repair is unaffected.
 	FailReboot string `json:"failReboot,omitempty"`
+	// FailUpdate, when set, is the message of a permanent error every
+	// Update fails with, as a provider that has no image for the version
+	// would answer; the machine keeps running the version it has.
+	FailUpdate string `json:"failUpdate,omitempty"`
 }
 
 // ParseProviderSpec decodes raw strictly: unknown fields, trailing data and
@@ -74,7 +79,7 @@ func ParseProviderSpec(raw []byte) (ProviderSpec, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&spec); err != nil {
-		return ProviderSpec{}, fmt.Errorf("inmemory providerSpec: %w (known fields: createLatency, errorRate, neverReady, failCreate, rebootLatency, failReboot)", err)
+		return ProviderSpec{}, fmt.Errorf("inmemory providerSpec: %w (known fields: createLatency, errorRate, neverReady, failCreate, rebootLatency, failReboot, failUpdate)", err)
 	}
 	if dec.More() {
 		return ProviderSpec{}, errors.New("inmemory providerSpec: unexpected data after the JSON object")
@@ -109,6 +114,9 @@ func (s ProviderSpec) over(base ProviderSpec) ProviderSpec {
 	}
 	if s.FailReboot == "" {
 		s.FailReboot = base.FailReboot
+	}
+	if s.FailUpdate == "" {
+		s.FailUpdate = base.FailUpdate
 	}
 	return s
 }
@@ -467,7 +475,7 @@ func (p *Provider) Delete(_ context.Context, providerID string) error {
 // with a new boot ID; the Node keeps what others put on it. A crashed
 // instance comes back. A second call with the same op.ID does nothing.
 func (p *Provider) Reboot(ctx context.Context, providerID string, op actuators.Operation) error {
-	return p.restart(ctx, providerID, op, false)
+	return p.restart(ctx, providerID, op, reboot)
 }
 
 // Repair implements actuators.Actuator: like Reboot, but the machine comes
@@ -475,10 +483,38 @@ func (p *Provider) Reboot(ctx context.Context, providerID string, op actuators.O
 // Node and Lease are deleted and registered again, without the labels and
 // taints others had put on them.
 func (p *Provider) Repair(ctx context.Context, providerID string, op actuators.Operation) error {
-	return p.restart(ctx, providerID, op, true)
+	return p.restart(ctx, providerID, op, repair)
 }
 
-func (p *Provider) restart(ctx context.Context, providerID string, op actuators.Operation, wipe bool) error {
+// Update implements actuators.Actuator: like Reboot, but the machine
+// boots op.Version; its Node keeps its name and what others put on it, and
+// reports the new version. A second call with the same op.ID does nothing.
+func (p *Provider) Update(ctx context.Context, providerID string, op actuators.Operation) error {
+	return p.restart(ctx, providerID, op, update)
+}
+
+// InPlace implements actuators.Actuator: a new version is a restart of
+// the agent, but a machine of another class is another machine.
+func (p *Provider) InPlace(change actuators.Change) bool { return !change.Class }
+
+// restartKind is what a restart does besides powering the machine off and
+// on again.
+type restartKind int
+
+const (
+	reboot restartKind = iota
+	// repair wipes the machine: its Node registers afresh.
+	repair
+	// update boots the operation's version.
+	update
+)
+
+func (k restartKind) String() string {
+	return [...]string{"reboot", "repair", "update"}[k]
+}
+
+func (p *Provider) restart(ctx context.Context, providerID string, op actuators.Operation, kind restartKind) error {
+	wipe := kind == repair
 	if err := p.injectFailure(nil); err != nil {
 		return err
 	}
@@ -488,11 +524,17 @@ func (p *Provider) restart(ctx context.Context, providerID string, op actuators.
 	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if msg := in.faults.FailReboot; msg != "" && !wipe {
+	if msg := in.faults.FailReboot; msg != "" && kind == reboot {
 		return actuators.Permanent(fmt.Errorf("rebooting %s: %s", providerID, msg))
 	}
+	if msg := in.faults.FailUpdate; msg != "" && kind == update {
+		return actuators.Permanent(fmt.Errorf("updating %s to %s: %s", providerID, op.Version, msg))
+	}
+	if kind == update && op.Version == "" {
+		return actuators.Permanent(fmt.Errorf("updating %s: no version to update to", providerID))
+	}
 	if op.ID != "" && in.lastOp == op.ID {
-		return p.loseReply(wipe)
+		return p.loseReply(kind)
 	}
 	in.powerOff()
 	if wipe {
@@ -504,6 +546,10 @@ func (p *Provider) restart(ctx context.Context, providerID string, op actuators.
 		}
 		in.current = nodeagent.New(in.cfg)
 	}
+	if kind == update {
+		in.cfg.Version = op.Version
+		in.current = nodeagent.New(in.cfg)
+	}
 	if latency := in.faults.RebootLatency.Duration; latency > 0 {
 		in.powerOnAfter(latency)
 	} else {
@@ -513,27 +559,23 @@ func (p *Provider) restart(ctx context.Context, providerID string, op actuators.
 		in.lastOp = op.ID
 	}
 	in.restarts++
-	return p.loseReply(wipe)
+	return p.loseReply(kind)
 }
 
-// loseReply fails a Reboot or Repair that was carried out, if
+// loseReply fails a Reboot, Repair or Update that was carried out, if
 // LoseNextReplies asked for it.
-func (p *Provider) loseReply(repair bool) error {
+func (p *Provider) loseReply(kind restartKind) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.loseNext == 0 {
 		return nil
 	}
 	p.loseNext--
-	what := "reboot"
-	if repair {
-		what = "repair"
-	}
-	return fmt.Errorf("%w (LoseNextReplies: the %s was carried out)", ErrTransient, what)
+	return fmt.Errorf("%w (LoseNextReplies: the %s was carried out)", ErrTransient, kind)
 }
 
-// Restarts reports how many reboots and repairs the instance has done;
-// tests use it to prove an operation ran exactly once.
+// Restarts reports how many reboots, repairs and updates the instance has
+// done; tests use it to prove an operation ran exactly once.
 func (p *Provider) Restarts(providerID string) (int, error) {
 	in, err := p.lookup(providerID)
 	if err != nil {

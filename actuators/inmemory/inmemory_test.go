@@ -432,6 +432,44 @@ func TestBrokenStaysNotReadyThroughRebootAndRepair(t *testing.T) {
 	}
 }
 
+func TestUpdateRunsTheNewVersionOnTheSameNode(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p := newProvider(t)
+	g.Expect(p.InPlace(actuators.Change{Version: true})).To(BeTrue())
+	g.Expect(p.InPlace(actuators.Change{Class: true})).To(BeFalse())
+	m, class := machine(t, "update", "m", "")
+	id, err := p.Create(ctx, m, class)
+	g.Expect(err).NotTo(HaveOccurred())
+	var before *corev1.Node
+	g.Eventually(func(g Gomega) {
+		before = nodeFor(g, p, id)
+		g.Expect(readyStatus(before)).To(Equal(corev1.ConditionTrue))
+	}).WithTimeout(wait).Should(Succeed())
+
+	op := actuators.Operation{ID: "update-1", Version: "v1.38.0"}
+	g.Expect(p.Update(ctx, id, op)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		n := nodeFor(g, p, id)
+		g.Expect(n.Status.NodeInfo.BootID).NotTo(Equal(before.Status.NodeInfo.BootID))
+		g.Expect(n.Status.NodeInfo.KubeletVersion).To(Equal("v1.38.0"))
+		g.Expect(readyStatus(n)).To(Equal(corev1.ConditionTrue))
+		g.Expect(n.UID).To(Equal(before.UID), "the same Node")
+	}).WithTimeout(wait).Should(Succeed())
+	g.Expect(p.Update(ctx, id, op)).To(Succeed())
+	g.Expect(p.Restarts(id)).To(Equal(1), "once per operation ID")
+
+	// A provider without an image for the version refuses, permanently,
+	// and the machine runs on.
+	m, class = machine(t, "update-refused", "m", `{"failUpdate":"no image"}`)
+	id, err = p.Create(ctx, m, class)
+	g.Expect(err).NotTo(HaveOccurred())
+	err = p.Update(ctx, id, actuators.Operation{ID: "update-2", Version: "v1.38.0"})
+	g.Expect(actuators.IsPermanent(err)).To(BeTrue())
+	g.Expect(err.Error()).To(ContainSubstring("no image"))
+	g.Expect(p.Restarts(id)).To(Equal(0))
+}
+
 func TestRebootLatencyKeepsTheMachineOff(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()

@@ -146,6 +146,9 @@ type pendingOp struct {
 	Repair bool `json:"repair,omitempty"`
 	// Hard is set when the agent is killed (SIGKILL), not stopped.
 	Hard bool `json:"hard,omitempty"`
+	// Version is set for an update: the agent boots with it, and the
+	// state records it once the operation is done.
+	Version string `json:"version,omitempty"`
 }
 
 // machine is one instance. Its mutex orders power changes, so that racing
@@ -603,6 +606,21 @@ func (p *Provider) Reboot(ctx context.Context, providerID string, op actuators.O
 	return p.restart(ctx, providerID, op, false)
 }
 
+// Update implements actuators.Actuator: like Reboot, but the new agent
+// runs op.Version, so the same Node reports the new kubelet version. It
+// is written ahead like every restart: a provider killed halfway leaves a
+// machine the next one boots with the new version, once.
+func (p *Provider) Update(ctx context.Context, providerID string, op actuators.Operation) error {
+	if op.Version == "" {
+		return actuators.Permanent(fmt.Errorf("process: updating %s: no version to update to", providerID))
+	}
+	return p.restart(ctx, providerID, op, false)
+}
+
+// InPlace implements actuators.Actuator: an agent can be restarted with
+// another version; another class is another machine.
+func (p *Provider) InPlace(change actuators.Change) bool { return !change.Class }
+
 // Repair implements actuators.Actuator: like Reboot, but everything in the
 // machine's directory except the provider's state file is wiped, and its
 // Node and Lease are deleted, so the Node registers afresh without the
@@ -653,7 +671,7 @@ func (p *Provider) restart(ctx context.Context, providerID string, op actuators.
 	}
 	// Write-ahead. A pending operation of another ID was abandoned by its
 	// caller: this one replaces it.
-	pending := &pendingOp{ID: op.ID, Repair: wipe, Hard: op.Hard}
+	pending := &pendingOp{ID: op.ID, Repair: wipe, Hard: op.Hard, Version: op.Version}
 	if m.st.Pending == nil || *m.st.Pending != *pending {
 		next := m.st
 		next.Pending = pending
@@ -713,6 +731,9 @@ func finish(st *state) {
 	if st.Pending.ID != "" {
 		st.LastOperation = st.Pending.ID
 	}
+	if st.Pending.Version != "" {
+		st.Version = st.Pending.Version
+	}
 	st.Restarts++
 	st.Pending = nil
 }
@@ -731,7 +752,13 @@ func (p *Provider) start(m *machine, commit func(*state)) error {
 		return fmt.Errorf("process: starting %s: %w", m.st.ProviderID, err)
 	}
 	defer log.Close() // the agent has its own descriptor
-	cmd := exec.Command(p.opts.AgentBinary, p.agentArgs(m)...)
+	// The state as it will be recorded: an update's agent boots its new
+	// version.
+	next := m.st
+	if commit != nil {
+		commit(&next)
+	}
+	cmd := exec.Command(p.opts.AgentBinary, p.agentArgs(next, m.dir)...)
 	cmd.Dir = m.dir
 	cmd.Stdout, cmd.Stderr = log, log
 	// Its own process group: a Ctrl-C meant for the provider's terminal is
@@ -749,11 +776,7 @@ func (p *Provider) start(m *machine, commit func(*state)) error {
 		close(exit)
 	}()
 	m.proc, m.exit = cmd.Process, exit
-	next := m.st
 	next.PID = cmd.Process.Pid
-	if commit != nil {
-		commit(&next)
-	}
 	if err := writeState(m.dir, next); err != nil {
 		// Not recorded, the agent is not started: the state stays as it
 		// was, naming no running agent.
@@ -765,13 +788,13 @@ func (p *Provider) start(m *machine, commit func(*state)) error {
 
 // agentArgs are the agent's flags, each one argument so that isAgent can
 // recognise the process by its command line.
-func (p *Provider) agentArgs(m *machine) []string {
+func (p *Provider) agentArgs(st state, dir string) []string {
 	args := []string{"agent",
 		"--kubeconfig=" + p.opts.Kubeconfig,
-		"--node-name=" + m.st.NodeName,
-		"--provider-id=" + m.st.ProviderID,
-		"--version=" + m.st.Version,
-		"--boot-id-file=" + filepath.Join(m.dir, bootIDFile),
+		"--node-name=" + st.NodeName,
+		"--provider-id=" + st.ProviderID,
+		"--version=" + st.Version,
+		"--boot-id-file=" + filepath.Join(dir, bootIDFile),
 	}
 	if p.opts.LeaseDurationSeconds > 0 {
 		args = append(args, "--lease-duration-seconds="+strconv.Itoa(int(p.opts.LeaseDurationSeconds)))
@@ -779,9 +802,9 @@ func (p *Provider) agentArgs(m *machine) []string {
 	if p.opts.RenewInterval > 0 {
 		args = append(args, "--renew-interval="+p.opts.RenewInterval.String())
 	}
-	if len(m.st.Capacity) > 0 {
-		pairs := make([]string, 0, len(m.st.Capacity))
-		for name, q := range m.st.Capacity {
+	if len(st.Capacity) > 0 {
+		pairs := make([]string, 0, len(st.Capacity))
+		for name, q := range st.Capacity {
 			pairs = append(pairs, string(name)+"="+q.String())
 		}
 		sort.Strings(pairs)

@@ -266,6 +266,44 @@ func TestRebootIsIdempotentOnOperationID(t *testing.T) {
 	g.Expect(p.BootID(id)).To(Equal(after.Status.NodeInfo.BootID))
 }
 
+func TestUpdateRunsTheNewVersionOnTheSameNode(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p, dir := newProvider(t, "")
+	id, err := p.Create(ctx, machine("update"), nil)
+	g.Expect(err).NotTo(HaveOccurred())
+	before := booted(t, p, id, "")
+	g.Expect(before.Status.NodeInfo.KubeletVersion).To(Equal("v1.37.2"))
+	g.Expect(clientset.CoreV1().Nodes().Patch(ctx, before.Name, types.MergePatchType,
+		[]byte(`{"metadata":{"labels":{"team":"a"}}}`), metav1.PatchOptions{})).Error().NotTo(HaveOccurred())
+	g.Expect(p.InPlace(actuators.Change{Version: true})).To(BeTrue())
+	g.Expect(p.InPlace(actuators.Change{Version: true, Class: true})).To(BeFalse())
+	g.Expect(actuators.IsPermanent(p.Update(ctx, id, actuators.Operation{ID: "no-version"}))).To(BeTrue())
+
+	g.Expect(p.Update(ctx, id, actuators.Operation{ID: "op-1", Version: "v1.38.0"})).To(Succeed())
+	after := booted(t, p, id, before.Status.NodeInfo.BootID)
+	g.Expect(after.Name).To(Equal(before.Name))
+	g.Expect(after.UID).To(Equal(before.UID), "the same Node, not registered afresh")
+	g.Expect(after.Labels).To(HaveKeyWithValue("team", "a"))
+	g.Expect(after.Status.NodeInfo.KubeletVersion).To(Equal("v1.38.0"))
+	g.Expect(p.Restarts(id)).To(Equal(1))
+	st := readStateFile(t, machineDir(t, dir, "update"))
+	g.Expect(st).To(HaveKeyWithValue("version", "v1.38.0"))
+
+	// Exactly once per operation ID.
+	pid, err := p.PID(id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(p.Update(ctx, id, actuators.Operation{ID: "op-1", Version: "v1.38.0"})).To(Succeed())
+	g.Expect(p.Restarts(id)).To(Equal(1))
+	g.Expect(p.PID(id)).To(Equal(pid))
+
+	// A new provider over the same state boots the version it recorded.
+	g.Expect(p.Stop(ctx)).To(Succeed())
+	next, _ := newProvider(t, dir)
+	g.Expect(next.Exists(ctx, id)).To(BeTrue())
+	g.Expect(booted(t, next, id, after.Status.NodeInfo.BootID).Status.NodeInfo.KubeletVersion).To(Equal("v1.38.0"))
+}
+
 func TestRepairWipesAndReRegisters(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
@@ -724,14 +762,16 @@ func TestTakeoverKillsDuplicateAgents(t *testing.T) {
 // operation ID does nothing.
 func TestTakeoverFinishesAPendingOpWhoseHaltHadCompleted(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		repair bool
+		name    string
+		repair  bool
+		version string
 		// deadPID: killed after the agent exited and before halt wrote
 		// PID 0, so the state names an agent that is gone.
 		deadPID bool
 	}{
 		{name: "reboot-dead-pid", deadPID: true},
 		{name: "repair-pid-0", repair: true},
+		{name: "update-pid-0", version: "v1.38.0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := NewWithT(t)
@@ -751,7 +791,7 @@ func TestTakeoverFinishesAPendingOpWhoseHaltHadCompleted(t *testing.T) {
 			junk := filepath.Join(mdir, "scratch")
 			g.Expect(os.WriteFile(junk, []byte("left by the old image"), 0o644)).To(Succeed())
 			crashState(t, mdir, func(st map[string]any) {
-				st["pending"] = map[string]any{"id": "op-1", "repair": tc.repair}
+				st["pending"] = map[string]any{"id": "op-1", "repair": tc.repair, "version": tc.version}
 				if tc.deadPID {
 					st["pid"] = oldPID
 				}
@@ -759,8 +799,11 @@ func TestTakeoverFinishesAPendingOpWhoseHaltHadCompleted(t *testing.T) {
 
 			p, _ := newProvider(t, dir)
 			do := p.Reboot
-			if tc.repair {
+			switch {
+			case tc.repair:
 				do = p.Repair
+			case tc.version != "":
+				do = p.Update
 			}
 			// The first call takes over, which finishes the operation.
 			g.Expect(p.Restarts(id)).To(Equal(1))
@@ -781,11 +824,15 @@ func TestTakeoverFinishesAPendingOpWhoseHaltHadCompleted(t *testing.T) {
 				g.Expect(after.Labels).To(HaveKeyWithValue("team", "a"))
 				g.Expect(junk).To(BeAnExistingFile())
 			}
+			if tc.version != "" {
+				g.Expect(after.Status.NodeInfo.KubeletVersion).To(Equal(tc.version), "the update finished with its version")
+				g.Expect(st).To(HaveKeyWithValue("version", tc.version))
+			}
 
 			// The controller's retry finds it done: one restart, one new
 			// boot.
 			for range 2 {
-				g.Expect(do(ctx, id, actuators.Operation{ID: "op-1"})).To(Succeed())
+				g.Expect(do(ctx, id, actuators.Operation{ID: "op-1", Version: tc.version})).To(Succeed())
 				g.Expect(p.Restarts(id)).To(Equal(1))
 				g.Expect(p.PID(id)).To(Equal(pid))
 				g.Expect(p.BootID(id)).To(Equal(after.Status.NodeInfo.BootID))

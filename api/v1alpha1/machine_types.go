@@ -25,6 +25,10 @@ const (
 	MachineRebooting MachinePhase = "Rebooting"
 	// MachineRepairing: the provider is re-imaging the instance.
 	MachineRepairing MachinePhase = "Repairing"
+	// MachineUpdating: the provider is changing the instance in place to
+	// the Machine's spec (a new version); the Machine and its Node keep
+	// their names.
+	MachineUpdating MachinePhase = "Updating"
 	// MachineDeleting: the provider is destroying the instance.
 	MachineDeleting MachinePhase = "Deleting"
 	// MachineFailed: the Machine cannot make progress without a person.
@@ -49,7 +53,9 @@ type MachineSpec struct {
 	ClassRef ClassReference `json:"classRef"`
 
 	// Version is the node (kubelet) version this Machine runs. Changing it in
-	// a MachineDeployment's template rolls every Machine to the new version.
+	// a MachineDeployment's template rolls every Machine to the new version;
+	// changing it on a Running Machine updates that Machine in place, if its
+	// provider can.
 	// It is v, then major.minor.patch, with an optional pre-release
 	// (v1.38.0-rc.1) and build metadata (v1.37.2+k3s1); empty leaves the
 	// choice to the provider.
@@ -138,7 +144,7 @@ type Transition struct {
 }
 
 // OperationType is a verb carried out on a running Machine.
-// +kubebuilder:validation:Enum=Reboot;Repair
+// +kubebuilder:validation:Enum=Reboot;Repair;Update
 type OperationType string
 
 // The operations a Machine can be asked to perform.
@@ -147,6 +153,9 @@ const (
 	OperationReboot OperationType = "Reboot"
 	// OperationRepair re-images the instance.
 	OperationRepair OperationType = "Repair"
+	// OperationUpdate changes the instance in place to the Machine's
+	// spec.version: the controller records it when the version changes.
+	OperationUpdate OperationType = "Update"
 )
 
 // OperationState is how far an operation has come.
@@ -199,11 +208,22 @@ type Operation struct {
 	// +optional
 	BootID string `json:"bootID,omitempty"`
 	// Source is how the request arrived: API (the verbs server),
-	// Annotation (machinist.dev/request) or HealthCheck (a
-	// MachineHealthCheck's remediation).
-	// +kubebuilder:validation:Enum=API;Annotation;HealthCheck
+	// Annotation (machinist.dev/request), HealthCheck (a
+	// MachineHealthCheck's remediation) or Spec (a change of the Machine's
+	// spec, for an Update).
+	// +kubebuilder:validation:Enum=API;Annotation;HealthCheck;Spec
 	// +optional
 	Source OperationSource `json:"source,omitempty"`
+	// FromVersion is the version the Node ran when an Update was
+	// recorded.
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	FromVersion string `json:"fromVersion,omitempty"`
+	// ToVersion is the version an Update brings the Machine to: its
+	// spec.version then. The Update is done when the Node reports it.
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	ToVersion string `json:"toVersion,omitempty"`
 }
 
 // OperationSource is how an operation was requested.
@@ -218,6 +238,9 @@ const (
 	// SourceHealthCheck: by a MachineHealthCheck's remediation ladder;
 	// RequestedBy names it as machinehealthcheck/<name>.
 	SourceHealthCheck OperationSource = "HealthCheck"
+	// SourceSpec: by the Machine controller, because the Machine's spec
+	// changed (an Update to a new spec.version).
+	SourceSpec OperationSource = "Spec"
 )
 
 // OperationOptions are the options a verb was requested with.

@@ -104,6 +104,10 @@ func (f *flaky) Repair(ctx context.Context, id string, op actuators.Operation) e
 	return f.do(ctx, "repair", func() error { return f.Actuator.Repair(ctx, id, op) })
 }
 
+func (f *flaky) Update(ctx context.Context, id string, op actuators.Operation) error {
+	return f.do(ctx, "update", func() error { return f.Actuator.Update(ctx, id, op) })
+}
+
 // shortBackoff keeps a Machine that failed a few calls in a row from
 // waiting minutes: the faults are meant to be survived, not waited out.
 var shortBackoff = lifecycle.Backoff{Base: 500 * time.Millisecond, Cap: 5 * time.Second}

@@ -121,6 +121,21 @@ func TestMachine(t *testing.T) {
 		if r := plugin(ns, "status", "m1", "-o", "wide"); r.code != ExitError {
 			t.Errorf("-o wide should be a usage error:\n%s", r)
 		}
+
+		// An update shows the versions it goes between.
+		setStatus(t, key, func(st *machinistv1.MachineStatus) {
+			st.Operation = &machinistv1.Operation{
+				Type: machinistv1.OperationUpdate, ID: "update-1", State: machinistv1.OperationRunning, Source: machinistv1.SourceSpec,
+				FromVersion: "v1.37.2", ToVersion: "v1.38.0",
+			}
+		})
+		r = plugin(ns, "status", "m1")
+		for _, want := range []string{`(?m)^\s+Type:\s+Update$`, `(?m)^\s+Source:\s+Spec$`, `(?m)^\s+Version:\s+v1\.37\.2 -> v1\.38\.0$`} {
+			if !regexp.MustCompile(want).MatchString(r.stdout) {
+				t.Errorf("status output does not match %s:\n%s", want, r.stdout)
+			}
+		}
+
 		if r := plugin(ns, "status", "nosuch"); r.code != ExitRefused || !strings.Contains(r.stderr, `"nosuch" not found`) {
 			t.Errorf("status of a missing Machine should exit %d saying so:\n%s", ExitRefused, r)
 		}

@@ -158,6 +158,9 @@ func describeOperation(w io.Writer, op *machinistv1.Operation, now time.Time) er
 	field(tw, "  Completed", when(op.CompletedAt, now))
 	// The boot the operation must see replaced before it is done.
 	field(tw, "  Boot ID at request", orNone(op.BootID))
+	if op.FromVersion != "" || op.ToVersion != "" {
+		field(tw, "  Version", fmt.Sprintf("%s -> %s", orNone(op.FromVersion), orNone(op.ToVersion)))
+	}
 	field(tw, "  Message", orNone(op.Message))
 	field(tw, "  Options", operationOptions(op.Options))
 	return tw.Flush()
