@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -109,7 +110,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err != nil {
 		return reconcile.Result{}, reconcile.TerminalError(fmt.Errorf("invalid selector: %w", err))
 	}
-	owned, err := r.claim(ctx, ms, selector)
+	owned, receiving, err := r.claim(ctx, ms, selector)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -117,32 +118,36 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	// Scale only when the cache has caught up with every earlier write.
 	var scaleErr error
 	if ms.DeletionTimestamp.IsZero() && r.expectations.satisfied(req.NamespacedName) {
-		scaleErr = r.scale(ctx, ms, owned)
+		scaleErr = r.scale(ctx, ms, handedOver(ms, owned), receiving)
 	}
 	res, err := r.updateStatus(ctx, ms, owned, selector)
 	return requeue.Expected(res, errors.Join(scaleErr, err))
 }
 
 // claim returns the Machines ms owns after adopting matching orphans and
-// releasing owned Machines that no longer match.
-func (r *Reconciler) claim(ctx context.Context, ms *machinistv1.MachineSet, selector labels.Selector) ([]*machinistv1.Machine, error) {
+// releasing owned Machines that no longer match, and the Machines another
+// set is handing over to it (ReceivingAnnotation) that it does not own yet.
+func (r *Reconciler) claim(ctx context.Context, ms *machinistv1.MachineSet, selector labels.Selector) (owned, receiving []*machinistv1.Machine, err error) {
+	incoming := names(ms.Annotations[machinistv1.ReceivingAnnotation])
 	// The cache's own objects, not copies: a set of thousands is listed on
 	// every reconcile, and nothing below modifies what it lists.
 	var list machinistv1.MachineList
 	if err := r.Client.List(ctx, &list, client.InNamespace(ms.Namespace), client.UnsafeDisableDeepCopy); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var owned []*machinistv1.Machine
 	for i := range list.Items {
 		m := &list.Items[i]
 		ref := metav1.GetControllerOf(m)
 		matches := selector.Matches(labels.Set(m.Labels))
+		if incoming[m.Name] && (ref == nil || ref.UID != ms.UID) && m.DeletionTimestamp.IsZero() {
+			receiving = append(receiving, m)
+		}
 		switch {
 		case ref != nil && ref.UID == ms.UID && (matches || !m.DeletionTimestamp.IsZero()):
 			owned = append(owned, m)
 		case ref != nil && ref.UID == ms.UID:
 			if err := r.release(ctx, ms, m); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 		case ref == nil && matches && m.DeletionTimestamp.IsZero() && ms.DeletionTimestamp.IsZero():
 			adopted, err := r.adopt(ctx, ms, m)
@@ -150,12 +155,39 @@ func (r *Reconciler) claim(ctx context.Context, ms *machinistv1.MachineSet, sele
 				if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 					continue // changed under us; the next event brings it back
 				}
-				return nil, err
+				return nil, nil, err
 			}
 			owned = append(owned, adopted)
 		}
 	}
-	return owned, nil
+	return owned, receiving, nil
+}
+
+// handedOver is owned without the Machines ms is handing over to another
+// set (ReleasingAnnotation): those are no longer its to count or delete.
+func handedOver(ms *machinistv1.MachineSet, owned []*machinistv1.Machine) []*machinistv1.Machine {
+	leaving := names(ms.Annotations[machinistv1.ReleasingAnnotation])
+	if len(leaving) == 0 {
+		return owned
+	}
+	var out []*machinistv1.Machine
+	for _, m := range owned {
+		if !leaving[m.Name] {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// names parses a comma-separated list of Machine names.
+func names(list string) map[string]bool {
+	out := map[string]bool{}
+	for _, n := range strings.Split(list, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			out[n] = true
+		}
+	}
+	return out
 }
 
 func (r *Reconciler) adopt(ctx context.Context, ms *machinistv1.MachineSet, m *machinistv1.Machine) (*machinistv1.Machine, error) {
@@ -189,10 +221,12 @@ func (r *Reconciler) release(ctx context.Context, ms *machinistv1.MachineSet, m 
 // scale creates or deletes Machines so that ms owns spec.replicas of them.
 // Machines already deleting still count, so the set never holds more
 // Machines than asked for; they are the first chosen on scale-down.
-func (r *Reconciler) scale(ctx context.Context, ms *machinistv1.MachineSet, owned []*machinistv1.Machine) error {
+// Machines being handed over to it (receiving) count too, but it deletes
+// only its own.
+func (r *Reconciler) scale(ctx context.Context, ms *machinistv1.MachineSet, owned, receiving []*machinistv1.Machine) error {
 	key := client.ObjectKeyFromObject(ms)
 	want := int(ptrOr(ms.Spec.Replicas, 1))
-	switch diff := len(owned) - want; {
+	switch diff := len(owned) + len(receiving) - want; {
 	case diff < 0:
 		n := -diff
 		r.expectations.expect(key, n, nil)

@@ -51,6 +51,17 @@ const (
 	// MachineSet was last sized, so that a change of it is noticed and
 	// spread over the sets in proportion.
 	DesiredReplicasAnnotation = "machinist.dev/desired-replicas"
+	// ReleasingAnnotation on a MachineSet lists, comma-separated, the
+	// names of Machines it owns but is handing over to another set: it
+	// neither counts them toward spec.replicas nor deletes them. Written
+	// with the set's lowered replicas in one update, it keeps the set from
+	// replacing a Machine that is leaving it.
+	ReleasingAnnotation = "machinist.dev/releasing"
+	// ReceivingAnnotation on a MachineSet lists, comma-separated, the
+	// names of Machines another set is handing over to it: it counts them
+	// toward spec.replicas before it owns them (never deleting one it does
+	// not own), so that it creates none in their place.
+	ReceivingAnnotation = "machinist.dev/receiving"
 )
 
 // MachineDeploymentStrategy is how a template change is rolled out.
