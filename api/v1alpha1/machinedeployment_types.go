@@ -6,7 +6,7 @@ import (
 )
 
 // StrategyType is how a MachineDeployment replaces old Machines.
-// +kubebuilder:validation:Enum=RollingUpdate;Recreate;OnDelete
+// +kubebuilder:validation:Enum=RollingUpdate;Recreate;OnDelete;InPlace
 type StrategyType string
 
 // The rollout strategies.
@@ -18,6 +18,25 @@ const (
 	RecreateStrategy StrategyType = "Recreate"
 	// OnDeleteStrategy replaces an old Machine only after someone deletes it.
 	OnDeleteStrategy StrategyType = "OnDelete"
+	// InPlaceStrategy updates Machines where they stand, a few at a time,
+	// bounded by inPlace.maxUnavailable: the same Machines and Nodes, a new
+	// version.
+	InPlaceStrategy StrategyType = "InPlace"
+)
+
+// InPlaceFallback is what an InPlace rollout does with a change its
+// provider cannot apply in place.
+// +kubebuilder:validation:Enum=Never;Replace
+type InPlaceFallback string
+
+// The fallbacks of an InPlace rollout.
+const (
+	// FallbackNever replaces nothing: the rollout stops and says why in
+	// its Progressing condition.
+	FallbackNever InPlaceFallback = "Never"
+	// FallbackReplace replaces the Machines as a RollingUpdate with
+	// maxSurge 0 and the in-place maxUnavailable would.
+	FallbackReplace InPlaceFallback = "Replace"
 )
 
 // RolloutPhase is where a MachineDeployment's rollout stands.
@@ -66,8 +85,9 @@ const (
 
 // MachineDeploymentStrategy is how a template change is rolled out.
 // +kubebuilder:validation:XValidation:rule="!has(self.rollingUpdate) || !has(self.type) || self.type == 'RollingUpdate'",message="rollingUpdate may only be set when the strategy type is RollingUpdate"
+// +kubebuilder:validation:XValidation:rule="!has(self.inPlace) || (has(self.type) && self.type == 'InPlace')",message="inPlace may only be set when the strategy type is InPlace"
 type MachineDeploymentStrategy struct {
-	// Type is RollingUpdate, Recreate or OnDelete.
+	// Type is RollingUpdate, Recreate, OnDelete or InPlace.
 	// +kubebuilder:default=RollingUpdate
 	// +optional
 	Type StrategyType `json:"type,omitempty"`
@@ -76,6 +96,30 @@ type MachineDeploymentStrategy struct {
 	// maxUnavailable 0: never fewer Machines than asked for.
 	// +optional
 	RollingUpdate *RollingUpdate `json:"rollingUpdate,omitempty"`
+
+	// InPlace bounds an InPlace rollout. Unset means maxUnavailable 1 and
+	// fallback Never.
+	// +optional
+	InPlace *InPlaceUpdate `json:"inPlace,omitempty"`
+}
+
+// InPlaceUpdate bounds an InPlace rollout.
+type InPlaceUpdate struct {
+	// MaxUnavailable is how many Machines may be unavailable below
+	// spec.replicas while they are updated: a count, 1 or more, or a
+	// percentage of spec.replicas, rounded down but never below one.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 1 : self.matches('^(100|[1-9][0-9]?)%$')",message="maxUnavailable must be a whole number of Machines (1 or more) or a percentage from 1% to 100%: an in-place rollout takes each Machine out of service while it is updated"
+	// +optional
+	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
+
+	// Fallback is what happens to a change the provider cannot apply in
+	// place, such as another MachineClass: Never stops the rollout and says
+	// so in the Progressing condition; Replace replaces the Machines as a
+	// RollingUpdate with maxSurge 0 and this maxUnavailable would.
+	// +kubebuilder:default=Never
+	// +optional
+	Fallback InPlaceFallback `json:"fallback,omitempty"`
 }
 
 // RollingUpdate bounds how far a rollout may stray from spec.replicas.

@@ -48,6 +48,7 @@ const (
 	bothZeroMsg         = "maxSurge and maxUnavailable cannot both be zero: the rollout could never replace a Machine"
 	maxSurgeMsg         = "maxSurge must be a whole number of Machines (0 or more) or a percentage such as 25%"
 	maxUnavailableMsg   = "maxUnavailable must be a whole number of Machines (0 or more) or a percentage from 0% to 100%"
+	inPlaceUnavailMsg   = "maxUnavailable must be a whole number of Machines (1 or more) or a percentage from 1% to 100%: an in-place rollout takes each Machine out of service while it is updated"
 	deadlineMsg         = "progressDeadlineSeconds must be more than zero"
 	deadlineMinReadyMsg = "progressDeadlineSeconds must be greater than minReadySeconds, or every rollout would stall before a new Machine could count as available"
 	templateIDMsg       = "a template cannot set providerID: every Machine made from it gets its own instance"
@@ -460,7 +461,47 @@ var invalidCases = []invalidCase{
 			md.Spec.Strategy = machinistv1.MachineDeploymentStrategy{Type: "BlueGreen"}
 			return md
 		},
-		want: schemaErr(`spec.strategy.type: Unsupported value: "BlueGreen": supported values: "RollingUpdate", "Recreate", "OnDelete"`),
+		want: schemaErr(`spec.strategy.type: Unsupported value: "BlueGreen": supported values: "RollingUpdate", "Recreate", "OnDelete", "InPlace"`),
+	},
+	{
+		name: "MachineDeployment with inPlace under the RollingUpdate strategy",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "inplace-rolling")
+			md.Spec.Strategy.RollingUpdate = nil
+			md.Spec.Strategy.InPlace = &machinistv1.InPlaceUpdate{MaxUnavailable: ptr.To(intstr.FromInt32(2))}
+			return md
+		},
+		want: "spec.strategy: Invalid value: inPlace may only be set when the strategy type is InPlace",
+	},
+	{
+		name: "MachineDeployment with an in-place maxUnavailable of zero",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "inplace-zero")
+			md.Spec.Strategy = machinistv1.MachineDeploymentStrategy{Type: machinistv1.InPlaceStrategy,
+				InPlace: &machinistv1.InPlaceUpdate{MaxUnavailable: ptr.To(intstr.FromInt32(0))}}
+			return md
+		},
+		want: "spec.strategy.inPlace.maxUnavailable: Invalid value: 0: " + inPlaceUnavailMsg,
+	},
+	{
+		name: "MachineDeployment with an in-place maxUnavailable of 0%",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "inplace-zero-percent")
+			md.Spec.Strategy = machinistv1.MachineDeploymentStrategy{Type: machinistv1.InPlaceStrategy,
+				InPlace: &machinistv1.InPlaceUpdate{MaxUnavailable: ptr.To(intstr.FromString("0%"))}}
+			return md
+		},
+		want: `spec.strategy.inPlace.maxUnavailable: Invalid value: "0%": ` + inPlaceUnavailMsg,
+	},
+	{
+		name: "MachineDeployment with an unknown in-place fallback",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "inplace-fallback")
+			md.Spec.Strategy = machinistv1.MachineDeploymentStrategy{Type: machinistv1.InPlaceStrategy,
+				InPlace: &machinistv1.InPlaceUpdate{Fallback: "Sometimes"}}
+			return md
+		},
+		want: schemaErr(`spec.strategy.inPlace.fallback: Unsupported value: "Sometimes": supported values: "Never", "Replace"`),
 	},
 	{
 		name: "MachineDeployment with rollingUpdate under the Recreate strategy",
@@ -1360,6 +1401,17 @@ var validCases = []validCase{
 	{"MachineDeployment with zero replicas", func(ns string) client.Object {
 		md := validMachineDeployment(ns, "idle")
 		md.Spec.Replicas = ptr.To(int32(0))
+		return md
+	}},
+	{"MachineDeployment with the InPlace strategy and its defaults", func(ns string) client.Object {
+		md := validMachineDeployment(ns, "inplace")
+		md.Spec.Strategy = machinistv1.MachineDeploymentStrategy{Type: machinistv1.InPlaceStrategy}
+		return md
+	}},
+	{"MachineDeployment with the InPlace strategy, 100% unavailable and fallback Replace", func(ns string) client.Object {
+		md := validMachineDeployment(ns, "inplace-all")
+		md.Spec.Strategy = machinistv1.MachineDeploymentStrategy{Type: machinistv1.InPlaceStrategy,
+			InPlace: &machinistv1.InPlaceUpdate{MaxUnavailable: ptr.To(intstr.FromString("100%")), Fallback: machinistv1.FallbackReplace}}
 		return md
 	}},
 	{"MachineDeployment with maxSurge 0 and maxUnavailable 1", func(ns string) client.Object {
