@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/internal/requeue"
 	"github.com/machinist-dev/machinist/internal/wake"
@@ -52,6 +53,9 @@ type Reconciler struct {
 	// Transitions counts rollout transitions by from, to and event; nil
 	// counts none.
 	Transitions *prometheus.CounterVec
+	// Actuators say which changes an InPlace rollout can apply in place;
+	// without them none can.
+	Actuators *actuators.Registry
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -173,7 +177,18 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 	if newSet != nil {
 		ordered = append(ordered, newSet)
 	}
-	if err := r.scale(ctx, md, ordered, md.Spec.Paused); err != nil {
+	var mode inPlaceMode
+	if md.Spec.Strategy.Type == machinistv1.InPlaceStrategy && newSet != nil {
+		if mode, err = r.mode(ctx, md, old); err != nil {
+			return reconcile.Result{}, err
+		}
+		if !md.Spec.Paused && !mode.replace && mode.blocked == "" {
+			if err := r.inPlace(ctx, md, newSet, old); err != nil {
+				return reconcile.Result{}, err
+			}
+		}
+	}
+	if err := r.scale(ctx, md, ordered, md.Spec.Paused, mode); err != nil {
 		return reconcile.Result{}, err
 	}
 	if !md.Spec.Paused {
@@ -181,7 +196,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 			return reconcile.Result{}, err
 		}
 	}
-	return r.updateStatus(ctx, md, newSet, old)
+	return r.updateStatus(ctx, md, newSet, old, mode.blocked)
 }
 
 func (r *Reconciler) ownedSets(ctx context.Context, md *machinistv1.MachineDeployment) ([]*machinistv1.MachineSet, error) {
@@ -299,7 +314,7 @@ func ptrOr(p *int32) int32 {
 
 // scale sizes the sets (oldest first, the newest last): in proportion when
 // spec.replicas changed, else, unless paused, by one planner step.
-func (r *Reconciler) scale(ctx context.Context, md *machinistv1.MachineDeployment, ordered []*machinistv1.MachineSet, paused bool) error {
+func (r *Reconciler) scale(ctx context.Context, md *machinistv1.MachineDeployment, ordered []*machinistv1.MachineSet, paused bool, mode inPlaceMode) error {
 	if len(ordered) == 0 {
 		return nil
 	}
@@ -311,6 +326,11 @@ func (r *Reconciler) scale(ctx context.Context, md *machinistv1.MachineDeploymen
 	if err != nil {
 		return reconcile.TerminalError(err)
 	}
+	if mode.replace {
+		// The fallback: what cannot change in place is replaced, within
+		// the in-place bound, without surging.
+		strategy.Type = machinistv1.RollingUpdateStrategy
+	}
 	all := make([]Set, 0, len(ordered))
 	for _, ms := range ordered {
 		all = append(all, *counts[ms.UID])
@@ -319,7 +339,7 @@ func (r *Reconciler) scale(ctx context.Context, md *machinistv1.MachineDeploymen
 	if scalingEvent(md, ordered) {
 		plan = Proportional(replicasOf(md), strategy, all)
 	}
-	if plan == nil && !paused {
+	if plan == nil && !paused && mode.blocked == "" {
 		plan = Next(replicasOf(md), strategy, all[len(all)-1], all[:len(all)-1])
 	}
 	desired := strconv.Itoa(int(replicasOf(md)))
@@ -389,7 +409,7 @@ func (r *Reconciler) pruneHistory(ctx context.Context, md *machinistv1.MachineDe
 
 // updateStatus writes counts, conditions and the rollout phase, firing the
 // rollout table's events to get there.
-func (r *Reconciler) updateStatus(ctx context.Context, md *machinistv1.MachineDeployment, newSet *machinistv1.MachineSet, old []*machinistv1.MachineSet) (reconcile.Result, error) {
+func (r *Reconciler) updateStatus(ctx context.Context, md *machinistv1.MachineDeployment, newSet *machinistv1.MachineSet, old []*machinistv1.MachineSet, blocked string) (reconcile.Result, error) {
 	now := r.now()
 	replicas := replicasOf(md)
 	st := md.Status.DeepCopy()
@@ -461,6 +481,9 @@ func (r *Reconciler) updateStatus(ctx context.Context, md *machinistv1.MachineDe
 	case machinistv1.RolloutStalled:
 		progressing.Status, progressing.Reason = metav1.ConditionFalse, ReasonProgressDeadlineExceeded
 		progressing.Message = fmt.Sprintf("no progress for %s: %s", deadline, progressing.Message)
+	}
+	if blocked != "" && (st.Phase == machinistv1.RolloutProgressing || st.Phase == machinistv1.RolloutStalled) {
+		progressing.Status, progressing.Reason, progressing.Message = metav1.ConditionFalse, reasonInPlaceNotPossible, blocked
 	}
 	meta.SetStatusCondition(&st.Conditions, progressing)
 	strategy, _ := Resolve(md.Spec.Strategy, replicas)

@@ -107,3 +107,32 @@ func NextInPlace(replicas, maxUnavailable int32, newest int, members []Member) I
 	slices.Sort(step.Move)
 	return step
 }
+
+// inPlaceSizes keeps the sets of an in-place rollout summing to replicas:
+// Machines move between sets through the handover, which keeps the sum,
+// so only a change of replicas resizes. More goes to the newest set, whose
+// new Machines are made from the current template; fewer comes from the
+// oldest sets first, whose Machines are still to be updated.
+func inPlaceSizes(replicas int32, newSet Set, old []Set) Plan {
+	total := newSet.Replicas
+	for _, o := range old {
+		total += o.Replicas
+	}
+	plan := Plan{}
+	switch {
+	case total < replicas:
+		plan[newSet.Name] = newSet.Replicas + replicas - total
+	case total > replicas:
+		need := total - replicas
+		for _, o := range old {
+			if take := min(need, o.Replicas); take > 0 {
+				plan[o.Name] = o.Replicas - take
+				need -= take
+			}
+		}
+		if need > 0 {
+			plan[newSet.Name] = newSet.Replicas - need
+		}
+	}
+	return plan
+}

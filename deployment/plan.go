@@ -46,6 +46,15 @@ func Resolve(s machinistv1.MachineDeploymentStrategy, replicas int32) (Strategy,
 	if out.Type == "" {
 		out.Type = machinistv1.RollingUpdateStrategy
 	}
+	if out.Type == machinistv1.InPlaceStrategy {
+		// Machines are updated, not added: nothing surges.
+		n, err := ResolveInPlace(s, replicas)
+		if err != nil {
+			return out, fmt.Errorf("inPlace.maxUnavailable: %w", err)
+		}
+		out.MaxUnavailable = n
+		return out, nil
+	}
 	if out.Type != machinistv1.RollingUpdateStrategy {
 		return out, nil
 	}
@@ -89,6 +98,8 @@ func Next(replicas int32, s Strategy, newSet Set, old []Set) Plan {
 		return recreate(replicas, newSet, old)
 	case machinistv1.OnDeleteStrategy:
 		return onDelete(replicas, newSet, old)
+	case machinistv1.InPlaceStrategy:
+		return inPlaceSizes(replicas, newSet, old)
 	}
 	return rolling(replicas, s, newSet, old)
 }

@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/machinist-dev/machinist/actuators/inmemory"
 	"github.com/machinist-dev/machinist/internal/manager"
 	"github.com/machinist-dev/machinist/internal/testenv"
 )
@@ -18,6 +19,9 @@ import (
 var (
 	env *testenv.Env
 	k8s client.Client
+	// provider counts each machine's restarts: an update carried out once
+	// is one.
+	provider *inmemory.Provider
 )
 
 func TestMachineDeployments(t *testing.T) {
@@ -29,11 +33,12 @@ var _ = BeforeSuite(func() {
 	ctrl.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
 	var stop func() error
 	var err error
-	env, _, stop, err = testenv.StartWithControllers(manager.Options{ProvisionTimeout: 5 * time.Minute},
+	var controllers *testenv.Controllers
+	env, controllers, stop, err = testenv.StartWithControllers(manager.Options{ProvisionTimeout: 5 * time.Minute},
 		testenv.Leases{DurationSeconds: 20, RenewInterval: 5 * time.Second})
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(stop)
-	k8s = env.Client
+	k8s, provider = env.Client, controllers.Provider
 })
 
 // newNamespace creates a namespace with two MachineClasses: "small", and

@@ -189,6 +189,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 		Client:      mgr.GetClient(),
 		Recorder:    mgr.GetEventRecorder("machinist-machinedeployment"),
 		Transitions: rollouts,
+		Actuators:   opts.Actuators,
 	}
 	if err := deployments.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err
