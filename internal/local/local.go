@@ -442,6 +442,11 @@ In another terminal:
   kubectl patch machinedeployment workers --type=merge -p '{"spec":{"template":{"spec":{"version":"v1.37.2"}}}}'
   kubectl machine rollout status md/workers --timeout=5m
 
+  # Upgrade the same Machines in place: the same names and Nodes, a new version
+  kubectl patch machinedeployment workers --type=merge \
+    -p '{"spec":{"strategy":{"type":"InPlace","rollingUpdate":null},"template":{"spec":{"version":"v1.38.0"}}}}'
+  kubectl machine rollout status md/workers --timeout=5m
+
   # Reboot a Machine and wait for its new boot ID
   kubectl machine reboot "$(kubectl get machines -l pool=workers -o name | head -1 | cut -d/ -f2)" --wait
 

@@ -252,6 +252,12 @@ type machineRow struct{ line, name, uid, phase, boot string }
 
 var machineRowRE = regexp.MustCompile(`(?m)^(\S+)\s+([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\s+(\S+)\s+(\S+)[ \t]*$`)
 
+// inPlaceRowRE matches a row of the in-place step's tables: a worker,
+// its Node and its kubelet version.
+var inPlaceRowRE = regexp.MustCompile(`(?m)^(workers-\S+)\s+(workers-\S+)\s+(v\d+\.\d+\.\d+)[ \t]*$`)
+
+func inPlaceRows(out string) [][]string { return inPlaceRowRE.FindAllStringSubmatch(out, -1) }
+
 func machineRows(out string) []machineRow {
 	var rows []machineRow
 	for _, m := range machineRowRE.FindAllStringSubmatch(out, -1) {
@@ -319,6 +325,16 @@ func TestQuickStart(t *testing.T) {
 	}
 	t.Logf("quick start output:\n%s", out.String())
 	g.Expect(out.String()).To(ContainSubstring("successfully rolled out"))
+	// The in-place step: the same Machines on the same Nodes before and
+	// after, from v1.37.2 to v1.38.0.
+	upgraded := inPlaceRows(out.String())
+	g.Expect(upgraded).To(HaveLen(6), "the in-place step's two tables of three workers")
+	for i := range 3 {
+		before, after := upgraded[i], upgraded[i+3]
+		g.Expect(after[1:3]).To(Equal(before[1:3]), "the same Machine and Node")
+		g.Expect(before[3]).To(Equal("v1.37.2"))
+		g.Expect(after[3]).To(Equal("v1.38.0"))
+	}
 	reboot := regexp.MustCompile(`machine/(\S+) rebooted \(boot ID \S+ -> (\S+)\)`).FindStringSubmatch(out.String())
 	g.Expect(reboot).NotTo(BeNil(), "the reboot step's last line")
 
@@ -348,9 +364,9 @@ func TestQuickStart(t *testing.T) {
 	g.Expect(workers).To(HaveLen(3))
 	healed := false
 	for _, m := range workers {
-		g.Expect(m.Spec.Version).To(Equal("v1.37.2"))
+		g.Expect(m.Spec.Version).To(Equal("v1.38.0"))
 		g.Expect(m.Status.Phase).To(Equal(machinistv1.MachineRunning))
-		g.Expect(m.Status.NodeInfo.KubeletVersion).To(Equal("v1.37.2"))
+		g.Expect(m.Status.NodeInfo.KubeletVersion).To(Equal("v1.38.0"))
 		op := m.Status.Operation
 		switch {
 		case m.Name == killed:
