@@ -141,6 +141,15 @@ var _ = Describe("InPlace rollouts", func() {
 			Expect(metav1.GetControllerOf(&m).Name).To(Equal("ip-"+newHash), "owned by the new revision's MachineSet")
 			Expect(provider.Restarts(m.Status.ProviderID)).To(Equal(1), "updated exactly once")
 		}
+		// The hand-over lists are pruned once the Machines have arrived.
+		Eventually(func(g Gomega) {
+			var sets machinistv1.MachineSetList
+			g.Expect(k8s.List(ctx, &sets, client.InNamespace(ns))).To(Succeed())
+			for _, ms := range sets.Items {
+				g.Expect(ms.Annotations).NotTo(HaveKey(machinistv1.ReleasingAnnotation), ms.Name)
+				g.Expect(ms.Annotations).NotTo(HaveKey(machinistv1.ReceivingAnnotation), ms.Name)
+			}
+		}).WithTimeout(30 * time.Second).Should(Succeed())
 	})
 
 	It("undoes an in-place rollout in place: the same Machines back on the old version, handed back to the old revision's set", func(ctx SpecContext) {

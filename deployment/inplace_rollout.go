@@ -162,8 +162,54 @@ func (r *Reconciler) inPlace(ctx context.Context, md *machinistv1.MachineDeploym
 	}
 	if len(step.Move) > 0 {
 		errs = append(errs, r.handOver(ctx, md, newSet, old, byName, step.Move))
+	} else {
+		// Between hand-overs, the lists shed the names of Machines that
+		// have arrived (or are gone), so they stay as short as one step.
+		for _, ms := range sets {
+			errs = append(errs, r.prune(ctx, ms, byName))
+		}
 	}
 	return errors.Join(errs...)
+}
+
+// prune drops from a set's releasing list the Machines it no longer owns,
+// and from its receiving list those it owns or that are gone, in one
+// write, and only if there is any to drop.
+func (r *Reconciler) prune(ctx context.Context, ms *machinistv1.MachineSet, byName map[string]*machinistv1.Machine) error {
+	owns := func(name string) bool {
+		m, ok := byName[name]
+		if !ok {
+			return false
+		}
+		ref := metav1.GetControllerOf(m)
+		return ref != nil && ref.UID == ms.UID
+	}
+	patched := ms.DeepCopy()
+	changed := false
+	for key, keep := range map[string]func(string) bool{
+		machinistv1.ReleasingAnnotation: owns,
+		machinistv1.ReceivingAnnotation: func(n string) bool { _, ok := byName[n]; return ok && !owns(n) },
+	} {
+		names := splitNames(ms.Annotations[key])
+		kept := slices.DeleteFunc(slices.Clone(names), func(n string) bool { return !keep(n) })
+		if len(kept) == len(names) {
+			continue
+		}
+		changed = true
+		if len(kept) == 0 {
+			delete(patched.Annotations, key)
+		} else {
+			patched.Annotations[key] = strings.Join(kept, ",")
+		}
+	}
+	if !changed {
+		return nil
+	}
+	if err := r.Client.Patch(ctx, patched, client.MergeFromWithOptions(ms, client.MergeFromWithOptimisticLock{})); err != nil {
+		return fmt.Errorf("pruning the hand-over lists of MachineSet %s: %w", ms.Name, err)
+	}
+	*ms = *patched
+	return nil
 }
 
 // sameSpec reports whether a Machine's spec is the template's; the
