@@ -102,7 +102,7 @@ func settled(ctx context.Context, md *machinistv1.MachineDeployment, replicas in
 
 var _ = Describe("InPlace rollouts", func() {
 	It("updates every Machine where it stands, never more than maxUnavailable down, each once, and hands it to the new MachineSet", func(ctx SpecContext) {
-		const replicas = 6
+		const replicas = 10
 		ns := newNamespace(ctx)
 		md := newDeployment(ns, "ip", replicas, inPlace(2, ""))
 		f := watchFleet(ctx, ns, replicas)
@@ -137,6 +137,7 @@ var _ = Describe("InPlace rollouts", func() {
 			Expect(m.Status.Operation).NotTo(BeNil())
 			Expect(m.Status.Operation.Type).To(Equal(machinistv1.OperationUpdate))
 			Expect(m.Status.Operation.State).To(Equal(machinistv1.OperationSucceeded))
+			Expect(m.Status.Operation.RequestedBy).To(Equal("machinedeployment/ip"))
 			Expect(m.Labels).To(HaveKeyWithValue(machinistv1.TemplateHashLabel, newHash))
 			Expect(metav1.GetControllerOf(&m).Name).To(Equal("ip-"+newHash), "owned by the new revision's MachineSet")
 			Expect(provider.Restarts(m.Status.ProviderID)).To(Equal(1), "updated exactly once")

@@ -511,7 +511,7 @@ func (r *Reconciler) reconcileLive(ctx context.Context, s *step) error {
 		}
 		op := m.Status.Operation
 		if !InFlight(op) {
-			if op = r.updateFor(s, class, node); op == nil {
+			if op = r.updateFor(ctx, s, class, node); op == nil {
 				return nil
 			}
 		}

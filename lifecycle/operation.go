@@ -8,11 +8,13 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/machinist-dev/machinist/actuators"
@@ -256,7 +258,7 @@ func (r *Reconciler) ackRequest(ctx context.Context, m *machinistv1.Machine, opI
 // Machine keeps running what it runs until someone changes the version
 // again (or replaces it). A provider that cannot change the version in
 // place gets the Update recorded Failed at once, saying so.
-func (r *Reconciler) updateFor(s *step, class *machinistv1.MachineClass, node *corev1.Node) *machinistv1.Operation {
+func (r *Reconciler) updateFor(ctx context.Context, s *step, class *machinistv1.MachineClass, node *corev1.Node) *machinistv1.Operation {
 	m := s.m
 	want := m.Spec.Version
 	if want == "" || node == nil {
@@ -276,7 +278,11 @@ func (r *Reconciler) updateFor(s *step, class *machinistv1.MachineClass, node *c
 		// until it is back, and the Running Machine goes on as it is.
 		return nil
 	}
-	op, err := Request(m, machinistv1.OperationUpdate, nil, machinistv1.SourceSpec, "", s.now)
+	by := r.updater(ctx, m)
+	if by == "" {
+		by = r.versionRequester(ctx, m)
+	}
+	op, err := Request(m, machinistv1.OperationUpdate, nil, machinistv1.SourceSpec, by, s.now)
 	if err != nil {
 		return nil
 	}
@@ -289,6 +295,47 @@ func (r *Reconciler) updateFor(s *step, class *machinistv1.MachineClass, node *c
 	}
 	s.note(corev1.EventTypeNormal, reasonRequested, "Update", "update %s requested: version %s -> %s", op.ID, have, want)
 	return op
+}
+
+// updater names the MachineDeployment whose rollout asked for an update,
+// when the Machine's MachineSet belongs to one whose template asks for
+// exactly the Machine's spec; "" otherwise (a change by hand).
+func (r *Reconciler) updater(ctx context.Context, m *machinistv1.Machine) string {
+	ref := metav1.GetControllerOf(m)
+	if ref == nil || ref.Kind != "MachineSet" {
+		return ""
+	}
+	ms := &machinistv1.MachineSet{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: ref.Name}, ms); err != nil {
+		return ""
+	}
+	ref = metav1.GetControllerOf(ms)
+	if ref == nil || ref.Kind != "MachineDeployment" {
+		return ""
+	}
+	md := &machinistv1.MachineDeployment{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: ref.Name}, md); err != nil {
+		return ""
+	}
+	want := md.Spec.Template.Spec
+	want.ProviderID = m.Spec.ProviderID
+	if !equality.Semantic.DeepEqual(m.Spec, want) {
+		return ""
+	}
+	return "machinedeployment/" + md.Name
+}
+
+// versionRequester is who changed the Machine's spec.version, as the
+// admission policies record it, and only while they are enforced.
+func (r *Reconciler) versionRequester(ctx context.Context, m *machinistv1.Machine) string {
+	by := m.Annotations[machinistv1.VersionRequestedByAnnotation]
+	if by == "" || r.APIReader == nil {
+		return ""
+	}
+	if ok, err := admission.VouchesForVersion(ctx, r.APIReader); err != nil || !ok {
+		return ""
+	}
+	return by
 }
 
 // startOperation marks the Machine's pending operation as started.

@@ -35,6 +35,7 @@ var _ = Describe("In-place updates", func() {
 		op := m.Status.Operation
 		Expect(op.Type).To(Equal(machinistv1.OperationUpdate))
 		Expect(op.Source).To(Equal(machinistv1.SourceSpec))
+		Expect(op.RequestedBy).To(BeEmpty(), "a version changed by hand names no one")
 		Expect(op.FromVersion).To(Equal("v1.37.2"))
 		Expect(op.ToVersion).To(Equal("v1.38.0"))
 		Expect(op.Message).To(ContainSubstring("v1.37.2 -> v1.38.0"))

@@ -117,6 +117,12 @@ const (
 	// controller can record it as the operation's requestedBy. It is
 	// removed with the request.
 	RequestedByAnnotation = "machinist.dev/requested-by"
+
+	// VersionRequestedByAnnotation names who last changed spec.version,
+	// which updates the Machine in place. The admission policies in
+	// config/admission write it and refuse any other value; the controller
+	// records it as the Update's requestedBy.
+	VersionRequestedByAnnotation = "machinist.dev/version-requested-by"
 )
 
 // MachineFinalizer keeps a Machine until its instance and Node are gone.

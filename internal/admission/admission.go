@@ -26,6 +26,10 @@ import (
 // requester annotation only with the requester's own name.
 const RequestPolicy = "machinist-request"
 
+// VersionPolicy names the ValidatingAdmissionPolicy, and its binding, that
+// lets machinist.dev/version-requested-by hold only the requester's name.
+const VersionPolicy = "machinist-version-requester"
+
 // manifest is the file in config that holds the policies and bindings.
 const manifest = "admission/request.yaml"
 
@@ -74,13 +78,26 @@ func Install(ctx context.Context, c client.Client) error {
 // anyone who may patch the Machine could have written any name. It reads
 // the API, not a cache: it is asked once per request.
 func Vouches(ctx context.Context, r client.Reader) (bool, error) {
+	return enforced(ctx, r, RequestPolicy)
+}
+
+// VouchesForVersion is Vouches for VersionPolicy: only while it is
+// enforced does machinist.dev/version-requested-by name who really
+// changed the version.
+func VouchesForVersion(ctx context.Context, r client.Reader) (bool, error) {
+	return enforced(ctx, r, VersionPolicy)
+}
+
+// enforced reports whether the validating policy name and its binding of
+// the same name exist, and the binding denies what the policy refuses.
+func enforced(ctx context.Context, r client.Reader, name string) (bool, error) {
 	p := &admissionregistrationv1.ValidatingAdmissionPolicy{}
-	if err := r.Get(ctx, client.ObjectKey{Name: RequestPolicy}, p); err != nil {
+	if err := r.Get(ctx, client.ObjectKey{Name: name}, p); err != nil {
 		return false, client.IgnoreNotFound(err)
 	}
 	b := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
-	if err := r.Get(ctx, client.ObjectKey{Name: RequestPolicy}, b); err != nil {
+	if err := r.Get(ctx, client.ObjectKey{Name: name}, b); err != nil {
 		return false, client.IgnoreNotFound(err)
 	}
-	return b.Spec.PolicyName == RequestPolicy && slices.Contains(b.Spec.ValidationActions, admissionregistrationv1.Deny), nil
+	return b.Spec.PolicyName == name && slices.Contains(b.Spec.ValidationActions, admissionregistrationv1.Deny), nil
 }

@@ -302,3 +302,35 @@ func TestWithoutTheMutatingPolicy(t *testing.T) {
 		t.Errorf("a request naming no one recorded requestedBy %q", by)
 	}
 }
+
+// TestVersionChangeNamesItsRequester: changing a Machine's spec.version
+// updates it in place, and kube-apiserver records who changed it; a name
+// written by hand is refused.
+func TestVersionChangeNamesItsRequester(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ns := newNamespace(t, ctx)
+	m := runningMachine(t, ctx, ns, "m1")
+	key := client.ObjectKeyFromObject(m)
+
+	name := olga
+	_, err := annotate(ctx, pat, key, map[string]*string{machinistv1.VersionRequestedByAnnotation: &name})
+	if want := `machinist.dev/version-requested-by may only hold your own user name ("pat"), not "olga"`; !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), want) {
+		t.Errorf("pat naming olga as the version's requester: %v, want Forbidden saying %q", err, want)
+	}
+
+	patched := &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "m1"}}
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}},"spec":{"version":"v1.38.0"}}`, machinistv1.VersionRequestedByAnnotation, mallory)
+	if err := as(pat).Patch(ctx, patched, client.RawPatch("application/merge-patch+json", []byte(patch))); err != nil {
+		t.Fatalf("pat's change of the version: %v", err)
+	}
+	if by := patched.Annotations[machinistv1.VersionRequestedByAnnotation]; by != pat {
+		t.Errorf("pat's change of the version, naming mallory, was stored with %s=%q, want %q", machinistv1.VersionRequestedByAnnotation, by, pat)
+	}
+	done := await(t, ctx, m, "updated", func(m *machinistv1.Machine) bool {
+		return succeeded(m) && m.Status.Operation.Type == machinistv1.OperationUpdate
+	})
+	if op := done.Status.Operation; op.RequestedBy != pat || op.ToVersion != "v1.38.0" {
+		t.Errorf("update %s to %s requested by %q, want v1.38.0 requested by %q", op.ID, op.ToVersion, op.RequestedBy, pat)
+	}
+}

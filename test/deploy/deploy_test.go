@@ -88,7 +88,9 @@ var wantObjects = []string{
 	"Deployment machinist-system/machinist-manager",
 	"Deployment machinist-system/machinist-verbs",
 	"MutatingAdmissionPolicy machinist-request-requester",
+	"MutatingAdmissionPolicy machinist-version-requester",
 	"MutatingAdmissionPolicyBinding machinist-request-requester",
+	"MutatingAdmissionPolicyBinding machinist-version-requester",
 	"Namespace machinist-system",
 	"RoleBinding kube-system/machinist-verbs-auth-reader",
 	"Service machinist-system/machinist-manager-metrics",
@@ -96,7 +98,9 @@ var wantObjects = []string{
 	"ServiceAccount machinist-system/machinist-manager",
 	"ServiceAccount machinist-system/machinist-verbs",
 	"ValidatingAdmissionPolicy machinist-request",
+	"ValidatingAdmissionPolicy machinist-version-requester",
 	"ValidatingAdmissionPolicyBinding machinist-request",
+	"ValidatingAdmissionPolicyBinding machinist-version-requester",
 }
 
 // wantArgs are the containers' arguments: the contract with the machinist
