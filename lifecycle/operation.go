@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -509,7 +510,11 @@ func (r *Reconciler) abort(ctx context.Context, s *step, why string) error {
 	if err != nil || node == nil {
 		return err
 	}
-	return r.uncordon(ctx, node)
+	// Not r.uncordon: the drain may have cordoned the Node in this very
+	// reconcile, and the cached Node, not showing it yet, would make
+	// uncordoning look needless. A patch that changes nothing writes
+	// nothing.
+	return r.Client.Patch(ctx, node, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"unschedulable":null}}`)))
 }
 
 // awaitBoot moves a rebooting or repairing Machine back to Running once its
