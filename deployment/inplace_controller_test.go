@@ -116,10 +116,7 @@ var _ = Describe("InPlace rollouts", func() {
 		}
 		f.reset()
 
-		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(md), md)).To(Succeed())
-		patch := client.MergeFrom(md.DeepCopy())
-		md.Spec.Template.Spec.Version = "v1.38.0"
-		Expect(k8s.Patch(ctx, md, patch)).To(Succeed())
+		setTemplateVersion(ctx, md, "v1.38.0")
 		Eventually(settled(ctx, md, replicas)).WithTimeout(2 * time.Minute).Should(Succeed())
 
 		Expect(f.maxUnavailable()).To(BeNumerically("<=", 2), "more Machines down at once than maxUnavailable")
@@ -278,10 +275,7 @@ var _ = Describe("InPlace rollouts", func() {
 		Expect(k8s.List(ctx, &list, client.InNamespace(ns))).To(Succeed())
 		Expect(list.Items).To(HaveLen(3))
 
-		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(md), md)).To(Succeed())
-		patch := client.MergeFrom(md.DeepCopy())
-		md.Spec.Template.Spec.ClassRef.Name = "big"
-		Expect(k8s.Patch(ctx, md, patch)).To(Succeed())
+		setTemplateClass(ctx, md, "big")
 		Eventually(func(g Gomega) {
 			got := &machinistv1.MachineDeployment{}
 			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(md), got)).To(Succeed())
@@ -310,10 +304,7 @@ var _ = Describe("InPlace rollouts", func() {
 		Expect(k8s.Create(ctx, md)).To(Succeed())
 		Eventually(settled(ctx, md, 3)).WithTimeout(time.Minute).Should(Succeed())
 		f.reset()
-		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(md), md)).To(Succeed())
-		patch := client.MergeFrom(md.DeepCopy())
-		md.Spec.Template.Spec.ClassRef.Name = "big"
-		Expect(k8s.Patch(ctx, md, patch)).To(Succeed())
+		setTemplateClass(ctx, md, "big")
 		Eventually(settled(ctx, md, 3)).WithTimeout(2 * time.Minute).Should(Succeed())
 		var list machinistv1.MachineList
 		Expect(k8s.List(ctx, &list, client.InNamespace(ns))).To(Succeed())
@@ -326,20 +317,28 @@ var _ = Describe("InPlace rollouts", func() {
 	})
 })
 
-func setTemplateVersion(ctx context.Context, md *machinistv1.MachineDeployment, version string) {
+// patchDeployment changes md as a person would with kubectl patch.
+func patchDeployment(ctx context.Context, md *machinistv1.MachineDeployment, change func(*machinistv1.MachineDeployment)) {
 	GinkgoHelper()
 	Expect(k8s.Get(ctx, client.ObjectKeyFromObject(md), md)).To(Succeed())
 	patch := client.MergeFrom(md.DeepCopy())
-	md.Spec.Template.Spec.Version = version
+	change(md)
 	Expect(k8s.Patch(ctx, md, patch)).To(Succeed())
+}
+
+func setTemplateVersion(ctx context.Context, md *machinistv1.MachineDeployment, version string) {
+	GinkgoHelper()
+	patchDeployment(ctx, md, func(md *machinistv1.MachineDeployment) { md.Spec.Template.Spec.Version = version })
+}
+
+func setTemplateClass(ctx context.Context, md *machinistv1.MachineDeployment, class string) {
+	GinkgoHelper()
+	patchDeployment(ctx, md, func(md *machinistv1.MachineDeployment) { md.Spec.Template.Spec.ClassRef.Name = class })
 }
 
 func setPaused(ctx context.Context, md *machinistv1.MachineDeployment, paused bool) {
 	GinkgoHelper()
-	Expect(k8s.Get(ctx, client.ObjectKeyFromObject(md), md)).To(Succeed())
-	patch := client.MergeFrom(md.DeepCopy())
-	md.Spec.Paused = paused
-	Expect(k8s.Patch(ctx, md, patch)).To(Succeed())
+	patchDeployment(ctx, md, func(md *machinistv1.MachineDeployment) { md.Spec.Paused = paused })
 }
 
 func keys(m map[types.UID]machinistv1.Machine) []types.UID {

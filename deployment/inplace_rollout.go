@@ -113,8 +113,11 @@ func (r *Reconciler) inPlace(ctx context.Context, md *machinistv1.MachineDeploym
 	for i, ms := range sets {
 		index[string(ms.UID)] = i
 	}
+	// The cache's own objects, as counts lists them: this runs on every
+	// reconcile of the deployment, and whatever is written below is
+	// written from a copy.
 	var list machinistv1.MachineList
-	if err := r.Client.List(ctx, &list, client.InNamespace(md.Namespace)); err != nil {
+	if err := r.Client.List(ctx, &list, client.InNamespace(md.Namespace), client.UnsafeDisableDeepCopy); err != nil {
 		return err
 	}
 	now := r.now()

@@ -42,12 +42,20 @@ func setPatch(ctx context.Context, ms *machinistv1.MachineSet, replicas int32, k
 	Expect(k8s.Patch(ctx, ms, patch)).To(Succeed())
 }
 
+// twoSets makes, in a new namespace, the set "from" of n Machines and the
+// empty set "to".
+func twoSets(ctx context.Context, n int32) (string, *machinistv1.MachineSet, *machinistv1.MachineSet) {
+	GinkgoHelper()
+	ns := newNamespace(ctx)
+	from, to := newSet(ns, "from", n, machinistv1.DeleteOldest), newSet(ns, "to", 0, machinistv1.DeleteOldest)
+	Expect(k8s.Create(ctx, from)).To(Succeed())
+	Expect(k8s.Create(ctx, to)).To(Succeed())
+	return ns, from, to
+}
+
 var _ = Describe("Handing a Machine over to another MachineSet", func() {
 	It("moves a Machine between sets with no Machine created or deleted at any step", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
-		from, to := newSet(ns, "from", 3, machinistv1.DeleteOldest), newSet(ns, "to", 0, machinistv1.DeleteOldest)
-		Expect(k8s.Create(ctx, from)).To(Succeed())
-		Expect(k8s.Create(ctx, to)).To(Succeed())
+		ns, from, to := twoSets(ctx, 3)
 		moving := waitRunning(ctx, ns, 3)[0]
 		before := uids(ctx, ns)
 		unchanged := func(what string) {
@@ -96,10 +104,7 @@ var _ = Describe("Handing a Machine over to another MachineSet", func() {
 	})
 
 	It("still replaces a Machine it was to receive that is deleted before it arrives", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
-		from, to := newSet(ns, "from", 2, machinistv1.DeleteOldest), newSet(ns, "to", 0, machinistv1.DeleteOldest)
-		Expect(k8s.Create(ctx, from)).To(Succeed())
-		Expect(k8s.Create(ctx, to)).To(Succeed())
+		ns, from, to := twoSets(ctx, 2)
 		gone := waitRunning(ctx, ns, 2)[0]
 		setPatch(ctx, from, 1, machinistv1.ReleasingAnnotation, gone.Name)
 		setPatch(ctx, to, 1, machinistv1.ReceivingAnnotation, gone.Name)

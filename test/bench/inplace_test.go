@@ -5,11 +5,8 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -36,21 +33,9 @@ func inPlaceUpgrade(b *testing.B, n int) {
 	defer cancel()
 	kube, ctrls, ns := setUp(ctx, b, "inplace")
 	defer func() { _ = ctrls.Stop() }()
-	labels := map[string]string{"pool": "bench"}
 	unavailable := intstr.FromString("10%")
-	md := &machinistv1.MachineDeployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bench"},
-		Spec: machinistv1.MachineDeploymentSpec{
-			Replicas: ptr.To(int32(n)),
-			Selector: machinistv1.LabelSelector{MatchLabels: labels},
-			Strategy: machinistv1.MachineDeploymentStrategy{Type: machinistv1.InPlaceStrategy,
-				InPlace: &machinistv1.InPlaceUpdate{MaxUnavailable: &unavailable}},
-			Template: machinistv1.MachineTemplateSpec{
-				Metadata: machinistv1.TemplateMetadata{Labels: labels},
-				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}, Version: "v1.37.1"},
-			},
-		},
-	}
+	md := benchDeployment(ns, n, machinistv1.MachineDeploymentStrategy{Type: machinistv1.InPlaceStrategy,
+		InPlace: &machinistv1.InPlaceUpdate{MaxUnavailable: &unavailable}})
 	before, err := watchVersion(ctx, ns, n, "v1.37.1")
 	if err != nil {
 		b.Fatal(err)
@@ -96,58 +81,9 @@ func inPlaceUpgrade(b *testing.B, n int) {
 // with hash; churn reports how many Machines were added or deleted since
 // the watch began.
 func watchInPlace(ctx context.Context, ns string, n int, version, hash string) (<-chan struct{}, func() int, error) {
-	events, err := env.WatchMachines(ctx, ns)
-	if err != nil {
-		return nil, nil, err
-	}
-	// The watch streams changes only: start from what is there. Nothing
-	// changes before the template does.
-	var list machinistv1.MachineList
-	if err := env.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
-		return nil, nil, err
-	}
-	all := map[string]*machinistv1.Machine{}
-	seen := map[types.UID]bool{}
-	for i := range list.Items {
-		all[list.Items[i].Name] = &list.Items[i]
-		seen[list.Items[i].UID] = true
-	}
-	done := make(chan struct{})
-	churn := make(chan int, 1)
-	churn <- 0
-	go func() {
-		for ev := range events {
-			m, ok := ev.Object.(*machinistv1.Machine)
-			if !ok {
-				continue
-			}
-			if ev.Type == watch.Deleted {
-				delete(all, m.Name)
-				churn <- <-churn + 1
-				continue
-			}
-			if !seen[m.UID] {
-				seen[m.UID] = true
-				churn <- <-churn + 1
-			}
-			all[m.Name] = m
-			if len(all) != n {
-				continue
-			}
-			ok = true
-			for _, m := range all {
-				if m.Status.Phase != machinistv1.MachineRunning || lifecycle.InFlight(m.Status.Operation) ||
-					m.Status.NodeInfo == nil || m.Status.NodeInfo.KubeletVersion != version ||
-					m.Labels[machinistv1.TemplateHashLabel] != hash {
-					ok = false
-					break
-				}
-			}
-			if ok {
-				close(done)
-				return
-			}
-		}
-	}()
-	return done, func() int { c := <-churn; churn <- c; return c }, nil
+	return watchUntil(ctx, ns, n, func(m *machinistv1.Machine) bool {
+		return m.Status.Phase == machinistv1.MachineRunning && !lifecycle.InFlight(m.Status.Operation) &&
+			m.Status.NodeInfo != nil && m.Status.NodeInfo.KubeletVersion == version &&
+			m.Labels[machinistv1.TemplateHashLabel] == hash
+	})
 }

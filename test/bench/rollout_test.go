@@ -35,21 +35,9 @@ func rollingUpgrade(b *testing.B, n int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	kube, ctrls, ns := setUp(ctx, b, "rollout")
-	labels := map[string]string{"pool": "bench"}
 	surge, unavailable := intstr.FromString("10%"), intstr.FromInt32(0)
-	md := &machinistv1.MachineDeployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bench"},
-		Spec: machinistv1.MachineDeploymentSpec{
-			Replicas: ptr.To(int32(n)),
-			Selector: machinistv1.LabelSelector{MatchLabels: labels},
-			Strategy: machinistv1.MachineDeploymentStrategy{Type: machinistv1.RollingUpdateStrategy,
-				RollingUpdate: &machinistv1.RollingUpdate{MaxSurge: &surge, MaxUnavailable: &unavailable}},
-			Template: machinistv1.MachineTemplateSpec{
-				Metadata: machinistv1.TemplateMetadata{Labels: labels},
-				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}, Version: "v1.37.1"},
-			},
-		},
-	}
+	md := benchDeployment(ns, n, machinistv1.MachineDeploymentStrategy{Type: machinistv1.RollingUpdateStrategy,
+		RollingUpdate: &machinistv1.RollingUpdate{MaxSurge: &surge, MaxUnavailable: &unavailable}})
 	before, err := watchVersion(ctx, ns, n, "v1.37.1")
 	if err != nil {
 		b.Fatal(err)
@@ -90,43 +78,96 @@ func rollingUpgrade(b *testing.B, n int) {
 	b.Logf("N=%d: successful writes by resource %v; refused %v", n, w, w1.Refused.Since(w0.Refused))
 }
 
+// benchDeployment is the MachineDeployment of n Machines at v1.37.1 the
+// upgrade benchmarks roll out.
+func benchDeployment(ns string, n int, strategy machinistv1.MachineDeploymentStrategy) *machinistv1.MachineDeployment {
+	labels := map[string]string{"pool": "bench"}
+	return &machinistv1.MachineDeployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bench"},
+		Spec: machinistv1.MachineDeploymentSpec{
+			Replicas: ptr.To(int32(n)),
+			Selector: machinistv1.LabelSelector{MatchLabels: labels},
+			Strategy: strategy,
+			Template: machinistv1.MachineTemplateSpec{
+				Metadata: machinistv1.TemplateMetadata{Labels: labels},
+				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}, Version: "v1.37.1"},
+			},
+		},
+	}
+}
+
 // watchVersion closes the returned channel once exactly n Machines exist
 // in ns, all Running at version.
 func watchVersion(ctx context.Context, ns string, n int, version string) (<-chan struct{}, error) {
+	done, _, err := watchUntil(ctx, ns, n, func(m *machinistv1.Machine) bool {
+		return m.Spec.Version == version && m.Status.Phase == machinistv1.MachineRunning && m.DeletionTimestamp.IsZero()
+	})
+	return done, err
+}
+
+// watchUntil closes the returned channel once exactly n Machines exist in
+// ns and ok holds for each; churn reports how many Machines were added or
+// deleted since it began. The watch streams changes only, so it starts
+// from a list of what is there.
+func watchUntil(ctx context.Context, ns string, n int, ok func(*machinistv1.Machine) bool) (done <-chan struct{}, churn func() int, err error) {
 	events, err := env.WatchMachines(ctx, ns)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	done := make(chan struct{})
+	var list machinistv1.MachineList
+	if err := env.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		return nil, nil, err
+	}
+	all := map[string]*machinistv1.Machine{}
+	seen := map[types.UID]bool{}
+	for i := range list.Items {
+		all[list.Items[i].Name] = &list.Items[i]
+		seen[list.Items[i].UID] = true
+	}
+	closed := make(chan struct{})
+	var mu sync.Mutex
+	changes := 0
+	check := func() bool {
+		if len(all) != n {
+			return false
+		}
+		for _, m := range all {
+			if !ok(m) {
+				return false
+			}
+		}
+		return true
+	}
 	go func() {
-		all := map[string]*machinistv1.Machine{}
+		if check() {
+			close(closed)
+			return
+		}
 		for ev := range events {
-			m, ok := ev.Object.(*machinistv1.Machine)
-			if !ok {
+			m, isMachine := ev.Object.(*machinistv1.Machine)
+			if !isMachine {
 				continue
 			}
-			if ev.Type == watch.Deleted {
+			mu.Lock()
+			switch {
+			case ev.Type == watch.Deleted:
 				delete(all, m.Name)
-			} else {
+				changes++
+			case !seen[m.UID]:
+				seen[m.UID] = true
+				changes++
+				all[m.Name] = m
+			default:
 				all[m.Name] = m
 			}
-			if len(all) != n {
-				continue
-			}
-			ok = true
-			for _, m := range all {
-				if m.Spec.Version != version || m.Status.Phase != machinistv1.MachineRunning || !m.DeletionTimestamp.IsZero() {
-					ok = false
-					break
-				}
-			}
-			if ok {
-				close(done)
+			mu.Unlock()
+			if check() {
+				close(closed)
 				return
 			}
 		}
 	}()
-	return done, nil
+	return closed, func() int { mu.Lock(); defer mu.Unlock(); return changes }, nil
 }
 
 func wait(b *testing.B, done <-chan struct{}, d time.Duration, what string) {
