@@ -5,6 +5,9 @@ SHELL := bash
 
 CONTROLLER_GEN := go tool controller-gen
 OPENAPI_GEN := go tool openapi-gen
+# buf and its protoc plugins are pinned in a module of their own, so that
+# their dependencies stay out of Machinist's.
+BUF := go tool -modfile=hack/tools/go.mod buf
 # How long `go test` may run before it is stopped with a stack dump.
 TEST_TIMEOUT ?= 20m
 
@@ -17,8 +20,9 @@ build: ## Compile every package.
 	go build ./...
 
 .PHONY: generate
-generate: ## Generate deepcopy code for the API types and OpenAPI definitions for the verbs server.
+generate: ## Generate deepcopy code for the API types, OpenAPI definitions for the verbs server, and the provider protocol's Go code.
 	$(CONTROLLER_GEN) object paths=./api/...
+	$(BUF) generate
 	$(OPENAPI_GEN) --output-dir apiserver/openapi --output-pkg github.com/machinist-dev/machinist/apiserver/openapi \
 		--output-file zz_generated.openapi.go --go-header-file /dev/null --report-filename apiserver/openapi/violations.report \
 		k8s.io/apimachinery/pkg/apis/meta/v1 k8s.io/apimachinery/pkg/runtime k8s.io/apimachinery/pkg/version \
@@ -46,10 +50,11 @@ controlplane: ## Build the pinned etcd, kube-apiserver, kube-controller-manager 
 	bash hack/controlplane/build.sh
 
 .PHONY: lint
-lint: ## Check formatting (gofmt) and run go vet.
+lint: ## Check formatting (gofmt), run go vet, and lint the provider protocol (buf lint).
 	@out=$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	go vet ./...
+	$(BUF) lint
 
 .PHONY: test
 test: controlplane lint ## Run every test against a real etcd and kube-apiserver.

@@ -170,3 +170,26 @@ func (r *Registry) namesLocked() []string {
 	sort.Strings(names)
 	return names
 }
+
+type unavailableError struct{ err error }
+
+func (e unavailableError) Error() string { return e.err.Error() }
+func (e unavailableError) Unwrap() error { return e.err }
+
+// Unavailable marks err as the provider itself being out of reach (a
+// remote provider that does not answer), as opposed to the provider
+// answering with an error. It is transient: the Machine waits, with the
+// reason ProviderUnavailable, and is never failed for it.
+func Unavailable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return unavailableError{err}
+}
+
+// IsUnavailable reports whether err, or an error it wraps, was marked
+// Unavailable.
+func IsUnavailable(err error) bool {
+	var u unavailableError
+	return errors.As(err, &u)
+}

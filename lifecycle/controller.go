@@ -339,7 +339,10 @@ func (r *Reconciler) class(ctx context.Context, m *machinistv1.Machine) (*machin
 const (
 	ReasonClassNotFound    = "MachineClassNotFound"
 	ReasonProviderNotFound = "ProviderNotFound"
-	ReasonBadProviderID    = "InvalidProviderID"
+	// ReasonProviderUnavailable: the provider runs out of process and
+	// does not answer. Whatever the Machine was doing waits for it.
+	ReasonProviderUnavailable = "ProviderUnavailable"
+	ReasonBadProviderID       = "InvalidProviderID"
 )
 
 // unavailable is why no provider can act for a Machine now: a reason for
@@ -381,6 +384,9 @@ func (r *Reconciler) actuatorFor(m *machinistv1.Machine, class *machinistv1.Mach
 // Machine says why it waits in its Ready condition; a Warning Event marks
 // only a change of reason, not every attempt.
 func (r *Reconciler) retry(s *step, reason string, err error) {
+	if actuators.IsUnavailable(err) {
+		reason = ReasonProviderUnavailable
+	}
 	s.m.Status.ErrorCount++
 	delay := r.Backoff.After(s.m.Status.ErrorCount)
 	if c := meta.FindStatusCondition(s.m.Status.Conditions, machinistv1.ConditionReady); c == nil || c.Reason != reason {

@@ -1,0 +1,309 @@
+package provider
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/machinist-dev/machinist/actuators"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	providerv1 "github.com/machinist-dev/machinist/provider/v1"
+)
+
+// DialOptions tune a Client.
+type DialOptions struct {
+	// TLS is required for a TCP endpoint: the client's certificate and
+	// key, and the CA that signed the provider's certificate.
+	TLS TLSFiles
+	// Timeout bounds each call (0: 30s). A call's own deadline, when
+	// sooner, wins.
+	Timeout time.Duration
+	// Refresh is how long the provider's identity and capabilities are
+	// trusted before they are asked again (0: 1m), so that a provider
+	// upgraded in place is noticed.
+	Refresh time.Duration
+}
+
+// serviceConfig retries every call that found no provider (UNAVAILABLE):
+// every call of the protocol is idempotent, so a retry is safe. Other
+// errors go back to the Machine controller, whose backoff is slower and
+// visible on the Machine.
+const serviceConfig = `{
+  "methodConfig": [{
+    "name": [{"service": "machinist.provider.v1.MachineService"}, {"service": "machinist.provider.v1.IdentityService"}],
+    "retryPolicy": {
+      "maxAttempts": 4,
+      "initialBackoff": "0.1s",
+      "maxBackoff": "1s",
+      "backoffMultiplier": 2,
+      "retryableStatusCodes": ["UNAVAILABLE"]
+    }
+  }]
+}`
+
+// Client is an actuators.Actuator that calls a provider over the
+// protocol. It looks to the Machine controller like any in-process one.
+type Client struct {
+	name     string
+	endpoint Endpoint
+	opts     DialOptions
+	conn     *grpc.ClientConn
+	identity providerv1.IdentityServiceClient
+	machines providerv1.MachineServiceClient
+
+	mu      sync.Mutex
+	caps    *providerv1.GetCapabilitiesResponse
+	checked time.Time
+}
+
+var _ actuators.Actuator = (*Client)(nil)
+
+// Dial returns a Client for the provider called name at endpoint. It does
+// not wait for the provider: a provider that is not there yet makes calls
+// fail as Unavailable until it is.
+func Dial(name, endpoint string, opts DialOptions) (*Client, error) {
+	e, err := ParseEndpoint(endpoint)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkTransport(e, opts.TLS); err != nil {
+		return nil, err
+	}
+	creds := insecure.NewCredentials()
+	if !opts.TLS.Empty() {
+		cfg, err := opts.TLS.clientConfig(e)
+		if err != nil {
+			return nil, err
+		}
+		creds = credentials.NewTLS(cfg)
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 30 * time.Second
+	}
+	if opts.Refresh <= 0 {
+		opts.Refresh = time.Minute
+	}
+	conn, err := grpc.NewClient(e.target(),
+		grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultServiceConfig(serviceConfig))
+	if err != nil {
+		return nil, err
+	}
+	return &Client{
+		name: name, endpoint: e, opts: opts, conn: conn,
+		identity: providerv1.NewIdentityServiceClient(conn),
+		machines: providerv1.NewMachineServiceClient(conn),
+	}, nil
+}
+
+// Close closes the connection.
+func (c *Client) Close() error { return c.conn.Close() }
+
+// Endpoint is where the provider is reached.
+func (c *Client) Endpoint() Endpoint { return c.endpoint }
+
+func (c *Client) call(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, c.opts.Timeout)
+}
+
+// Capabilities returns what the provider declared, asking it when the
+// last answer is older than the refresh interval. It also checks that the
+// endpoint serves the provider this Client was made for.
+func (c *Client) Capabilities(ctx context.Context) (*providerv1.GetCapabilitiesResponse, error) {
+	c.mu.Lock()
+	if c.caps != nil && time.Since(c.checked) < c.opts.Refresh {
+		caps := c.caps
+		c.mu.Unlock()
+		return caps, nil
+	}
+	c.mu.Unlock()
+	ctx, cancel := c.call(ctx)
+	defer cancel()
+	info, err := c.identity.GetInfo(ctx, &providerv1.GetInfoRequest{})
+	if err != nil {
+		return nil, fromStatus(c.name, "GetInfo", err)
+	}
+	if info.GetName() != c.name {
+		// A wrong socket or address: wait, as for a provider that is
+		// not there, rather than let another provider act.
+		return nil, actuators.Unavailable(fmt.Errorf("provider %s: %s serves provider %q instead", c.name, c.endpoint, info.GetName()))
+	}
+	if info.GetProtocol() != Protocol {
+		return nil, actuators.Unavailable(fmt.Errorf("provider %s at %s speaks protocol %q, not %q", c.name, c.endpoint, info.GetProtocol(), Protocol))
+	}
+	caps, err := c.identity.GetCapabilities(ctx, &providerv1.GetCapabilitiesRequest{})
+	if err != nil {
+		return nil, fromStatus(c.name, "GetCapabilities", err)
+	}
+	c.mu.Lock()
+	c.caps, c.checked = caps, time.Now()
+	c.mu.Unlock()
+	return caps, nil
+}
+
+// Probe asks whether the provider is ready.
+func (c *Client) Probe(ctx context.Context) (*providerv1.ProbeResponse, error) {
+	ctx, cancel := c.call(ctx)
+	defer cancel()
+	resp, err := c.identity.Probe(ctx, &providerv1.ProbeRequest{})
+	return resp, fromStatus(c.name, "Probe", err)
+}
+
+// Info returns the provider's identity.
+func (c *Client) Info(ctx context.Context) (*providerv1.GetInfoResponse, error) {
+	ctx, cancel := c.call(ctx)
+	defer cancel()
+	resp, err := c.identity.GetInfo(ctx, &providerv1.GetInfoRequest{})
+	return resp, fromStatus(c.name, "GetInfo", err)
+}
+
+// Create sends the Machine and its class as JSON.
+func (c *Client) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass) (string, error) {
+	if _, err := c.Capabilities(ctx); err != nil {
+		return "", err
+	}
+	req := &providerv1.CreateRequest{MachineUid: string(m.UID)}
+	var err error
+	if req.Machine, err = marshal(m, "Machine"); err != nil {
+		return "", actuators.Permanent(err)
+	}
+	if class != nil {
+		if req.MachineClass, err = marshal(class, "MachineClass"); err != nil {
+			return "", actuators.Permanent(err)
+		}
+	}
+	ctx, cancel := c.call(ctx)
+	defer cancel()
+	resp, err := c.machines.Create(ctx, req)
+	if err != nil {
+		return "", fromStatus(c.name, "Create", err)
+	}
+	return resp.GetProviderId(), nil
+}
+
+// marshal writes obj as kube-apiserver would serve it, with its apiVersion
+// and kind, which objects from a typed client leave empty.
+func marshal(obj any, kind string) ([]byte, error) {
+	raw, err := json.Marshal(obj)
+	if err != nil {
+		return nil, err
+	}
+	var fields map[string]any
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return nil, err
+	}
+	fields["apiVersion"] = machinistv1.GroupVersion.String()
+	fields["kind"] = kind
+	return json.Marshal(fields)
+}
+
+// Exists asks whether the instance exists.
+func (c *Client) Exists(ctx context.Context, providerID string) (bool, error) {
+	ctx, cancel := c.call(ctx)
+	defer cancel()
+	resp, err := c.machines.Exists(ctx, &providerv1.ExistsRequest{ProviderId: providerID})
+	if err != nil {
+		return false, fromStatus(c.name, "Exists", err)
+	}
+	return resp.GetExists(), nil
+}
+
+// Delete destroys the instance.
+func (c *Client) Delete(ctx context.Context, providerID string) error {
+	ctx, cancel := c.call(ctx)
+	defer cancel()
+	_, err := c.machines.Delete(ctx, &providerv1.DeleteRequest{ProviderId: providerID})
+	return fromStatus(c.name, "Delete", err)
+}
+
+// FindByUID asks for the instance made for a Machine.
+func (c *Client) FindByUID(ctx context.Context, uid types.UID) (string, error) {
+	ctx, cancel := c.call(ctx)
+	defer cancel()
+	resp, err := c.machines.FindByUID(ctx, &providerv1.FindByUIDRequest{MachineUid: string(uid)})
+	if err != nil {
+		return "", fromStatus(c.name, "FindByUID", err)
+	}
+	return resp.GetProviderId(), nil
+}
+
+// ErrNotDeclared is wrapped by the (permanent) error for a verb the
+// provider did not declare.
+var ErrNotDeclared = errors.New("the provider does not declare this verb")
+
+// declared refuses, without a call, a verb the provider did not declare.
+func (c *Client) declared(ctx context.Context, verb providerv1.Verb) error {
+	caps, err := c.Capabilities(ctx)
+	if err != nil {
+		return err
+	}
+	if !slices.Contains(caps.GetVerbs(), verb) {
+		return actuators.Permanent(fmt.Errorf("provider %s cannot %s machines: %w", c.name, verbName(verb), ErrNotDeclared))
+	}
+	return nil
+}
+
+// Reboot asks for a reboot, once per op.ID.
+func (c *Client) Reboot(ctx context.Context, providerID string, op actuators.Operation) error {
+	if err := c.declared(ctx, VerbReboot); err != nil {
+		return err
+	}
+	ctx, cancel := c.call(ctx)
+	defer cancel()
+	_, err := c.machines.Reboot(ctx, &providerv1.RebootRequest{ProviderId: providerID, OperationId: op.ID, Hard: op.Hard})
+	return fromStatus(c.name, "Reboot", err)
+}
+
+// Repair asks for a repair, once per op.ID.
+func (c *Client) Repair(ctx context.Context, providerID string, op actuators.Operation) error {
+	if err := c.declared(ctx, VerbRepair); err != nil {
+		return err
+	}
+	ctx, cancel := c.call(ctx)
+	defer cancel()
+	_, err := c.machines.Repair(ctx, &providerv1.RepairRequest{ProviderId: providerID, OperationId: op.ID})
+	return fromStatus(c.name, "Repair", err)
+}
+
+// Update asks for an in-place update to op.Version, once per op.ID.
+func (c *Client) Update(ctx context.Context, providerID string, op actuators.Operation) error {
+	if err := c.declared(ctx, VerbUpdate); err != nil {
+		return err
+	}
+	ctx, cancel := c.call(ctx)
+	defer cancel()
+	_, err := c.machines.Update(ctx, &providerv1.UpdateRequest{ProviderId: providerID, OperationId: op.ID, Version: op.Version})
+	return fromStatus(c.name, "Update", err)
+}
+
+// InPlace answers from the declared capabilities. A provider that cannot
+// be asked is taken to update nothing in place: a rollout then waits or
+// replaces, as its strategy's fallback says, instead of guessing.
+func (c *Client) InPlace(change actuators.Change) bool {
+	if change.Empty() {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	caps, err := c.Capabilities(ctx)
+	if err != nil || !slices.Contains(caps.GetVerbs(), VerbUpdate) {
+		return false
+	}
+	in := caps.GetInPlace()
+	if change.Version && !slices.Contains(in, providerv1.Change_CHANGE_VERSION) {
+		return false
+	}
+	if change.Class && !slices.Contains(in, providerv1.Change_CHANGE_CLASS) {
+		return false
+	}
+	return true
+}

@@ -1,0 +1,82 @@
+package provider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/machinist-dev/machinist/actuators"
+	providerv1 "github.com/machinist-dev/machinist/provider/v1"
+)
+
+// permanentCodes are the codes that mean "retrying cannot help" when a
+// status carries no Failure detail.
+var permanentCodes = map[codes.Code]bool{
+	codes.InvalidArgument:    true,
+	codes.FailedPrecondition: true,
+	codes.NotFound:           true,
+	codes.AlreadyExists:      true,
+	codes.PermissionDenied:   true,
+	codes.OutOfRange:         true,
+	codes.Unimplemented:      true,
+}
+
+// toStatus is how a server answers an actuator's error: a permanent one
+// as FAILED_PRECONDITION, a transient one as ABORTED (not UNAVAILABLE,
+// which the client keeps for a provider it cannot reach), each with a
+// Failure detail so that no client has to guess from the code.
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	}
+	code, permanent := codes.Aborted, actuators.IsPermanent(err)
+	if permanent {
+		code = codes.FailedPrecondition
+	}
+	st, derr := status.New(code, err.Error()).WithDetails(&providerv1.Failure{Permanent: permanent})
+	if derr != nil {
+		return status.Error(code, err.Error())
+	}
+	return st.Err()
+}
+
+// fromStatus turns a call's error into the Actuator contract's: marked
+// Permanent, marked Unavailable (the provider did not answer), or left
+// transient.
+func fromStatus(name, call string, err error) error {
+	if err == nil {
+		return nil
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return fmt.Errorf("provider %s: %s: %w", name, call, err)
+	}
+	wrapped := fmt.Errorf("provider %s: %s: %s", name, call, st.Message())
+	for _, d := range st.Details() {
+		if f, ok := d.(*providerv1.Failure); ok {
+			if f.GetPermanent() {
+				return actuators.Permanent(wrapped)
+			}
+			return wrapped
+		}
+	}
+	switch {
+	case permanentCodes[st.Code()]:
+		return actuators.Permanent(wrapped)
+	case st.Code() == codes.Unavailable:
+		return actuators.Unavailable(fmt.Errorf("provider %s is unavailable: %s: %s", name, call, st.Message()))
+	}
+	return wrapped
+}

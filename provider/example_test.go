@@ -1,0 +1,118 @@
+package provider_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/machinist-dev/machinist/actuators"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/provider"
+)
+
+// toyCloud is the smallest honest provider: its "instances" are entries
+// in a map. A real one calls its cloud's API where this touches the map,
+// and its instances boot a kubelet that registers a Node with the
+// returned provider ID. It shows the idempotency the contract asks for.
+type toyCloud struct {
+	mu        sync.Mutex
+	byUID     map[types.UID]string // Machine UID -> provider ID
+	instances map[string]*toyInstance
+}
+
+type toyInstance struct {
+	version string
+	lastOp  string // the last operation carried out, for idempotency
+}
+
+func (c *toyCloud) Create(_ context.Context, m *machinistv1.Machine, _ *machinistv1.MachineClass) (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if m.Spec.ProviderID != "" { // adopt an existing instance
+		if _, ok := c.instances[m.Spec.ProviderID]; !ok {
+			return "", actuators.Permanent(fmt.Errorf("no instance %q to adopt", m.Spec.ProviderID))
+		}
+		c.byUID[m.UID] = m.Spec.ProviderID
+		return m.Spec.ProviderID, nil
+	}
+	if id, ok := c.byUID[m.UID]; ok { // a repeated Create: the same instance
+		return id, nil
+	}
+	id := fmt.Sprintf("toy:///%s/%s/%s", m.Namespace, m.Name, m.UID)
+	c.byUID[m.UID] = id
+	c.instances[id] = &toyInstance{version: m.Spec.Version}
+	return id, nil
+}
+
+func (c *toyCloud) Exists(_ context.Context, id string) (bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.instances[id]
+	return ok, nil
+}
+
+func (c *toyCloud) Delete(_ context.Context, id string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.instances, id) // deleting what is gone is not an error
+	for uid, known := range c.byUID {
+		if known == id {
+			delete(c.byUID, uid)
+		}
+	}
+	return nil
+}
+
+func (c *toyCloud) FindByUID(_ context.Context, uid types.UID) (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.byUID[uid], nil
+}
+
+// restart carries an operation out at most once per operation ID.
+func (c *toyCloud) restart(id string, op actuators.Operation, apply func(*toyInstance)) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	in, ok := c.instances[id]
+	if !ok {
+		return actuators.Permanent(errors.New("no such instance"))
+	}
+	if in.lastOp == op.ID {
+		return nil
+	}
+	apply(in) // a real provider restarts the instance here
+	in.lastOp = op.ID
+	return nil
+}
+
+func (c *toyCloud) Reboot(_ context.Context, id string, op actuators.Operation) error {
+	return c.restart(id, op, func(*toyInstance) {})
+}
+
+func (c *toyCloud) Repair(_ context.Context, id string, op actuators.Operation) error {
+	return c.restart(id, op, func(*toyInstance) {})
+}
+
+func (c *toyCloud) Update(_ context.Context, id string, op actuators.Operation) error {
+	return c.restart(id, op, func(in *toyInstance) { in.version = op.Version })
+}
+
+// InPlace: a new version is applied in place; a new class needs a new
+// instance.
+func (c *toyCloud) InPlace(change actuators.Change) bool { return !change.Class }
+
+// A provider of one's own is an actuators.Actuator and one call to Serve.
+// The manager reaches it with --provider toy=unix:///run/toy.sock; a
+// MachineClass uses it with spec.provider: toy.
+func ExampleServe() {
+	cloud := &toyCloud{byUID: map[types.UID]string{}, instances: map[string]*toyInstance{}}
+	ctx := ctrl.SetupSignalHandler() // stops on SIGTERM, as a Pod's container is stopped
+	err := provider.Serve(ctx, "unix:///run/toy.sock", cloud, provider.ServeOptions{Name: "toy", VendorVersion: "v0.1.0"})
+	if err != nil {
+		fmt.Println(err)
+	}
+}

@@ -1,0 +1,438 @@
+package provider_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/machinist-dev/machinist/actuators"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/pki"
+	"github.com/machinist-dev/machinist/provider"
+	providerv1 "github.com/machinist-dev/machinist/provider/v1"
+)
+
+// recorder is an Actuator that records what reached it and answers what
+// the test sets.
+type recorder struct {
+	mu      sync.Mutex
+	calls   []string
+	machine *machinistv1.Machine
+	class   *machinistv1.MachineClass
+	op      actuators.Operation
+	err     error
+	block   bool
+	inPlace bool
+	blocked chan error
+}
+
+func (r *recorder) record(call string) error {
+	r.mu.Lock()
+	r.calls = append(r.calls, call)
+	err := r.err
+	r.mu.Unlock()
+	return err
+}
+
+func (r *recorder) Calls() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.calls...)
+}
+
+func (r *recorder) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass) (string, error) {
+	r.mu.Lock()
+	r.machine, r.class = m, class
+	r.mu.Unlock()
+	if r.block {
+		<-ctx.Done()
+		r.blocked <- ctx.Err()
+		return "", ctx.Err()
+	}
+	return "test://" + string(m.UID), r.record("Create")
+}
+
+func (r *recorder) Exists(_ context.Context, id string) (bool, error) {
+	return id == "test://there", r.record("Exists " + id)
+}
+
+func (r *recorder) Delete(_ context.Context, id string) error { return r.record("Delete " + id) }
+
+func (r *recorder) FindByUID(_ context.Context, uid types.UID) (string, error) {
+	return "test://" + string(uid), r.record("FindByUID " + string(uid))
+}
+
+func (r *recorder) operation(call, id string, op actuators.Operation) error {
+	r.mu.Lock()
+	r.op = op
+	r.mu.Unlock()
+	return r.record(call + " " + id)
+}
+
+func (r *recorder) Reboot(_ context.Context, id string, op actuators.Operation) error {
+	return r.operation("Reboot", id, op)
+}
+
+func (r *recorder) Repair(_ context.Context, id string, op actuators.Operation) error {
+	return r.operation("Repair", id, op)
+}
+
+func (r *recorder) Update(_ context.Context, id string, op actuators.Operation) error {
+	return r.operation("Update", id, op)
+}
+
+func (r *recorder) InPlace(c actuators.Change) bool { return r.inPlace && !c.Class }
+
+// serve offers a on a socket in a temporary directory until the test ends.
+func serve(t *testing.T, a actuators.Actuator, opts provider.ServeOptions) string {
+	t.Helper()
+	endpoint := "unix://" + filepath.Join(t.TempDir(), "p.sock")
+	serveAt(t, endpoint, a, opts)
+	return endpoint
+}
+
+// serveAt listens before it returns, so that the first call finds the
+// provider.
+func serveAt(t *testing.T, endpoint string, a actuators.Actuator, opts provider.ServeOptions) {
+	t.Helper()
+	e, err := provider.ParseEndpoint(endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := provider.Listen(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := provider.NewServer(a, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+}
+
+func dial(t *testing.T, name, endpoint string, opts provider.DialOptions) *provider.Client {
+	t.Helper()
+	c, err := provider.Dial(name, endpoint, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func testMachine() (*machinistv1.Machine, *machinistv1.MachineClass) {
+	m := &machinistv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{Name: "m1", Namespace: "ns", UID: "uid-1", Labels: map[string]string{"pool": "a"}},
+		Spec:       machinistv1.MachineSpec{Version: "v1.37.2", ClassRef: machinistv1.ClassReference{Name: "small"}},
+	}
+	class := &machinistv1.MachineClass{
+		ObjectMeta: metav1.ObjectMeta{Name: "small", Namespace: "ns"},
+		Spec:       machinistv1.MachineClassSpec{Provider: "test", ProviderSpec: runtime.RawExtension{Raw: []byte(`{"size":"xl"}`)}},
+	}
+	return m, class
+}
+
+func TestEveryCallReachesTheActuatorWithWhatItNeeds(t *testing.T) {
+	rec := &recorder{inPlace: true}
+	c := dial(t, "test", serve(t, rec, provider.ServeOptions{Name: "test"}), provider.DialOptions{})
+	ctx := context.Background()
+	m, class := testMachine()
+
+	id, err := c.Create(ctx, m, class)
+	if err != nil || id != "test://uid-1" {
+		t.Fatalf("Create = %q, %v", id, err)
+	}
+	if rec.machine.Name != "m1" || rec.machine.Namespace != "ns" || rec.machine.UID != "uid-1" ||
+		rec.machine.Spec.Version != "v1.37.2" || rec.machine.Labels["pool"] != "a" || rec.machine.Kind != "Machine" {
+		t.Errorf("the provider got machine %+v", rec.machine)
+	}
+	if rec.class.Spec.Provider != "test" || string(rec.class.Spec.ProviderSpec.Raw) != `{"size":"xl"}` || rec.class.Kind != "MachineClass" {
+		t.Errorf("the provider got class %+v", rec.class)
+	}
+	if ok, err := c.Exists(ctx, "test://there"); !ok || err != nil {
+		t.Errorf("Exists = %v, %v", ok, err)
+	}
+	if ok, err := c.Exists(ctx, "test://gone"); ok || err != nil {
+		t.Errorf("Exists(gone) = %v, %v", ok, err)
+	}
+	if id, err := c.FindByUID(ctx, "uid-9"); id != "test://uid-9" || err != nil {
+		t.Errorf("FindByUID = %q, %v", id, err)
+	}
+	if err := c.Reboot(ctx, "test://a", actuators.Operation{ID: "op1", Hard: true}); err != nil || rec.op != (actuators.Operation{ID: "op1", Hard: true}) {
+		t.Errorf("Reboot: %v, op %+v", err, rec.op)
+	}
+	if err := c.Repair(ctx, "test://a", actuators.Operation{ID: "op2"}); err != nil || rec.op.ID != "op2" {
+		t.Errorf("Repair: %v, op %+v", err, rec.op)
+	}
+	if err := c.Update(ctx, "test://a", actuators.Operation{ID: "op3", Version: "v1.38.0"}); err != nil || rec.op != (actuators.Operation{ID: "op3", Version: "v1.38.0"}) {
+		t.Errorf("Update: %v, op %+v", err, rec.op)
+	}
+	if err := c.Delete(ctx, "test://a"); err != nil {
+		t.Errorf("Delete: %v", err)
+	}
+	want := []string{"Create", "Exists test://there", "Exists test://gone", "FindByUID uid-9", "Reboot test://a", "Repair test://a", "Update test://a", "Delete test://a"}
+	if got := rec.Calls(); strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("calls = %q, want %q", got, want)
+	}
+	if !c.InPlace(actuators.Change{Version: true}) || c.InPlace(actuators.Change{Class: true}) || c.InPlace(actuators.Change{Version: true, Class: true}) {
+		t.Error("InPlace does not follow the declared changes (version only)")
+	}
+}
+
+func TestErrorsKeepTheirMeaningAcrossTheWire(t *testing.T) {
+	cases := []struct {
+		name                   string
+		err                    error
+		permanent, unavailable bool
+	}{
+		{"permanent", actuators.Permanent(errors.New("no such image")), true, false},
+		{"transient", errors.New("out of capacity, try later"), false, false},
+		{"a status code that means permanent", status.Error(codes.NotFound, "no instance"), true, false},
+		{"a status code that means transient", status.Error(codes.Internal, "boom"), false, false},
+		{"the provider's own unavailability is not the client's", status.Error(codes.ResourceExhausted, "quota"), false, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &recorder{err: tc.err}
+			c := dial(t, "test", serve(t, rec, provider.ServeOptions{Name: "test"}), provider.DialOptions{})
+			err := c.Delete(context.Background(), "test://a")
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if actuators.IsPermanent(err) != tc.permanent || actuators.IsUnavailable(err) != tc.unavailable {
+				t.Errorf("%v: permanent %v, unavailable %v; want %v, %v", err, actuators.IsPermanent(err), actuators.IsUnavailable(err), tc.permanent, tc.unavailable)
+			}
+			if !strings.Contains(err.Error(), "provider test") || !strings.Contains(err.Error(), "Delete") {
+				t.Errorf("the error does not say who failed at what: %v", err)
+			}
+		})
+	}
+}
+
+func TestAnUndeclaredVerbIsRefusedWithoutReachingTheActuator(t *testing.T) {
+	rec := &recorder{inPlace: true}
+	endpoint := serve(t, rec, provider.ServeOptions{Name: "test", Verbs: []providerv1.Verb{provider.VerbReboot}})
+	c := dial(t, "test", endpoint, provider.DialOptions{})
+	ctx := context.Background()
+	for name, call := range map[string]func() error{
+		"repair": func() error { return c.Repair(ctx, "test://a", actuators.Operation{ID: "x"}) },
+		"update": func() error { return c.Update(ctx, "test://a", actuators.Operation{ID: "x", Version: "v1.38.0"}) },
+	} {
+		err := call()
+		if !actuators.IsPermanent(err) || !errors.Is(err, provider.ErrNotDeclared) {
+			t.Errorf("%s: %v, want a permanent refusal", name, err)
+		}
+	}
+	if c.InPlace(actuators.Change{Version: true}) {
+		t.Error("InPlace is true though update is not declared")
+	}
+	// A client that does not check first is refused by the server.
+	conn, err := grpc.NewClient(strings.Replace(endpoint, "unix://", "unix:", 1), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	_, err = providerv1.NewMachineServiceClient(conn).Repair(ctx, &providerv1.RepairRequest{ProviderId: "test://a", OperationId: "x"})
+	if status.Code(err) != codes.Unimplemented {
+		t.Errorf("raw Repair: %v, want Unimplemented", err)
+	}
+	if err := c.Reboot(ctx, "test://a", actuators.Operation{ID: "y"}); err != nil {
+		t.Errorf("a declared verb: %v", err)
+	}
+	if got := rec.Calls(); len(got) != 1 || got[0] != "Reboot test://a" {
+		t.Errorf("the actuator saw %q; only the declared reboot should reach it", got)
+	}
+}
+
+func TestBadRequestsAreRefusedAsInvalid(t *testing.T) {
+	rec := &recorder{inPlace: true}
+	endpoint := serve(t, rec, provider.ServeOptions{Name: "test"})
+	conn, err := grpc.NewClient(strings.Replace(endpoint, "unix://", "unix:", 1), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	machines := providerv1.NewMachineServiceClient(conn)
+	ctx := context.Background()
+	checks := map[string]error{}
+	_, checks["create without a UID"] = machines.Create(ctx, &providerv1.CreateRequest{Machine: []byte(`{}`)})
+	_, checks["create with a UID the machine does not have"] = machines.Create(ctx, &providerv1.CreateRequest{MachineUid: "a", Machine: []byte(`{"metadata":{"uid":"b"}}`)})
+	_, checks["create with a machine that is not JSON"] = machines.Create(ctx, &providerv1.CreateRequest{MachineUid: "a", Machine: []byte(`{`)})
+	_, checks["reboot without an operation ID"] = machines.Reboot(ctx, &providerv1.RebootRequest{ProviderId: "test://a"})
+	_, checks["update without a version"] = machines.Update(ctx, &providerv1.UpdateRequest{ProviderId: "test://a", OperationId: "x"})
+	_, checks["delete without a provider ID"] = machines.Delete(ctx, &providerv1.DeleteRequest{})
+	for name, err := range checks {
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v, want InvalidArgument", name, err)
+		}
+	}
+	if got := rec.Calls(); len(got) != 0 {
+		t.Errorf("bad requests reached the actuator: %q", got)
+	}
+}
+
+func TestAProviderThatIsNotThereIsUnavailableUntilItComes(t *testing.T) {
+	endpoint := "unix://" + filepath.Join(t.TempDir(), "later.sock")
+	c := dial(t, "test", endpoint, provider.DialOptions{Timeout: 2 * time.Second})
+	m, class := testMachine()
+	_, err := c.Create(context.Background(), m, class)
+	if !actuators.IsUnavailable(err) || actuators.IsPermanent(err) {
+		t.Fatalf("Create with no provider: %v, want Unavailable", err)
+	}
+	serveAt(t, endpoint, &recorder{}, provider.ServeOptions{Name: "test"})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		id, err := c.Create(context.Background(), m, class)
+		if err == nil && id == "test://uid-1" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still failing after the provider came: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func TestAnEndpointServingAnotherProviderIsNotUsed(t *testing.T) {
+	rec := &recorder{}
+	c := dial(t, "cloud", serve(t, rec, provider.ServeOptions{Name: "other"}), provider.DialOptions{})
+	m, class := testMachine()
+	_, err := c.Create(context.Background(), m, class)
+	if !actuators.IsUnavailable(err) || !strings.Contains(err.Error(), `serves provider "other"`) {
+		t.Errorf("Create: %v, want Unavailable naming the provider found", err)
+	}
+	if len(rec.Calls()) != 0 {
+		t.Errorf("the wrong provider was asked: %q", rec.Calls())
+	}
+}
+
+func TestACallIsBoundedByTheTimeoutAndCancelsTheProvidersWork(t *testing.T) {
+	rec := &recorder{block: true, blocked: make(chan error, 1)}
+	c := dial(t, "test", serve(t, rec, provider.ServeOptions{Name: "test"}), provider.DialOptions{Timeout: 300 * time.Millisecond})
+	m, class := testMachine()
+	start := time.Now()
+	_, err := c.Create(context.Background(), m, class)
+	if err == nil || actuators.IsPermanent(err) || actuators.IsUnavailable(err) {
+		t.Fatalf("Create past its deadline: %v, want a transient error", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("Create took %s with a 300ms timeout", took)
+	}
+	select {
+	case err := <-rec.blocked:
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+			t.Errorf("the provider's context ended with %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("the provider's context did not end with the call")
+	}
+}
+
+func TestServeStopsWithItsContextAndRemovesTheSocket(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "p.sock")
+	// A socket file left by a killed provider does not stop a new one.
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- provider.Serve(ctx, "unix://"+path, &recorder{}, provider.ServeOptions{Name: "test"}) }()
+	c := dial(t, "test", "unix://"+path, provider.DialOptions{})
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := c.Info(context.Background()); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return")
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("socket left behind: %v", err)
+	}
+}
+
+func TestTCPNeedsMutualTLS(t *testing.T) {
+	dir := t.TempDir()
+	files := func(ca *pki.CA, name string, req pki.Request) provider.TLSFiles {
+		kp, err := ca.Issue(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := provider.TLSFiles{CA: filepath.Join(dir, name+"-ca.crt"), Cert: filepath.Join(dir, name+".crt"), Key: filepath.Join(dir, name+".key")}
+		for path, data := range map[string][]byte{f.CA: ca.CertPEM(), f.Cert: kp.CertPEM, f.Key: kp.KeyPEM} {
+			if err := os.WriteFile(path, data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return f
+	}
+	ca, err := pki.NewCA("providers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := pki.NewCA("someone else")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serverFiles := files(ca, "server", pki.Request{CommonName: "provider", IPs: []net.IP{net.ParseIP("127.0.0.1")}})
+	clientFiles := files(ca, "client", pki.Request{CommonName: "manager", Client: true})
+	strangerFiles := files(other, "stranger", pki.Request{CommonName: "stranger", Client: true})
+	// The stranger trusts the right CA but presents a certificate it did
+	// not sign.
+	strangerFiles.CA = clientFiles.CA
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Served on this listener, so that no other process can take the
+	// port between finding it and listening on it.
+	srv, err := provider.NewServer(&recorder{}, provider.ServeOptions{Name: "test", TLS: serverFiles})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(srv.Stop)
+	endpoint := fmt.Sprintf("tcp://%s", l.Addr())
+
+	if _, err := provider.Dial("test", endpoint, provider.DialOptions{}); err == nil {
+		t.Error("Dial over TCP without TLS was allowed")
+	}
+	if err := provider.Serve(context.Background(), "tcp://127.0.0.1:0", &recorder{}, provider.ServeOptions{Name: "test"}); err == nil {
+		t.Error("Serve over TCP without TLS was allowed")
+	}
+	c := dial(t, "test", endpoint, provider.DialOptions{TLS: clientFiles, Timeout: 5 * time.Second})
+	if ok, err := c.Exists(context.Background(), "test://there"); err != nil || !ok {
+		t.Errorf("Exists over mutual TLS: %v, %v", ok, err)
+	}
+	stranger := dial(t, "test", endpoint, provider.DialOptions{TLS: strangerFiles, Timeout: 5 * time.Second})
+	if _, err := stranger.Exists(context.Background(), "test://there"); err == nil {
+		t.Error("a client whose certificate the CA did not sign was served")
+	}
+}
