@@ -33,6 +33,9 @@ const Name = "inmemory"
 // can tell injected failures from real ones.
 var ErrTransient = errors.New("inmemory: injected transient failure")
 
+// ErrNotFound is wrapped by the error for a providerID naming no instance.
+var ErrNotFound = errors.New("inmemory: no such instance")
+
 // ProviderSpec is MachineClass.spec.providerSpec for this provider. Every
 // field injects a fault; the zero value is a well-behaved machine. Unknown
 // fields are rejected so that a typo does not silently disable a fault.
@@ -644,7 +647,7 @@ func (p *Provider) lookup(providerID string) (*instance, error) {
 	defer p.mu.Unlock()
 	in, ok := p.byID[providerID]
 	if !ok {
-		return nil, fmt.Errorf("inmemory: no instance %q", providerID)
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, providerID)
 	}
 	return in, nil
 }

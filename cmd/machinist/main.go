@@ -3,12 +3,17 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/grpclog"
 )
 
 func main() {
+	// gRPC's own warnings (a provider that does not answer yet) reach
+	// people as the Machines' conditions; on the terminal they are noise.
+	grpclog.SetLoggerV2(grpclog.NewLoggerV2(io.Discard, io.Discard, os.Stderr))
 	if err := root().Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "machinist:", err)
 		os.Exit(1)
@@ -27,5 +32,6 @@ func root() *cobra.Command {
 	cmd.AddCommand(managerCommand())
 	cmd.AddCommand(apiserverCommand())
 	cmd.AddCommand(runCommand())
+	cmd.AddCommand(providerCommand())
 	return cmd
 }

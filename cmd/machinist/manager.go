@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -15,6 +17,7 @@ import (
 	"github.com/machinist-dev/machinist/actuators/process"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/internal/manager"
+	"github.com/machinist-dev/machinist/provider"
 )
 
 func managerCommand() *cobra.Command {
@@ -22,6 +25,8 @@ func managerCommand() *cobra.Command {
 		kubeconfig string
 		opts       manager.Options
 		machines   process.Options
+		remotes    []string
+		remoteOpts provider.DialOptions
 		logs       logFlags
 	)
 	cmd := &cobra.Command{
@@ -30,11 +35,14 @@ func managerCommand() *cobra.Command {
 		Long: `Run Machinist's controllers against a cluster. Several replicas may run
 with --leader-elect; one acts at a time.
 
-Providers: "inmemory" (machines as goroutines in this process, for trying
-Machinist out) is always available. "process" (machines as agent processes
-on this host) is available with --process-state-dir; its machines outlive
-the manager, and the leader takes them over from the state directory, so
-replicas on one host share it.
+Providers: --provider NAME=ENDPOINT (repeatable) reaches a provider that
+runs out of process and speaks the provider protocol (docs/providers.md),
+on a Unix socket (unix:///path, a sidecar) or over TCP with mutual TLS
+(tcp://host:port and --provider-tls-*). Built in: "inmemory" (machines as
+goroutines in this process, for trying Machinist out) unless a --provider
+takes its name; "process" (machines as agent processes on this host) with
+--process-state-dir; its machines outlive the manager, and the leader takes
+them over from the state directory, so replicas on one host share it.
 
 A leader that cannot renew its Lease within --leader-elect-renew-deadline
 (for example while kube-apiserver is down) exits with status 1 and the
@@ -51,16 +59,28 @@ logging "waiting for kube-apiserver", instead of exiting again.`,
 				return err
 			}
 			ctx := ctrl.SetupSignalHandler()
-			provider, err := inmemory.New(inmemory.Options{Config: cfg})
+			opts.Actuators = actuators.NewRegistry()
+			clients, err := registerRemotes(opts.Actuators, remotes, remoteOpts)
+			for _, c := range clients {
+				defer func() { _ = c.Close() }()
+			}
 			if err != nil {
 				return err
 			}
-			defer provider.Stop()
-			opts.Actuators = actuators.NewRegistry()
-			if err := opts.Actuators.Register(inmemory.Name, provider); err != nil {
-				return err
+			if !slices.Contains(opts.Actuators.Names(), inmemory.Name) {
+				p, err := inmemory.New(inmemory.Options{Config: cfg})
+				if err != nil {
+					return err
+				}
+				defer p.Stop()
+				if err := opts.Actuators.Register(inmemory.Name, p); err != nil {
+					return err
+				}
 			}
 			if machines.StateDir != "" {
+				if slices.Contains(opts.Actuators.Names(), process.Name) {
+					return fmt.Errorf("--process-state-dir runs the process provider in this manager, but --provider already reaches one out of process: give one or the other")
+				}
 				if machines.Kubeconfig == "" {
 					machines.Kubeconfig = kubeconfig
 				}
@@ -105,6 +125,9 @@ logging "waiting for kube-apiserver", instead of exiting again.`,
 	fs.DurationVar(&opts.ProvisionTimeout, "provision-timeout", 0, "how long a Machine may provision before it is Failed (0: 10m)")
 	fs.DurationVar(&opts.OperationTimeout, "operation-timeout", 0, "how long a reboot or repair may take before the Machine is Failed (0: 10m)")
 	fs.DurationVar(&opts.NodeGrace, "node-grace", 0, "how long after the manager starts, or a watch fails, before a Node condition counts against a Machine in a health check (0: 40s)")
+	fs.StringArrayVar(&remotes, "provider", nil, "NAME=ENDPOINT: a provider served out of process, at unix:///path or tcp://host:port (repeatable)")
+	addClientTLSFlags(fs, "provider-", &remoteOpts.TLS)
+	fs.DurationVar(&remoteOpts.Timeout, "provider-timeout", 0, "how long one call to an out-of-process provider may take (0: 30s)")
 	fs.StringVar(&machines.StateDir, "process-state-dir", "", `turn on the "process" provider, keeping its machines' state here`)
 	fs.StringVar(&machines.Kubeconfig, "process-kubeconfig", "", "kubeconfig the process provider's agents reach kube-apiserver with; empty means --kubeconfig")
 	fs.StringVar(&machines.AgentBinary, "process-agent-binary", "", "the machinist binary the agents run; empty means this one")
@@ -112,6 +135,29 @@ logging "waiting for kube-apiserver", instead of exiting again.`,
 	fs.DurationVar(&machines.RenewInterval, "process-renew-interval", 0, "how often the agents renew their Node Leases (0: 10s)")
 	logs.add(fs)
 	return cmd
+}
+
+// registerRemotes dials each NAME=ENDPOINT and registers it. Dialing does
+// not wait for the provider: one that is not up yet makes its Machines
+// wait (ProviderUnavailable), which is what a manager starting beside
+// its providers wants.
+func registerRemotes(reg *actuators.Registry, specs []string, opts provider.DialOptions) ([]*provider.Client, error) {
+	var clients []*provider.Client
+	for _, spec := range specs {
+		name, endpoint, ok := strings.Cut(spec, "=")
+		if !ok || name == "" || endpoint == "" {
+			return clients, fmt.Errorf("--provider %q: want NAME=ENDPOINT, such as process=unix:///run/machinist/process.sock", spec)
+		}
+		c, err := provider.Dial(name, endpoint, opts)
+		if err != nil {
+			return clients, fmt.Errorf("--provider %s: %w", spec, err)
+		}
+		clients = append(clients, c)
+		if err := reg.Register(name, c); err != nil {
+			return clients, fmt.Errorf("--provider %s: %w", spec, err)
+		}
+	}
+	return clients, nil
 }
 
 // managerScheme knows the kinds the controllers read and write.

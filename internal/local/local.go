@@ -13,7 +13,10 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -43,6 +46,7 @@ import (
 	"github.com/machinist-dev/machinist/internal/manager"
 	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/internal/pki"
+	"github.com/machinist-dev/machinist/provider"
 )
 
 // VerbsService is the Service the verbs server is registered under.
@@ -171,37 +175,36 @@ func Run(ctx context.Context, opts Options) (err error) {
 		err = errors.Join(err, kcm.Stop(stopCtx))
 	}()
 
-	// The process provider, then the controllers.
-	agent := opts.AgentBinary
-	if agent == "" {
-		if agent, err = os.Executable(); err != nil {
-			return err
-		}
-	}
-	machines, err := process.New(process.Options{
-		Kubeconfig:  kubeconfig,
-		AgentBinary: agent,
-		StateDir:    filepath.Join(dir, "machines"),
-		// Shorter than the kubelet's 40s: see leaseSeconds.
-		LeaseDurationSeconds: leaseSeconds,
-		RenewInterval:        renewInterval,
-		ExitWithParent:       true,
-	})
+	// The process provider, out of process as a provider of one's own
+	// would be, then the controllers, which reach it over its socket.
+	self, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	defer func() {
-		stopCtx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		err = errors.Join(err, machines.Stop(stopCtx))
-	}()
+	agent := opts.AgentBinary
+	if agent == "" {
+		agent = self
+	}
+	machines, err := serveProcess(self, dir, kubeconfig, agent)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, machines.stop(time.Minute)) }()
+	remote, err := provider.Dial(process.Name, machines.endpoint, provider.DialOptions{})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = remote.Close() }()
+	if err := machines.waitReady(ctx, remote, 30*time.Second); err != nil {
+		return fmt.Errorf("%w; its log is %s", err, filepath.Join(dir, ProviderLog))
+	}
 	goroutines, err := inmemory.New(inmemory.Options{Config: cfg})
 	if err != nil {
 		return err
 	}
 	defer goroutines.Stop()
 	registry := actuators.NewRegistry()
-	if err := errors.Join(registry.Register(process.Name, machines), registry.Register(inmemory.Name, goroutines)); err != nil {
+	if err := errors.Join(registry.Register(process.Name, remote), registry.Register(inmemory.Name, goroutines)); err != nil {
 		return err
 	}
 	runCtx, cancel := context.WithCancel(ctx)
@@ -252,6 +255,8 @@ func Run(ctx context.Context, opts Options) (err error) {
 	case err := <-verbsDone:
 		verbsDone <- err
 		return fmt.Errorf("the verbs server stopped: %w", err)
+	case <-machines.done:
+		return fmt.Errorf("the process provider stopped; its log is %s", filepath.Join(dir, ProviderLog))
 	case <-kcm.Exited():
 		return fmt.Errorf("kube-controller-manager stopped (%v); its log is %s", kcm.Err(), filepath.Join(dir, controllermanager.LogFile))
 	}
@@ -262,6 +267,87 @@ func Run(ctx context.Context, opts Options) (err error) {
 // background runs run(ctx) in a goroutine; the channel yields its error,
 // nil when it ended because ctx was cancelled. It holds one value, so a
 // reader that takes the error early puts it back for the deferred stop.
+// ProviderLog is the process provider's log, in the state directory.
+const ProviderLog = "provider.log"
+
+// served is `machinist provider serve` running as a child.
+type served struct {
+	cmd      *exec.Cmd
+	endpoint string
+	log      *os.File
+	done     chan struct{}
+}
+
+// serveProcess starts the process provider as `machinist provider serve`
+// on a socket in dir, logging to dir/provider.log. Its machines end with
+// it (--process-exit-with-parent): this host's control plane ends too.
+func serveProcess(self, dir, kubeconfig, agent string) (*served, error) {
+	log, err := os.OpenFile(filepath.Join(dir, ProviderLog), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	endpoint := "unix://" + filepath.Join(dir, "provider", process.Name+".sock")
+	cmd := exec.Command(self, "provider", "serve", "--provider", process.Name, "--endpoint", endpoint,
+		"--kubeconfig", kubeconfig, "--process-state-dir", filepath.Join(dir, "machines"),
+		"--process-agent-binary", agent, "--process-exit-with-parent",
+		"--lease-duration-seconds", strconv.Itoa(leaseSeconds), "--renew-interval", renewInterval.String(),
+		"--log-level", "info")
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		_ = log.Close()
+		return nil, fmt.Errorf("starting the process provider: %w", err)
+	}
+	// Killed without the chance to stop it, this process must not leave
+	// the provider (and through it the machines) running.
+	if err := orphans.Guard(cmd.Process.Pid); err != nil {
+		_ = cmd.Process.Kill()
+		_ = log.Close()
+		return nil, err
+	}
+	s := &served{cmd: cmd, endpoint: endpoint, log: log, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(s.done) }()
+	return s, nil
+}
+
+// waitReady waits until the provider answers, so that the controllers'
+// first calls find it rather than report it unavailable.
+func (s *served) waitReady(ctx context.Context, c *provider.Client, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		probe, cancel := context.WithTimeout(ctx, time.Second)
+		resp, err := c.Probe(probe)
+		cancel()
+		if err == nil && resp.GetReady() {
+			return nil
+		}
+		select {
+		case <-s.done:
+			return errors.New("the process provider exited")
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the process provider is not ready after %s: %v", timeout, err)
+		}
+	}
+}
+
+// stop sends SIGTERM, so that the provider stops its machines in order,
+// and waits up to timeout before killing it.
+func (s *served) stop(timeout time.Duration) error {
+	defer func() { _ = s.log.Close() }()
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+		return nil
+	case <-time.After(timeout):
+		_ = s.cmd.Process.Kill()
+		<-s.done
+		return fmt.Errorf("the process provider did not stop within %s", timeout)
+	}
+}
+
 func background(ctx context.Context, run func(context.Context) error) chan error {
 	done := make(chan error, 1)
 	go func() {

@@ -1,0 +1,167 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"runtime/debug"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/machinist-dev/machinist/actuators"
+	"github.com/machinist-dev/machinist/actuators/inmemory"
+	"github.com/machinist-dev/machinist/actuators/process"
+	"github.com/machinist-dev/machinist/provider"
+)
+
+func providerCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "provider",
+		Short: "Serve a provider over the provider protocol, or check one against it",
+		Long: `Providers can run out of the manager's process and speak the provider
+protocol (gRPC, docs/providers.md) over a Unix socket or TCP with mutual
+TLS. "serve" offers a built-in provider that way, as the reference
+implementation; "conformance" checks any provider against the contract.`,
+	}
+	cmd.AddCommand(providerServeCommand())
+	cmd.AddCommand(providerConformanceCommand())
+	return cmd
+}
+
+func providerServeCommand() *cobra.Command {
+	var (
+		name       string
+		endpoint   string
+		kubeconfig string
+		tlsFiles   provider.TLSFiles
+		control    string
+		machines   process.Options
+		logs       logFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "serve --provider inmemory|process --endpoint unix:///path/to.sock",
+		Short: "Serve a built-in provider over the provider protocol",
+		Long: `Serve the inmemory or the process provider on --endpoint until SIGTERM or
+Ctrl-C. A manager reaches it with --provider NAME=ENDPOINT.
+
+The inmemory provider's machines live in this process and end with it.
+The process provider's machines are agent processes that outlive it; a
+new "serve" over the same --process-state-dir takes them over on its
+first call.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := logs.setUp(); err != nil {
+				return err
+			}
+			cfg, err := restConfig(kubeconfig)
+			if err != nil {
+				return err
+			}
+			ctx := ctrl.SetupSignalHandler()
+			var a actuators.Actuator
+			switch name {
+			case inmemory.Name:
+				p, err := inmemory.New(inmemory.Options{
+					Config: cfg, LeaseDurationSeconds: machines.LeaseDurationSeconds, RenewInterval: machines.RenewInterval,
+				})
+				if err != nil {
+					return err
+				}
+				defer p.Stop()
+				if control != "" {
+					stop, err := serveControl(control, p.ControlHandler())
+					if err != nil {
+						return err
+					}
+					defer stop()
+				}
+				a = p
+			case process.Name:
+				if machines.StateDir == "" {
+					return fmt.Errorf("--provider process needs --process-state-dir")
+				}
+				if machines.Kubeconfig == "" {
+					machines.Kubeconfig = kubeconfig
+				}
+				p, err := process.New(machines)
+				if err != nil {
+					return err
+				}
+				if machines.ExitWithParent {
+					// The machines end with this provider (machinist
+					// run): stopped in order rather than killed.
+					defer func() {
+						stopCtx, cancel := context.WithTimeout(context.Background(), time.Minute)
+						defer cancel()
+						_ = p.Stop(stopCtx)
+					}()
+				}
+				// Otherwise never stopped: the machines outlive the
+				// provider, as real ones outlive their controller.
+				a = p
+			default:
+				return fmt.Errorf("--provider %q: the built-in providers are %s and %s", name, inmemory.Name, process.Name)
+			}
+			ctrl.Log.Info("serving provider", "provider", name, "endpoint", endpoint)
+			return provider.Serve(ctx, endpoint, a, provider.ServeOptions{Name: name, VendorVersion: version(), TLS: tlsFiles})
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&name, "provider", "", "the built-in provider to serve: inmemory or process")
+	fs.StringVar(&endpoint, "endpoint", "", "where to serve: unix:///path/to.sock, or tcp://host:port with --tls-*")
+	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig the machines' Nodes are registered with; empty means in-cluster credentials")
+	addServerTLSFlags(fs, &tlsFiles)
+	fs.StringVar(&control, "inmemory-control", "", "unix:///path: also serve the inmemory provider's fault injection and books there, for tests")
+	fs.StringVar(&machines.StateDir, "process-state-dir", "", "the process provider's state directory")
+	fs.StringVar(&machines.Kubeconfig, "process-kubeconfig", "", "kubeconfig the process provider's agents use; empty means --kubeconfig")
+	fs.StringVar(&machines.AgentBinary, "process-agent-binary", "", "the machinist binary the agents run; empty means this one")
+	fs.BoolVar(&machines.ExitWithParent, "process-exit-with-parent", false, "kill the agents when this process dies (for machinist run, whose control plane dies with it)")
+	fs.Int32Var(&machines.LeaseDurationSeconds, "lease-duration-seconds", 0, "the machines' Node Lease duration (0: 40)")
+	fs.DurationVar(&machines.RenewInterval, "renew-interval", 0, "how often the machines renew their Node Leases (0: 10s)")
+	_ = cmd.MarkFlagRequired("provider")
+	_ = cmd.MarkFlagRequired("endpoint")
+	logs.add(fs)
+	return cmd
+}
+
+// serveControl serves h over HTTP on a Unix socket until stop is called.
+func serveControl(endpoint string, h http.Handler) (stop func(), err error) {
+	e, err := provider.ParseEndpoint(endpoint)
+	if err != nil {
+		return nil, err
+	}
+	if e.Network != "unix" {
+		return nil, fmt.Errorf("--inmemory-control %s: only a Unix socket, which only this host's users reach", endpoint)
+	}
+	lis, err := provider.Listen(e)
+	if err != nil {
+		return nil, err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(lis) }()
+	return func() { _ = srv.Close(); _ = os.Remove(e.Address) }, nil
+}
+
+// version is the module version the binary was built from, for people.
+func version() string {
+	if info, ok := debug.ReadBuildInfo(); ok && info.Main.Version != "" {
+		return info.Main.Version
+	}
+	return "(devel)"
+}
+
+func addServerTLSFlags(fs *pflag.FlagSet, f *provider.TLSFiles) {
+	fs.StringVar(&f.CA, "tls-client-ca", "", "CA that signed the clients' certificates (mutual TLS; required for tcp://)")
+	fs.StringVar(&f.Cert, "tls-cert", "", "this provider's certificate (PEM)")
+	fs.StringVar(&f.Key, "tls-key", "", "this provider's key (PEM)")
+}
+
+func addClientTLSFlags(fs *pflag.FlagSet, prefix string, f *provider.TLSFiles) {
+	fs.StringVar(&f.CA, prefix+"tls-ca", "", "CA that signed the providers' certificates (mutual TLS; required for tcp:// endpoints)")
+	fs.StringVar(&f.Cert, prefix+"tls-cert", "", "the client certificate presented to providers (PEM)")
+	fs.StringVar(&f.Key, prefix+"tls-key", "", "the client key (PEM)")
+}
