@@ -11,7 +11,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/machinist-dev/machinist/actuators/inmemory"
 	"github.com/machinist-dev/machinist/internal/manager"
 	"github.com/machinist-dev/machinist/internal/testenv"
 )
@@ -21,7 +20,7 @@ var (
 	k8s client.Client
 	// provider counts each machine's restarts: an update carried out once
 	// is one.
-	provider *inmemory.Provider
+	provider testenv.Provider
 )
 
 func TestMachineDeployments(t *testing.T) {
@@ -34,7 +33,7 @@ var _ = BeforeSuite(func() {
 	var stop func() error
 	var err error
 	var controllers *testenv.Controllers
-	env, controllers, stop, err = testenv.StartWithControllers(manager.Options{ProvisionTimeout: 5 * time.Minute},
+	env, controllers, stop, err = testenv.StartWithServedControllers(manager.Options{ProvisionTimeout: 5 * time.Minute},
 		testenv.Leases{DurationSeconds: 20, RenewInterval: 5 * time.Second})
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(stop)

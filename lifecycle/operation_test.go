@@ -288,7 +288,7 @@ var _ = Describe("Machine operations", func() {
 		Expect(m.Status.Operation.ID).To(Equal(op.ID))
 		Expect(m.Status.Phase).To(Equal(machinistv1.MachineRunning))
 		Expect(m.Status.BootID).NotTo(Equal(boot))
-		Expect(h.phasesOf("dead")()).To(Equal([]machinistv1.MachinePhase{pending, provisioning, running, rebooting, running}),
+		Expect(h.phasesSinceRunning("dead")()).To(Equal([]machinistv1.MachinePhase{running, rebooting, running}),
 			"no drain")
 
 		By("deleting every pod bound to the Node but its mirror pod, and saying so")

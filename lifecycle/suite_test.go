@@ -12,7 +12,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/machinist-dev/machinist/actuators/inmemory"
 	"github.com/machinist-dev/machinist/internal/manager"
 	"github.com/machinist-dev/machinist/internal/testenv"
 	"github.com/machinist-dev/machinist/lifecycle"
@@ -21,7 +20,7 @@ import (
 var (
 	env      *testenv.Env
 	k8s      client.Client
-	provider *inmemory.Provider
+	provider testenv.Provider
 	metrics  *lifecycle.Metrics
 	// controllers can be restarted, as a crash would.
 	controllers *testenv.Controllers
@@ -43,7 +42,7 @@ var _ = BeforeSuite(func() {
 	ctrl.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
 	var stop func() error
 	var err error
-	env, controllers, stop, err = testenv.StartWithControllers(manager.Options{
+	env, controllers, stop, err = testenv.StartWithServedControllers(manager.Options{
 		MachineWorkers:   4,
 		ProvisionTimeout: provisionTimeout,
 		Backoff:          lifecycle.Backoff{Base: 50 * time.Millisecond, Cap: time.Second},

@@ -19,7 +19,7 @@ import (
 var (
 	env      *testenv.Env
 	k8s      client.Client
-	provider *inmemory.Provider
+	provider testenv.Provider
 )
 
 func TestMachineSets(t *testing.T) {
@@ -32,7 +32,7 @@ var _ = BeforeSuite(func() {
 	var controllers *testenv.Controllers
 	var stop func() error
 	var err error
-	env, controllers, stop, err = testenv.StartWithControllers(manager.Options{ProvisionTimeout: 20 * time.Second},
+	env, controllers, stop, err = testenv.StartWithServedControllers(manager.Options{ProvisionTimeout: 20 * time.Second},
 		testenv.Leases{DurationSeconds: 10, RenewInterval: 2 * time.Second})
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(stop)

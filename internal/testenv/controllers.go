@@ -25,8 +25,11 @@ import (
 // Controllers are Machinist's controllers and an inmemory provider running
 // against an Env.
 type Controllers struct {
-	// Provider is the "inmemory" provider, for injecting faults.
-	Provider *inmemory.Provider
+	// Provider is the "inmemory" provider, for injecting faults and
+	// reading its books: in this process, or served by one of its own.
+	Provider Provider
+	// Served is the provider's process when it is served out of process.
+	Served *ServedInmemory
 	// Manager runs the controllers.
 	Manager *manager.Manager
 
@@ -36,6 +39,8 @@ type Controllers struct {
 	opts   manager.Options
 	cancel context.CancelFunc
 	done   chan error
+	// stopProvider ends the provider's machines.
+	stopProvider func() error
 }
 
 // Leases configures the inmemory provider's kubelet Leases; tests use short
@@ -46,8 +51,9 @@ type Leases struct {
 }
 
 // StartControllers starts the manager with an inmemory provider registered
-// as "inmemory". opts.Actuators and opts.Registry are filled in; metrics go
-// to a private registry so that several managers can run in one process.
+// as "inmemory", unless opts.Actuators brings the providers (then Provider
+// is nil). opts.Registry is filled in; metrics go to a private registry so
+// that several managers can run in one process.
 func (e *Env) StartControllers(opts manager.Options, leases Leases) (*Controllers, error) {
 	return e.startControllers(e.Config, opts, leases)
 }
@@ -65,25 +71,47 @@ func (e *Env) StartControllersAs(user rest.ImpersonationConfig, opts manager.Opt
 }
 
 func (e *Env) startControllers(cfg *rest.Config, opts manager.Options, leases Leases) (*Controllers, error) {
-	provider, err := inmemory.New(inmemory.Options{
+	if opts.Actuators != nil {
+		// The caller brings its providers (and stops them).
+		c := &Controllers{env: e, config: cfg, stopProvider: func() error { return nil }}
+		opts.Repeatable = true
+		c.opts = opts
+		return c, c.startManager()
+	}
+	p, err := inmemory.New(inmemory.Options{
 		Config: e.Config, LeaseDurationSeconds: leases.DurationSeconds, RenewInterval: leases.RenewInterval,
 	})
 	if err != nil {
 		return nil, err
 	}
-	opts.Actuators = actuators.NewRegistry()
-	if err := opts.Actuators.Register(inmemory.Name, provider); err != nil {
-		provider.Stop()
+	c := &Controllers{Provider: p, env: e, config: cfg, stopProvider: func() error { p.Stop(); return nil }}
+	return c, c.start(opts, p)
+}
+
+// StartServedControllers is StartControllers with the inmemory provider
+// served by `machinist provider serve`, a process of its own, and reached
+// over its Unix socket as any out-of-process provider is.
+func (e *Env) StartServedControllers(opts manager.Options, leases Leases) (*Controllers, error) {
+	served, err := e.ServeInmemory(leases)
+	if err != nil {
 		return nil, err
+	}
+	c := &Controllers{Provider: served, Served: served, env: e, config: e.Config, stopProvider: served.Stop}
+	return c, c.start(opts, served.Client)
+}
+
+func (c *Controllers) start(opts manager.Options, a actuators.Actuator) error {
+	opts.Actuators = actuators.NewRegistry()
+	if err := opts.Actuators.Register(inmemory.Name, a); err != nil {
+		return errors.Join(err, c.stopProvider())
 	}
 	// The manager may be started again in this process (RestartManager).
 	opts.Repeatable = true
-	c := &Controllers{Provider: provider, env: e, config: cfg, opts: opts}
+	c.opts = opts
 	if err := c.startManager(); err != nil {
-		provider.Stop()
-		return nil, err
+		return errors.Join(err, c.stopProvider())
 	}
-	return c, nil
+	return nil
 }
 
 func (c *Controllers) startManager() error {
@@ -134,18 +162,26 @@ func (c *Controllers) Paused(f func() error) error {
 
 // Stop stops the manager, then the provider's machines.
 func (c *Controllers) Stop() error {
-	err := c.stopManager()
-	c.Provider.Stop()
-	return err
+	return errors.Join(c.stopManager(), c.stopProvider())
 }
 
 // StartWithControllers starts a control plane and, against it, the
 // controllers with an inmemory provider; stop ends both, controllers first.
 func StartWithControllers(opts manager.Options, leases Leases) (e *Env, c *Controllers, stop func() error, err error) {
+	return startWith((*Env).StartControllers, opts, leases)
+}
+
+// StartWithServedControllers is StartWithControllers with the provider
+// served out of process (StartServedControllers).
+func StartWithServedControllers(opts manager.Options, leases Leases) (e *Env, c *Controllers, stop func() error, err error) {
+	return startWith((*Env).StartServedControllers, opts, leases)
+}
+
+func startWith(start func(*Env, manager.Options, Leases) (*Controllers, error), opts manager.Options, leases Leases) (e *Env, c *Controllers, stop func() error, err error) {
 	if e, err = Start(); err != nil {
 		return nil, nil, nil, err
 	}
-	if c, err = e.StartControllers(opts, leases); err != nil {
+	if c, err = start(e, opts, leases); err != nil {
 		_ = e.Stop()
 		return nil, nil, nil, err
 	}

@@ -1,0 +1,228 @@
+// Package outofprocess tests a provider that runs in a process of its own
+// and goes away: the Machines it serves wait, saying why, and carry on
+// when it is back.
+package outofprocess
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+	"google.golang.org/grpc/grpclog"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/machinist-dev/machinist/actuators"
+	"github.com/machinist-dev/machinist/actuators/process"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/manager"
+	"github.com/machinist-dev/machinist/internal/orphans"
+	"github.com/machinist-dev/machinist/internal/testenv"
+	"github.com/machinist-dev/machinist/lifecycle"
+	"github.com/machinist-dev/machinist/provider"
+)
+
+var (
+	env    *testenv.Env
+	served *testenv.ServedProvider
+)
+
+func TestMain(m *testing.M) {
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
+	// The provider is killed on purpose; gRPC's warnings about it are
+	// what the test expects, not news.
+	grpclog.SetLoggerV2(grpclog.NewLoggerV2(io.Discard, io.Discard, os.Stderr))
+	os.Exit(testenv.RunWith(m, func(e *testenv.Env) (func(), error) {
+		env = e
+		bin, err := testenv.Machinist()
+		if err != nil {
+			return nil, err
+		}
+		// The agents outlive the provider on purpose; they must not
+		// outlive this test.
+		if err := orphans.GuardExecutable(bin); err != nil {
+			return nil, err
+		}
+		dir, err := os.MkdirTemp("", "outofprocess-")
+		if err != nil {
+			return nil, err
+		}
+		served, err = e.ServeProvider(process.Name, "--process-state-dir", dir,
+			"--lease-duration-seconds", "10", "--renew-interval", "2s")
+		if err != nil {
+			return nil, err
+		}
+		c, err := served.Dial(provider.DialOptions{Timeout: 10 * time.Second})
+		if err != nil {
+			return nil, err
+		}
+		reg := actuators.NewRegistry()
+		if err := reg.Register(process.Name, c); err != nil {
+			return nil, err
+		}
+		controllers, err := e.StartControllers(manager.Options{Actuators: reg, MachineWorkers: 4}, testenv.Leases{})
+		if err != nil {
+			return nil, err
+		}
+		return func() {
+			_ = controllers.Stop()
+			_ = c.Close()
+			_ = served.Stop()
+			_ = os.RemoveAll(dir)
+		}, nil
+	}))
+}
+
+func machines(t *testing.T, ns string) []machinistv1.Machine {
+	t.Helper()
+	var list machinistv1.MachineList
+	if err := env.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	return list.Items
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after %s: %v", what, timeout, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func reason(m *machinistv1.Machine) string {
+	if c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionReady); c != nil {
+		return c.Reason
+	}
+	return ""
+}
+
+// TestAProviderThatGoesAwayMakesMachinesWait kills the provider's process
+// (its machines, agent processes, keep running), then asks for a new
+// Machine and a reboot: both wait with the reason ProviderUnavailable and
+// nothing is failed; once the provider is back, both complete.
+func TestAProviderThatGoesAwayMakesMachinesWait(t *testing.T) {
+	ctx := context.Background()
+	ns, err := env.Namespace(ctx, "outage")
+	if err != nil {
+		t.Fatal(err)
+	}
+	class := &machinistv1.MachineClass{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "local"},
+		Spec:       machinistv1.MachineClassSpec{Provider: process.Name},
+	}
+	if err := env.Client.Create(ctx, class); err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]string{"pool": "a"}
+	set := &machinistv1.MachineSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pool"},
+		Spec: machinistv1.MachineSetSpec{
+			Replicas: ptr.To[int32](2),
+			Selector: machinistv1.LabelSelector{MatchLabels: labels},
+			Template: machinistv1.MachineTemplateSpec{
+				Metadata: machinistv1.TemplateMetadata{Labels: labels},
+				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "local"}, Version: "v1.37.2"},
+			},
+		},
+	}
+	if err := env.Client.Create(ctx, set); err != nil {
+		t.Fatal(err)
+	}
+	running := func(n int) func() error {
+		return func() error {
+			got := 0
+			for _, m := range machines(t, ns) {
+				if m.Status.Phase == machinistv1.MachineRunning && meta.IsStatusConditionTrue(m.Status.Conditions, machinistv1.ConditionReady) {
+					got++
+				}
+			}
+			if got != n {
+				return fmt.Errorf("%d of %d Running and Ready", got, n)
+			}
+			return nil
+		}
+	}
+	waitFor(t, 2*time.Minute, "two Machines Running", running(2))
+	first := machines(t, ns)[0]
+	if first.Status.NodeInfo == nil {
+		t.Fatalf("Machine %s is Running with no Node info", first.Name)
+	}
+	bootBefore := first.Status.NodeInfo.BootID
+
+	if err := served.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(set.DeepCopy())
+	set.Spec.Replicas = ptr.To[int32](3)
+	if err := env.Client.Patch(ctx, set, patch); err != nil {
+		t.Fatal(err)
+	}
+	rebooted := first.DeepCopy()
+	rebooted.Annotations = map[string]string{machinistv1.RequestAnnotation: "reboot"}
+	if err := env.Client.Patch(ctx, rebooted, client.MergeFrom(&first)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "the new Machine and the reboot wait for the provider", func() error {
+		ms := machines(t, ns)
+		if len(ms) != 3 {
+			return fmt.Errorf("%d Machines", len(ms))
+		}
+		for _, m := range ms {
+			waiting := m.Status.ProviderID == "" || m.Name == first.Name
+			if waiting && reason(&m) != lifecycle.ReasonProviderUnavailable {
+				return fmt.Errorf("Machine %s (%s) waits with reason %q", m.Name, m.Status.Phase, reason(&m))
+			}
+		}
+		return nil
+	})
+	for _, m := range machines(t, ns) {
+		if c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionReady); c != nil && c.Reason == lifecycle.ReasonProviderUnavailable {
+			t.Logf("Machine %s (%s): %s", m.Name, m.Status.Phase, c.Message)
+		}
+	}
+	// However long it lasts, an outage fails nothing.
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, m := range machines(t, ns) {
+			if m.Status.Phase == machinistv1.MachineFailed {
+				t.Fatalf("Machine %s Failed while its provider was away: %s", m.Name, m.Status.FailureMessage)
+			}
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+
+	if err := served.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Minute, "three Machines Running once the provider is back", running(3))
+	waitFor(t, time.Minute, "the reboot done", func() error {
+		var m machinistv1.Machine
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(&first), &m); err != nil {
+			return err
+		}
+		op := m.Status.Operation
+		if op == nil || op.State != machinistv1.OperationSucceeded {
+			return fmt.Errorf("operation %+v", op)
+		}
+		if m.Status.NodeInfo == nil || m.Status.NodeInfo.BootID == bootBefore {
+			return fmt.Errorf("boot ID still %s", bootBefore)
+		}
+		return nil
+	})
+}
