@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/singleflight"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -60,6 +61,9 @@ type Client struct {
 	identity providerv1.IdentityServiceClient
 	machines providerv1.MachineServiceClient
 
+	asking singleflight.Group
+	// mu guards name (learned when Dial was given none) and the answer
+	// to the last question.
 	mu      sync.Mutex
 	caps    *providerv1.GetCapabilitiesResponse
 	checked time.Time
@@ -69,7 +73,9 @@ var _ actuators.Actuator = (*Client)(nil)
 
 // Dial returns a Client for the provider called name at endpoint. It does
 // not wait for the provider: a provider that is not there yet makes calls
-// fail as Unavailable until it is.
+// fail as Unavailable until it is. An empty name accepts whichever provider
+// the endpoint serves (the conformance suite dials so); a manager always
+// names the provider it expects.
 func Dial(name, endpoint string, opts DialOptions) (*Client, error) {
 	e, err := ParseEndpoint(endpoint)
 	if err != nil {
@@ -77,6 +83,9 @@ func Dial(name, endpoint string, opts DialOptions) (*Client, error) {
 	}
 	if err := checkTransport(e, opts.TLS); err != nil {
 		return nil, err
+	}
+	if e.Network == "unix" && !opts.TLS.Empty() {
+		return nil, fmt.Errorf("endpoint %s is a Unix socket: TLS is for tcp:// endpoints; the socket's file permissions guard it", e)
 	}
 	creds := insecure.NewCredentials()
 	if !opts.TLS.Empty() {
@@ -108,6 +117,10 @@ func Dial(name, endpoint string, opts DialOptions) (*Client, error) {
 // Close closes the connection.
 func (c *Client) Close() error { return c.conn.Close() }
 
+// Conn is the client's connection, for calls the Actuator methods do not
+// make (the conformance suite sends malformed requests through it).
+func (c *Client) Conn() grpc.ClientConnInterface { return c.conn }
+
 // Endpoint is where the provider is reached.
 func (c *Client) Endpoint() Endpoint { return c.endpoint }
 
@@ -116,8 +129,9 @@ func (c *Client) call(ctx context.Context) (context.Context, context.CancelFunc)
 }
 
 // Capabilities returns what the provider declared, asking it when the
-// last answer is older than the refresh interval. It also checks that the
-// endpoint serves the provider this Client was made for.
+// last answer is older than the refresh interval; concurrent callers share
+// one question. It also checks that the endpoint serves the provider this
+// Client was made for.
 func (c *Client) Capabilities(ctx context.Context) (*providerv1.GetCapabilitiesResponse, error) {
 	c.mu.Lock()
 	if c.caps != nil && time.Since(c.checked) < c.opts.Refresh {
@@ -126,28 +140,53 @@ func (c *Client) Capabilities(ctx context.Context) (*providerv1.GetCapabilitiesR
 		return caps, nil
 	}
 	c.mu.Unlock()
+	caps, err, _ := c.asking.Do("capabilities", func() (any, error) { return c.ask(ctx) })
+	if err != nil {
+		return nil, err
+	}
+	return caps.(*providerv1.GetCapabilitiesResponse), nil
+}
+
+func (c *Client) ask(ctx context.Context) (*providerv1.GetCapabilitiesResponse, error) {
 	ctx, cancel := c.call(ctx)
 	defer cancel()
+	name := c.Name()
 	info, err := c.identity.GetInfo(ctx, &providerv1.GetInfoRequest{})
 	if err != nil {
-		return nil, fromStatus(c.name, "GetInfo", err)
+		return nil, fromStatus(c.who(), "GetInfo", err)
 	}
-	if info.GetName() != c.name {
+	if name != "" && info.GetName() != name {
 		// A wrong socket or address: wait, as for a provider that is
 		// not there, rather than let another provider act.
-		return nil, actuators.Unavailable(fmt.Errorf("provider %s: %s serves provider %q instead", c.name, c.endpoint, info.GetName()))
+		return nil, actuators.Unavailable(fmt.Errorf("provider %s: %s serves provider %q instead", name, c.endpoint, info.GetName()))
 	}
 	if info.GetProtocol() != Protocol {
-		return nil, actuators.Unavailable(fmt.Errorf("provider %s at %s speaks protocol %q, not %q", c.name, c.endpoint, info.GetProtocol(), Protocol))
+		return nil, actuators.Unavailable(fmt.Errorf("provider %s at %s speaks protocol %q, not %q", info.GetName(), c.endpoint, info.GetProtocol(), Protocol))
 	}
 	caps, err := c.identity.GetCapabilities(ctx, &providerv1.GetCapabilitiesRequest{})
 	if err != nil {
-		return nil, fromStatus(c.name, "GetCapabilities", err)
+		return nil, fromStatus(info.GetName(), "GetCapabilities", err)
 	}
 	c.mu.Lock()
-	c.caps, c.checked = caps, time.Now()
+	c.name, c.caps, c.checked = info.GetName(), caps, time.Now()
 	c.mu.Unlock()
 	return caps, nil
+}
+
+// Name is the provider's name: the one Dial was given, or, dialled
+// without one, what the provider said once asked.
+func (c *Client) Name() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.name
+}
+
+// who names the provider in messages.
+func (c *Client) who() string {
+	if name := c.Name(); name != "" {
+		return name
+	}
+	return "at " + c.endpoint.String()
 }
 
 // Probe asks whether the provider is ready.
@@ -155,7 +194,7 @@ func (c *Client) Probe(ctx context.Context) (*providerv1.ProbeResponse, error) {
 	ctx, cancel := c.call(ctx)
 	defer cancel()
 	resp, err := c.identity.Probe(ctx, &providerv1.ProbeRequest{})
-	return resp, fromStatus(c.name, "Probe", err)
+	return resp, fromStatus(c.who(), "Probe", err)
 }
 
 // Info returns the provider's identity.
@@ -163,7 +202,7 @@ func (c *Client) Info(ctx context.Context) (*providerv1.GetInfoResponse, error) 
 	ctx, cancel := c.call(ctx)
 	defer cancel()
 	resp, err := c.identity.GetInfo(ctx, &providerv1.GetInfoRequest{})
-	return resp, fromStatus(c.name, "GetInfo", err)
+	return resp, fromStatus(c.who(), "GetInfo", err)
 }
 
 // Create sends the Machine and its class as JSON.
@@ -185,7 +224,7 @@ func (c *Client) Create(ctx context.Context, m *machinistv1.Machine, class *mach
 	defer cancel()
 	resp, err := c.machines.Create(ctx, req)
 	if err != nil {
-		return "", fromStatus(c.name, "Create", err)
+		return "", fromStatus(c.who(), "Create", err)
 	}
 	return resp.GetProviderId(), nil
 }
@@ -212,7 +251,7 @@ func (c *Client) Exists(ctx context.Context, providerID string) (bool, error) {
 	defer cancel()
 	resp, err := c.machines.Exists(ctx, &providerv1.ExistsRequest{ProviderId: providerID})
 	if err != nil {
-		return false, fromStatus(c.name, "Exists", err)
+		return false, fromStatus(c.who(), "Exists", err)
 	}
 	return resp.GetExists(), nil
 }
@@ -222,7 +261,7 @@ func (c *Client) Delete(ctx context.Context, providerID string) error {
 	ctx, cancel := c.call(ctx)
 	defer cancel()
 	_, err := c.machines.Delete(ctx, &providerv1.DeleteRequest{ProviderId: providerID})
-	return fromStatus(c.name, "Delete", err)
+	return fromStatus(c.who(), "Delete", err)
 }
 
 // FindByUID asks for the instance made for a Machine.
@@ -231,7 +270,7 @@ func (c *Client) FindByUID(ctx context.Context, uid types.UID) (string, error) {
 	defer cancel()
 	resp, err := c.machines.FindByUID(ctx, &providerv1.FindByUIDRequest{MachineUid: string(uid)})
 	if err != nil {
-		return "", fromStatus(c.name, "FindByUID", err)
+		return "", fromStatus(c.who(), "FindByUID", err)
 	}
 	return resp.GetProviderId(), nil
 }
@@ -247,7 +286,7 @@ func (c *Client) declared(ctx context.Context, verb providerv1.Verb) error {
 		return err
 	}
 	if !slices.Contains(caps.GetVerbs(), verb) {
-		return actuators.Permanent(fmt.Errorf("provider %s cannot %s machines: %w", c.name, verbName(verb), ErrNotDeclared))
+		return actuators.Permanent(fmt.Errorf("provider %s cannot %s machines: %w", c.who(), verbName(verb), ErrNotDeclared))
 	}
 	return nil
 }
@@ -260,7 +299,7 @@ func (c *Client) Reboot(ctx context.Context, providerID string, op actuators.Ope
 	ctx, cancel := c.call(ctx)
 	defer cancel()
 	_, err := c.machines.Reboot(ctx, &providerv1.RebootRequest{ProviderId: providerID, OperationId: op.ID, Hard: op.Hard})
-	return fromStatus(c.name, "Reboot", err)
+	return fromStatus(c.who(), "Reboot", err)
 }
 
 // Repair asks for a repair, once per op.ID.
@@ -271,7 +310,7 @@ func (c *Client) Repair(ctx context.Context, providerID string, op actuators.Ope
 	ctx, cancel := c.call(ctx)
 	defer cancel()
 	_, err := c.machines.Repair(ctx, &providerv1.RepairRequest{ProviderId: providerID, OperationId: op.ID})
-	return fromStatus(c.name, "Repair", err)
+	return fromStatus(c.who(), "Repair", err)
 }
 
 // Update asks for an in-place update to op.Version, once per op.ID.
@@ -282,7 +321,7 @@ func (c *Client) Update(ctx context.Context, providerID string, op actuators.Ope
 	ctx, cancel := c.call(ctx)
 	defer cancel()
 	_, err := c.machines.Update(ctx, &providerv1.UpdateRequest{ProviderId: providerID, OperationId: op.ID, Version: op.Version})
-	return fromStatus(c.name, "Update", err)
+	return fromStatus(c.who(), "Update", err)
 }
 
 // InPlace answers from the declared capabilities. A provider that cannot

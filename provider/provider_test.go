@@ -436,3 +436,25 @@ func TestTCPNeedsMutualTLS(t *testing.T) {
 		t.Error("a client whose certificate the CA did not sign was served")
 	}
 }
+
+func TestDialledWithoutANameTheClientLearnsIt(t *testing.T) {
+	c := dial(t, "", serve(t, &recorder{}, provider.ServeOptions{Name: "test"}), provider.DialOptions{})
+	m, class := testMachine()
+	if _, err := c.Create(context.Background(), m, class); err != nil {
+		t.Fatal(err)
+	}
+	if c.Name() != "test" {
+		t.Errorf("Name() = %q, want the provider's own, test", c.Name())
+	}
+}
+
+func TestTLSIsRefusedOnAUnixSocket(t *testing.T) {
+	files := provider.TLSFiles{CA: "ca.crt", Cert: "tls.crt", Key: "tls.key"}
+	endpoint := "unix://" + filepath.Join(t.TempDir(), "p.sock")
+	if _, err := provider.Dial("test", endpoint, provider.DialOptions{TLS: files}); err == nil || !strings.Contains(err.Error(), "TLS is for tcp://") {
+		t.Errorf("Dial: %v", err)
+	}
+	if err := provider.Serve(context.Background(), endpoint, &recorder{}, provider.ServeOptions{Name: "test", TLS: files}); err == nil || !strings.Contains(err.Error(), "TLS is for tcp://") {
+		t.Errorf("Serve: %v", err)
+	}
+}

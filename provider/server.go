@@ -61,6 +61,9 @@ func Serve(ctx context.Context, endpoint string, a actuators.Actuator, opts Serv
 	if err := checkTransport(e, opts.TLS); err != nil {
 		return err
 	}
+	if e.Network == "unix" && !opts.TLS.Empty() {
+		return fmt.Errorf("endpoint %s is a Unix socket: TLS is for tcp:// endpoints; the socket's file permissions guard it", e)
+	}
 	lis, err := Listen(e)
 	if err != nil {
 		return err

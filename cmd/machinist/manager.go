@@ -27,6 +27,7 @@ func managerCommand() *cobra.Command {
 		machines   process.Options
 		remotes    []string
 		remoteOpts provider.DialOptions
+		goroutines inmemory.Options
 		logs       logFlags
 	)
 	cmd := &cobra.Command{
@@ -68,7 +69,8 @@ logging "waiting for kube-apiserver", instead of exiting again.`,
 				return err
 			}
 			if !slices.Contains(opts.Actuators.Names(), inmemory.Name) {
-				p, err := inmemory.New(inmemory.Options{Config: cfg})
+				goroutines.Config = cfg
+				p, err := inmemory.New(goroutines)
 				if err != nil {
 					return err
 				}
@@ -125,6 +127,8 @@ logging "waiting for kube-apiserver", instead of exiting again.`,
 	fs.DurationVar(&opts.ProvisionTimeout, "provision-timeout", 0, "how long a Machine may provision before it is Failed (0: 10m)")
 	fs.DurationVar(&opts.OperationTimeout, "operation-timeout", 0, "how long a reboot or repair may take before the Machine is Failed (0: 10m)")
 	fs.DurationVar(&opts.NodeGrace, "node-grace", 0, "how long after the manager starts, or a watch fails, before a Node condition counts against a Machine in a health check (0: 40s)")
+	fs.Int32Var(&goroutines.LeaseDurationSeconds, "inmemory-lease-duration-seconds", 0, "the in-process inmemory provider's Node Lease duration (0: 40)")
+	fs.DurationVar(&goroutines.RenewInterval, "inmemory-renew-interval", 0, "how often the in-process inmemory provider's machines renew their Leases (0: 10s)")
 	fs.StringArrayVar(&remotes, "provider", nil, "NAME=ENDPOINT: a provider served out of process, at unix:///path or tcp://host:port (repeatable)")
 	addClientTLSFlags(fs, "provider-", &remoteOpts.TLS)
 	fs.DurationVar(&remoteOpts.Timeout, "provider-timeout", 0, "how long one call to an out-of-process provider may take (0: 30s)")

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -105,6 +106,11 @@ func (p *ServedProvider) waitReady(timeout time.Duration) error {
 	}
 	defer func() { _ = c.Close() }()
 	deadline := time.Now().Add(timeout)
+	// Probed before its socket exists, gRPC would log every refused dial.
+	socket := strings.TrimPrefix(p.Endpoint, "unix://")
+	for _, err := os.Stat(socket); err != nil && time.Now().Before(deadline); _, err = os.Stat(socket) {
+		time.Sleep(20 * time.Millisecond)
+	}
 	for {
 		select {
 		case err := <-p.done:

@@ -1,11 +1,11 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
-	"runtime"
-	"runtime/debug"
+	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
@@ -14,17 +14,17 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/machinist-dev/machinist/internal/manager"
+	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/internal/testenv"
 )
 
 // BenchmarkProviderHop scales a MachineSet from 0 to 1,000 Running
-// Machines twice in one run: with the inmemory provider in the manager's
-// process, and with it served by `machinist provider serve` in a process
-// of its own, reached over a Unix socket. The difference is the cost of
-// the hop. With the provider out of process, this process's CPU and peak
-// RSS are the manager's own (and the benchmark's watch); the provider's
-// are measured in its process.
+// Machines twice in one run: with the inmemory provider inside `machinist
+// manager`, and with it served by `machinist provider serve`, reached over
+// a Unix socket. The difference is the cost of the hop. Each runs as a
+// process of its own, started afresh for each measurement, so that the
+// manager's CPU and peak RSS are its own, and the provider's (its 1,000
+// node agents) are measured apart.
 func BenchmarkProviderHop(b *testing.B) {
 	const n = 1000
 	for _, mode := range []string{"in-process", "socket"} {
@@ -44,22 +44,53 @@ func hop(b *testing.B, n int, served bool) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	// As setUp: Leases renewed rarely, so that heartbeats do not blur
-	// the figures.
-	leases := testenv.Leases{DurationSeconds: 3600, RenewInterval: time.Hour}
-	opts := manager.Options{MachineWorkers: workers, MachineSetWorkers: 4, QPS: qps, Burst: burst}
-	// A run before this one left its heap mapped; handed back, it does
-	// not count in this run's peak.
-	debug.FreeOSMemory()
-	resetPeakRSS()
-	start := e.StartControllers
-	if served {
-		start = e.StartServedControllers
-	}
-	ctrls, err := start(opts, leases)
+	bin, err := testenv.Machinist()
 	if err != nil {
 		b.Fatal(err)
 	}
+	args := []string{"manager", "--kubeconfig", e.Kubeconfig, "--metrics-bind-address=0", "--health-probe-bind-address=0",
+		"--machine-workers", strconv.Itoa(workers), "--set-workers=4",
+		"--kube-api-qps", strconv.Itoa(qps), "--kube-api-burst", strconv.Itoa(burst), "--log-level=error"}
+	// As setUp: Leases renewed rarely, so that heartbeats do not blur
+	// the figures.
+	var sp *testenv.ServedProvider
+	if served {
+		if sp, err = e.ServeProvider("inmemory", "--lease-duration-seconds=3600", "--renew-interval=1h", "--log-level=error"); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = sp.Stop() })
+		args = append(args, "--provider=inmemory="+sp.Endpoint)
+	} else {
+		args = append(args, "--inmemory-lease-duration-seconds=3600", "--inmemory-renew-interval=1h")
+	}
+	mgr := exec.Command(bin, args...)
+	var out bytes.Buffer
+	mgr.Stdout, mgr.Stderr = &out, &out
+	if err := mgr.Start(); err != nil {
+		b.Fatal(err)
+	}
+	if err := orphans.Guard(mgr.Process.Pid); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = mgr.Process.Signal(syscall.SIGTERM); _ = mgr.Wait() })
+
+	// One Machine first, so that the manager's start (cache sync, the
+	// first connection to the provider) is not timed.
+	warm := namespace(ctx, b, "warm")
+	if err := e.InmemoryClass(ctx, warm, "small", ""); err != nil {
+		b.Fatal(err)
+	}
+	warmed, err := watchRunning(ctx, warm, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	createSet(ctx, b, warm, 1)
+	select {
+	case <-warmed:
+	case <-time.After(2 * time.Minute):
+		b.Fatalf("the manager did not run one Machine in 2m:\n%s", out.String())
+	}
+
 	ns := namespace(ctx, b, "hop")
 	if err := e.InmemoryClass(ctx, ns, "small", ""); err != nil {
 		b.Fatal(err)
@@ -72,10 +103,10 @@ func hop(b *testing.B, n int, served bool) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	cpuBefore := ownCPU()
+	managerBefore := processCPU(b, mgr.Process.Pid)
 	var providerBefore time.Duration
 	if served {
-		providerBefore = processCPU(b, ctrls.Served.Cmd.Process.Pid)
+		providerBefore = processCPU(b, sp.Cmd.Process.Pid)
 	}
 
 	b.ResetTimer()
@@ -87,34 +118,22 @@ func hop(b *testing.B, n int, served bool) {
 		b.Fatalf("not every Machine was Running after %s", timeout(n))
 	}
 	took := time.Since(begin)
-	managerCPU := ownCPU() - cpuBefore
+	managerCPU := processCPU(b, mgr.Process.Pid) - managerBefore
+	var providerCPU time.Duration
+	if served {
+		providerCPU = processCPU(b, sp.Cmd.Process.Pid) - providerBefore
+	}
 	after := finalWrites(ctx, b, kube)
 	w := after.Done.Since(before.Done)
-	var mem runtime.MemStats
-	runtime.ReadMemStats(&mem)
 	b.ReportMetric(took.Seconds(), "s-to-running")
 	b.ReportMetric(float64(n)/took.Seconds(), "machines/s")
 	b.ReportMetric(w.Sum("machines", "machines/status")/float64(n), "machine-writes/machine")
 	b.ReportMetric(managerCPU.Seconds(), "manager-cpu-s")
-	b.ReportMetric(float64(peakRSS())/(1<<20), "manager-peak-RSS-MiB")
-	b.ReportMetric(float64(mem.HeapInuse)/(1<<20), "manager-heap-MiB")
+	b.ReportMetric(float64(processPeakRSS(b, mgr.Process.Pid))/(1<<20), "manager-peak-RSS-MiB")
 	if served {
-		pid := ctrls.Served.Cmd.Process.Pid
-		b.ReportMetric((processCPU(b, pid) - providerBefore).Seconds(), "provider-cpu-s")
-		b.ReportMetric(float64(processPeakRSS(b, pid))/(1<<20), "provider-peak-RSS-MiB")
+		b.ReportMetric(providerCPU.Seconds(), "provider-cpu-s")
+		b.ReportMetric(float64(processPeakRSS(b, sp.Cmd.Process.Pid))/(1<<20), "provider-peak-RSS-MiB")
 	}
-	if err := ctrls.Stop(); err != nil {
-		b.Fatal(err)
-	}
-}
-
-// ownCPU is the user and system CPU time this process has used.
-func ownCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // processCPU is the user and system CPU time of process pid, from

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/machinist-dev/machinist/provider/conformance"
+)
+
+func providerConformanceCommand() *cobra.Command {
+	var (
+		cfg           conformance.Config
+		kubeconfig    string
+		providerSpec  string
+		transientSpec string
+	)
+	cmd := &cobra.Command{
+		Use:   "conformance --endpoint unix:///path/to.sock --kubeconfig FILE",
+		Short: "Check a provider against the provider protocol's contract",
+		Long: `Check the provider at --endpoint against the contract the Machine controller
+relies on: Create idempotent on the Machine's UID, even under concurrent
+calls; reboot, repair and update carried out once per operation ID;
+Delete idempotent; undeclared verbs and invalid requests refused; errors
+permanent only when retrying cannot help.
+
+The checks create, restart and delete real instances, and judge them by
+the Nodes they register in the cluster --kubeconfig reaches: the
+provider must be serving that cluster. The Machines and the MachineClass
+are fabricated; none is written to the cluster. Each check deletes what
+it made, and its Nodes and Leases, so the credentials must be allowed to
+list, watch and delete Nodes and delete Leases in kube-node-lease.
+
+One line is printed per check. The exit status is 1 unless every check
+passed.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			rc, err := restConfig(kubeconfig)
+			if err != nil {
+				return err
+			}
+			if cfg.Kube, err = kubernetes.NewForConfig(rc); err != nil {
+				return err
+			}
+			if providerSpec != "" {
+				cfg.ProviderSpec = []byte(providerSpec)
+			}
+			if transientSpec != "" {
+				cfg.TransientProviderSpec = []byte(transientSpec)
+			}
+			// Interrupted, the suite still deletes what the check under
+			// way made; restoring the default once the first signal is in
+			// lets a second one kill it.
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			go func() {
+				<-ctx.Done()
+				stop()
+			}()
+			out := cmd.OutOrStdout()
+			results, err := conformance.Run(ctx, cfg, func(r conformance.Result) {
+				if r.Err != nil {
+					fmt.Fprintf(out, "FAIL  %s: %s\n", r.Name, oneLine(r.Err))
+					return
+				}
+				fmt.Fprintf(out, "PASS  %s (%.1fs)\n", r.Name, r.Duration.Seconds())
+			})
+			if err != nil {
+				return err
+			}
+			failed := 0
+			for _, r := range results {
+				if r.Err != nil {
+					failed++
+				}
+			}
+			fmt.Fprintf(out, "%d checks: %d passed, %d failed\n", len(results), len(results)-failed, failed)
+			if failed > 0 {
+				return fmt.Errorf("the provider at %s failed %d of %d conformance checks", cfg.Endpoint, failed, len(results))
+			}
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&cfg.Endpoint, "endpoint", "", "the provider's endpoint: unix:///path/to.sock, or tcp://host:port with --tls-*")
+	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the cluster the provider registers its Nodes with")
+	addClientTLSFlags(fs, "", &cfg.TLS)
+	fs.StringVar(&providerSpec, "provider-spec", "", "the MachineClass providerSpec the instances are made with, as JSON")
+	fs.StringVar(&transientSpec, "transient-provider-spec", "", "a providerSpec, as JSON, with which Create fails transiently; given, a check proves the failure is not reported as permanent")
+	fs.StringVar(&cfg.Namespace, "namespace", "", "the namespace written into the fabricated Machines (default conformance)")
+	fs.StringVar(&cfg.Version, "version", "", "the Machines' spec.version (default v1.37.2)")
+	fs.StringVar(&cfg.UpdateVersion, "update-version", "", "the version the in-place update check updates to (default v1.38.0)")
+	fs.DurationVar(&cfg.Timeout, "timeout", 0, "how long a call may take and a Node may take to show its effect (0: 90s)")
+	fs.DurationVar(&cfg.Settle, "settle", 0, "how long to watch that a repeated call has no second effect (0: 5s)")
+	_ = cmd.MarkFlagRequired("endpoint")
+	_ = cmd.MarkFlagRequired("kubeconfig")
+	return cmd
+}
+
+// oneLine keeps a check's error on its line: a joined error has several.
+func oneLine(err error) string {
+	return strings.ReplaceAll(err.Error(), "\n", "; ")
+}

@@ -1,0 +1,518 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/util/uuid"
+
+	"github.com/machinist-dev/machinist/actuators"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/provider"
+	providerv1 "github.com/machinist-dev/machinist/provider/v1"
+)
+
+// concurrentCreates is how many Creates race for one Machine: the
+// controller's workers, a requeue and a restarted manager can all call at
+// once.
+const concurrentCreates = 8
+
+func checkIdentity(ctx context.Context, t *trial) error {
+	info, err := t.s.client.Info(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	if info.GetName() == "" {
+		errs = append(errs, errors.New("GetInfo gives no name: MachineClasses could not name the provider"))
+	}
+	if info.GetProtocol() != provider.Protocol {
+		errs = append(errs, fmt.Errorf("GetInfo says protocol %q, want %q", info.GetProtocol(), provider.Protocol))
+	}
+	probe, err := t.s.client.Probe(ctx)
+	switch {
+	case err != nil:
+		errs = append(errs, err)
+	case !probe.GetReady():
+		errs = append(errs, fmt.Errorf("Probe says not ready: %s", probe.GetMessage()))
+	}
+	return errors.Join(errs...)
+}
+
+func checkCapabilities(_ context.Context, t *trial) error {
+	return coherent(t.s.caps)
+}
+
+// coherent finds what the controller could not act on in capabilities:
+// values it does not know, and changes in place without the verb that
+// applies them.
+func coherent(caps *providerv1.GetCapabilitiesResponse) error {
+	var errs []error
+	seen := map[providerv1.Verb]bool{}
+	for _, v := range caps.GetVerbs() {
+		switch {
+		case v == providerv1.Verb_VERB_UNSPECIFIED:
+			errs = append(errs, errors.New("verbs lists VERB_UNSPECIFIED"))
+		case !slices.Contains(verbs, v):
+			errs = append(errs, fmt.Errorf("verbs lists %d, which is no verb of the protocol", v))
+		case seen[v]:
+			errs = append(errs, fmt.Errorf("verbs lists %s twice", v))
+		}
+		seen[v] = true
+	}
+	changes := map[providerv1.Change]bool{}
+	for _, c := range caps.GetInPlace() {
+		switch {
+		case c == providerv1.Change_CHANGE_UNSPECIFIED:
+			errs = append(errs, errors.New("in_place lists CHANGE_UNSPECIFIED"))
+		case c != providerv1.Change_CHANGE_VERSION && c != providerv1.Change_CHANGE_CLASS:
+			errs = append(errs, fmt.Errorf("in_place lists %d, which is no change of the protocol", c))
+		case changes[c]:
+			errs = append(errs, fmt.Errorf("in_place lists %s twice", c))
+		}
+		changes[c] = true
+	}
+	if len(caps.GetInPlace()) > 0 && !seen[provider.VerbUpdate] {
+		errs = append(errs, fmt.Errorf("in_place lists %v but verbs lack VERB_UPDATE, which applies them", caps.GetInPlace()))
+	}
+	return errors.Join(errs...)
+}
+
+func checkCreateOnce(ctx context.Context, t *trial) error {
+	m := t.machine()
+	ids := make([]string, concurrentCreates)
+	errs := make([]error, concurrentCreates)
+	var wg sync.WaitGroup
+	for i := range concurrentCreates {
+		wg.Go(func() { ids[i], errs[i] = t.create(ctx, m) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("Create: %w", err)
+	}
+	distinct := slices.Compact(slices.Sorted(slices.Values(ids)))
+	if len(distinct) != 1 {
+		return fmt.Errorf("%d concurrent Creates for one Machine UID returned %d instances, want 1: %v", concurrentCreates, len(distinct), distinct)
+	}
+	id := distinct[0]
+	if got := scheme(id); got != t.s.name {
+		return fmt.Errorf("provider ID %q has scheme %q, want the provider's name %q", id, got, t.s.name)
+	}
+	found, err := t.s.client.FindByUID(ctx, m.UID)
+	if err != nil {
+		return fmt.Errorf("FindByUID: %w", err)
+	}
+	if found != id {
+		return fmt.Errorf("FindByUID returned %q, want %q, what Create returned", found, id)
+	}
+	exists, err := t.s.client.Exists(ctx, id)
+	if err != nil {
+		return fmt.Errorf("Exists: %w", err)
+	}
+	if !exists {
+		return fmt.Errorf("Exists says %s, which Create returned, does not exist", id)
+	}
+	_, err = t.s.nodes.await(ctx, t.s.cfg.Timeout, id, "a Ready Node with spec.providerID "+id, nodeHistory.ready)
+	return err
+}
+
+func checkDistinct(ctx context.Context, t *trial) error {
+	a, b := t.machine(), t.machine()
+	idA, err := t.create(ctx, a)
+	if err != nil {
+		return fmt.Errorf("Create %s: %w", a.Name, err)
+	}
+	idB, err := t.create(ctx, b)
+	if err != nil {
+		return fmt.Errorf("Create %s: %w", b.Name, err)
+	}
+	if idA == idB {
+		return fmt.Errorf("Machines %s and %s (UIDs %s, %s) got the same instance %s", a.Name, b.Name, a.UID, b.UID, idA)
+	}
+	for _, c := range []struct {
+		m    *machinistv1.Machine
+		want string
+	}{{a, idA}, {b, idB}} {
+		found, err := t.s.client.FindByUID(ctx, c.m.UID)
+		if err != nil {
+			return fmt.Errorf("FindByUID %s: %w", c.m.UID, err)
+		}
+		if found != c.want {
+			return fmt.Errorf("FindByUID %s returned %q, want %q", c.m.UID, found, c.want)
+		}
+	}
+	return nil
+}
+
+func checkAdoptMissing(ctx context.Context, t *trial) error {
+	m := t.machine()
+	m.Spec.ProviderID = t.s.name + "://conformance-missing-" + suffix()
+	id, err := t.create(ctx, m)
+	switch {
+	case err == nil:
+		return fmt.Errorf("Create adopting %s, which does not exist, returned %q", m.Spec.ProviderID, id)
+	case !actuators.IsPermanent(err):
+		return fmt.Errorf("Create adopting %s, which does not exist, failed transiently (the controller would retry forever): %w", m.Spec.ProviderID, err)
+	}
+	return nil
+}
+
+func checkInvalid(ctx context.Context, t *trial) error {
+	m := t.machine()
+	class := t.class(t.s.cfg.ProviderSpec)
+	callCtx, cancel := context.WithTimeout(ctx, t.s.cfg.Timeout)
+	_, err := t.s.machines.Create(callCtx, &providerv1.CreateRequest{Machine: asJSON(m), MachineClass: asJSON(class)})
+	cancel()
+	if err := wantCode(err, codes.InvalidArgument, "Create without machine_uid"); err != nil {
+		return err
+	}
+	found, err := t.s.client.FindByUID(ctx, m.UID)
+	if err != nil {
+		return fmt.Errorf("FindByUID: %w", err)
+	}
+	if found != "" {
+		return fmt.Errorf("Create without machine_uid was refused, yet made %s for the Machine", found)
+	}
+
+	declared := slices.DeleteFunc(slices.Clone(verbs), func(v providerv1.Verb) bool { return !t.s.declares(v) })
+	if len(declared) == 0 {
+		return nil
+	}
+	// A real instance, so that the missing operation_id is the only
+	// thing wrong with the request.
+	target := t.machine()
+	id, err := t.create(ctx, target)
+	if err != nil {
+		return fmt.Errorf("Create: %w", err)
+	}
+	verb := declared[0]
+	err = t.s.rawVerb(ctx, verb, id, "")
+	return wantCode(err, codes.InvalidArgument, verbWord(verb)+" without operation_id")
+}
+
+func checkDelete(ctx context.Context, t *trial) error {
+	m := t.machine()
+	id, err := t.create(ctx, m)
+	if err != nil {
+		return fmt.Errorf("Create: %w", err)
+	}
+	if err := t.s.client.Delete(ctx, id); err != nil {
+		return fmt.Errorf("Delete: %w", err)
+	}
+	exists, err := t.s.client.Exists(ctx, id)
+	if err != nil {
+		return fmt.Errorf("Exists after Delete: %w", err)
+	}
+	if exists {
+		return fmt.Errorf("Exists says %s exists after Delete", id)
+	}
+	if err := t.s.client.Delete(ctx, id); err != nil {
+		return fmt.Errorf("Delete of %s, deleted already: %w", id, err)
+	}
+	found, err := t.s.client.FindByUID(ctx, m.UID)
+	if err != nil {
+		return fmt.Errorf("FindByUID after Delete: %w", err)
+	}
+	if found != "" {
+		return fmt.Errorf("FindByUID after Delete returned %q, want none", found)
+	}
+
+	// An ID of the provider's own form, for an instance never made: one
+	// the provider never saw, as after its own restart.
+	if uid := string(m.UID); strings.Contains(id, uid) {
+		never := strings.ReplaceAll(id, uid, string(uuid.NewUUID()))
+		if err := t.s.client.Delete(ctx, never); err != nil {
+			return fmt.Errorf("Delete of %s, never made: %w", never, err)
+		}
+		exists, err := t.s.client.Exists(ctx, never)
+		if err != nil {
+			return fmt.Errorf("Exists of %s, never made: %w", never, err)
+		}
+		if exists {
+			return fmt.Errorf("Exists says %s, never made, exists", never)
+		}
+	}
+
+	// An ID of a form the provider may not know. Refusing it for good is
+	// as right as calling it gone; what the controller cannot live with
+	// is an error it retries forever, or an instance it waits on.
+	foreign := t.s.name + "://conformance-never-" + suffix()
+	if err := t.s.client.Delete(ctx, foreign); err != nil && !actuators.IsPermanent(err) {
+		return fmt.Errorf("Delete of %s, never made, failed transiently: %w", foreign, err)
+	}
+	exists, err = t.s.client.Exists(ctx, foreign)
+	if err != nil && !actuators.IsPermanent(err) {
+		return fmt.Errorf("Exists of %s, never made, failed transiently: %w", foreign, err)
+	}
+	if err == nil && exists {
+		return fmt.Errorf("Exists says %s, never made, exists", foreign)
+	}
+	return nil
+}
+
+// checkOncePerOperation proves that verb (reboot or repair) restarts the
+// instance once per operation ID: once for A, not again for A repeated
+// (twice, at once), once more for B. A restart is a new boot ID on the
+// instance's Node.
+func checkOncePerOperation(ctx context.Context, t *trial, verb providerv1.Verb) error {
+	_, id, h, err := t.launch(ctx)
+	if err != nil {
+		return err
+	}
+	before := len(h.boots)
+	opA, opB := "conformance-a-"+suffix(), "conformance-b-"+suffix()
+	call := func(op string) error {
+		a := actuators.Operation{ID: op}
+		if verb == provider.VerbRepair {
+			return t.s.client.Repair(ctx, id, a)
+		}
+		return t.s.client.Reboot(ctx, id, a)
+	}
+	word := verbWord(verb)
+	if err := call(opA); err != nil {
+		return fmt.Errorf("%s %s: %w", word, opA, err)
+	}
+	if _, err := t.s.nodes.await(ctx, t.s.cfg.Timeout, id, "a new boot ID after "+word+" "+opA, func(h nodeHistory) bool {
+		return len(h.since(before)) >= 1
+	}); err != nil {
+		return err
+	}
+	if err := t.s.repeat(ctx, call, opA, word); err != nil {
+		return err
+	}
+	if got := t.s.nodes.history(id).since(before); len(got) != 1 {
+		return fmt.Errorf("%s %s, then the same operation twice at once: the boot ID changed %d times, want once (new boot IDs %v)", word, opA, len(got), got)
+	}
+	if err := call(opB); err != nil {
+		return fmt.Errorf("%s %s: %w", word, opB, err)
+	}
+	if _, err := t.s.nodes.await(ctx, t.s.cfg.Timeout, id, "a new boot ID after "+word+" "+opB, func(h nodeHistory) bool {
+		return len(h.since(before)) >= 2
+	}); err != nil {
+		return err
+	}
+	if err := settle(ctx, t.s.cfg.Settle); err != nil {
+		return err
+	}
+	if got := t.s.nodes.history(id).since(before); len(got) != 2 {
+		return fmt.Errorf("%s %s: the boot ID changed %d times since %s, want twice (new boot IDs %v)", word, opB, len(got), opA, got)
+	}
+	return nil
+}
+
+// repeat calls op twice at once, as a controller that crashed before it
+// recorded the first call and one of its requeues would, and watches the
+// Node for Settle.
+func (s *suite) repeat(ctx context.Context, call func(string) error, op, word string) error {
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i := range errs {
+		wg.Go(func() { errs[i] = call(op) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%s %s again: %w", word, op, err)
+	}
+	return settle(ctx, s.cfg.Settle)
+}
+
+func checkUpdate(ctx context.Context, t *trial) error {
+	_, id, h, err := t.launch(ctx)
+	if err != nil {
+		return err
+	}
+	before, name := len(h.boots), h.node.Name
+	version := t.s.cfg.UpdateVersion
+	op := "conformance-a-" + suffix()
+	call := func(op string) error {
+		return t.s.client.Update(ctx, id, actuators.Operation{ID: op, Version: version})
+	}
+	if err := call(op); err != nil {
+		return fmt.Errorf("update %s to %s: %w", op, version, err)
+	}
+	h, err = t.s.nodes.await(ctx, t.s.cfg.Timeout, id, "a new boot ID and version "+version+" after update "+op, func(h nodeHistory) bool {
+		return len(h.since(before)) >= 1 && h.node != nil && h.node.Status.NodeInfo.KubeletVersion == version
+	})
+	if err != nil {
+		return err
+	}
+	if h.node.Name != name {
+		return fmt.Errorf("after the update the instance's Node is %s, not %s: an update keeps the Node", h.node.Name, name)
+	}
+	if err := t.s.repeat(ctx, call, op, "update"); err != nil {
+		return err
+	}
+	h = t.s.nodes.history(id)
+	if got := h.since(before); len(got) != 1 {
+		return fmt.Errorf("update %s, then the same operation twice at once: the boot ID changed %d times, want once (new boot IDs %v)", op, len(got), got)
+	}
+	if h.node == nil || h.node.Status.NodeInfo.KubeletVersion != version {
+		return fmt.Errorf("after update %s was repeated: %s, want version %s", op, describe(h), version)
+	}
+	return nil
+}
+
+func checkUndeclared(ctx context.Context, t *trial) error {
+	_, id, h, err := t.launch(ctx)
+	if err != nil {
+		return err
+	}
+	before := len(h.boots)
+	var errs []error
+	for _, verb := range t.s.undeclared() {
+		word := verbWord(verb)
+		op := "conformance-" + suffix()
+		if err := wantCode(t.s.rawVerb(ctx, verb, id, op), codes.Unimplemented, word+", undeclared,"); err != nil {
+			errs = append(errs, err)
+		}
+		a := actuators.Operation{ID: op, Version: t.s.cfg.UpdateVersion}
+		var err error
+		switch verb {
+		case provider.VerbReboot:
+			err = t.s.client.Reboot(ctx, id, a)
+		case provider.VerbRepair:
+			err = t.s.client.Repair(ctx, id, a)
+		case provider.VerbUpdate:
+			err = t.s.client.Update(ctx, id, a)
+		}
+		if !actuators.IsPermanent(err) || !errors.Is(err, provider.ErrNotDeclared) {
+			errs = append(errs, fmt.Errorf("the client's %s, undeclared: got %v, want a permanent error wrapping %q", word, err, provider.ErrNotDeclared))
+		}
+	}
+	if err := settle(ctx, t.s.cfg.Settle); err != nil {
+		return err
+	}
+	if got := t.s.nodes.history(id).since(before); len(got) > 0 {
+		errs = append(errs, fmt.Errorf("undeclared verbs restarted the instance: new boot IDs %v", got))
+	}
+	return errors.Join(errs...)
+}
+
+func checkCancelled(ctx context.Context, t *trial) error {
+	m := t.machine()
+	cancelled, cancel := context.WithCancel(ctx)
+	stop := time.AfterFunc(time.Millisecond, cancel)
+	first, firstErr := t.create(cancelled, m)
+	stop.Stop()
+	cancel()
+	id, err := t.create(ctx, m)
+	if err != nil {
+		return fmt.Errorf("Create after a cancelled Create: %w", err)
+	}
+	if firstErr == nil && first != id {
+		return fmt.Errorf("the Create that was to be cancelled returned %s, the next one %s, for one Machine UID", first, id)
+	}
+	found, err := t.s.client.FindByUID(ctx, m.UID)
+	if err != nil {
+		return fmt.Errorf("FindByUID: %w", err)
+	}
+	if found != id {
+		return fmt.Errorf("FindByUID returned %q, want %q, what Create returned", found, id)
+	}
+	if err := t.s.client.Delete(ctx, id); err != nil {
+		return fmt.Errorf("Delete: %w", err)
+	}
+	// The cancelled call may still be at work in the provider; finishing
+	// after the Delete, it would leave an instance no Machine owns.
+	if err := settle(ctx, t.s.cfg.Settle); err != nil {
+		return err
+	}
+	found, err = t.s.client.FindByUID(ctx, m.UID)
+	if err != nil {
+		return fmt.Errorf("FindByUID after Delete: %w", err)
+	}
+	if found != "" {
+		return fmt.Errorf("after Delete, FindByUID finds %s: the cancelled Create made an instance no Machine owns", found)
+	}
+	return nil
+}
+
+func checkDeadline(ctx context.Context, t *trial) error {
+	m := t.machine()
+	past, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+	defer cancel()
+	var errs []error
+	if id, err := t.create(past, m); err == nil {
+		errs = append(errs, fmt.Errorf("Create with its deadline passed returned %s", id))
+	} else if actuators.IsPermanent(err) {
+		errs = append(errs, fmt.Errorf("Create with its deadline passed failed permanently (the Machine would fail for a slow call): %w", err))
+	}
+	if _, err := t.s.client.FindByUID(past, m.UID); err == nil {
+		errs = append(errs, errors.New("FindByUID with its deadline passed succeeded"))
+	} else if actuators.IsPermanent(err) {
+		errs = append(errs, fmt.Errorf("FindByUID with its deadline passed failed permanently: %w", err))
+	}
+	probe, err := t.s.client.Probe(ctx)
+	switch {
+	case err != nil:
+		errs = append(errs, fmt.Errorf("Probe after the expired calls: %w", err))
+	case !probe.GetReady():
+		errs = append(errs, fmt.Errorf("after the expired calls, Probe says not ready: %s", probe.GetMessage()))
+	}
+	if _, err := t.s.client.FindByUID(ctx, m.UID); err != nil {
+		errs = append(errs, fmt.Errorf("FindByUID after the expired calls: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+func checkTransient(ctx context.Context, t *trial) error {
+	m := t.machine()
+	id, err := t.createWith(ctx, m, t.class(t.s.cfg.TransientProviderSpec))
+	switch {
+	case err == nil:
+		return fmt.Errorf("Create with the transient providerSpec %s returned %s instead of failing", t.s.cfg.TransientProviderSpec, id)
+	case actuators.IsPermanent(err):
+		return fmt.Errorf("Create with the transient providerSpec failed permanently (the Machine would fail instead of retrying): %w", err)
+	}
+	return nil
+}
+
+// rawVerb sends verb without the Client, which would refuse an
+// undeclared verb itself and never send an empty operation ID.
+func (s *suite) rawVerb(ctx context.Context, verb providerv1.Verb, id, op string) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	var err error
+	switch verb {
+	case provider.VerbReboot:
+		_, err = s.machines.Reboot(ctx, &providerv1.RebootRequest{ProviderId: id, OperationId: op})
+	case provider.VerbRepair:
+		_, err = s.machines.Repair(ctx, &providerv1.RepairRequest{ProviderId: id, OperationId: op})
+	case provider.VerbUpdate:
+		_, err = s.machines.Update(ctx, &providerv1.UpdateRequest{ProviderId: id, OperationId: op, Version: s.cfg.UpdateVersion})
+	default:
+		return fmt.Errorf("no verb %v", verb)
+	}
+	return err
+}
+
+// wantCode checks that a raw call failed with code.
+func wantCode(err error, code codes.Code, what string) error {
+	if err == nil {
+		return fmt.Errorf("%s succeeded, want the status %s", what, code)
+	}
+	if got := status.Code(err); got != code {
+		return fmt.Errorf("%s failed with %s, want %s: %w", what, got, code, err)
+	}
+	return nil
+}
+
+// verbWord is the verb as a person says it.
+func verbWord(v providerv1.Verb) string {
+	switch v {
+	case provider.VerbReboot:
+		return "reboot"
+	case provider.VerbRepair:
+		return "repair"
+	case provider.VerbUpdate:
+		return "update"
+	}
+	return v.String()
+}

@@ -1,0 +1,278 @@
+package provider_test
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/uuid"
+
+	"github.com/machinist-dev/machinist/actuators"
+	"github.com/machinist-dev/machinist/actuators/inmemory"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/provider"
+	"github.com/machinist-dev/machinist/provider/conformance"
+	providerv1 "github.com/machinist-dev/machinist/provider/v1"
+)
+
+func TestInmemoryConforms(t *testing.T) {
+	t.Parallel()
+	p := serveOutOfProcess(t, inmemory.Name, leaseFlags...)
+	conformance.Test(t, config(p.Endpoint, "conformance-inmemory"))
+	noNodesLeft(t, "conformance-inmemory")
+}
+
+func TestProcessConforms(t *testing.T) {
+	t.Parallel()
+	flags := append([]string{"--process-state-dir", t.TempDir(), "--process-exit-with-parent"}, leaseFlags...)
+	p := serveOutOfProcess(t, "process", flags...)
+	cfg := config(p.Endpoint, "conformance-process")
+	// The process provider reads no providerSpec: nothing makes it fail.
+	cfg.TransientProviderSpec = nil
+	conformance.Test(t, cfg)
+	noNodesLeft(t, "conformance-process")
+}
+
+func TestCommandPassesForInmemory(t *testing.T) {
+	t.Parallel()
+	p := serveOutOfProcess(t, inmemory.Name, leaseFlags...)
+	out, code, err := conformanceCommand(t.Context(), p.Endpoint, "conformance-cli")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code != 0 {
+		t.Fatalf("exit status %d, want 0:\n%s", code, out)
+	}
+	for _, name := range allChecks {
+		if !strings.Contains(out, "PASS  "+name+" (") {
+			t.Errorf("no PASS line for %q", name)
+		}
+	}
+	if !strings.Contains(out, "13 checks: 13 passed, 0 failed") {
+		t.Errorf("no summary of 13 checks passed")
+	}
+	if t.Failed() {
+		t.Logf("output:\n%s", out)
+	}
+}
+
+// forgetfulReboot reboots on every call, whatever the operation ID: it
+// hands the provider a fresh ID each time, as a provider that ignores the
+// ID behaves.
+type forgetfulReboot struct{ *inmemory.Provider }
+
+func (f forgetfulReboot) Reboot(ctx context.Context, providerID string, op actuators.Operation) error {
+	op.ID = string(uuid.NewUUID())
+	return f.Provider.Reboot(ctx, providerID, op)
+}
+
+func TestSuiteFailsARebootThatIgnoresTheOperationID(t *testing.T) {
+	t.Parallel()
+	p := newInmemory(t)
+	endpoint := serveInProcess(t, forgetfulReboot{p}, provider.ServeOptions{})
+	var (
+		wg     sync.WaitGroup
+		out    string
+		code   int
+		cmdErr error
+	)
+	// The command and the API judge the same provider at once, each with
+	// Machines of its own.
+	wg.Go(func() { out, code, cmdErr = conformanceCommand(t.Context(), endpoint, "conformance-reboot-cli") })
+	results := run(t, config(endpoint, "conformance-reboot"))
+	wg.Wait()
+	onlyFailed(t, results, allChecks, conformance.CheckReboot)
+	if cmdErr != nil {
+		t.Fatal(cmdErr)
+	}
+	if code != 1 || !strings.Contains(out, "FAIL  "+conformance.CheckReboot+": ") || !strings.Contains(out, "1 failed") {
+		t.Errorf("the command exited %d, want 1, with a FAIL line for the reboot check:\n%s", code, out)
+	}
+	nothingLeft(t, p, "conformance-reboot")
+	noNodesLeft(t, "conformance-reboot-cli")
+}
+
+// racyCreate looks for the Machine's instance, then creates one if there
+// was none, without holding anything in between: the classic race. It
+// stands in for a provider whose instance is not named after the Machine
+// (the UID it passes on is its own), so that nothing downstream folds the
+// duplicates together.
+type racyCreate struct {
+	*inmemory.Provider
+
+	mu   sync.Mutex
+	made map[types.UID]string // Machine UID → provider ID
+}
+
+func (r *racyCreate) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass) (string, error) {
+	if m.Spec.ProviderID != "" {
+		return r.Provider.Create(ctx, m, class)
+	}
+	if id, err := r.FindByUID(ctx, m.UID); err != nil || id != "" {
+		return id, err
+	}
+	// The cloud takes a while to answer "none", which is the window.
+	select {
+	case <-time.After(200 * time.Millisecond):
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+	instance := m.DeepCopy()
+	instance.UID = uuid.NewUUID()
+	id, err := r.Provider.Create(ctx, instance, class)
+	if err != nil {
+		return "", err
+	}
+	r.mu.Lock()
+	r.made[m.UID] = id
+	r.mu.Unlock()
+	return id, nil
+}
+
+func (r *racyCreate) FindByUID(ctx context.Context, uid types.UID) (string, error) {
+	r.mu.Lock()
+	id := r.made[uid]
+	r.mu.Unlock()
+	if id != "" {
+		return id, nil
+	}
+	// Adopted instances are the provider's to remember.
+	return r.Provider.FindByUID(ctx, uid)
+}
+
+func (r *racyCreate) Delete(ctx context.Context, providerID string) error {
+	if err := r.Provider.Delete(ctx, providerID); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for uid, id := range r.made {
+		if id == providerID {
+			delete(r.made, uid)
+		}
+	}
+	return nil
+}
+
+func TestSuiteFailsACreateThatRaces(t *testing.T) {
+	t.Parallel()
+	p := newInmemory(t)
+	endpoint := serveInProcess(t, &racyCreate{Provider: p, made: map[types.UID]string{}}, provider.ServeOptions{})
+	results := run(t, config(endpoint, "conformance-race"))
+	onlyFailed(t, results, allChecks, conformance.CheckCreateOnce)
+	// The duplicates were cleaned up with the rest.
+	nothingLeft(t, p, "conformance-race")
+}
+
+// rebootOnlyChecks are the checks for a provider that declares reboot
+// alone: those of repair and update are left out, and the check of
+// undeclared verbs is in.
+var rebootOnlyChecks = []string{
+	conformance.CheckIdentity,
+	conformance.CheckCapabilities,
+	conformance.CheckCreateOnce,
+	conformance.CheckDistinct,
+	conformance.CheckAdoptMissing,
+	conformance.CheckInvalid,
+	conformance.CheckDelete,
+	conformance.CheckReboot,
+	conformance.CheckUndeclared,
+	conformance.CheckCancelled,
+	conformance.CheckDeadline,
+	conformance.CheckTransient,
+}
+
+func TestSuitePassesAProviderDeclaringOnlyReboot(t *testing.T) {
+	t.Parallel()
+	p := newInmemory(t)
+	endpoint := serveInProcess(t, p, provider.ServeOptions{Verbs: []providerv1.Verb{provider.VerbReboot}})
+	results := run(t, config(endpoint, "conformance-reboot-only"))
+	onlyFailed(t, results, rebootOnlyChecks)
+	nothingLeft(t, p, "conformance-reboot-only")
+}
+
+// understated declares only reboot, yet carries out every verb: it
+// stands in front of an honest provider that declares them all and passes
+// every MachineService call on.
+type understated struct {
+	providerv1.UnimplementedIdentityServiceServer
+	providerv1.UnimplementedMachineServiceServer
+	identity providerv1.IdentityServiceClient
+	machines providerv1.MachineServiceClient
+}
+
+func (u *understated) GetInfo(ctx context.Context, req *providerv1.GetInfoRequest) (*providerv1.GetInfoResponse, error) {
+	return u.identity.GetInfo(ctx, req)
+}
+
+func (u *understated) GetCapabilities(context.Context, *providerv1.GetCapabilitiesRequest) (*providerv1.GetCapabilitiesResponse, error) {
+	return &providerv1.GetCapabilitiesResponse{Verbs: []providerv1.Verb{provider.VerbReboot}}, nil
+}
+
+func (u *understated) Probe(ctx context.Context, req *providerv1.ProbeRequest) (*providerv1.ProbeResponse, error) {
+	return u.identity.Probe(ctx, req)
+}
+
+func (u *understated) Create(ctx context.Context, req *providerv1.CreateRequest) (*providerv1.CreateResponse, error) {
+	return u.machines.Create(ctx, req)
+}
+
+func (u *understated) Exists(ctx context.Context, req *providerv1.ExistsRequest) (*providerv1.ExistsResponse, error) {
+	return u.machines.Exists(ctx, req)
+}
+
+func (u *understated) Delete(ctx context.Context, req *providerv1.DeleteRequest) (*providerv1.DeleteResponse, error) {
+	return u.machines.Delete(ctx, req)
+}
+
+func (u *understated) FindByUID(ctx context.Context, req *providerv1.FindByUIDRequest) (*providerv1.FindByUIDResponse, error) {
+	return u.machines.FindByUID(ctx, req)
+}
+
+func (u *understated) Reboot(ctx context.Context, req *providerv1.RebootRequest) (*providerv1.RebootResponse, error) {
+	return u.machines.Reboot(ctx, req)
+}
+
+func (u *understated) Repair(ctx context.Context, req *providerv1.RepairRequest) (*providerv1.RepairResponse, error) {
+	return u.machines.Repair(ctx, req)
+}
+
+func (u *understated) Update(ctx context.Context, req *providerv1.UpdateRequest) (*providerv1.UpdateResponse, error) {
+	return u.machines.Update(ctx, req)
+}
+
+func TestSuiteFailsAVerbCarriedOutThoughUndeclared(t *testing.T) {
+	t.Parallel()
+	p := newInmemory(t)
+	honest := serveInProcess(t, p, provider.ServeOptions{})
+	e, err := provider.ParseEndpoint(honest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient("unix://"+e.Address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	front := grpc.NewServer()
+	u := &understated{identity: providerv1.NewIdentityServiceClient(conn), machines: providerv1.NewMachineServiceClient(conn)}
+	providerv1.RegisterIdentityServiceServer(front, u)
+	providerv1.RegisterMachineServiceServer(front, u)
+	sock := filepath.Join(filepath.Dir(e.Address), "front.sock")
+	lis, err := provider.Listen(provider.Endpoint{Network: "unix", Address: sock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = front.Serve(lis) }()
+	t.Cleanup(front.Stop)
+
+	results := run(t, config("unix://"+sock, "conformance-understated"))
+	onlyFailed(t, results, rebootOnlyChecks, conformance.CheckUndeclared)
+	nothingLeft(t, p, "conformance-understated")
+}
