@@ -324,9 +324,11 @@ func (c *Client) Update(ctx context.Context, providerID string, op actuators.Ope
 	return fromStatus(c.who(), "Update", err)
 }
 
-// InPlace answers from the declared capabilities. A provider that cannot
-// be asked is taken to update nothing in place: a rollout then waits or
-// replaces, as its strategy's fallback says, instead of guessing.
+// InPlace answers from the declared capabilities. While the provider
+// cannot be asked, its last answer stands (a short outage must not turn an
+// in-place rollout into replacements); a provider never reached is taken to
+// update nothing in place, and a rollout then waits or replaces, as its
+// strategy's fallback says.
 func (c *Client) InPlace(change actuators.Change) bool {
 	if change.Empty() {
 		return true
@@ -334,7 +336,12 @@ func (c *Client) InPlace(change actuators.Change) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	caps, err := c.Capabilities(ctx)
-	if err != nil || !slices.Contains(caps.GetVerbs(), VerbUpdate) {
+	if err != nil {
+		c.mu.Lock()
+		caps = c.caps
+		c.mu.Unlock()
+	}
+	if caps == nil || !slices.Contains(caps.GetVerbs(), VerbUpdate) {
 		return false
 	}
 	in := caps.GetInPlace()

@@ -458,3 +458,33 @@ func TestTLSIsRefusedOnAUnixSocket(t *testing.T) {
 		t.Errorf("Serve: %v", err)
 	}
 }
+
+func TestInPlaceKeepsTheLastAnswerWhileTheProviderIsAway(t *testing.T) {
+	endpoint := "unix://" + filepath.Join(t.TempDir(), "p.sock")
+	e, err := provider.ParseEndpoint(endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := provider.Listen(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := provider.NewServer(&recorder{inPlace: true}, provider.ServeOptions{Name: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(lis) }()
+	c := dial(t, "test", endpoint, provider.DialOptions{Timeout: time.Second, Refresh: time.Millisecond})
+	if !c.InPlace(actuators.Change{Version: true}) {
+		t.Fatal("InPlace(version) is false with the provider there")
+	}
+	srv.Stop()
+	time.Sleep(10 * time.Millisecond) // past the refresh interval
+	if !c.InPlace(actuators.Change{Version: true}) {
+		t.Error("InPlace(version) turned false while the provider was away")
+	}
+	never := dial(t, "test", "unix://"+filepath.Join(t.TempDir(), "never.sock"), provider.DialOptions{Timeout: time.Second})
+	if never.InPlace(actuators.Change{Version: true}) {
+		t.Error("InPlace(version) is true for a provider never reached")
+	}
+}
