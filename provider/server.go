@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 
+	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -50,7 +51,8 @@ type ServeOptions struct {
 }
 
 // Serve offers a on endpoint (unix:///path or tcp://host:port) until ctx
-// ends, then stops gracefully. A socket file left by an earlier run is
+// ends, then stops gracefully. It logs the address it listens on to ctx's
+// logger (logr), if any. A socket file left by an earlier run is
 // replaced. This is all a Go provider needs: implement
 // actuators.Actuator and call Serve.
 func Serve(ctx context.Context, endpoint string, a actuators.Actuator, opts ServeOptions) error {
@@ -73,6 +75,8 @@ func Serve(ctx context.Context, endpoint string, a actuators.Actuator, opts Serv
 		_ = lis.Close()
 		return err
 	}
+	// With tcp://host:0 the port is chosen here: say which.
+	logr.FromContextOrDiscard(ctx).Info("serving provider", "provider", opts.Name, "address", lis.Addr().String())
 	stopped := make(chan struct{})
 	go func() {
 		select {

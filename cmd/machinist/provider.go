@@ -8,6 +8,7 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -106,8 +107,7 @@ first call.`,
 			default:
 				return fmt.Errorf("--provider %q: the built-in providers are %s and %s", name, inmemory.Name, process.Name)
 			}
-			ctrl.Log.Info("serving provider", "provider", name, "endpoint", endpoint)
-			return provider.Serve(ctx, endpoint, a, provider.ServeOptions{Name: name, VendorVersion: version(), TLS: tlsFiles})
+			return provider.Serve(logr.NewContext(ctx, ctrl.Log), endpoint, a, provider.ServeOptions{Name: name, VendorVersion: version(), TLS: tlsFiles})
 		},
 	}
 	fs := cmd.Flags()

@@ -2,7 +2,10 @@ package deploy_test
 
 import (
 	"context"
+	"net"
+	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -18,6 +21,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/pki"
 	"github.com/machinist-dev/machinist/lifecycle"
 )
 
@@ -125,4 +129,72 @@ func TestProviderSidecar(t *testing.T) {
 // yamlToObject decodes one YAML document into obj.
 func yamlToObject(doc string, obj runtime.Object) error {
 	return yaml.Unmarshal([]byte(doc), obj)
+}
+
+// TestProviderOverTCPWithMutualTLS runs `machinist provider serve` on TCP
+// with a serving certificate and client CA, as a provider running as its
+// own Deployment would, and `machinist manager` reaching it with a client
+// certificate: a Machine comes up through it. A manager whose certificate
+// another CA signed is refused, and its Machine waits (ProviderUnavailable).
+func TestProviderOverTCPWithMutualTLS(t *testing.T) {
+	g := NewWithT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	write := func(name string, data []byte) string {
+		path := filepath.Join(dir, name)
+		g.Expect(os.WriteFile(path, data, 0o600)).To(Succeed())
+		return path
+	}
+	issue := func(ca *pki.CA, name string, req pki.Request) (cert, key string) {
+		kp, err := ca.Issue(req)
+		g.Expect(err).NotTo(HaveOccurred())
+		return write(name+".crt", kp.CertPEM), write(name+".key", kp.KeyPEM)
+	}
+	ca, err := pki.NewCA("providers")
+	g.Expect(err).NotTo(HaveOccurred())
+	stranger, err := pki.NewCA("someone else")
+	g.Expect(err).NotTo(HaveOccurred())
+	caFile := write("ca.crt", ca.CertPEM())
+	serverCert, serverKey := issue(ca, "provider", pki.Request{CommonName: "provider", IPs: []net.IP{net.ParseIP("127.0.0.1")}})
+	clientCert, clientKey := issue(ca, "manager", pki.Request{CommonName: "manager", Client: true})
+	strangerCert, strangerKey := issue(stranger, "stranger", pki.Request{CommonName: "stranger", Client: true})
+
+	// Port 0: the provider picks its port and logs it, so that no other
+	// test's server can take it between choosing and listening.
+	served := machinist(t, "provider", "serve", "--provider=inmemory", "--endpoint=tcp://127.0.0.1:0",
+		"--kubeconfig", env.Kubeconfig, "--tls-cert", serverCert, "--tls-key", serverKey, "--tls-client-ca", caFile, "--log-format=json")
+	address := regexp.MustCompile(`"address":"(127\.0\.0\.1:[0-9]+)"`)
+	g.Eventually(func() string { return address.FindString(served.output()) }).WithTimeout(30*time.Second).ShouldNot(BeEmpty(), served.output)
+	endpoint := "tcp://" + address.FindStringSubmatch(served.output())[1]
+
+	ns, err := env.Namespace(ctx, "tcp")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(env.InmemoryClass(ctx, ns, "small", "")).To(Succeed())
+	run := func(cert, key, name string) (*process, *machinistv1.Machine) {
+		p := machinist(t, "manager", "--kubeconfig", env.Kubeconfig, "--metrics-bind-address=0", "--health-probe-bind-address=0",
+			"--provider=inmemory="+endpoint, "--provider-tls-ca", caFile, "--provider-tls-cert", cert, "--provider-tls-key", key)
+		m := &machinistv1.Machine{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec:       machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}, Version: "v1.37.2"},
+		}
+		g.Expect(env.Client.Create(ctx, m)).To(Succeed())
+		return p, m
+	}
+	mgr, m := run(clientCert, clientKey, "over-tls")
+	g.Eventually(func(g Gomega) {
+		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(m), m)).To(Succeed())
+		g.Expect(m.Status.Phase).To(Equal(machinistv1.MachineRunning))
+	}).WithTimeout(time.Minute).Should(Succeed(), func() string { return mgr.output() + served.output() })
+	mgr.terminate(t)
+
+	refused, waiting := run(strangerCert, strangerKey, "stranger")
+	g.Eventually(func(g Gomega) {
+		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(waiting), waiting)).To(Succeed())
+		ready := meta.FindStatusCondition(waiting.Status.Conditions, machinistv1.ConditionReady)
+		g.Expect(ready).NotTo(BeNil())
+		g.Expect(ready.Reason).To(Equal(lifecycle.ReasonProviderUnavailable))
+	}).WithTimeout(time.Minute).Should(Succeed(), refused.output)
+	refused.terminate(t)
+	served.terminate(t)
 }
