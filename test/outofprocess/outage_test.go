@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -76,6 +77,9 @@ func TestMain(m *testing.M) {
 			_ = controllers.Stop()
 			_ = c.Close()
 			_ = served.Stop()
+			// The agents outlived the provider; left running, their
+			// watches hold kube-apiserver's shutdown for a minute.
+			_ = exec.Command("pkill", "-KILL", "-f", "^"+bin+" agent ").Run()
 			_ = os.RemoveAll(dir)
 		}, nil
 	}))
