@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 
 	subresourcesv1 "github.com/machinist-dev/machinist/api/subresources/v1alpha1"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/lifecycle"
 )
 
@@ -122,13 +124,23 @@ func (s *verbStorage) record(ctx context.Context, namespace, name string, opts *
 		if err := s.client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, m); err != nil {
 			return nil, translate(err, name)
 		}
-		if _, err := lifecycle.Request(m, s.typ, opts, machinistv1.SourceAPI, user, time.Now()); err != nil {
+		now := time.Now()
+		if _, err := lifecycle.Request(m, s.typ, opts, machinistv1.SourceAPI, user, now); err != nil {
 			return nil, translate(err, name)
+		}
+		// Asked after the state machine, which refuses what is not
+		// possible at all, and before the operation is stored: what a
+		// budget refuses must not start.
+		disrupt := disruption.Request{Machine: m, Reason: reasonOf(s.typ), OperationID: m.Status.Operation.ID, By: user}
+		if err := disruption.Direct(s.client).Admit(ctx, disrupt, now); err != nil {
+			return nil, translateRefusal(err, name)
 		}
 		err := s.client.Status().Update(ctx, m)
 		if err == nil {
 			return m, nil
 		}
+		// The budgets counted an operation that was not stored.
+		_ = disruption.Direct(s.client).Release(ctx, disrupt)
 		if !apierrors.IsConflict(err) || i+1 == attempts {
 			return nil, translate(err, name)
 		}
@@ -233,6 +245,32 @@ func translate(err error, name string) error {
 		return err
 	}
 	return apierrors.NewInternalError(err)
+}
+
+// reasonOf is the disruption a verb is.
+func reasonOf(typ machinistv1.OperationType) machinistv1.DisruptionReason {
+	if typ == machinistv1.OperationRepair {
+		return machinistv1.DisruptionRepair
+	}
+	return machinistv1.DisruptionReboot
+}
+
+// translateRefusal answers a budget's refusal as the Eviction API answers
+// a PodDisruptionBudget's: 429 Too Many Requests with a Retry-After.
+func translateRefusal(err error, name string) error {
+	r, ok := disruption.AsRefusal(err)
+	if !ok {
+		return translate(err, name)
+	}
+	seconds := int(math.Ceil(r.RetryAfter.Seconds()))
+	tooMany := apierrors.NewTooManyRequests(r.Message, seconds)
+	tooMany.ErrStatus.Details.Name = name
+	tooMany.ErrStatus.Details.Group = machinesResource.Group
+	tooMany.ErrStatus.Details.Kind = machinesResource.Resource
+	tooMany.ErrStatus.Details.Causes = []metav1.StatusCause{{
+		Type: "DisruptionBudget", Message: r.Message, Field: "machinedisruptionbudget/" + r.Budget,
+	}}
+	return tooMany
 }
 
 // answer is the MachineOperation for m's operation.

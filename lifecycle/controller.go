@@ -66,7 +66,8 @@ type Reconciler struct {
 	// to come back with a new boot ID and Ready before it is Failed. Zero
 	// means 10 minutes.
 	OperationTimeout time.Duration
-	// APIReader reads past the cache; it asks whether the admission
+	// APIReader reads past the cache: the disruption budgets an operation
+	// asks before it starts, and whether the admission
 	// policy that vouches for a request annotation's requester is in
 	// force. Nil believes no requester.
 	APIReader client.Reader
@@ -522,6 +523,9 @@ func (r *Reconciler) reconcileLive(ctx context.Context, s *step) error {
 			}
 		}
 		if op.State == machinistv1.OperationPending {
+			if held, err := r.holdForBudget(ctx, s, op); err != nil || held {
+				return err
+			}
 			startOperation(s)
 		}
 		if !drains(op.Type, op.Options) {

@@ -26,6 +26,7 @@ import (
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/deployment"
+	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/healthcheck"
 	"github.com/machinist-dev/machinist/lifecycle"
 	"github.com/machinist-dev/machinist/machineset"
@@ -78,6 +79,9 @@ type Options struct {
 	// against a Machine in a health check; zero means 40s, a kubelet's
 	// Lease duration.
 	NodeGrace time.Duration
+	// Now is the clock of the controllers that keep calendars (the
+	// disruption budgets' windows); time.Now when nil. Tests move it.
+	Now func() time.Time
 }
 
 // Manager is a controller-runtime manager with Machinist's controllers.
@@ -200,6 +204,10 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	}
 	checks.Client, checks.Recorder, checks.Metrics = mgr.GetClient(), mgr.GetEventRecorder("machinist-machinehealthcheck"), remediations
 	if err := checks.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
+		return nil, err
+	}
+	budgets := &disruption.Reconciler{Client: mgr.GetClient(), Now: opts.Now}
+	if err := budgets.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err
 	}
 	return &Manager{Manager: mgr, Metrics: metrics, Rollouts: rollouts, Remediations: remediations}, nil

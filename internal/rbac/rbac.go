@@ -9,8 +9,8 @@ package rbac
 // Machinist's own kinds: the controllers read and write them all, and their
 // status; they set finalizers on Machines.
 //
-// +kubebuilder:rbac:groups=machinist.dev,resources=machines;machinesets;machinedeployments;machineclasses;machinehealthchecks,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=machinist.dev,resources=machines/status;machinesets/status;machinedeployments/status;machineclasses/status;machinehealthchecks/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=machinist.dev,resources=machines;machinesets;machinedeployments;machineclasses;machinehealthchecks;machinedisruptionbudgets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=machinist.dev,resources=machines/status;machinesets/status;machinedeployments/status;machineclasses/status;machinehealthchecks/status;machinedisruptionbudgets/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=machinist.dev,resources=machines/finalizers;machinesets/finalizers;machinedeployments/finalizers,verbs=update
 
 // The Machine controller labels, taints, cordons and deletes Nodes and

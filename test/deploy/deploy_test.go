@@ -82,6 +82,7 @@ var wantObjects = []string{
 	"ClusterRoleBinding machinist-verbs-auth-delegator",
 	"CustomResourceDefinition machineclasses.machinist.dev",
 	"CustomResourceDefinition machinedeployments.machinist.dev",
+	"CustomResourceDefinition machinedisruptionbudgets.machinist.dev",
 	"CustomResourceDefinition machinehealthchecks.machinist.dev",
 	"CustomResourceDefinition machines.machinist.dev",
 	"CustomResourceDefinition machinesets.machinist.dev",
@@ -644,7 +645,14 @@ func TestServiceAccountsMayDoWhatTheyNeed(t *testing.T) {
 		{verbsSA, []string{"get", authConfigMap, "-n", "kube-system"}, true},
 		{verbsSA, []string{"list", authConfigMap, "-n", "kube-system"}, true},
 		{verbsSA, []string{"watch", authConfigMap, "-n", "kube-system"}, true},
+		// The disruption budgets: asked, and an admitted disruption
+		// recorded in their status.
+		{verbsSA, []string{"list", "machinedisruptionbudgets.machinist.dev", "-A"}, true},
+		{verbsSA, []string{"list", "machines.machinist.dev", "-A"}, true},
+		{verbsSA, []string{"update", "machinedisruptionbudgets.machinist.dev", "--subresource=status", "-A"}, true},
 		// ... and no more than that.
+		{verbsSA, []string{"update", "machinedisruptionbudgets.machinist.dev", "-A"}, false},
+		{verbsSA, []string{"delete", "machinedisruptionbudgets.machinist.dev", "-A"}, false},
 		{verbsSA, []string{"patch", "apiservices.apiregistration.k8s.io/v1.apps"}, false},
 		{verbsSA, []string{"delete", verbsAPIService}, false},
 		{verbsSA, []string{"get", "configmaps/kube-proxy", "-n", "kube-system"}, false},
@@ -657,6 +665,8 @@ func TestServiceAccountsMayDoWhatTheyNeed(t *testing.T) {
 		{managerSA, []string{"update", "leases.coordination.k8s.io", "-n", namespace}, true},
 		{managerSA, []string{"create", "events", "-n", namespace}, true},
 		{managerSA, []string{"create", "events.events.k8s.io", "-n", namespace}, true},
+		{managerSA, []string{"watch", "machinedisruptionbudgets.machinist.dev", "-A"}, true},
+		{managerSA, []string{"update", "machinedisruptionbudgets.machinist.dev", "--subresource=status", "-A"}, true},
 		{managerSA, []string{"patch", verbsAPIService}, false},
 		{managerSA, []string{"create", "tokenreviews.authentication.k8s.io"}, false},
 		// Whether the request annotation's policy is in force, and no more.

@@ -30,6 +30,7 @@ var _ = Describe("The machinist.dev API", func() {
 			{"machinedeployments", "MachineDeployment", "md", true},
 			{"machineclasses", "MachineClass", "mc", false},
 			{"machinehealthchecks", "MachineHealthCheck", "mhc", false},
+			{"machinedisruptionbudgets", "MachineDisruptionBudget", "mdb", false},
 		} {
 			r, ok := byName[want.resource]
 			Expect(ok).To(BeTrue(), "resource %s is not served", want.resource)

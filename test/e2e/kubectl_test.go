@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -157,6 +158,34 @@ var _ = Describe("kubectl", func() {
 		Expect(tables[0][1][7]).To(Equal("TooManyUnhealthy"))
 	})
 
+	It("prints a MachineDisruptionBudget's limit and counts", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		count := validMachineDisruptionBudget(ns, "count")
+		percent := validMachineDisruptionBudget(ns, "percent")
+		percent.Spec.MaxDisrupted = intstr.FromString("25%")
+		percent.Spec.Windows = []machinistv1.DisruptionWindow{window("0 2 * * 1-5", "4h", "")}
+		for _, o := range []*machinistv1.MachineDisruptionBudget{count, percent} {
+			Expect(k8s.Create(ctx, o)).To(Succeed())
+		}
+		count.Status = machinistv1.MachineDisruptionBudgetStatus{SelectedMachines: 5, MaxDisrupted: 1, Disrupted: 1, DisruptionsAllowed: 0, WindowOpen: true}
+		Expect(k8s.Status().Update(ctx, count)).To(Succeed())
+		percent.Status = machinistv1.MachineDisruptionBudgetStatus{SelectedMachines: 8, MaxDisrupted: 2, Disrupted: 1, DisruptionsAllowed: 1, WindowOpen: true}
+		Expect(k8s.Status().Update(ctx, percent)).To(Succeed())
+
+		out, err := env.Kubectl(ctx, "-n", ns, "get", "mdb")
+		Expect(err).NotTo(HaveOccurred())
+		tables := table(out)
+		Expect(tables).To(HaveLen(1), out)
+		Expect(tables[0]).To(HaveLen(3), out)
+		Expect(tables[0][0]).To(Equal([]string{"NAME", "MAX", "SELECTED", "DISRUPTED", "ALLOWED", "NEXT-WINDOW", "AGE"}))
+		// While a window is open there is no next one: its cell is blank,
+		// so the age follows the counts.
+		Expect(tables[0][1]).To(HaveLen(6), out)
+		Expect(tables[0][1][:5]).To(Equal([]string{"count", "1", "5", "1", "0"}))
+		Expect(tables[0][2]).To(HaveLen(6), out)
+		Expect(tables[0][2][:5]).To(Equal([]string{"percent", "25%", "8", "1", "1"}))
+	})
+
 	It("lists every kind under the machinist category", func(ctx SpecContext) {
 		ns := newNamespace(ctx)
 		for _, o := range []client.Object{
@@ -165,6 +194,7 @@ var _ = Describe("kubectl", func() {
 			validMachineSet(ns, "workers", 1),
 			validMachineDeployment(ns, "pool"),
 			validMachineHealthCheck(ns, "workers"),
+			validMachineDisruptionBudget(ns, "workers"),
 		} {
 			Expect(k8s.Create(ctx, o)).To(Succeed())
 		}
@@ -176,6 +206,7 @@ var _ = Describe("kubectl", func() {
 			"machineset.machinist.dev/workers",
 			"machinedeployment.machinist.dev/pool",
 			"machinehealthcheck.machinist.dev/workers",
+			"machinedisruptionbudget.machinist.dev/workers",
 		))
 		out, err = env.Kubectl(ctx, "-n", ns, "get", "mc", "-o", "name")
 		Expect(err).NotTo(HaveOccurred())

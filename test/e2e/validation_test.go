@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -68,6 +69,12 @@ const (
 	conditionTimeoutMsg  = "a condition's timeout must be a duration such as 60s or 5m"
 	nodeStartupMsg       = "nodeStartupTimeout must be a duration such as 90s, 10m or 1h"
 	cooldownMsg          = "cooldown must be a duration such as 30m or 1h"
+
+	maxDisruptedMsg   = "maxDisrupted must be a whole number of Machines (0 or more) or a percentage from 0% to 100%"
+	reasonOnceMsg     = "each reason may be listed once"
+	scheduleMsg       = `schedule must be a cron schedule of five fields, such as "0 2 * * 1-5", or one of @yearly, @monthly, @weekly, @daily, @hourly`
+	windowDurationMsg = "duration must be a positive duration such as 30m or 4h"
+	timeZoneMsg       = "timeZone must be an IANA time zone name such as UTC or Europe/Berlin"
 )
 
 // errs is how the server joins several errors about one object.
@@ -90,6 +97,52 @@ func schemaErr(e string) string {
 // the scale subresource's own check (its field path starts with a dot)
 // comes before this API's rule.
 const negativeReplicas = "[.spec.replicas: Invalid value: -1: should be a non-negative integer, spec.replicas: Invalid value: -1: " + replicasMsg + "]"
+
+// validMachineDisruptionBudget lets one of the Machines labelled pool=name
+// be disrupted at a time, for any reason, at any time.
+func validMachineDisruptionBudget(ns, name string) *machinistv1.MachineDisruptionBudget {
+	return &machinistv1.MachineDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: machinistv1.MachineDisruptionBudgetSpec{
+			Selector:     machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": name}},
+			MaxDisrupted: intstr.FromInt32(1),
+		},
+	}
+}
+
+// budgetYAML is a MachineDisruptionBudget written as a user's YAML would
+// be: its selector, maxDisrupted 1, and the spec fields given, exactly as
+// given. The Go type cannot send a malformed duration, an empty list
+// (omitempty drops it) or a spec without maxDisrupted.
+func budgetYAML(ns, name string, spec map[string]any) *unstructured.Unstructured {
+	s := map[string]any{
+		"selector":     map[string]any{"matchLabels": map[string]any{"pool": name}},
+		"maxDisrupted": int64(1),
+	}
+	maps.Copy(s, spec)
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": machinistv1.GroupVersion.String(),
+		"kind":       "MachineDisruptionBudget",
+		"metadata":   map[string]any{"namespace": ns, "name": name},
+		"spec":       s,
+	}}
+}
+
+// window is a disruption window; duration is parsed as Go parses it.
+func window(schedule, duration, timeZone string) machinistv1.DisruptionWindow {
+	d, err := time.ParseDuration(duration)
+	if err != nil {
+		panic(err)
+	}
+	return machinistv1.DisruptionWindow{Schedule: schedule, Duration: metav1.Duration{Duration: d}, TimeZone: timeZone}
+}
+
+// budgetWithWindows is a valid MachineDisruptionBudget with these windows.
+func budgetWithWindows(ns, name string, windows ...machinistv1.DisruptionWindow) *machinistv1.MachineDisruptionBudget {
+	mdb := validMachineDisruptionBudget(ns, name)
+	mdb.Spec.Windows = windows
+	return mdb
+}
 
 // labels returns n distinct labels, to go over a size limit.
 func labels(n int) map[string]string {
@@ -1341,6 +1394,257 @@ var invalidCases = []invalidCase{
 		},
 		want: "spec.remediation.ladder: Invalid value: " + replaceLastMsg,
 	},
+
+	// MachineDisruptionBudget.
+	{
+		name: "MachineDisruptionBudget with a negative maxDisrupted",
+		build: func(ns string) client.Object {
+			mdb := validMachineDisruptionBudget(ns, "negative")
+			mdb.Spec.MaxDisrupted = intstr.FromInt32(-1)
+			return mdb
+		},
+		want: "spec.maxDisrupted: Invalid value: -1: " + maxDisruptedMsg,
+	},
+	{
+		name: "MachineDisruptionBudget with maxDisrupted over 100%",
+		build: func(ns string) client.Object {
+			mdb := validMachineDisruptionBudget(ns, "overfull")
+			mdb.Spec.MaxDisrupted = intstr.FromString("101%")
+			return mdb
+		},
+		want: `spec.maxDisrupted: Invalid value: "101%": ` + maxDisruptedMsg,
+	},
+	{
+		name: "MachineDisruptionBudget with maxDisrupted in words",
+		build: func(ns string) client.Object {
+			mdb := validMachineDisruptionBudget(ns, "wordy")
+			mdb.Spec.MaxDisrupted = intstr.FromString("two")
+			return mdb
+		},
+		want: `spec.maxDisrupted: Invalid value: "two": ` + maxDisruptedMsg,
+	},
+	{
+		name: "MachineDisruptionBudget with maxDisrupted a number written as a string",
+		build: func(ns string) client.Object {
+			mdb := validMachineDisruptionBudget(ns, "quoted")
+			mdb.Spec.MaxDisrupted = intstr.FromString("2")
+			return mdb
+		},
+		want: `spec.maxDisrupted: Invalid value: "2": ` + maxDisruptedMsg,
+	},
+	{
+		name: "MachineDisruptionBudget with a maxDisrupted percentage with a leading zero",
+		build: func(ns string) client.Object {
+			mdb := validMachineDisruptionBudget(ns, "padded")
+			mdb.Spec.MaxDisrupted = intstr.FromString("05%")
+			return mdb
+		},
+		want: `spec.maxDisrupted: Invalid value: "05%": ` + maxDisruptedMsg,
+	},
+	{
+		// Written as YAML would be: the Go type always sends maxDisrupted.
+		name: "MachineDisruptionBudget without maxDisrupted",
+		build: func(ns string) client.Object {
+			mdb := budgetYAML(ns, "unbounded", nil)
+			unstructured.RemoveNestedField(mdb.Object, "spec", "maxDisrupted")
+			return mdb
+		},
+		want: schemaErr("spec.maxDisrupted: Required value"),
+	},
+	{
+		// Written as YAML would be: the Go type always sends a selector.
+		name: "MachineDisruptionBudget without a selector",
+		build: func(ns string) client.Object {
+			mdb := budgetYAML(ns, "unselective", nil)
+			unstructured.RemoveNestedField(mdb.Object, "spec", "selector")
+			return mdb
+		},
+		want: schemaErr("spec.selector: Required value"),
+	},
+	{
+		name: "MachineDisruptionBudget with an unknown reason",
+		build: func(ns string) client.Object {
+			mdb := validMachineDisruptionBudget(ns, "upgrade")
+			mdb.Spec.Reasons = []machinistv1.DisruptionReason{machinistv1.DisruptionReboot, "Upgrade"}
+			return mdb
+		},
+		want: schemaErr(`spec.reasons[1]: Unsupported value: "Upgrade": supported values: "Rollout", "InPlaceUpdate", "Reboot", "Repair", "Remediation", "Expiry"`),
+	},
+	{
+		name: "MachineDisruptionBudget that lists a reason twice",
+		build: func(ns string) client.Object {
+			mdb := validMachineDisruptionBudget(ns, "twice")
+			mdb.Spec.Reasons = []machinistv1.DisruptionReason{
+				machinistv1.DisruptionReboot, machinistv1.DisruptionRepair, machinistv1.DisruptionReboot,
+			}
+			return mdb
+		},
+		want: "spec.reasons: Invalid value: " + reasonOnceMsg,
+	},
+	{
+		// Six reasons exist, so seven repeat one: the count is checked
+		// first and the rule does not run.
+		name: "MachineDisruptionBudget with more than 6 reasons",
+		build: func(ns string) client.Object {
+			mdb := validMachineDisruptionBudget(ns, "every-reason")
+			mdb.Spec.Reasons = []machinistv1.DisruptionReason{
+				machinistv1.DisruptionRollout, machinistv1.DisruptionInPlaceUpdate, machinistv1.DisruptionReboot,
+				machinistv1.DisruptionRepair, machinistv1.DisruptionRemediation, machinistv1.DisruptionExpiry,
+				machinistv1.DisruptionRollout,
+			}
+			return mdb
+		},
+		want: schemaErr("spec.reasons: Too many: 7: must have at most 6 items"),
+	},
+	{
+		name: "MachineDisruptionBudget with a schedule of four fields",
+		build: func(ns string) client.Object {
+			return budgetWithWindows(ns, "four", window("0 2 * *", "4h", ""))
+		},
+		want: `spec.windows[0].schedule: Invalid value: "0 2 * *": ` + scheduleMsg,
+	},
+	{
+		// Some crons take seconds first; this one does not.
+		name: "MachineDisruptionBudget with a schedule of six fields",
+		build: func(ns string) client.Object {
+			return budgetWithWindows(ns, "six", window("0 0 2 * * 1-5", "4h", ""))
+		},
+		want: `spec.windows[0].schedule: Invalid value: "0 0 2 * * 1-5": ` + scheduleMsg,
+	},
+	{
+		name: "MachineDisruptionBudget with an unknown schedule descriptor",
+		build: func(ns string) client.Object {
+			return budgetWithWindows(ns, "sometimes", window("@sometimes", "4h", ""))
+		},
+		want: `spec.windows[0].schedule: Invalid value: "@sometimes": ` + scheduleMsg,
+	},
+	{
+		name: "MachineDisruptionBudget with an @every schedule",
+		build: func(ns string) client.Object {
+			return budgetWithWindows(ns, "every", window("@every 6h", "1h", ""))
+		},
+		want: `spec.windows[0].schedule: Invalid value: "@every 6h": ` + scheduleMsg,
+	},
+	{
+		name: "MachineDisruptionBudget whose second window has a bad schedule",
+		build: func(ns string) client.Object {
+			return budgetWithWindows(ns, "second", window("@daily", "4h", ""), window("0 2", "4h", ""))
+		},
+		want: `spec.windows[1].schedule: Invalid value: "0 2": ` + scheduleMsg,
+	},
+	{
+		name: "MachineDisruptionBudget with an empty schedule",
+		build: func(ns string) client.Object {
+			return budgetWithWindows(ns, "unscheduled", window("", "4h", ""))
+		},
+		// A minimum length does not stop the rule, which refuses "" too.
+		want: errs(`spec.windows[0].schedule: Invalid value: "": spec.windows[0].schedule in body should be at least 1 chars long`,
+			`spec.windows[0].schedule: Invalid value: "": `+scheduleMsg),
+	},
+	{
+		name: "MachineDisruptionBudget with a schedule longer than 128 characters",
+		build: func(ns string) client.Object {
+			// Five fields, so only the length is wrong.
+			return budgetWithWindows(ns, "long-schedule", window("0 2 * * "+strings.Repeat("1,", 60)+"2", "4h", ""))
+		},
+		want: schemaErr("spec.windows[0].schedule: Too long: may not be more than 128 bytes"),
+	},
+	{
+		name: "MachineDisruptionBudget with a window duration in words",
+		build: func(ns string) client.Object {
+			return budgetYAML(ns, "soon", map[string]any{"windows": []any{
+				map[string]any{"schedule": "@daily", "duration": "soon"},
+			}})
+		},
+		want: `spec.windows[0].duration: Invalid value: "soon": ` + windowDurationMsg,
+	},
+	{
+		name: "MachineDisruptionBudget with a window duration of 0s",
+		build: func(ns string) client.Object {
+			return budgetWithWindows(ns, "shut", window("@daily", "0s", ""))
+		},
+		want: `spec.windows[0].duration: Invalid value: "0s": ` + windowDurationMsg,
+	},
+	{
+		name: "MachineDisruptionBudget with a negative window duration",
+		build: func(ns string) client.Object {
+			return budgetWithWindows(ns, "backwards", window("@daily", "-1h", ""))
+		},
+		want: `spec.windows[0].duration: Invalid value: "-1h0m0s": ` + windowDurationMsg,
+	},
+	{
+		// Go reads a bare 0 as a duration; the rule wants a unit.
+		name: "MachineDisruptionBudget with a window duration of 0 without a unit",
+		build: func(ns string) client.Object {
+			return budgetYAML(ns, "unitless", map[string]any{"windows": []any{
+				map[string]any{"schedule": "@daily", "duration": "0"},
+			}})
+		},
+		want: `spec.windows[0].duration: Invalid value: "0": ` + windowDurationMsg,
+	},
+	{
+		name: "MachineDisruptionBudget with a window duration longer than 32 characters",
+		// Well formed, so only the length is wrong.
+		build: func(ns string) client.Object {
+			return budgetYAML(ns, "long-duration", map[string]any{"windows": []any{
+				map[string]any{"schedule": "@daily", "duration": strings.Repeat("1m", 17)},
+			}})
+		},
+		want: schemaErr("spec.windows[0].duration: Too long: may not be more than 32 bytes"),
+	},
+	{
+		// Written as YAML would be: the Go type always sends a duration.
+		name: "MachineDisruptionBudget with a window written without a duration",
+		build: func(ns string) client.Object {
+			return budgetYAML(ns, "open-ended", map[string]any{"windows": []any{
+				map[string]any{"schedule": "@daily"},
+			}})
+		},
+		want: schemaErr("spec.windows[0].duration: Required value"),
+	},
+	{
+		name: "MachineDisruptionBudget with a time zone that is not a zone name",
+		build: func(ns string) client.Object {
+			return budgetWithWindows(ns, "nowhere", window("@daily", "4h", "Not A/Zone!"))
+		},
+		want: `spec.windows[0].timeZone: Invalid value: "Not A/Zone!": ` + timeZoneMsg,
+	},
+	{
+		name: "MachineDisruptionBudget with a time zone given as an offset",
+		build: func(ns string) client.Object {
+			return budgetWithWindows(ns, "offset", window("@daily", "4h", "+02:00"))
+		},
+		want: `spec.windows[0].timeZone: Invalid value: "+02:00": ` + timeZoneMsg,
+	},
+	{
+		name: "MachineDisruptionBudget with a time zone longer than 64 characters",
+		build: func(ns string) client.Object {
+			// Well formed, so only the length is wrong.
+			return budgetWithWindows(ns, "long-zone", window("@daily", "4h", "Europe/"+strings.Repeat("z", 58)))
+		},
+		want: schemaErr("spec.windows[0].timeZone: Too long: may not be more than 64 bytes"),
+	},
+	{
+		name: "MachineDisruptionBudget with more than 8 windows",
+		build: func(ns string) client.Object {
+			mdb := validMachineDisruptionBudget(ns, "porous")
+			for i := range 9 {
+				mdb.Spec.Windows = append(mdb.Spec.Windows, window(fmt.Sprintf("0 %d * * *", i), "1h", ""))
+			}
+			return mdb
+		},
+		want: schemaErr("spec.windows: Too many: 9: must have at most 8 items"),
+	},
+	{
+		name: "MachineDisruptionBudget changed to maxDisrupted over 100%",
+		build: func(ns string) client.Object {
+			return validMachineDisruptionBudget(ns, "raised")
+		},
+		update: func(o client.Object) {
+			o.(*machinistv1.MachineDisruptionBudget).Spec.MaxDisrupted = intstr.FromString("200%")
+		},
+		want: `spec.maxDisrupted: Invalid value: "200%": ` + maxDisruptedMsg,
+	},
 }
 
 // validCase is an object on the edge of a rule that the API server must
@@ -1505,6 +1809,72 @@ var validCases = []validCase{
 		hc.Spec.Selector = metav1.LabelSelector{}
 		return hc
 	}},
+	{"MachineDisruptionBudget with maxDisrupted 0", func(ns string) client.Object {
+		mdb := validMachineDisruptionBudget(ns, "frozen")
+		mdb.Spec.MaxDisrupted = intstr.FromInt32(0)
+		return mdb
+	}},
+	{"MachineDisruptionBudget with maxDisrupted 0%", func(ns string) client.Object {
+		mdb := validMachineDisruptionBudget(ns, "frozen-percent")
+		mdb.Spec.MaxDisrupted = intstr.FromString("0%")
+		return mdb
+	}},
+	{"MachineDisruptionBudget with maxDisrupted 100%", func(ns string) client.Object {
+		mdb := validMachineDisruptionBudget(ns, "all")
+		mdb.Spec.MaxDisrupted = intstr.FromString("100%")
+		return mdb
+	}},
+	{"MachineDisruptionBudget with maxDisrupted 9%", func(ns string) client.Object {
+		mdb := validMachineDisruptionBudget(ns, "single-digit")
+		mdb.Spec.MaxDisrupted = intstr.FromString("9%")
+		return mdb
+	}},
+	{"MachineDisruptionBudget with an empty selector", func(ns string) client.Object {
+		mdb := validMachineDisruptionBudget(ns, "everything")
+		mdb.Spec.Selector = machinistv1.LabelSelector{}
+		return mdb
+	}},
+	{"MachineDisruptionBudget with an empty list of reasons", func(ns string) client.Object {
+		return budgetYAML(ns, "no-reasons", map[string]any{"reasons": []any{}})
+	}},
+	{"MachineDisruptionBudget with every reason once", func(ns string) client.Object {
+		mdb := validMachineDisruptionBudget(ns, "every-reason")
+		mdb.Spec.Reasons = []machinistv1.DisruptionReason{
+			machinistv1.DisruptionRollout, machinistv1.DisruptionInPlaceUpdate, machinistv1.DisruptionReboot,
+			machinistv1.DisruptionRepair, machinistv1.DisruptionRemediation, machinistv1.DisruptionExpiry,
+		}
+		return mdb
+	}},
+	{"MachineDisruptionBudget with an empty list of windows", func(ns string) client.Object {
+		return budgetYAML(ns, "no-windows", map[string]any{"windows": []any{}})
+	}},
+	{"MachineDisruptionBudget with a window @daily for 4h in Europe/Berlin", func(ns string) client.Object {
+		return budgetWithWindows(ns, "nightly", window("@daily", "4h", "Europe/Berlin"))
+	}},
+	{"MachineDisruptionBudget with a schedule whose fields are separated by several spaces", func(ns string) client.Object {
+		return budgetWithWindows(ns, "spaced", window("0  2 *   * 1-5", "30m", ""))
+	}},
+	{"MachineDisruptionBudget with 8 windows, one of each descriptor", func(ns string) client.Object {
+		mdb := validMachineDisruptionBudget(ns, "descriptors")
+		for _, s := range []string{"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly", "*/15 0-6 1,15 * MON-FRI"} {
+			mdb.Spec.Windows = append(mdb.Spec.Windows, window(s, "10m", ""))
+		}
+		return mdb
+	}},
+	{"MachineDisruptionBudget with window durations 1ns, 1.5h and 1h30m", func(ns string) client.Object {
+		return budgetYAML(ns, "durations", map[string]any{"windows": []any{
+			map[string]any{"schedule": "@hourly", "duration": "1ns"},
+			map[string]any{"schedule": "@daily", "duration": "1.5h"},
+			map[string]any{"schedule": "@weekly", "duration": "1h30m"},
+		}})
+	}},
+	{"MachineDisruptionBudget with time zones UTC, Etc/GMT+5 and America/Argentina/Buenos_Aires", func(ns string) client.Object {
+		return budgetWithWindows(ns, "zones",
+			window("@daily", "1h", "UTC"),
+			window("@daily", "1h", "Etc/GMT+5"),
+			window("@daily", "1h", "America/Argentina/Buenos_Aires"),
+		)
+	}},
 }
 
 // ruleMessages returns the message of every x-kubernetes-validations rule in
@@ -1561,6 +1931,7 @@ var _ = Describe("API validation", func() {
 			validMachineSet(ns, "ms", 2),
 			validMachineDeployment(ns, "md"),
 			validMachineHealthCheck(ns, "mhc"),
+			validMachineDisruptionBudget(ns, "mdb"),
 		} {
 			Expect(k8s.Create(ctx, o)).To(Succeed(), "%T %s", o, o.GetName())
 		}

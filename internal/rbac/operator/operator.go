@@ -12,6 +12,6 @@ package operator
 // The verbs, and reading the Machines they act on.
 // +kubebuilder:rbac:groups=subresources.machinist.dev,resources=machines/reboot;machines/repair,verbs=update
 // +kubebuilder:rbac:groups=subresources.machinist.dev,resources=machines,verbs=get
-// +kubebuilder:rbac:groups=machinist.dev,resources=machines;machinesets;machinedeployments;machineclasses;machinehealthchecks,verbs=get;list;watch
+// +kubebuilder:rbac:groups=machinist.dev,resources=machines;machinesets;machinedeployments;machineclasses;machinehealthchecks;machinedisruptionbudgets,verbs=get;list;watch
 // Rollouts: pause, resume and undo change the MachineDeployment.
 // +kubebuilder:rbac:groups=machinist.dev,resources=machinedeployments,verbs=patch;update

@@ -15,7 +15,8 @@ const (
 	ExitError = 1
 	// ExitFailed: the operation ended Failed, or the rollout failed.
 	ExitFailed = 2
-	// ExitRefused: the server refused the request (403, 404, 409, 422).
+	// ExitRefused: the server refused the request (403, 404, 409, 422,
+	// or 429 from a disruption budget).
 	ExitRefused = 3
 	// ExitTimeout: --timeout passed before the wait was over.
 	ExitTimeout = 4
@@ -26,7 +27,8 @@ const exitCodesHelp = `Exit codes:
   0  success
   1  error: usage, connection or anything unexpected
   2  the operation ended Failed, or the rollout failed (progress deadline exceeded)
-  3  refused by the server: forbidden (403), not found (404), conflict (409) or invalid (422)
+  3  refused by the server: forbidden (403), not found (404), conflict (409), invalid (422)
+     or not allowed now by a MachineDisruptionBudget (429, with when to try again)
   4  timed out waiting`
 
 // exitError carries the exit code an error should end the process with.
@@ -57,7 +59,7 @@ func ExitCode(err error) int {
 	var status apierrors.APIStatus
 	if errors.As(err, &status) {
 		switch status.Status().Code {
-		case http.StatusForbidden, http.StatusNotFound, http.StatusConflict, http.StatusUnprocessableEntity:
+		case http.StatusForbidden, http.StatusNotFound, http.StatusConflict, http.StatusUnprocessableEntity, http.StatusTooManyRequests:
 			return ExitRefused
 		}
 	}

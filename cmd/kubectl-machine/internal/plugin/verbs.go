@@ -188,7 +188,9 @@ func (c *cluster) request(ctx context.Context, v verb, name string, body any) (*
 	if err != nil {
 		return nil, err
 	}
-	res := rc.Put().Namespace(c.namespace).Resource(subresources.Machines).Name(name).SubResource(v.name).Body(data).Do(ctx)
+	// No retries: a 429 from a disruption budget may say to come back in
+	// hours, which client-go would otherwise sleep through.
+	res := rc.Put().Namespace(c.namespace).Resource(subresources.Machines).Name(name).SubResource(v.name).Body(data).MaxRetries(0).Do(ctx)
 	if err := res.Error(); err != nil {
 		return nil, v.refusal(name, err)
 	}
@@ -213,6 +215,12 @@ func (v verb) refusal(name string, err error) error {
 		return refused(fmt.Errorf("machine %q cannot be %s now: %s", name, v.past, conflictReason(s.Message, name)))
 	case http.StatusForbidden:
 		return refused(fmt.Errorf("not allowed to %s machine %q: %s", v.name, name, s.Message))
+	case http.StatusTooManyRequests:
+		msg := fmt.Sprintf("machine %q cannot be %s now: %s", name, v.past, s.Message)
+		if s.Details != nil && s.Details.RetryAfterSeconds > 0 {
+			msg += fmt.Sprintf(" (try again in %s)", time.Duration(s.Details.RetryAfterSeconds)*time.Second)
+		}
+		return refused(errors.New(msg))
 	case http.StatusUnprocessableEntity:
 		return refused(fmt.Errorf("invalid %s options for machine %q: %s", v.name, name, s.Message))
 	case http.StatusNotFound:

@@ -11,6 +11,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -151,6 +152,33 @@ func TestVerbs(t *testing.T) {
 			if r := plugin(ns, args...); r.code != ExitRefused || !strings.Contains(r.stderr, `"nosuch" not found`) {
 				t.Errorf("%v: want exit code %d saying so:\n%s", args, ExitRefused, r)
 			}
+		}
+	})
+
+	t.Run("a disruption budget's refusal is 429, said with when to try again, at once", func(t *testing.T) {
+		budget := &machinistv1.MachineDisruptionBudget{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "none"},
+			Spec:       machinistv1.MachineDisruptionBudgetSpec{MaxDisrupted: intstr.FromInt32(0)},
+		}
+		if err := env.Client.Create(ctx, budget); err != nil {
+			t.Fatal(err)
+		}
+		before := get(t, key)
+		start := time.Now()
+		r := plugin(ns, "reboot", "m1")
+		want := `error: machine "m1" cannot be rebooted now: MachineDisruptionBudget none allows no more disruptions: 0 of its 1 Machines are disrupted and it allows 0; the reboot of Machine ` +
+			ns + `/m1 waits until one is back (try again in 10s)` + "\n"
+		if r.code != ExitRefused || r.stderr != want {
+			t.Errorf("want exit code %d and stderr %q:\n%s", ExitRefused, want, r)
+		}
+		if took := time.Since(start); took > 5*time.Second {
+			t.Errorf("the refusal took %s: client-go must not sleep through the Retry-After", took)
+		}
+		if after := get(t, key); after.Status.Operation.ID != before.Status.Operation.ID {
+			t.Errorf("a refused reboot was recorded: %+v", after.Status.Operation)
+		}
+		if err := env.Client.Delete(ctx, budget); err != nil {
+			t.Fatal(err)
 		}
 	})
 

@@ -1,0 +1,321 @@
+package disruption_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/disruption"
+	"github.com/machinist-dev/machinist/internal/testenv"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) {
+	os.Exit(testenv.Run(m, func(e *testenv.Env) { env = e }))
+}
+
+// pool creates n Machines labelled pool=<pool>, Running and Ready as a
+// controller would have left them (no controller runs here: the budgets
+// alone are under test).
+func pool(t *testing.T, ns, name string, n int) []*machinistv1.Machine {
+	t.Helper()
+	ctx := context.Background()
+	var ms []*machinistv1.Machine
+	for i := range n {
+		m := &machinistv1.Machine{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("%s-%d", name, i), Labels: map[string]string{"pool": name}},
+			Spec:       machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}, Version: "v1.37.2"},
+		}
+		if err := env.Client.Create(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		m.Status.Phase = machinistv1.MachineRunning
+		m.Status.NodeRef = &machinistv1.NodeReference{Name: m.Name}
+		m.Status.Conditions = []metav1.Condition{{Type: machinistv1.ConditionReady, Status: metav1.ConditionTrue,
+			Reason: "NodeReady", LastTransitionTime: metav1.Now()}}
+		if err := env.Client.Status().Update(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		ms = append(ms, m)
+	}
+	return ms
+}
+
+func newBudget(t *testing.T, ns, name string, selector map[string]string, max intstr.IntOrString, change ...func(*machinistv1.MachineDisruptionBudget)) *machinistv1.MachineDisruptionBudget {
+	t.Helper()
+	b := &machinistv1.MachineDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:       machinistv1.MachineDisruptionBudgetSpec{Selector: machinistv1.LabelSelector{MatchLabels: selector}, MaxDisrupted: max},
+	}
+	for _, c := range change {
+		c(b)
+	}
+	if err := env.Client.Create(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func namespace(t *testing.T) string {
+	t.Helper()
+	ns, err := env.Namespace(context.Background(), "disruption")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+func reboot(m *machinistv1.Machine, op string) disruption.Request {
+	return disruption.Request{Machine: m, Reason: machinistv1.DisruptionReboot, OperationID: op, By: "test"}
+}
+
+func TestConcurrentRequestsNeverTakeMoreThanTheBudget(t *testing.T) {
+	ns := namespace(t)
+	ms := pool(t, ns, "a", 10)
+	newBudget(t, ns, "two", map[string]string{"pool": "a"}, intstr.FromInt32(2))
+	// Ten actors at once, each with a client of its own, as the verbs
+	// server's replicas and the controllers would be.
+	var wg sync.WaitGroup
+	results := make([]error, len(ms))
+	for i, m := range ms {
+		wg.Go(func() {
+			c, err := client.New(env.Config, client.Options{Scheme: env.Scheme})
+			if err != nil {
+				results[i] = err
+				return
+			}
+			results[i] = disruption.Direct(c).Admit(context.Background(), reboot(m, fmt.Sprintf("op-%d", i)), time.Now())
+		})
+	}
+	wg.Wait()
+	admitted := 0
+	for i, err := range results {
+		switch r, refused := disruption.AsRefusal(err); {
+		case err == nil:
+			admitted++
+		case refused:
+			if r.Budget != "two" || r.RetryAfter <= 0 {
+				t.Errorf("Machine %d: refusal %+v", i, r)
+			}
+		default:
+			t.Errorf("Machine %d: %v", i, err)
+		}
+	}
+	if admitted != 2 {
+		t.Errorf("%d admitted, want 2", admitted)
+	}
+	var b machinistv1.MachineDisruptionBudget
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "two"}, &b); err != nil {
+		t.Fatal(err)
+	}
+	if len(b.Status.Disruptions) != 2 || b.Status.Disrupted != 2 || b.Status.DisruptionsAllowed != 0 {
+		t.Errorf("budget status: %d recorded, disrupted %d, allowed %d; want 2, 2, 0", len(b.Status.Disruptions), b.Status.Disrupted, b.Status.DisruptionsAllowed)
+	}
+	// Asking again for an admitted Machine is no second disruption.
+	for i, err := range results {
+		if err == nil {
+			if err := disruption.Direct(env.Client).Admit(context.Background(), reboot(ms[i], fmt.Sprintf("op-%d", i)), time.Now()); err != nil {
+				t.Errorf("asking again for admitted Machine %d: %v", i, err)
+			}
+		}
+	}
+}
+
+func TestTheStricterBudgetWinsAndReasonsArePassedBy(t *testing.T) {
+	ns := namespace(t)
+	ms := pool(t, ns, "a", 4)
+	newBudget(t, ns, "loose", map[string]string{"pool": "a"}, intstr.FromInt32(3))
+	newBudget(t, ns, "strict", map[string]string{}, intstr.FromInt32(1))
+	newBudget(t, ns, "rollouts-only", map[string]string{"pool": "a"}, intstr.FromInt32(0), func(b *machinistv1.MachineDisruptionBudget) {
+		b.Spec.Reasons = []machinistv1.DisruptionReason{machinistv1.DisruptionRollout}
+	})
+	ctx := context.Background()
+	if err := disruption.Direct(env.Client).Admit(ctx, reboot(ms[0], "a"), time.Now()); err != nil {
+		t.Fatalf("first reboot: %v (a budget for rollouts only must not slow reboots)", err)
+	}
+	err := disruption.Direct(env.Client).Admit(ctx, reboot(ms[1], "b"), time.Now())
+	if r, ok := disruption.AsRefusal(err); !ok || r.Budget != "strict" {
+		t.Fatalf("second reboot: %v, want a refusal by budget strict", err)
+	}
+	rollout := disruption.Request{Machine: ms[2], Reason: machinistv1.DisruptionRollout, By: "machinedeployment/d"}
+	if r, ok := disruption.AsRefusal(disruption.Direct(env.Client).Admit(ctx, rollout, time.Now())); !ok || r.Budget != "strict" && r.Budget != "rollouts-only" {
+		t.Fatalf("a rollout: want a refusal, got %v", r)
+	}
+}
+
+func TestAClosedWindowRefusesUntilItOpens(t *testing.T) {
+	ns := namespace(t)
+	ms := pool(t, ns, "a", 3)
+	newBudget(t, ns, "nightly", map[string]string{"pool": "a"}, intstr.FromInt32(1), func(b *machinistv1.MachineDisruptionBudget) {
+		b.Spec.Windows = []machinistv1.DisruptionWindow{{Schedule: "0 2 * * *", Duration: metav1.Duration{Duration: time.Hour}}}
+	})
+	noon := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	err := disruption.Direct(env.Client).Admit(context.Background(), reboot(ms[0], "x"), noon)
+	r, ok := disruption.AsRefusal(err)
+	if !ok || r.RetryAfter != 14*time.Hour {
+		t.Fatalf("at noon: %v, want a refusal retrying after 14h (02:00)", err)
+	}
+	if err := disruption.Direct(env.Client).Admit(context.Background(), reboot(ms[0], "x"), noon.Add(14*time.Hour+time.Minute)); err != nil {
+		t.Fatalf("at 02:01: %v", err)
+	}
+}
+
+func TestADeadMachineIsNotADisruption(t *testing.T) {
+	ns := namespace(t)
+	ms := pool(t, ns, "a", 3)
+	newBudget(t, ns, "none", map[string]string{"pool": "a"}, intstr.FromInt32(0))
+	ctx := context.Background()
+	if _, ok := disruption.AsRefusal(disruption.Direct(env.Client).Admit(ctx, reboot(ms[0], "x"), time.Now())); !ok {
+		t.Fatal("a budget of 0 admitted a reboot")
+	}
+	dead := ms[1].DeepCopy()
+	dead.Status.Conditions[0].Status = metav1.ConditionFalse
+	dead.Status.Conditions[0].Reason = "NodeLeaseExpired"
+	if err := env.Client.Status().Update(ctx, dead); err != nil {
+		t.Fatal(err)
+	}
+	req := disruption.Request{Machine: dead, Reason: machinistv1.DisruptionRemediation, OperationID: "heal", By: "machinehealthcheck/h"}
+	if err := disruption.Direct(env.Client).Admit(ctx, req, time.Now()); err != nil {
+		t.Fatalf("the remediation of a dead Machine: %v", err)
+	}
+}
+
+// TestTheControllerKeepsTheStatusAndEndsDisruptions runs the budget
+// controller alone, with a clock the test moves: the counts follow the
+// Machines, an admitted disruption ends when its operation ends, one that
+// never showed lapses, a closed window shows its next opening, and a
+// settled budget is not written again.
+func TestTheControllerKeepsTheStatusAndEndsDisruptions(t *testing.T) {
+	ns := namespace(t)
+	ms := pool(t, ns, "a", 4)
+	newBudget(t, ns, "b", map[string]string{"pool": "a"}, intstr.FromInt32(2))
+	var mu sync.Mutex
+	// Whole seconds, as the API stores times.
+	clock := time.Now().Truncate(time.Second)
+	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{Scheme: env.Scheme, Metrics: metricsserver.Options{BindAddress: "0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	skip := true
+	r := &disruption.Reconciler{Client: mgr.GetClient(), Now: now}
+	if err := r.SetupWithManager(mgr, controller.Options{SkipNameValidation: &skip}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	status := func() machinistv1.MachineDisruptionBudgetStatus {
+		var b machinistv1.MachineDisruptionBudget
+		if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "b"}, &b); err != nil {
+			t.Fatal(err)
+		}
+		return b.Status
+	}
+	waitFor := func(what string, cond func(machinistv1.MachineDisruptionBudgetStatus) bool) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for !cond(status()) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: status %+v", what, status())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	waitFor("counts of a fleet at rest", func(s machinistv1.MachineDisruptionBudgetStatus) bool {
+		return s.SelectedMachines == 4 && s.MaxDisrupted == 2 && s.DisruptionsAllowed == 2 && s.WindowOpen
+	})
+
+	// Two admitted: one whose reboot starts and ends, one that never shows.
+	if err := disruption.Direct(env.Client).Admit(ctx, reboot(ms[0], "op0"), now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := disruption.Direct(env.Client).Admit(ctx, reboot(ms[1], "op1"), now()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("two admitted", func(s machinistv1.MachineDisruptionBudgetStatus) bool {
+		return s.Disrupted == 2 && s.DisruptionsAllowed == 0
+	})
+	m := ms[0].DeepCopy()
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(m), m); err != nil {
+		t.Fatal(err)
+	}
+	m.Status.Operation = &machinistv1.Operation{ID: "op0", Type: machinistv1.OperationReboot, State: machinistv1.OperationSucceeded}
+	if err := env.Client.Status().Update(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the finished reboot's disruption ended", func(s machinistv1.MachineDisruptionBudgetStatus) bool {
+		return s.Disrupted == 1 && len(s.Disruptions) == 1 && s.Disruptions[0].Machine == ms[1].Name
+	})
+	// Nothing will change on the Machines: the controller must ask to
+	// come back when the record lapses, Pending after it was admitted
+	// (the clock has not moved since).
+	key := ctrl.Request{NamespacedName: client.ObjectKey{Namespace: ns, Name: "b"}}
+	res, err := r.Reconcile(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.RequeueAfter != disruption.Pending+time.Second {
+		t.Errorf("RequeueAfter = %s, want %s: when the record lapses", res.RequeueAfter, disruption.Pending+time.Second)
+	}
+	mu.Lock()
+	clock = clock.Add(disruption.Pending + time.Second)
+	mu.Unlock()
+	// That time has come (on the test's clock): the look it asked for.
+	if _, err := r.Reconcile(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the disruption that never showed lapsed", func(s machinistv1.MachineDisruptionBudgetStatus) bool {
+		return s.Disrupted == 0 && len(s.Disruptions) == 0 && s.DisruptionsAllowed == 2
+	})
+
+	// A closed window.
+	var b machinistv1.MachineDisruptionBudget
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "b"}, &b); err != nil {
+		t.Fatal(err)
+	}
+	closed := clock.UTC().Add(2 * time.Hour)
+	b.Spec.Windows = []machinistv1.DisruptionWindow{{Schedule: fmt.Sprintf("%d %d * * *", closed.Minute(), closed.Hour()), Duration: metav1.Duration{Duration: time.Hour}}}
+	if err := env.Client.Update(ctx, &b); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the window closed, its next opening shown", func(s machinistv1.MachineDisruptionBudgetStatus) bool {
+		return !s.WindowOpen && s.DisruptionsAllowed == 0 && s.NextWindow != nil && s.NextWindow.Time.Equal(closed.Truncate(time.Minute))
+	})
+
+	// At rest: no write.
+	rv := func() string {
+		var b machinistv1.MachineDisruptionBudget
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "b"}, &b); err != nil {
+			t.Fatal(err)
+		}
+		return b.ResourceVersion
+	}
+	before := rv()
+	time.Sleep(3 * time.Second)
+	if after := rv(); after != before {
+		t.Errorf("a settled budget was written: resourceVersion %s -> %s", before, after)
+	}
+	// And it asks to come back when the window opens.
+	res, err = r.Reconcile(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := closed.Truncate(time.Minute).Sub(now()) + time.Second; res.RequeueAfter != want {
+		t.Errorf("RequeueAfter = %s, want %s: when the window opens", res.RequeueAfter, want)
+	}
+}

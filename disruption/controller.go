@@ -1,0 +1,138 @@
+package disruption
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/wake"
+)
+
+// ConditionAllowed is the budget's condition type: True while it allows
+// another disruption.
+const ConditionAllowed = "DisruptionAllowed"
+
+// Reasons of ConditionAllowed.
+const (
+	ReasonAllowed       = "Allowed"
+	ReasonSpent         = "BudgetSpent"
+	ReasonWindowClosed  = "WindowClosed"
+	ReasonInvalidWindow = "InvalidWindow"
+)
+
+// Reconciler keeps each MachineDisruptionBudget's status true: the counts,
+// the next window, and the record of admitted disruptions, from which it
+// drops those that are over. It decides nothing; Admit does.
+type Reconciler struct {
+	Client client.Client
+	// Now is the clock; time.Now when nil. Tests move it to open and
+	// close windows.
+	Now func() time.Time
+}
+
+// SetupWithManager registers the controller: a budget is looked at when
+// it changes (not when only its status does: its own writes and Admit's
+// are followed by a Machine's change anyway) and when a Machine of its
+// namespace changes.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&machinistv1.MachineDisruptionBudget{}, builder.WithPredicates(wake.OnChangeByOthers())).
+		Watches(&machinistv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.budgetsOf)).
+		WithOptions(opts).
+		Named("machinedisruptionbudget").
+		Complete(r)
+}
+
+// budgetsOf maps a Machine to the budgets of its namespace: a Machine that
+// left a budget's selector matters to it as much as one that joined.
+func (r *Reconciler) budgetsOf(ctx context.Context, o client.Object) []reconcile.Request {
+	var list machinistv1.MachineDisruptionBudgetList
+	if err := r.Client.List(ctx, &list, client.InNamespace(o.GetNamespace())); err != nil {
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for _, b := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&b)})
+	}
+	return reqs
+}
+
+func (r *Reconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+// Reconcile writes the budget's status when it changed, and asks to look
+// again when it changes by itself.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	b := &machinistv1.MachineDisruptionBudget{}
+	if err := r.Client.Get(ctx, req.NamespacedName, b); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	var machines machinistv1.MachineList
+	if err := r.Client.List(ctx, &machines, client.InNamespace(b.Namespace)); err != nil {
+		return ctrl.Result{}, err
+	}
+	now := r.now()
+	before := b.Status.DeepCopy()
+	st, err := Evaluate(b, machines.Items, now)
+	if err != nil {
+		// A window kube-apiserver admitted but cron cannot read, or a
+		// time zone this host does not know: say so; allow nothing.
+		b.Status.ObservedGeneration = b.Generation
+		b.Status.DisruptionsAllowed = 0
+		meta.SetStatusCondition(&b.Status.Conditions, metav1.Condition{
+			Type: ConditionAllowed, Status: metav1.ConditionFalse, Reason: ReasonInvalidWindow,
+			Message: err.Error(), ObservedGeneration: b.Generation,
+		})
+	} else {
+		fill(b, st, st.Disruptions, st.Disrupted, now)
+	}
+	if !equality.Semantic.DeepEqual(before, &b.Status) {
+		if err := r.Client.Status().Update(ctx, b); err != nil {
+			if apierrors.IsConflict(err) {
+				// Admit recorded a disruption meanwhile: look again.
+				return ctrl.Result{Requeue: true}, nil
+			}
+			return ctrl.Result{}, err
+		}
+	}
+	if !st.Changes.IsZero() {
+		return ctrl.Result{RequeueAfter: max(time.Second, st.Changes.Sub(now)+time.Second)}, nil
+	}
+	return ctrl.Result{}, nil
+}
+
+// setCondition sets DisruptionAllowed from the counts in b's status.
+func setCondition(b *machinistv1.MachineDisruptionBudget, _ time.Time) {
+	s := &b.Status
+	c := metav1.Condition{Type: ConditionAllowed, Status: metav1.ConditionTrue, Reason: ReasonAllowed,
+		Message:            fmt.Sprintf("%d more of %d Machines may be disrupted", s.DisruptionsAllowed, s.SelectedMachines),
+		ObservedGeneration: b.Generation}
+	switch {
+	case !s.WindowOpen:
+		c.Status, c.Reason = metav1.ConditionFalse, ReasonWindowClosed
+		c.Message = "no window is open"
+		if s.NextWindow != nil {
+			c.Message += "; the next opens at " + s.NextWindow.UTC().Format(time.RFC3339)
+		}
+	case s.DisruptionsAllowed == 0:
+		c.Status, c.Reason = metav1.ConditionFalse, ReasonSpent
+		c.Message = fmt.Sprintf("%d of %d Machines are disrupted and %d may be", s.Disrupted, s.SelectedMachines, s.MaxDisrupted)
+	}
+	meta.SetStatusCondition(&s.Conditions, c)
+}

@@ -1,0 +1,52 @@
+package lifecycle
+
+import (
+	"context"
+
+	corev1 "k8s.io/api/core/v1"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/disruption"
+)
+
+// reasonDisruptionHeld is the Event of an operation a disruption budget
+// holds back.
+const reasonDisruptionHeld = "DisruptionHeld"
+
+// holdForBudget asks the MachineDisruptionBudgets before a pending
+// operation starts, whoever asked for it (the verbs, the annotation, a
+// health check, a changed version): this is where every operation of a
+// Running Machine passes, so none can slip by a budget. A refusal keeps
+// the operation pending, says why in its message, with one Event per
+// change of reason, and looks again when the budget says it may allow it.
+func (r *Reconciler) holdForBudget(ctx context.Context, s *step, op *machinistv1.Operation) (bool, error) {
+	if r.APIReader == nil {
+		return false, nil
+	}
+	store := disruption.Store{Budgets: r.APIReader, Machines: r.Client, Status: r.Client}
+	req := disruption.Request{Machine: s.m, Reason: disruptionReason(op), OperationID: op.ID, By: op.RequestedBy}
+	err := store.Admit(ctx, req, s.now)
+	refusal, refused := disruption.AsRefusal(err)
+	if !refused {
+		return false, err
+	}
+	if msg := "waiting: " + refusal.Message; op.Message != msg {
+		op.Message = msg
+		s.note(corev1.EventTypeWarning, reasonDisruptionHeld, verbOf(op.Type), "%s %s waits: %s", verbOf(op.Type), op.ID, refusal.Message)
+	}
+	s.after(refusal.RetryAfter)
+	return true, nil
+}
+
+// disruptionReason is the budget reason an operation counts under.
+func disruptionReason(op *machinistv1.Operation) machinistv1.DisruptionReason {
+	switch {
+	case op.Source == machinistv1.SourceHealthCheck:
+		return machinistv1.DisruptionRemediation
+	case op.Type == machinistv1.OperationUpdate:
+		return machinistv1.DisruptionInPlaceUpdate
+	case op.Type == machinistv1.OperationRepair:
+		return machinistv1.DisruptionRepair
+	}
+	return machinistv1.DisruptionReboot
+}
