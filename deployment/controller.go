@@ -339,13 +339,19 @@ func (r *Reconciler) scale(ctx context.Context, md *machinistv1.MachineDeploymen
 	if scalingEvent(md, ordered) {
 		plan = Proportional(replicasOf(md), strategy, all)
 	}
+	// A resize in proportion is the owner's scaling, not a rollout's
+	// disruption.
+	stepping := plan == nil
 	if plan == nil && !paused && mode.blocked == "" {
 		plan = Next(replicasOf(md), strategy, all[len(all)-1], all[:len(all)-1])
 	}
 	desired := strconv.Itoa(int(replicasOf(md)))
 	var errs []error
-	for _, ms := range ordered {
+	for i, ms := range ordered {
 		n, ok := plan[ms.Name]
+		// An old set the rollout shrinks deletes its Machines under the
+		// disruption budgets; the newest is never emptied by a rollout.
+		rolling := stepping && ok && i < len(ordered)-1 && n < ptrOr(ms.Spec.Replicas) && ms.Annotations[machinistv1.RollingOutAnnotation] != md.Name
 		if (!ok || n == ptrOr(ms.Spec.Replicas)) && ms.Annotations[machinistv1.DesiredReplicasAnnotation] == desired {
 			continue
 		}
@@ -360,6 +366,9 @@ func (r *Reconciler) scale(ctx context.Context, md *machinistv1.MachineDeploymen
 			patched.Annotations = map[string]string{}
 		}
 		patched.Annotations[machinistv1.DesiredReplicasAnnotation] = desired
+		if rolling {
+			patched.Annotations[machinistv1.RollingOutAnnotation] = md.Name
+		}
 		if err := r.Client.Patch(ctx, patched, client.MergeFrom(ms)); err != nil {
 			errs = append(errs, fmt.Errorf("scaling MachineSet %s: %w", ms.Name, err))
 			continue

@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/internal/requeue"
 	"github.com/machinist-dev/machinist/internal/wake"
 )
@@ -46,6 +47,8 @@ const (
 	reasonReady        = "AllMachinesReady"
 	reasonScaling      = "Scaling"
 	reasonWaiting      = "WaitingForMachines"
+	// reasonDisruptionHeld: a rollout's deletion waits for a budget.
+	reasonDisruptionHeld = "DisruptionHeld"
 )
 
 // maxBatch caps how many Machines one reconcile creates or deletes in
@@ -58,6 +61,9 @@ const maxBatch = 64
 type Reconciler struct {
 	// Client reads from the manager's cache and writes to the API server.
 	Client client.Client
+	// APIReader reads past the cache: the disruption budgets a rollout's
+	// deletion asks first. Nil asks none.
+	APIReader client.Reader
 	// Recorder emits Events on MachineSets.
 	Recorder events.EventRecorder
 	// StatusInterval is the shortest time between two status writes of one
@@ -117,10 +123,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 
 	// Scale only when the cache has caught up with every earlier write.
 	var scaleErr error
+	var held time.Duration
 	if ms.DeletionTimestamp.IsZero() && r.expectations.satisfied(req.NamespacedName) {
-		scaleErr = r.scale(ctx, ms, handedOver(ms, owned), receiving)
+		held, scaleErr = r.scale(ctx, ms, handedOver(ms, owned), receiving)
 	}
 	res, err := r.updateStatus(ctx, ms, owned, selector)
+	if held > 0 && (res.RequeueAfter == 0 || held < res.RequeueAfter) {
+		res.RequeueAfter = held
+	}
 	return requeue.Expected(res, errors.Join(scaleErr, err))
 }
 
@@ -223,7 +233,10 @@ func (r *Reconciler) release(ctx context.Context, ms *machinistv1.MachineSet, m 
 // Machines than asked for; they are the first chosen on scale-down.
 // Machines being handed over to it (receiving) count too, but it deletes
 // only its own.
-func (r *Reconciler) scale(ctx context.Context, ms *machinistv1.MachineSet, owned, receiving []*machinistv1.Machine) error {
+// scale creates or deletes Machines to reach spec.replicas. A deletion a
+// disruption budget refuses (a rollout's, see RollingOutAnnotation) waits:
+// held is when to ask again.
+func (r *Reconciler) scale(ctx context.Context, ms *machinistv1.MachineSet, owned, receiving []*machinistv1.Machine) (held time.Duration, err error) {
 	key := client.ObjectKeyFromObject(ms)
 	want := int(ptrOr(ms.Spec.Replicas, 1))
 	switch diff := len(owned) + len(receiving) - want; {
@@ -237,10 +250,14 @@ func (r *Reconciler) scale(ctx context.Context, ms *machinistv1.MachineSet, owne
 		if created > 0 {
 			r.event(ms, corev1.EventTypeNormal, reasonCreated, "Scale", "created %d Machine(s)", created)
 		}
-		return err
+		return 0, err
 
 	case diff > 0:
 		victims := pickForDeletion(owned, diff, ms.Spec.DeletePolicy, r.lockedRand())
+		victims, held, err := r.admitted(ctx, ms, victims)
+		if err != nil {
+			return 0, err
+		}
 		var uids []types.UID
 		for _, m := range victims {
 			if m.DeletionTimestamp.IsZero() {
@@ -248,7 +265,7 @@ func (r *Reconciler) scale(ctx context.Context, ms *machinistv1.MachineSet, owne
 			}
 		}
 		if len(uids) == 0 {
-			return nil
+			return held, nil
 		}
 		r.expectations.expect(key, 0, uids)
 		var errs []error
@@ -265,9 +282,36 @@ func (r *Reconciler) scale(ctx context.Context, ms *machinistv1.MachineSet, owne
 			}
 			r.event(ms, corev1.EventTypeNormal, reasonDeleted, "Scale", "deleting Machine %s (%s)", m.Name, deleteWhy(m, ms.Spec.DeletePolicy))
 		}
-		return errors.Join(errs...)
+		return held, errors.Join(errs...)
 	}
-	return nil
+	return 0, nil
+}
+
+// admitted keeps the victims the disruption budgets let a rollout delete,
+// in order, up to the first they refuse: of a set a rollout is emptying,
+// each deletion of a Machine in service is a disruption of reason
+// Rollout. A refusal is said in an Event, and held is when to ask again.
+func (r *Reconciler) admitted(ctx context.Context, ms *machinistv1.MachineSet, victims []*machinistv1.Machine) (kept []*machinistv1.Machine, held time.Duration, err error) {
+	md, rolling := ms.Annotations[machinistv1.RollingOutAnnotation]
+	if !rolling || r.APIReader == nil {
+		return victims, 0, nil
+	}
+	store := disruption.Store{Budgets: r.APIReader, Machines: r.Client, Status: r.Client}
+	for i, m := range victims {
+		if !m.DeletionTimestamp.IsZero() {
+			continue
+		}
+		req := disruption.Request{Machine: m, Reason: machinistv1.DisruptionRollout, By: "machinedeployment/" + md}
+		err := store.Admit(ctx, req, r.Now())
+		if refusal, ok := disruption.AsRefusal(err); ok {
+			r.event(ms, corev1.EventTypeNormal, reasonDisruptionHeld, "Scale", "not deleting Machine %s yet: %s", m.Name, refusal.Message)
+			return victims[:i], refusal.RetryAfter, nil
+		}
+		if err != nil {
+			return victims[:i], 0, err
+		}
+	}
+	return victims, 0, nil
 }
 
 func (r *Reconciler) lockedRand() *rand.Rand {

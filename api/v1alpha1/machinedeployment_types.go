@@ -70,6 +70,11 @@ const (
 	// MachineSet was last sized, so that a change of it is noticed and
 	// spread over the sets in proportion.
 	DesiredReplicasAnnotation = "machinist.dev/desired-replicas"
+	// RollingOutAnnotation marks a MachineSet a MachineDeployment's
+	// rollout is emptying (an old revision): the set deletes each of its
+	// Machines only once the MachineDisruptionBudgets admit it, as a
+	// disruption of reason Rollout. Its value names the MachineDeployment.
+	RollingOutAnnotation = "machinist.dev/rolling-out"
 	// ReleasingAnnotation on a MachineSet lists, comma-separated, the
 	// names of Machines it owns but is handing over to another set: it
 	// neither counts them toward spec.replicas nor deletes them. Written

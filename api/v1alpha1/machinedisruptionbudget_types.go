@@ -150,8 +150,9 @@ type MachineDisruptionBudgetStatus struct {
 
 // MachineDisruptionBudget limits the voluntary disruptions of a set of
 // Machines: how many at once, for which reasons, and in which windows.
-// Every voluntary path (rollouts, the verbs, the health check's ladder,
-// expiry) asks it first; docs/disruption.md explains the model.
+// The verbs, every operation of a Running Machine (whoever asked for it)
+// and a rollout's deletions ask it first; docs/disruption.md explains the
+// model and says what does not ask yet.
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
