@@ -7,6 +7,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -56,5 +57,71 @@ var _ = Describe("A rollout under a disruption budget", func() {
 			}
 			return held
 		}).WithTimeout(10 * time.Second).Should(ContainElement(ContainSubstring("MachineDisruptionBudget one-at-a-time allows no more disruptions")))
+	})
+
+	It("keeps a rollout, ten reboot requests and a remediation at once within one budget of 2, across a manager restart", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		md := newDeployment(ns, "pool", 10, rolling(intstr.FromInt32(3), intstr.FromInt32(0)))
+		deploy(ctx, md)
+		Expect(k8s.Create(ctx, &machinistv1.MachineDisruptionBudget{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "two"},
+			Spec: machinistv1.MachineDisruptionBudgetSpec{
+				Selector:     machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": "pool"}},
+				MaxDisrupted: intstr.FromInt32(2),
+			},
+		})).To(Succeed())
+		Expect(k8s.Create(ctx, &machinistv1.MachineHealthCheck{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pool"},
+			Spec: machinistv1.MachineHealthCheckSpec{
+				Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": "pool"}},
+				UnhealthyNodeConditions: []machinistv1.UnhealthyNodeCondition{
+					{Type: "Ready", Status: "False", Timeout: metav1.Duration{Duration: time.Second}},
+					{Type: "Ready", Status: "Unknown", Timeout: metav1.Duration{Duration: time.Second}},
+				},
+				Remediation: machinistv1.Remediation{Ladder: []machinistv1.Rung{{Action: machinistv1.RemediateReplace}}},
+			},
+		})).To(Succeed())
+		// Disrupted as the budget counts it: a Machine that has run and is
+		// out of service, on purpose or not. Machines still coming up
+		// count for nothing.
+		mon := watchRollout(ctx, ns, func(ms map[string]*machinistv1.Machine) string {
+			out := 0
+			for _, m := range ms {
+				switch m.Status.Phase {
+				case "", machinistv1.MachinePending, machinistv1.MachineProvisioning:
+					continue
+				case machinistv1.MachineRunning:
+					if m.DeletionTimestamp == nil && meta.IsStatusConditionTrue(m.Status.Conditions, machinistv1.ConditionReady) {
+						continue
+					}
+				}
+				out++
+			}
+			if out > 2 {
+				return fmt.Sprintf("%d Machines disrupted at once, the budget allows 2", out)
+			}
+			return ""
+		})
+		old := machines(ctx, ns)
+		// One Machine breaks: the health check replaces it.
+		Expect(provider.Break(old[0].Status.ProviderID)).To(Succeed())
+		// Ten reboots asked for by annotation, one per Machine.
+		for i := range old {
+			m := &old[i]
+			patch := client.MergeFrom(m.DeepCopy())
+			if m.Annotations == nil {
+				m.Annotations = map[string]string{}
+			}
+			m.Annotations[machinistv1.RequestAnnotation] = "reboot"
+			Expect(k8s.Patch(ctx, m, patch)).To(Succeed())
+		}
+		// And a rolling upgrade.
+		upgrade(ctx, md, "v1.37.2")
+		// Mid-way, the manager is restarted: what was admitted is in the
+		// budget's status, so nothing is admitted twice.
+		time.Sleep(3 * time.Second)
+		Expect(controllers.RestartManager()).To(Succeed())
+		waitVersion(ctx, md, "v1.37.2", 10)
+		Expect(mon.bad()).To(BeEmpty())
 	})
 })

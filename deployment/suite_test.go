@@ -21,6 +21,8 @@ var (
 	// provider counts each machine's restarts: an update carried out once
 	// is one.
 	provider testenv.Provider
+	// controllers are the manager and the provider, for restarts.
+	controllers *testenv.Controllers
 )
 
 func TestMachineDeployments(t *testing.T) {
@@ -32,7 +34,6 @@ var _ = BeforeSuite(func() {
 	ctrl.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
 	var stop func() error
 	var err error
-	var controllers *testenv.Controllers
 	env, controllers, stop, err = testenv.StartWithServedControllers(manager.Options{ProvisionTimeout: 5 * time.Minute},
 		testenv.Leases{DurationSeconds: 20, RenewInterval: 5 * time.Second})
 	Expect(err).NotTo(HaveOccurred())

@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/internal/index"
 	"github.com/machinist-dev/machinist/internal/requeue"
 	"github.com/machinist-dev/machinist/internal/stale"
@@ -38,6 +39,9 @@ import (
 type Reconciler struct {
 	// Client reads from the manager's cache and writes to the API server.
 	Client client.Client
+	// APIReader reads past the cache: the disruption budgets a Replace
+	// rung asks before it deletes a Machine. Nil asks none.
+	APIReader client.Reader
 	// Recorder emits an Event per rung started and ended.
 	Recorder events.EventRecorder
 	// Metrics counts remediations; nil records none.
@@ -336,6 +340,9 @@ func (r *Reconciler) write(ctx context.Context, p *pass, t *target) error {
 	// A Replacing Machine is deleted after its rung is stored, and again
 	// by a later pass if the manager stopped between the two.
 	if mine(m, p.hc) && m.Status.Remediation.Phase == machinistv1.RemediationReplacing {
+		if held, err := r.holdReplace(ctx, p, m); err != nil || held {
+			return err
+		}
 		uid := m.UID
 		if err := r.Client.Delete(ctx, m, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil {
 			return err
@@ -343,6 +350,28 @@ func (r *Reconciler) write(ctx context.Context, p *pass, t *target) error {
 		r.writes.Forget(client.ObjectKeyFromObject(m))
 	}
 	return nil
+}
+
+// holdReplace asks the disruption budgets before a Replace rung deletes m
+// (reason Remediation). A Machine that is down passes any budget: a dead
+// machine is not a disruption. One that is still up waits, with an Event,
+// until the budget admits it; the rung stays Replacing meanwhile.
+func (r *Reconciler) holdReplace(ctx context.Context, p *pass, m *machinistv1.Machine) (bool, error) {
+	if r.APIReader == nil {
+		return false, nil
+	}
+	store := disruption.Store{Budgets: r.APIReader, Machines: r.Client, Status: r.Client}
+	req := disruption.Request{Machine: m, Reason: machinistv1.DisruptionRemediation, By: RequestedBy(p.hc.Name)}
+	err := store.Admit(ctx, req, p.now)
+	refusal, refused := disruption.AsRefusal(err)
+	if !refused {
+		return false, err
+	}
+	if r.Recorder != nil {
+		r.Recorder.Eventf(m, p.hc, corev1.EventTypeNormal, "DisruptionHeld", "Remediate", "not replacing Machine %s yet: %s", m.Name, refusal.Message)
+	}
+	p.after(p.now.Add(refusal.RetryAfter))
+	return true, nil
 }
 
 // setCondition keeps the Machine's HealthCheckSucceeded condition in step

@@ -203,7 +203,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	if err := remediations.Register(reg); err != nil {
 		return nil, err
 	}
-	checks.Client, checks.Recorder, checks.Metrics = mgr.GetClient(), mgr.GetEventRecorder("machinist-machinehealthcheck"), remediations
+	checks.Client, checks.APIReader, checks.Recorder, checks.Metrics = mgr.GetClient(), mgr.GetAPIReader(), mgr.GetEventRecorder("machinist-machinehealthcheck"), remediations
 	if err := checks.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err
 	}
