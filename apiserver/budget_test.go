@@ -11,8 +11,10 @@ import (
 	"time"
 
 	. "github.com/onsi/gomega"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 )
@@ -109,4 +111,52 @@ func putDirectHeaders(t *testing.T, ctx context.Context, ns, name, verb string) 
 	}
 	_ = resp.Body.Close()
 	return resp.StatusCode, resp.Header
+}
+
+// TestOverridingABudgetNeedsItsOwnPermission: an operator may reboot, but
+// overriding a budget needs the verb override on machinedisruptionbudgets;
+// granted it, the reboot starts although the budget allows nothing, and is
+// recorded in the budget so that the others count it.
+func TestOverridingABudgetNeedsItsOwnPermission(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := namespace(t, ctx, `{"rebootLatency":"3s"}`)
+	m := running(t, ctx, ns, "urgent", "small")
+	budget := &machinistv1.MachineDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "none"},
+		Spec:       machinistv1.MachineDisruptionBudgetSpec{MaxDisrupted: intstr.FromInt32(0)},
+	}
+	g.Expect(env.Client.Create(ctx, budget)).To(Succeed())
+	override := `{"kind":"RebootOptions","apiVersion":"subresources.machinist.dev/v1alpha1","overrideDisruptionBudgets":true}`
+
+	code, body := put(ctx, operator, ns, m.Name, "reboot", override)
+	g.Expect(code).To(Equal(http.StatusForbidden), body)
+	g.Expect(statusMessage(g, body)).To(ContainSubstring(fmt.Sprintf(
+		`user %q may not override the MachineDisruptionBudgets of namespace %q: overrideDisruptionBudgets needs the verb override on machinedisruptionbudgets.machinist.dev there`, operator, ns)))
+	unchanged(g, ctx, m)
+
+	g.Expect(env.Client.Create(ctx, &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "budget-override"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{"machinist.dev"}, Resources: []string{"machinedisruptionbudgets"}, Verbs: []string{"override"}}},
+	})).To(Succeed())
+	g.Expect(env.Client.Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "budget-override"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "budget-override"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: operator}},
+	})).To(Succeed())
+	// RBAC is read from a cache: the grant shows within a moment.
+	g.Eventually(func() int {
+		code, _ := put(ctx, operator, ns, m.Name, "reboot", override)
+		return code
+	}).WithTimeout(wait).Should(Equal(http.StatusAccepted))
+	g.Eventually(func(g Gomega) {
+		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(budget), budget)).To(Succeed())
+		g.Expect(budget.Status.Disruptions).To(ContainElement(HaveField("Machine", m.Name)), "the override is counted")
+	}).WithTimeout(wait).Should(Succeed())
+	g.Eventually(func(g Gomega) {
+		op := get(g, ctx, m).Status.Operation
+		g.Expect(op).NotTo(BeNil())
+		g.Expect(op.Options.OverrideDisruptionBudgets).To(BeTrue())
+		g.Expect(op.State).To(Equal(machinistv1.OperationSucceeded), op.Message)
+	}).WithTimeout(wait).Should(Succeed())
 }

@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -239,6 +240,9 @@ func kubeConfig(path string) (*restclient.Config, error) {
 func newMachineClient(cfg *restclient.Config) (client.Client, error) {
 	s := runtime.NewScheme()
 	if err := machinistv1.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	if err := authorizationv1.AddToScheme(s); err != nil {
 		return nil, err
 	}
 	return client.New(cfg, client.Options{Scheme: s})

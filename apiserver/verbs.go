@@ -11,11 +11,13 @@ import (
 	"net/http"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	userinfo "k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/endpoints/handlers/negotiation"
 	"k8s.io/apiserver/pkg/endpoints/handlers/responsewriters"
 	"k8s.io/apiserver/pkg/endpoints/request"
@@ -105,7 +107,7 @@ func (s *verbStorage) Connect(ctx context.Context, name string, _ runtime.Object
 		opts, err := s.decode(req, name)
 		if err == nil {
 			var m *machinistv1.Machine
-			if m, err = s.record(req.Context(), namespace, name, opts, user.GetName()); err == nil {
+			if m, err = s.record(req.Context(), namespace, name, opts, user); err == nil {
 				responsewriters.WriteObjectNegotiated(codecs, negotiation.DefaultEndpointRestrictions,
 					subresourcesv1.SchemeGroupVersion, w, req, http.StatusAccepted, answer(m), false)
 				return
@@ -118,20 +120,26 @@ func (s *verbStorage) Connect(ctx context.Context, name string, _ runtime.Object
 // record admits the request and stores it as the Machine's operation,
 // retrying from a fresh read when the Machine changed meanwhile so that
 // two requests never both win.
-func (s *verbStorage) record(ctx context.Context, namespace, name string, opts *machinistv1.OperationOptions, user string) (*machinistv1.Machine, error) {
+func (s *verbStorage) record(ctx context.Context, namespace, name string, opts *machinistv1.OperationOptions, user userinfo.Info) (*machinistv1.Machine, error) {
+	if opts.OverrideDisruptionBudgets {
+		if err := s.mayOverride(ctx, namespace, user); err != nil {
+			return nil, err
+		}
+	}
 	for i := 0; ; i++ {
 		m := &machinistv1.Machine{}
 		if err := s.client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, m); err != nil {
 			return nil, translate(err, name)
 		}
 		now := time.Now()
-		if _, err := lifecycle.Request(m, s.typ, opts, machinistv1.SourceAPI, user, now); err != nil {
+		if _, err := lifecycle.Request(m, s.typ, opts, machinistv1.SourceAPI, user.GetName(), now); err != nil {
 			return nil, translate(err, name)
 		}
 		// Asked after the state machine, which refuses what is not
 		// possible at all, and before the operation is stored: what a
 		// budget refuses must not start.
-		disrupt := disruption.Request{Machine: m, Reason: reasonOf(s.typ), OperationID: m.Status.Operation.ID, By: user}
+		disrupt := disruption.Request{Machine: m, Reason: reasonOf(s.typ), OperationID: m.Status.Operation.ID, By: user.GetName(),
+			Override: opts.OverrideDisruptionBudgets}
 		if err := disruption.Direct(s.client).Admit(ctx, disrupt, now); err != nil {
 			return nil, translateRefusal(err, name)
 		}
@@ -196,6 +204,7 @@ func (s *verbStorage) decode(req *http.Request, name string) (*machinistv1.Opera
 		}
 		errs = append(errs, checkGrace(o.GracePeriodSeconds)...)
 		opts.Mode, opts.Drain, opts.GracePeriodSeconds = string(o.Mode), o.Drain, o.GracePeriodSeconds
+		opts.OverrideDisruptionBudgets = o.OverrideDisruptionBudgets
 		if opts.Mode == "" {
 			opts.Mode = string(subresourcesv1.RebootSoft)
 		}
@@ -206,6 +215,7 @@ func (s *verbStorage) decode(req *http.Request, name string) (*machinistv1.Opera
 		}
 		errs = append(errs, checkGrace(o.GracePeriodSeconds)...)
 		opts.Reason, opts.GracePeriodSeconds = o.Reason, o.GracePeriodSeconds
+		opts.OverrideDisruptionBudgets = o.OverrideDisruptionBudgets
 	}
 	if len(errs) > 0 {
 		return nil, apierrors.NewInvalid(gk, name, errs)
@@ -245,6 +255,31 @@ func translate(err error, name string) error {
 		return err
 	}
 	return apierrors.NewInternalError(err)
+}
+
+// mayOverride asks kube-apiserver whether user may override the
+// disruption budgets of namespace: the verb "override" on
+// machinedisruptionbudgets, a permission of its own that no built-in role
+// grants, so that the right to reboot is not the right to ignore budgets.
+func (s *verbStorage) mayOverride(ctx context.Context, namespace string, user userinfo.Info) error {
+	extra := map[string]authorizationv1.ExtraValue{}
+	for k, v := range user.GetExtra() {
+		extra[k] = v
+	}
+	review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User: user.GetName(), UID: user.GetUID(), Groups: user.GetGroups(), Extra: extra,
+		ResourceAttributes: &authorizationv1.ResourceAttributes{
+			Namespace: namespace, Verb: "override", Group: machinistv1.GroupVersion.Group, Resource: "machinedisruptionbudgets",
+		},
+	}}
+	if err := s.client.Create(ctx, review); err != nil {
+		return apierrors.NewInternalError(fmt.Errorf("asking whether %q may override disruption budgets: %w", user.GetName(), err))
+	}
+	if !review.Status.Allowed {
+		return apierrors.NewForbidden(schema.GroupResource{Group: machinistv1.GroupVersion.Group, Resource: "machinedisruptionbudgets"}, "",
+			fmt.Errorf("user %q may not override the MachineDisruptionBudgets of namespace %q: overrideDisruptionBudgets needs the verb override on machinedisruptionbudgets.machinist.dev there", user.GetName(), namespace))
+	}
+	return nil
 }
 
 // reasonOf is the disruption a verb is.

@@ -16,20 +16,21 @@ import (
 )
 
 var _ = Describe("A rollout under a disruption budget", func() {
-	It("replaces old Machines no faster than the budget allows, whatever maxSurge allows, and finishes", func(ctx SpecContext) {
+	It("holds a rollout the budget does not allow, says so, and replaces old Machines no faster than it allows once it does", func(ctx SpecContext) {
 		ns := newNamespace(ctx)
 		// maxSurge 4 would replace all four at once.
 		md := newDeployment(ns, "pool", 4, rolling(intstr.FromInt32(4), intstr.FromInt32(0)))
 		deploy(ctx, md)
-		Expect(k8s.Create(ctx, &machinistv1.MachineDisruptionBudget{
+		budget := &machinistv1.MachineDisruptionBudget{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "one-at-a-time"},
 			Spec: machinistv1.MachineDisruptionBudgetSpec{
 				Selector:     machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": "pool"}},
-				MaxDisrupted: intstr.FromInt32(1),
+				MaxDisrupted: intstr.FromInt32(0),
 				Reasons:      []machinistv1.DisruptionReason{machinistv1.DisruptionRollout},
 			},
-		})).To(Succeed())
-		// Disrupted: an old Machine on its way out, or one not in service.
+		}
+		Expect(k8s.Create(ctx, budget)).To(Succeed())
+		// Disrupted: an old Machine on its way out.
 		mon := watchRollout(ctx, ns, func(ms map[string]*machinistv1.Machine) string {
 			leaving := 0
 			for _, m := range ms {
@@ -43,9 +44,26 @@ var _ = Describe("A rollout under a disruption budget", func() {
 			return ""
 		})
 		upgrade(ctx, md, "v1.37.2")
+		// Held: the new Machines come (maxSurge), no old one goes, and the
+		// rollout says why.
+		Eventually(func(g Gomega) {
+			c := meta.FindStatusCondition(getMD(ctx, md).Status.Conditions, "Progressing")
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Reason).To(Equal("DisruptionHeld"))
+			g.Expect(c.Message).To(ContainSubstring("waiting: MachineDisruptionBudget one-at-a-time allows no more disruptions"))
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+		Expect(versions(ctx, ns)).To(HaveKeyWithValue("v1.37.1", 4), "no old Machine deleted")
+		Expect(getMD(ctx, md).Status.Phase).To(Equal(machinistv1.RolloutProgressing))
+
+		// Allowed one at a time: it finishes by itself.
+		patch := client.MergeFrom(budget.DeepCopy())
+		budget.Spec.MaxDisrupted = intstr.FromInt32(1)
+		Expect(k8s.Patch(ctx, budget, patch)).To(Succeed())
 		waitVersion(ctx, md, "v1.37.2", 4)
 		Expect(mon.bad()).To(BeEmpty())
-		// Held at least once: an old set's Events say so.
+		c := meta.FindStatusCondition(getMD(ctx, md).Status.Conditions, "Progressing")
+		Expect(c.Reason).NotTo(Equal("DisruptionHeld"))
+		// The old set's Events say what was held.
 		Eventually(func() []string {
 			var list eventsv1.EventList
 			Expect(k8s.List(ctx, &list, client.InNamespace(ns))).To(Succeed())

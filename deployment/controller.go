@@ -31,6 +31,7 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/internal/requeue"
 	"github.com/machinist-dev/machinist/internal/wake"
+	"github.com/machinist-dev/machinist/machineset"
 )
 
 // Condition types and reasons of a MachineDeployment.
@@ -381,6 +382,22 @@ func (r *Reconciler) scale(ctx context.Context, md *machinistv1.MachineDeploymen
 	return errors.Join(errs...)
 }
 
+// ReasonDisruptionHeld is the Progressing condition's reason while a
+// disruption budget holds back the deletion of an old set's Machine: the
+// rollout waits, and goes on by itself once the budget allows.
+const ReasonDisruptionHeld = machineset.ReasonDisruptionHeld
+
+// heldBy says which old set a disruption budget holds back, and why; ""
+// when none.
+func heldBy(old []*machinistv1.MachineSet) string {
+	for _, ms := range old {
+		if c := meta.FindStatusCondition(ms.Status.Conditions, machinistv1.ConditionReady); c != nil && c.Reason == machineset.ReasonDisruptionHeld {
+			return fmt.Sprintf("MachineSet %s is %s", ms.Name, c.Message)
+		}
+	}
+	return ""
+}
+
 // scalingEvent reports whether spec.replicas changed since the sets with
 // Machines were last sized.
 func scalingEvent(md *machinistv1.MachineDeployment, sets []*machinistv1.MachineSet) bool {
@@ -490,6 +507,9 @@ func (r *Reconciler) updateStatus(ctx context.Context, md *machinistv1.MachineDe
 	case machinistv1.RolloutStalled:
 		progressing.Status, progressing.Reason = metav1.ConditionFalse, ReasonProgressDeadlineExceeded
 		progressing.Message = fmt.Sprintf("no progress for %s: %s", deadline, progressing.Message)
+	}
+	if why := heldBy(old); why != "" && st.Phase == machinistv1.RolloutProgressing {
+		progressing.Reason, progressing.Message = ReasonDisruptionHeld, why
 	}
 	if blocked != "" && (st.Phase == machinistv1.RolloutProgressing || st.Phase == machinistv1.RolloutStalled) {
 		progressing.Status, progressing.Reason, progressing.Message = metav1.ConditionFalse, reasonInPlaceNotPossible, blocked

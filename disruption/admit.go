@@ -26,6 +26,10 @@ type Request struct {
 	OperationID string
 	// By names who asks, for the budget's record and messages.
 	By string
+	// Override admits the disruption whatever the budgets say, and still
+	// records it, so that the others count it. Only for a requester
+	// allowed to override (see the verbs server).
+	Override bool
 }
 
 // Refusal is a disruption a budget does not allow now. It is an error.
@@ -168,7 +172,7 @@ func recorded(b *machinistv1.MachineDisruptionBudget, entry machinistv1.Disrupti
 // refuse is b's refusal of req, or nil when b allows it.
 func refuse(b *machinistv1.MachineDisruptionBudget, st State, req Request, now time.Time) *Refusal {
 	m := req.Machine
-	if st.Out(m.Name) {
+	if st.Out(m.Name) || req.Override {
 		return nil
 	}
 	what := fmt.Sprintf("the %s of Machine %s/%s", strings.ToLower(string(req.Reason)), m.Namespace, m.Name)

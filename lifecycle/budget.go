@@ -24,7 +24,8 @@ func (r *Reconciler) holdForBudget(ctx context.Context, s *step, op *machinistv1
 		return false, nil
 	}
 	store := disruption.Store{Budgets: r.APIReader, Machines: r.Client, Status: r.Client}
-	req := disruption.Request{Machine: s.m, Reason: disruptionReason(op), OperationID: op.ID, By: op.RequestedBy}
+	req := disruption.Request{Machine: s.m, Reason: disruptionReason(op), OperationID: op.ID, By: op.RequestedBy,
+		Override: op.Options != nil && op.Options.OverrideDisruptionBudgets}
 	err := store.Admit(ctx, req, s.now)
 	refusal, refused := disruption.AsRefusal(err)
 	if !refused {

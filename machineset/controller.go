@@ -37,6 +37,11 @@ import (
 	"github.com/machinist-dev/machinist/internal/wake"
 )
 
+// ReasonDisruptionHeld is the reason of a set's Ready condition (and
+// Events) while a disruption budget holds back a deletion its rollout
+// asked for.
+const ReasonDisruptionHeld = "DisruptionHeld"
+
 // Reasons of Events and of the Ready condition.
 const (
 	reasonAdopted      = "Adopted"
@@ -48,7 +53,7 @@ const (
 	reasonScaling      = "Scaling"
 	reasonWaiting      = "WaitingForMachines"
 	// reasonDisruptionHeld: a rollout's deletion waits for a budget.
-	reasonDisruptionHeld = "DisruptionHeld"
+	reasonDisruptionHeld = ReasonDisruptionHeld
 )
 
 // maxBatch caps how many Machines one reconcile creates or deletes in
@@ -123,13 +128,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 
 	// Scale only when the cache has caught up with every earlier write.
 	var scaleErr error
-	var held time.Duration
+	var held *disruption.Refusal
 	if ms.DeletionTimestamp.IsZero() && r.expectations.satisfied(req.NamespacedName) {
 		held, scaleErr = r.scale(ctx, ms, handedOver(ms, owned), receiving)
 	}
-	res, err := r.updateStatus(ctx, ms, owned, selector)
-	if held > 0 && (res.RequeueAfter == 0 || held < res.RequeueAfter) {
-		res.RequeueAfter = held
+	res, err := r.updateStatus(ctx, ms, owned, selector, held)
+	if held != nil && (res.RequeueAfter == 0 || held.RetryAfter < res.RequeueAfter) {
+		res.RequeueAfter = held.RetryAfter
 	}
 	return requeue.Expected(res, errors.Join(scaleErr, err))
 }
@@ -235,8 +240,8 @@ func (r *Reconciler) release(ctx context.Context, ms *machinistv1.MachineSet, m 
 // only its own.
 // scale creates or deletes Machines to reach spec.replicas. A deletion a
 // disruption budget refuses (a rollout's, see RollingOutAnnotation) waits:
-// held is when to ask again.
-func (r *Reconciler) scale(ctx context.Context, ms *machinistv1.MachineSet, owned, receiving []*machinistv1.Machine) (held time.Duration, err error) {
+// held says why and when to ask again.
+func (r *Reconciler) scale(ctx context.Context, ms *machinistv1.MachineSet, owned, receiving []*machinistv1.Machine) (held *disruption.Refusal, err error) {
 	key := client.ObjectKeyFromObject(ms)
 	want := int(ptrOr(ms.Spec.Replicas, 1))
 	switch diff := len(owned) + len(receiving) - want; {
@@ -250,13 +255,13 @@ func (r *Reconciler) scale(ctx context.Context, ms *machinistv1.MachineSet, owne
 		if created > 0 {
 			r.event(ms, corev1.EventTypeNormal, reasonCreated, "Scale", "created %d Machine(s)", created)
 		}
-		return 0, err
+		return nil, err
 
 	case diff > 0:
 		victims := pickForDeletion(owned, diff, ms.Spec.DeletePolicy, r.lockedRand())
 		victims, held, err := r.admitted(ctx, ms, victims)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		var uids []types.UID
 		for _, m := range victims {
@@ -284,17 +289,17 @@ func (r *Reconciler) scale(ctx context.Context, ms *machinistv1.MachineSet, owne
 		}
 		return held, errors.Join(errs...)
 	}
-	return 0, nil
+	return nil, nil
 }
 
 // admitted keeps the victims the disruption budgets let a rollout delete,
 // in order, up to the first they refuse: of a set a rollout is emptying,
 // each deletion of a Machine in service is a disruption of reason
-// Rollout. A refusal is said in an Event, and held is when to ask again.
-func (r *Reconciler) admitted(ctx context.Context, ms *machinistv1.MachineSet, victims []*machinistv1.Machine) (kept []*machinistv1.Machine, held time.Duration, err error) {
+// Rollout. A refusal is said in an Event and returned as held.
+func (r *Reconciler) admitted(ctx context.Context, ms *machinistv1.MachineSet, victims []*machinistv1.Machine) (kept []*machinistv1.Machine, held *disruption.Refusal, err error) {
 	md, rolling := ms.Annotations[machinistv1.RollingOutAnnotation]
 	if !rolling || r.APIReader == nil {
-		return victims, 0, nil
+		return victims, nil, nil
 	}
 	store := disruption.Store{Budgets: r.APIReader, Machines: r.Client, Status: r.Client}
 	for i, m := range victims {
@@ -305,13 +310,13 @@ func (r *Reconciler) admitted(ctx context.Context, ms *machinistv1.MachineSet, v
 		err := store.Admit(ctx, req, r.Now())
 		if refusal, ok := disruption.AsRefusal(err); ok {
 			r.event(ms, corev1.EventTypeNormal, reasonDisruptionHeld, "Scale", "not deleting Machine %s yet: %s", m.Name, refusal.Message)
-			return victims[:i], refusal.RetryAfter, nil
+			return victims[:i], refusal, nil
 		}
 		if err != nil {
-			return victims[:i], 0, err
+			return victims[:i], nil, err
 		}
 	}
-	return victims, 0, nil
+	return victims, nil, nil
 }
 
 func (r *Reconciler) lockedRand() *rand.Rand {
@@ -379,7 +384,7 @@ func newMachine(ms *machinistv1.MachineSet) *machinistv1.Machine {
 
 // updateStatus writes the observed counts, at most once per StatusInterval
 // unless the spec changed, and says when to look again.
-func (r *Reconciler) updateStatus(ctx context.Context, ms *machinistv1.MachineSet, owned []*machinistv1.Machine, selector labels.Selector) (reconcile.Result, error) {
+func (r *Reconciler) updateStatus(ctx context.Context, ms *machinistv1.MachineSet, owned []*machinistv1.Machine, selector labels.Selector, held *disruption.Refusal) (reconcile.Result, error) {
 	now := r.Now()
 	want := ptrOr(ms.Spec.Replicas, 1)
 	st := ms.Status.DeepCopy()
@@ -400,6 +405,10 @@ func (r *Reconciler) updateStatus(ctx context.Context, ms *machinistv1.MachineSe
 	}
 	cond := metav1.Condition{Type: machinistv1.ConditionReady, ObservedGeneration: ms.Generation}
 	switch {
+	case st.Replicas > want && held != nil:
+		// Said on the set, where its MachineDeployment's rollout reads it.
+		cond.Status, cond.Reason = metav1.ConditionFalse, ReasonDisruptionHeld
+		cond.Message = fmt.Sprintf("scaling from %d to %d Machines, waiting: %s", st.Replicas, want, held.Message)
 	case st.Replicas != want:
 		cond.Status, cond.Reason = metav1.ConditionFalse, reasonScaling
 		cond.Message = fmt.Sprintf("scaling from %d to %d Machines", st.Replicas, want)

@@ -273,6 +273,11 @@ type OperationOptions struct {
 	// +kubebuilder:validation:Minimum=1
 	// +optional
 	TimeoutSeconds *int64 `json:"timeoutSeconds,omitempty"`
+	// OverrideDisruptionBudgets starts the operation even where a
+	// MachineDisruptionBudget would refuse it; the verbs server sets it
+	// only for a requester allowed to override budgets.
+	// +optional
+	OverrideDisruptionBudgets bool `json:"overrideDisruptionBudgets,omitempty"`
 }
 
 // MachineStatus is what the Machine controller observed and did.

@@ -191,6 +191,13 @@ func schema_machinist_api_subresources_v1alpha1_RebootOptions(ref common.Referen
 							Format:      "int64",
 						},
 					},
+					"overrideDisruptionBudgets": {
+						SchemaProps: spec.SchemaProps{
+							Description: "OverrideDisruptionBudgets starts the operation even where a MachineDisruptionBudget would refuse it. It needs a permission of its own: the verb \"override\" on machinedisruptionbudgets (machinist.dev) in the Machine's namespace, which no built-in role grants. The disruption is still recorded in the budgets.",
+							Type:        []string{"boolean"},
+							Format:      "",
+						},
+					},
 				},
 			},
 		},
@@ -230,6 +237,13 @@ func schema_machinist_api_subresources_v1alpha1_RepairOptions(ref common.Referen
 							Description: "GracePeriodSeconds overrides each pod's termination grace period during the drain; it must not be negative.",
 							Type:        []string{"integer"},
 							Format:      "int64",
+						},
+					},
+					"overrideDisruptionBudgets": {
+						SchemaProps: spec.SchemaProps{
+							Description: "OverrideDisruptionBudgets starts the operation even where a MachineDisruptionBudget would refuse it. It needs a permission of its own: the verb \"override\" on machinedisruptionbudgets (machinist.dev) in the Machine's namespace, which no built-in role grants. The disruption is still recorded in the budgets.",
+							Type:        []string{"boolean"},
+							Format:      "",
 						},
 					},
 				},

@@ -52,6 +52,14 @@ type RebootOptions struct {
 	// during the drain; it must not be negative.
 	// +optional
 	GracePeriodSeconds *int64 `json:"gracePeriodSeconds,omitempty"`
+
+	// OverrideDisruptionBudgets starts the operation even where a
+	// MachineDisruptionBudget would refuse it. It needs a permission of
+	// its own: the verb "override" on machinedisruptionbudgets
+	// (machinist.dev) in the Machine's namespace, which no built-in role
+	// grants. The disruption is still recorded in the budgets.
+	// +optional
+	OverrideDisruptionBudgets bool `json:"overrideDisruptionBudgets,omitempty"`
 }
 
 // RepairOptions is the body of PUT .../machines/{name}/repair. A repair
@@ -70,6 +78,14 @@ type RepairOptions struct {
 	// during the drain; it must not be negative.
 	// +optional
 	GracePeriodSeconds *int64 `json:"gracePeriodSeconds,omitempty"`
+
+	// OverrideDisruptionBudgets starts the operation even where a
+	// MachineDisruptionBudget would refuse it. It needs a permission of
+	// its own: the verb "override" on machinedisruptionbudgets
+	// (machinist.dev) in the Machine's namespace, which no built-in role
+	// grants. The disruption is still recorded in the budgets.
+	// +optional
+	OverrideDisruptionBudgets bool `json:"overrideDisruptionBudgets,omitempty"`
 }
 
 // MachineOperation is the answer to an accepted verb (HTTP 202): the

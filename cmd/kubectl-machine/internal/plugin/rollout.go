@@ -162,6 +162,9 @@ func rolloutStatus(md *machinistv1.MachineDeployment) (string, bool, error) {
 	if md.Spec.Paused {
 		waiting += fmt.Sprintf(" (the rollout is paused: 'kubectl machine rollout resume md/%s' lets it finish)", md.Name)
 	}
+	if c := meta.FindStatusCondition(md.Status.Conditions, deployment.ConditionProgressing); c != nil && c.Reason == deployment.ReasonDisruptionHeld {
+		waiting += fmt.Sprintf(" (held by a disruption budget: %s)", c.Message)
+	}
 	return fmt.Sprintf("Waiting for machinedeployment %q rollout to finish: %s", md.Name, waiting), false, nil
 }
 

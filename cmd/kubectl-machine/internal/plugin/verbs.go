@@ -31,6 +31,8 @@ type verbFlags struct {
 	noDrain bool
 	reason  string
 	grace   int64
+	// override asks to pass the disruption budgets by.
+	override bool
 }
 
 // verb is an operation the verbs server carries out on a Machine, with
@@ -71,7 +73,8 @@ operation ID, which the Machine's status.operation.id then carries. With
 		if mode != subresources.RebootSoft && mode != subresources.RebootHard {
 			return nil, fmt.Errorf("--mode must be soft or hard, not %q", f.mode)
 		}
-		body := &subresources.RebootOptions{TypeMeta: typeMeta("RebootOptions"), Mode: mode, GracePeriodSeconds: gracePeriod(f.grace)}
+		body := &subresources.RebootOptions{TypeMeta: typeMeta("RebootOptions"), Mode: mode, GracePeriodSeconds: gracePeriod(f.grace),
+			OverrideDisruptionBudgets: f.override}
 		if f.noDrain {
 			body.Drain = ptr.To(false)
 		}
@@ -94,7 +97,8 @@ operation ID, which the Machine's status.operation.id then carries. With
 		fs.StringVar(&f.reason, "reason", "", "why the Machine needs repair; recorded with the operation")
 	},
 	body: func(f verbFlags) (any, error) {
-		return &subresources.RepairOptions{TypeMeta: typeMeta("RepairOptions"), Reason: f.reason, GracePeriodSeconds: gracePeriod(f.grace)}, nil
+		return &subresources.RepairOptions{TypeMeta: typeMeta("RepairOptions"), Reason: f.reason, GracePeriodSeconds: gracePeriod(f.grace),
+			OverrideDisruptionBudgets: f.override}, nil
 	},
 }
 
@@ -143,6 +147,8 @@ func (o *options) verbCommand(v verb) *cobra.Command {
 	}
 	v.addFlags(cmd.Flags(), &flags)
 	cmd.Flags().Int64Var(&flags.grace, "grace-period", -1, "seconds each pod gets to terminate during the drain; -1 keeps each pod's own")
+	cmd.Flags().BoolVar(&flags.override, "override-disruption-budgets", false,
+		"start even where a MachineDisruptionBudget refuses it (needs the verb override on machinedisruptionbudgets)")
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait until the operation has Succeeded or Failed, printing its progress")
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "how long --wait waits; 0 waits for ever")
 	return cmd
