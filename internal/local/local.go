@@ -60,6 +60,7 @@ const (
 	SampleDeployment  = "workers"
 	SampleSet         = "spare"
 	SampleHealthCheck = "workers"
+	SampleBudget      = "workers"
 )
 
 // How soon a dead machine shows on this host. Kubernetes' own values (a
@@ -452,7 +453,17 @@ func samples(ctx context.Context, c client.Client, marker string) (bool, error) 
 		},
 	}
 	created := false
-	for _, obj := range []client.Object{class, md, set, healthCheck()} {
+	// At most one of the workers out of service on purpose at a time:
+	// the rollouts, the reboot and the health check of the quick start
+	// all pass it, one Machine at a time.
+	budget := &machinistv1.MachineDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: SampleNamespace, Name: SampleBudget},
+		Spec: machinistv1.MachineDisruptionBudgetSpec{
+			Selector:     machinistv1.LabelSelector{MatchLabels: labels},
+			MaxDisrupted: intstr.FromInt32(1),
+		},
+	}
+	for _, obj := range []client.Object{class, md, set, healthCheck(), budget} {
 		err := c.Create(ctx, obj)
 		switch {
 		case err == nil:
@@ -507,8 +518,8 @@ func healthCheck() *machinistv1.MachineHealthCheck {
 func printNext(out io.Writer, kubeconfig, machines string, created bool) {
 	state := "Picked up the state of the last run."
 	if created {
-		state = fmt.Sprintf("Created, in namespace %s: MachineClass %q (provider process: every Machine is a\nlocal process), MachineDeployment %q of 3 Machines, MachineSet %q of 0,\nand MachineHealthCheck %q, which heals the MachineDeployment's Machines.",
-			SampleNamespace, SampleClass, SampleDeployment, SampleSet, SampleHealthCheck)
+		state = fmt.Sprintf("Created, in namespace %s: MachineClass %q (provider process: every Machine is a\nlocal process), MachineDeployment %q of 3 Machines, MachineSet %q of 0,\nMachineHealthCheck %q, which heals the MachineDeployment's Machines, and\nMachineDisruptionBudget %q: at most one of them out of service on purpose at once.",
+			SampleNamespace, SampleClass, SampleDeployment, SampleSet, SampleHealthCheck, SampleBudget)
 	}
 	fmt.Fprintf(out, `
 Machinist is running. %s
@@ -518,8 +529,9 @@ In another terminal:
   export KUBECONFIG=%s
   export PATH=$PWD/bin:$PATH             # from the repository's top: kubectl and kubectl-machine
 
-  kubectl get machinist                  # Machines, MachineSets, MachineDeployments, MachineClasses, MachineHealthChecks
+  kubectl get machinist                  # Machines, MachineSets, MachineDeployments, MachineClasses, MachineHealthChecks, MachineDisruptionBudgets
   kubectl get nodes
+  kubectl get mdb workers                # the disruption budget: one of the workers out of service on purpose at a time
 
   # Scale a MachineSet
   kubectl scale machineset spare --replicas=2

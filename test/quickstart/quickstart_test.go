@@ -325,6 +325,11 @@ func TestQuickStart(t *testing.T) {
 	}
 	t.Logf("quick start output:\n%s", out.String())
 	g.Expect(out.String()).To(ContainSubstring("successfully rolled out"))
+	// The disruption budget's row: MAX 1, of the three workers.
+	g.Expect(out.String()).To(MatchRegexp(`(?m)^NAME\s+MAX\s+SELECTED\s+DISRUPTED\s+ALLOWED\s+NEXT-WINDOW\s+AGE\n.*\bworkers\s+1\s+`), "kubectl get mdb workers")
+	budget := &machinistv1.MachineDisruptionBudget{}
+	g.Expect(c.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: local.SampleBudget}, budget)).To(Succeed())
+	g.Expect(budget.Status.SelectedMachines).To(BeEquivalentTo(3))
 	// The in-place step: the same Machines on the same Nodes before and
 	// after, from v1.37.2 to v1.38.0.
 	upgraded := inPlaceRows(out.String())
