@@ -157,19 +157,9 @@ func processCPU(b *testing.B, pid int) time.Duration {
 
 // processPeakRSS is process pid's peak resident set (VmHWM) in bytes.
 func processPeakRSS(b *testing.B, pid int) int64 {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	n, err := vmHWM(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmHWM:" {
-			kb, err := strconv.ParseInt(f[1], 10, 64)
-			if err != nil {
-				b.Fatal(err)
-			}
-			return kb << 10
-		}
-	}
-	b.Fatalf("no VmHWM in /proc/%d/status", pid)
-	return 0
+	return n
 }

@@ -249,17 +249,24 @@ func resetPeakRSS() { _ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) 
 // peakRSS is this process's peak resident set (VmHWM) in bytes: the
 // manager and the inmemory provider's machines, which run in it.
 func peakRSS() int64 {
-	data, err := os.ReadFile("/proc/self/status")
+	n, _ := vmHWM("/proc/self/status")
+	return n
+}
+
+// vmHWM reads the peak resident set (VmHWM), in bytes, from a
+// /proc/<pid>/status file.
+func vmHWM(status string) (int64, error) {
+	data, err := os.ReadFile(status)
 	if err != nil {
-		return 0
+		return 0, err
 	}
 	for _, line := range strings.Split(string(data), "\n") {
 		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmHWM:" {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10
+			kb, err := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10, err
 		}
 	}
-	return 0
+	return 0, fmt.Errorf("no VmHWM in %s", status)
 }
 
 // createSet creates the MachineSet "bench" of n Machines of class "small".
