@@ -142,4 +142,42 @@ var _ = Describe("A rollout under a disruption budget", func() {
 		waitVersion(ctx, md, "v1.37.2", 10)
 		Expect(mon.bad()).To(BeEmpty())
 	})
+
+	It("holds an InPlace rollout's updates the budget does not allow, and says so in the rollout", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		md := newDeployment(ns, "pool", 2, inPlace(2, machinistv1.FallbackNever))
+		deploy(ctx, md)
+		budget := &machinistv1.MachineDisruptionBudget{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "frozen"},
+			Spec: machinistv1.MachineDisruptionBudgetSpec{
+				Selector:     machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": "pool"}},
+				MaxDisrupted: intstr.FromInt32(0),
+				Reasons:      []machinistv1.DisruptionReason{machinistv1.DisruptionInPlaceUpdate},
+			},
+		}
+		Expect(k8s.Create(ctx, budget)).To(Succeed())
+		upgrade(ctx, md, "v1.37.2")
+		Eventually(func(g Gomega) {
+			c := meta.FindStatusCondition(getMD(ctx, md).Status.Conditions, "Progressing")
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Reason).To(Equal("DisruptionHeld"))
+			g.Expect(c.Message).To(MatchRegexp(`^Machine \S+'s update is waiting: MachineDisruptionBudget frozen allows no more disruptions`))
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+		for _, m := range machines(ctx, ns) {
+			Expect(m.Status.Phase).To(Equal(machinistv1.MachineRunning), "nothing drained or updated while held")
+		}
+		patch := client.MergeFrom(budget.DeepCopy())
+		budget.Spec.MaxDisrupted = intstr.FromInt32(1)
+		Expect(k8s.Patch(ctx, budget, patch)).To(Succeed())
+		// What the Nodes run, not what the Machines ask for.
+		Eventually(func() map[string]int {
+			out := map[string]int{}
+			for _, m := range machines(ctx, ns) {
+				if m.Status.Phase == machinistv1.MachineRunning && m.Status.NodeInfo != nil {
+					out[m.Status.NodeInfo.KubeletVersion]++
+				}
+			}
+			return out
+		}).WithTimeout(60 * time.Second).Should(Equal(map[string]int{"v1.37.2": 2}))
+	})
 })

@@ -1,6 +1,7 @@
 package deployment
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -179,12 +180,13 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 		ordered = append(ordered, newSet)
 	}
 	var mode inPlaceMode
+	var held string
 	if md.Spec.Strategy.Type == machinistv1.InPlaceStrategy && newSet != nil {
 		if mode, err = r.mode(ctx, md, old); err != nil {
 			return reconcile.Result{}, err
 		}
 		if !md.Spec.Paused && !mode.replace && mode.blocked == "" {
-			if err := r.inPlace(ctx, md, newSet, old); err != nil {
+			if held, err = r.inPlace(ctx, md, newSet, old); err != nil {
 				return reconcile.Result{}, err
 			}
 		}
@@ -197,7 +199,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 			return reconcile.Result{}, err
 		}
 	}
-	return r.updateStatus(ctx, md, newSet, old, mode.blocked)
+	return r.updateStatus(ctx, md, newSet, old, mode.blocked, held)
 }
 
 func (r *Reconciler) ownedSets(ctx context.Context, md *machinistv1.MachineDeployment) ([]*machinistv1.MachineSet, error) {
@@ -435,7 +437,7 @@ func (r *Reconciler) pruneHistory(ctx context.Context, md *machinistv1.MachineDe
 
 // updateStatus writes counts, conditions and the rollout phase, firing the
 // rollout table's events to get there.
-func (r *Reconciler) updateStatus(ctx context.Context, md *machinistv1.MachineDeployment, newSet *machinistv1.MachineSet, old []*machinistv1.MachineSet, blocked string) (reconcile.Result, error) {
+func (r *Reconciler) updateStatus(ctx context.Context, md *machinistv1.MachineDeployment, newSet *machinistv1.MachineSet, old []*machinistv1.MachineSet, blocked, held string) (reconcile.Result, error) {
 	now := r.now()
 	replicas := replicasOf(md)
 	st := md.Status.DeepCopy()
@@ -508,7 +510,7 @@ func (r *Reconciler) updateStatus(ctx context.Context, md *machinistv1.MachineDe
 		progressing.Status, progressing.Reason = metav1.ConditionFalse, ReasonProgressDeadlineExceeded
 		progressing.Message = fmt.Sprintf("no progress for %s: %s", deadline, progressing.Message)
 	}
-	if why := heldBy(old); why != "" && st.Phase == machinistv1.RolloutProgressing {
+	if why := cmp.Or(heldBy(old), held); why != "" && st.Phase == machinistv1.RolloutProgressing {
 		progressing.Reason, progressing.Message = ReasonDisruptionHeld, why
 	}
 	if blocked != "" && (st.Phase == machinistv1.RolloutProgressing || st.Phase == machinistv1.RolloutStalled) {

@@ -103,10 +103,10 @@ func (r *Reconciler) inPlaceable(ctx context.Context, ms *machinistv1.MachineSet
 // the current template's spec, and hands the updated ones over to newSet
 // (old set, new set, then the Machine, each write leaving both sets
 // satisfied: see the MachineSet's releasing and receiving annotations).
-func (r *Reconciler) inPlace(ctx context.Context, md *machinistv1.MachineDeployment, newSet *machinistv1.MachineSet, old []*machinistv1.MachineSet) error {
+func (r *Reconciler) inPlace(ctx context.Context, md *machinistv1.MachineDeployment, newSet *machinistv1.MachineSet, old []*machinistv1.MachineSet) (held string, err error) {
 	maxUnavailable, err := ResolveInPlace(md.Spec.Strategy, replicasOf(md))
 	if err != nil {
-		return err
+		return "", err
 	}
 	sets := append(slices.Clone(old), newSet)
 	index := map[string]int{}
@@ -118,7 +118,7 @@ func (r *Reconciler) inPlace(ctx context.Context, md *machinistv1.MachineDeploym
 	// written from a copy.
 	var list machinistv1.MachineList
 	if err := r.Client.List(ctx, &list, client.InNamespace(md.Namespace), client.UnsafeDisableDeepCopy); err != nil {
-		return err
+		return "", err
 	}
 	now := r.now()
 	minReady := time.Duration(md.Spec.MinReadySeconds) * time.Second
@@ -136,6 +136,11 @@ func (r *Reconciler) inPlace(ctx context.Context, md *machinistv1.MachineDeploym
 			continue
 		}
 		byName[m.Name] = m
+		if op := m.Status.Operation; held == "" && op != nil && op.Type == machinistv1.OperationUpdate &&
+			op.State == machinistv1.OperationPending && strings.HasPrefix(op.Message, lifecycle.WaitingPrefix) {
+			// The Machine controller holds the update for a budget.
+			held = fmt.Sprintf("Machine %s's update is %s", m.Name, op.Message)
+		}
 		c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionReady)
 		running := m.Status.Phase == machinistv1.MachineRunning && !lifecycle.InFlight(m.Status.Operation)
 		members = append(members, Member{
@@ -172,7 +177,7 @@ func (r *Reconciler) inPlace(ctx context.Context, md *machinistv1.MachineDeploym
 			errs = append(errs, r.prune(ctx, ms, byName))
 		}
 	}
-	return errors.Join(errs...)
+	return held, errors.Join(errs...)
 }
 
 // prune drops from a set's releasing list the Machines it no longer owns,

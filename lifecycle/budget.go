@@ -13,6 +13,10 @@ import (
 // holds back.
 const reasonDisruptionHeld = "DisruptionHeld"
 
+// WaitingPrefix begins the message of a pending operation a disruption
+// budget holds back; what follows is the budget's refusal.
+const WaitingPrefix = "waiting: "
+
 // holdForBudget asks the MachineDisruptionBudgets before a pending
 // operation starts, whoever asked for it (the verbs, the annotation, a
 // health check, a changed version): this is where every operation of a
@@ -31,7 +35,7 @@ func (r *Reconciler) holdForBudget(ctx context.Context, s *step, op *machinistv1
 	if !refused {
 		return false, err
 	}
-	if msg := "waiting: " + refusal.Message; op.Message != msg {
+	if msg := WaitingPrefix + refusal.Message; op.Message != msg {
 		op.Message = msg
 		s.note(corev1.EventTypeWarning, reasonDisruptionHeld, verbOf(op.Type), "%s %s waits: %s", verbOf(op.Type), op.ID, refusal.Message)
 	}
