@@ -180,4 +180,54 @@ var _ = Describe("A rollout under a disruption budget", func() {
 			return out
 		}).WithTimeout(60 * time.Second).Should(Equal(map[string]int{"v1.37.2": 2}))
 	})
+
+	It("replaces Machines past expireAfter one at a time, within the budget", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		md := newDeployment(ns, "pool", 3, rolling(intstr.FromInt32(1), intstr.FromInt32(0)))
+		deploy(ctx, md)
+		first := map[string]bool{}
+		for _, m := range machines(ctx, ns) {
+			first[m.Name] = true
+		}
+		budget := &machinistv1.MachineDisruptionBudget{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "one"},
+			Spec: machinistv1.MachineDisruptionBudgetSpec{
+				Selector:     machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": "pool"}},
+				MaxDisrupted: intstr.FromInt32(0),
+				Reasons:      []machinistv1.DisruptionReason{machinistv1.DisruptionExpiry},
+			},
+		}
+		Expect(k8s.Create(ctx, budget)).To(Succeed())
+		mon := watchRollout(ctx, ns, func(ms map[string]*machinistv1.Machine) string {
+			leaving := 0
+			for _, m := range ms {
+				if m.DeletionTimestamp != nil {
+					leaving++
+				}
+			}
+			if leaving > 1 {
+				return fmt.Sprintf("%d Machines expiring at once", leaving)
+			}
+			return ""
+		})
+		patchSpec(ctx, md, `{"expireAfter":"5s"}`)
+		// Held while the budget allows none.
+		Eventually(func() []string { return rolloutEvents(ctx, ns, "pool") }).WithTimeout(30 * time.Second).Should(ContainElement("DisruptionHeld"))
+		Expect(machines(ctx, ns)).To(HaveEach(WithTransform(func(m machinistv1.Machine) bool { return first[m.Name] && m.DeletionTimestamp == nil }, BeTrue())))
+		patch := client.MergeFrom(budget.DeepCopy())
+		budget.Spec.MaxDisrupted = intstr.FromInt32(1)
+		Expect(k8s.Patch(ctx, budget, patch)).To(Succeed())
+		Eventually(func(g Gomega) {
+			ms := machines(ctx, ns)
+			g.Expect(ms).To(HaveLen(3))
+			for _, m := range ms {
+				g.Expect(first).NotTo(HaveKey(m.Name), "an original Machine is still there")
+				g.Expect(m.Status.Phase).To(Equal(machinistv1.MachineRunning))
+			}
+		}).WithTimeout(90 * time.Second).Should(Succeed())
+		// Stop the churn before the monitor's last look.
+		patchSpec(ctx, md, `{"expireAfter":null}`)
+		Expect(mon.bad()).To(BeEmpty())
+		Eventually(func() []string { return rolloutEvents(ctx, ns, "pool") }).Should(ContainElement("MachineExpired"))
+	})
 })

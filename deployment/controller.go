@@ -58,6 +58,9 @@ type Reconciler struct {
 	// Actuators say which changes an InPlace rollout can apply in place;
 	// without them none can.
 	Actuators *actuators.Registry
+	// APIReader reads past the cache: the disruption budgets an expiry
+	// asks before it replaces a Machine. Nil asks none.
+	APIReader client.Reader
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -199,7 +202,15 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 			return reconcile.Result{}, err
 		}
 	}
-	return r.updateStatus(ctx, md, newSet, old, mode.blocked, held)
+	res, err := r.updateStatus(ctx, md, newSet, old, mode.blocked, held)
+	if err != nil {
+		return res, err
+	}
+	wait, err := r.expire(ctx, md, newSet, old)
+	if wait > 0 && (res.RequeueAfter == 0 || wait < res.RequeueAfter) {
+		res.RequeueAfter = wait
+	}
+	return res, err
 }
 
 func (r *Reconciler) ownedSets(ctx context.Context, md *machinistv1.MachineDeployment) ([]*machinistv1.MachineSet, error) {

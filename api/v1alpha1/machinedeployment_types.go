@@ -197,6 +197,17 @@ type MachineDeploymentSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self > 0",message="progressDeadlineSeconds must be more than zero"
 	// +optional
 	ProgressDeadlineSeconds *int32 `json:"progressDeadlineSeconds,omitempty"`
+
+	// ExpireAfter is the longest a Machine of this deployment may live:
+	// one older is replaced (deleted, and its MachineSet makes a new one),
+	// one at a time for the deployment and within the
+	// MachineDisruptionBudgets that select it (reason Expiry). Unset:
+	// Machines live until something else replaces them.
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('1s')",message="expireAfter must be a duration of at least 1s, such as 720h"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +optional
+	ExpireAfter *metav1.Duration `json:"expireAfter,omitempty"`
 }
 
 // MachineDeploymentStatus is what the MachineDeployment controller observed.

@@ -23,9 +23,8 @@ const (
 	// DisruptionRemediation: a MachineHealthCheck's ladder acts on a
 	// Machine that is still up.
 	DisruptionRemediation DisruptionReason = "Remediation"
-	// DisruptionExpiry: the Machine is replaced for its age. Budgets may
-	// name it already; the maximum lifetime that will use it is not in
-	// the API yet.
+	// DisruptionExpiry: the Machine outlived its MachineDeployment's
+	// expireAfter and is replaced.
 	DisruptionExpiry DisruptionReason = "Expiry"
 )
 

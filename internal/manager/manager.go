@@ -195,6 +195,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 		Recorder:    mgr.GetEventRecorder("machinist-machinedeployment"),
 		Transitions: rollouts,
 		Actuators:   opts.Actuators,
+		APIReader:   mgr.GetAPIReader(),
 	}
 	if err := deployments.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err

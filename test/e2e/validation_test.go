@@ -595,6 +595,15 @@ var invalidCases = []invalidCase{
 		want: "spec.progressDeadlineSeconds: Invalid value: 0: " + deadlineMsg,
 	},
 	{
+		name: "MachineDeployment with an expireAfter shorter than a second",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "mayfly")
+			md.Spec.ExpireAfter = &metav1.Duration{Duration: 500 * time.Millisecond}
+			return md
+		},
+		want: `spec.expireAfter: Invalid value: "500ms": expireAfter must be a duration of at least 1s, such as 720h`,
+	},
+	{
 		name: "MachineDeployment with a negative progress deadline",
 		build: func(ns string) client.Object {
 			md := validMachineDeployment(ns, "pastdeadline")
