@@ -37,6 +37,10 @@ func TestReplaceWaitsForTheBudgetUnlessTheMachineIsDown(t *testing.T) {
 	up, dead := ms[0], ms[1]
 	create(t, budget(ns, "workers", 0))
 	hc := healthCheck(ns, "workers", rung(replace, 0))
+	// Room for both: a Replace the budget holds keeps its slot (see
+	// docs/disruption.md), which with one slot could keep the broken
+	// Machine waiting behind it.
+	hc.Spec.Remediation.MaxInFlight = percent("100%")
 	// Unhealthy by a condition a node problem detector would set, while
 	// the Node stays Ready: the Machine is still in service.
 	hc.Spec.UnhealthyNodeConditions = append(hc.Spec.UnhealthyNodeConditions,

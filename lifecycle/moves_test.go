@@ -325,7 +325,8 @@ var _ = Describe("Moves of the Machine table", func() {
 		DeferCleanup(provider.FailNext, 0)
 		m := newMachine(ns, "early", "small")
 		Expect(k8s.Create(ctx, m)).To(Succeed())
-		Eventually(h.lastOf("early")).Should(And(
+		// The first spec to run may meet a manager still starting.
+		Eventually(h.lastOf("early")).WithTimeout(10 * time.Second).Should(And(
 			WithTransform(phase, Equal(pending)),
 			WithTransform(func(m *machinistv1.Machine) int32 { return m.Status.ErrorCount }, BeNumerically(">=", 1)),
 			WithTransform(condition(machinistv1.ConditionReady), PointTo(MatchFields(IgnoreExtras, Fields{"Reason": Equal("CreateError")}))),
@@ -349,7 +350,7 @@ var _ = Describe("Moves of the Machine table", func() {
 		m := newMachine(ns, "unready", "sick")
 		Expect(k8s.Create(ctx, m)).To(Succeed())
 		// The provisioning timeout is 4s: the deletion must land first.
-		Eventually(h.phasesOf("unready")).Should(Equal([]machinistv1.MachinePhase{pending, provisioning}))
+		Eventually(h.phasesOf("unready")).WithTimeout(10 * time.Second).Should(Equal([]machinistv1.MachinePhase{pending, provisioning}))
 		providerID := h.lastOf("unready")().Status.ProviderID
 		nodeName, err := provider.NodeName(providerID)
 		Expect(err).NotTo(HaveOccurred())
