@@ -21,14 +21,7 @@ var _ = Describe("A rollout under a disruption budget", func() {
 		// maxSurge 4 would replace all four at once.
 		md := newDeployment(ns, "pool", 4, rolling(intstr.FromInt32(4), intstr.FromInt32(0)))
 		deploy(ctx, md)
-		budget := &machinistv1.MachineDisruptionBudget{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "one-at-a-time"},
-			Spec: machinistv1.MachineDisruptionBudgetSpec{
-				Selector:     machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": "pool"}},
-				MaxDisrupted: intstr.FromInt32(0),
-				Reasons:      []machinistv1.DisruptionReason{machinistv1.DisruptionRollout},
-			},
-		}
+		budget := poolBudget(ns, "one-at-a-time", 0, machinistv1.DisruptionRollout)
 		Expect(k8s.Create(ctx, budget)).To(Succeed())
 		// Disrupted: an old Machine on its way out.
 		mon := watchRollout(ctx, ns, func(ms map[string]*machinistv1.Machine) string {
@@ -81,13 +74,7 @@ var _ = Describe("A rollout under a disruption budget", func() {
 		ns := newNamespace(ctx)
 		md := newDeployment(ns, "pool", 10, rolling(intstr.FromInt32(3), intstr.FromInt32(0)))
 		deploy(ctx, md)
-		Expect(k8s.Create(ctx, &machinistv1.MachineDisruptionBudget{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "two"},
-			Spec: machinistv1.MachineDisruptionBudgetSpec{
-				Selector:     machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": "pool"}},
-				MaxDisrupted: intstr.FromInt32(2),
-			},
-		})).To(Succeed())
+		Expect(k8s.Create(ctx, poolBudget(ns, "two", 2))).To(Succeed())
 		Expect(k8s.Create(ctx, &machinistv1.MachineHealthCheck{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pool"},
 			Spec: machinistv1.MachineHealthCheckSpec{
@@ -147,14 +134,7 @@ var _ = Describe("A rollout under a disruption budget", func() {
 		ns := newNamespace(ctx)
 		md := newDeployment(ns, "pool", 2, inPlace(2, machinistv1.FallbackNever))
 		deploy(ctx, md)
-		budget := &machinistv1.MachineDisruptionBudget{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "frozen"},
-			Spec: machinistv1.MachineDisruptionBudgetSpec{
-				Selector:     machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": "pool"}},
-				MaxDisrupted: intstr.FromInt32(0),
-				Reasons:      []machinistv1.DisruptionReason{machinistv1.DisruptionInPlaceUpdate},
-			},
-		}
+		budget := poolBudget(ns, "frozen", 0, machinistv1.DisruptionInPlaceUpdate)
 		Expect(k8s.Create(ctx, budget)).To(Succeed())
 		upgrade(ctx, md, "v1.37.2")
 		Eventually(func(g Gomega) {
@@ -189,14 +169,7 @@ var _ = Describe("A rollout under a disruption budget", func() {
 		for _, m := range machines(ctx, ns) {
 			first[m.Name] = true
 		}
-		budget := &machinistv1.MachineDisruptionBudget{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "one"},
-			Spec: machinistv1.MachineDisruptionBudgetSpec{
-				Selector:     machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": "pool"}},
-				MaxDisrupted: intstr.FromInt32(0),
-				Reasons:      []machinistv1.DisruptionReason{machinistv1.DisruptionExpiry},
-			},
-		}
+		budget := poolBudget(ns, "one", 0, machinistv1.DisruptionExpiry)
 		Expect(k8s.Create(ctx, budget)).To(Succeed())
 		mon := watchRollout(ctx, ns, func(ms map[string]*machinistv1.Machine) string {
 			leaving := 0
@@ -231,3 +204,16 @@ var _ = Describe("A rollout under a disruption budget", func() {
 		Eventually(func() []string { return rolloutEvents(ctx, ns, "pool") }).Should(ContainElement("MachineExpired"))
 	})
 })
+
+// poolBudget is a budget over the Machines of deployment "pool": max at
+// once, for reasons (all when none).
+func poolBudget(ns, name string, max int32, reasons ...machinistv1.DisruptionReason) *machinistv1.MachineDisruptionBudget {
+	return &machinistv1.MachineDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: machinistv1.MachineDisruptionBudgetSpec{
+			Selector:     machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": "pool"}},
+			MaxDisrupted: intstr.FromInt32(max),
+			Reasons:      reasons,
+		},
+	}
+}
