@@ -25,25 +25,51 @@ import (
 	"github.com/machinist-dev/machinist/provider"
 )
 
+// The machinist binary tests run as processes: built once while any Env
+// lives, and removed with the last one (it weighs 150 MB).
 var (
-	machinistOnce sync.Once
-	machinistPath string
-	machinistErr  error
+	binMu    sync.Mutex
+	binPath  string
+	liveEnvs int
 )
 
-// Machinist builds cmd/machinist once per test binary into a temporary
-// directory and returns its path.
+// Machinist builds cmd/machinist into a temporary directory, once while
+// any Env is running, and returns its path; the last Env to stop removes
+// it.
 func Machinist() (string, error) {
-	machinistOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "machinist-bin-")
-		if err != nil {
-			machinistErr = err
-			return
-		}
-		machinistPath = filepath.Join(dir, "machinist")
-		machinistErr = Build("./cmd/machinist", machinistPath)
-	})
-	return machinistPath, machinistErr
+	binMu.Lock()
+	defer binMu.Unlock()
+	if binPath != "" {
+		return binPath, nil
+	}
+	dir, err := os.MkdirTemp("", "machinist-bin-")
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "machinist")
+	if err := Build("./cmd/machinist", path); err != nil {
+		_ = os.RemoveAll(dir)
+		return "", err
+	}
+	binPath = path
+	return binPath, nil
+}
+
+// envStarted and envStopped count the Envs alive, so that the binary goes
+// with the last.
+func envStarted() {
+	binMu.Lock()
+	defer binMu.Unlock()
+	liveEnvs++
+}
+
+func envStopped() {
+	binMu.Lock()
+	defer binMu.Unlock()
+	if liveEnvs--; liveEnvs == 0 && binPath != "" {
+		_ = os.RemoveAll(filepath.Dir(binPath))
+		binPath = ""
+	}
 }
 
 // ServedProvider is a built-in provider served over the provider protocol

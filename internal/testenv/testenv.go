@@ -162,6 +162,7 @@ func StartWith(opts Options) (*Env, error) {
 		return nil, err
 	}
 	e := &Env{Root: root, Config: cfg, Scheme: scheme, env: env, dir: dir}
+	envStarted() // Stop, from here on, counts it out
 	fail := func(err error) (*Env, error) {
 		_ = e.Stop()
 		return nil, err
@@ -198,6 +199,7 @@ func (e *Env) startControllerManager(opts Options) error {
 
 // Stop stops the control plane and removes its files.
 func (e *Env) Stop() error {
+	defer envStopped()
 	var err error
 	if e.kcm != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -52,26 +52,12 @@ func (p *process) output() string {
 	return p.out.String()
 }
 
-var (
-	buildOnce sync.Once
-	binary    string
-	buildErr  error
-)
-
-// machinist builds the binary once per package and starts it with args.
+// machinist starts the binary (testenv builds it once) with args.
 func machinist(t *testing.T, args ...string) *process {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "machinist-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binary = filepath.Join(dir, "machinist")
-		buildErr = testenv.Build("./cmd/machinist", binary)
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	binary, err := testenv.Machinist()
+	if err != nil {
+		t.Fatal(err)
 	}
 	p := &process{cmd: exec.Command(binary, args...), done: make(chan error, 1)}
 	p.cmd.Stdout, p.cmd.Stderr = p, p

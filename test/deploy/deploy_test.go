@@ -46,15 +46,7 @@ import (
 var env *testenv.Env
 
 func TestMain(m *testing.M) {
-	os.Exit(testenv.RunWith(m, func(e *testenv.Env) (func(), error) {
-		env = e
-		// The machinist binary commands_test.go builds goes with the run.
-		return func() {
-			if binary != "" {
-				_ = os.RemoveAll(filepath.Dir(binary))
-			}
-		}, nil
-	}))
+	os.Exit(testenv.Run(m, func(e *testenv.Env) { env = e }))
 }
 
 const (
