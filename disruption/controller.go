@@ -3,6 +3,7 @@ package disruption
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -55,16 +56,27 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 		Complete(r)
 }
 
-// budgetsOf maps a Machine to the budgets of its namespace: a Machine that
-// left a budget's selector matters to it as much as one that joined.
+// budgetsOf maps a Machine to the budgets of its namespace that select
+// it, or that hold a record of it (one that left a selector still ends
+// there): each look at a budget lists the namespace's Machines, so a
+// Machine wakes only the budgets it matters to.
 func (r *Reconciler) budgetsOf(ctx context.Context, o client.Object) []reconcile.Request {
-	var list machinistv1.MachineDisruptionBudgetList
-	if err := r.Client.List(ctx, &list, client.InNamespace(o.GetNamespace())); err != nil {
+	m, ok := o.(*machinistv1.Machine)
+	if !ok {
 		return nil
 	}
-	reqs := make([]reconcile.Request, 0, len(list.Items))
-	for _, b := range list.Items {
-		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&b)})
+	var list machinistv1.MachineDisruptionBudgetList
+	if err := r.Client.List(ctx, &list, client.InNamespace(m.Namespace)); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for i := range list.Items {
+		b := &list.Items[i]
+		selected, err := Selects(b, m)
+		recorded := slices.ContainsFunc(b.Status.Disruptions, func(d machinistv1.Disruption) bool { return d.Machine == m.Name })
+		if selected || recorded || err != nil {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(b)})
+		}
 	}
 	return reqs
 }
