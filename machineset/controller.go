@@ -295,7 +295,8 @@ func (r *Reconciler) scale(ctx context.Context, ms *machinistv1.MachineSet, owne
 // admitted keeps the victims the disruption budgets let a rollout delete,
 // in order, up to the first they refuse: of a set a rollout is emptying,
 // each deletion of a Machine in service is a disruption of reason
-// Rollout. A refusal is said in an Event and returned as held.
+// Rollout. A refusal is returned as held, which the set's Ready condition
+// then says (with an Event when it starts, not on every look).
 func (r *Reconciler) admitted(ctx context.Context, ms *machinistv1.MachineSet, victims []*machinistv1.Machine) (kept []*machinistv1.Machine, held *disruption.Refusal, err error) {
 	md, rolling := ms.Annotations[machinistv1.RollingOutAnnotation]
 	if !rolling || r.APIReader == nil {
@@ -309,7 +310,6 @@ func (r *Reconciler) admitted(ctx context.Context, ms *machinistv1.MachineSet, v
 		req := disruption.Request{Machine: m, Reason: machinistv1.DisruptionRollout, By: "machinedeployment/" + md}
 		err := store.Admit(ctx, req, r.Now())
 		if refusal, ok := disruption.AsRefusal(err); ok {
-			r.event(ms, corev1.EventTypeNormal, reasonDisruptionHeld, "Scale", "not deleting Machine %s yet: %s", m.Name, refusal.Message)
 			return victims[:i], refusal, nil
 		}
 		if err != nil {
@@ -419,6 +419,8 @@ func (r *Reconciler) updateStatus(ctx context.Context, ms *machinistv1.MachineSe
 		cond.Status, cond.Reason = metav1.ConditionTrue, reasonReady
 		cond.Message = fmt.Sprintf("all %d Machines are Ready", want)
 	}
+	was := meta.FindStatusCondition(ms.Status.Conditions, machinistv1.ConditionReady)
+	startsHeld := cond.Reason == ReasonDisruptionHeld && (was == nil || was.Reason != ReasonDisruptionHeld)
 	meta.SetStatusCondition(&st.Conditions, cond)
 	st.ObservedGeneration = ms.Generation
 
@@ -438,6 +440,10 @@ func (r *Reconciler) updateStatus(ctx context.Context, ms *machinistv1.MachineSe
 		return res, err
 	}
 	r.wrote(ms, now)
+	if startsHeld {
+		// Once per hold, when it is stored, not on every look.
+		r.event(ms, corev1.EventTypeNormal, reasonDisruptionHeld, "Scale", "not deleting Machines yet: %s", held.Message)
+	}
 	return res, nil
 }
 
