@@ -211,6 +211,14 @@ func New(opts Options) (*Provider, error) {
 	return &Provider{opts: opts, client: client, machines: map[string]*machine{}}, nil
 }
 
+// TakeOver takes the machines in StateDir over now rather than on the
+// first call, for a provider that is the only one over its StateDir and
+// must bring its machines back as it starts, as `machinist provider serve`
+// does: nothing may call it for a long time over a settled fleet. It is a
+// no-op once a takeover succeeded; a failed one is tried again by the next
+// call of TakeOver or of any method but Stop.
+func (p *Provider) TakeOver(ctx context.Context) error { return p.takeOver(ctx) }
+
 // takeOver takes the machines in StateDir over unless that was done: every
 // method but Stop calls it first. Concurrent calls wait for one takeover;
 // a failed one is tried again by the next call.

@@ -2,15 +2,19 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"os"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/util/wait"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/machinist-dev/machinist/actuators"
@@ -51,8 +55,10 @@ Ctrl-C. A manager reaches it with --provider NAME=ENDPOINT.
 
 The inmemory provider's machines live in this process and end with it.
 The process provider's machines are agent processes that outlive it; a
-new "serve" over the same --process-state-dir takes them over on its
-first call.`,
+new "serve" over the same --process-state-dir takes them over as it
+starts: it adopts the agents still running and boots the machines whose
+agents it had stopped (--process-exit-with-parent), and answers Probe as
+ready once it has. Serve one provider per state directory.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := logs.setUp(); err != nil {
@@ -63,7 +69,10 @@ first call.`,
 				return err
 			}
 			ctx := ctrl.SetupSignalHandler()
-			var a actuators.Actuator
+			var (
+				a     actuators.Actuator
+				ready func(context.Context) error
+			)
 			switch name {
 			case inmemory.Name:
 				p, err := inmemory.New(inmemory.Options{
@@ -104,10 +113,11 @@ first call.`,
 				// Otherwise never stopped: the machines outlive the
 				// provider, as real ones outlive their controller.
 				a = p
+				ready = takeOver(ctx, p)
 			default:
 				return fmt.Errorf("--provider %q: the built-in providers are %s and %s", name, inmemory.Name, process.Name)
 			}
-			return provider.Serve(logr.NewContext(ctx, ctrl.Log), endpoint, a, provider.ServeOptions{Name: name, VendorVersion: version(), TLS: tlsFiles})
+			return provider.Serve(logr.NewContext(ctx, ctrl.Log), endpoint, a, provider.ServeOptions{Name: name, VendorVersion: version(), TLS: tlsFiles, Ready: ready})
 		},
 	}
 	fs := cmd.Flags()
@@ -164,4 +174,38 @@ func addClientTLSFlags(fs *pflag.FlagSet, prefix string, f *provider.TLSFiles) {
 	fs.StringVar(&f.CA, prefix+"tls-ca", "", "CA that signed the providers' certificates (mutual TLS; required for tcp:// endpoints)")
 	fs.StringVar(&f.Cert, prefix+"tls-cert", "", "the client certificate presented to providers (PEM)")
 	fs.StringVar(&f.Key, prefix+"tls-key", "", "the client key (PEM)")
+}
+
+// takeOver takes p's machines over in the background as serving starts:
+// over a settled fleet nothing may call the provider for hours, and the
+// machines its last run stopped must not wait for a call to boot. The
+// function it returns answers Probe: not ready until the first attempt is
+// done, so that a manager's first calls do not queue behind it. A failed
+// attempt (one machine it could not boot) is logged and tried again with
+// backoff until one succeeds, as well as by the next call.
+func takeOver(ctx context.Context, p *process.Provider) func(context.Context) error {
+	first := make(chan struct{})
+	go func() {
+		log := ctrl.Log.WithName("takeover")
+		once := sync.OnceFunc(func() { close(first) })
+		defer once()
+		backoff := wait.Backoff{Duration: time.Second, Factor: 2, Cap: time.Minute, Steps: math.MaxInt32}
+		_ = wait.ExponentialBackoffWithContext(ctx, backoff, func(ctx context.Context) (bool, error) {
+			err := p.TakeOver(ctx)
+			once()
+			if err != nil {
+				log.Error(err, "taking the machines over; trying again")
+				return false, nil
+			}
+			return true, nil
+		})
+	}()
+	return func(context.Context) error {
+		select {
+		case <-first:
+			return nil
+		default:
+			return errors.New("taking over the machines in --process-state-dir")
+		}
+	}
 }

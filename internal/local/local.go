@@ -215,10 +215,11 @@ func Run(ctx context.Context, opts Options) (err error) {
 		// A Node condition counts against a Machine in a health check
 		// only this long after the manager starts (or a watch fails):
 		// until its kubelet reports, a Node may show what it was before.
-		// The agents start as soon as the controllers first call the
-		// provider and report within a Lease (leaseSeconds); the default,
-		// 40s, is a real kubelet's Lease and would only slow the demo. nodeMonitorGrace is the
-		// node lifecycle controller's own patience with a silent kubelet.
+		// The provider boots the agents of the last run as it starts,
+		// and they report within a Lease (leaseSeconds); the default,
+		// 40s, is a real kubelet's Lease and would only slow the demo.
+		// nodeMonitorGrace is the node lifecycle controller's own
+		// patience with a silent kubelet.
 		NodeGrace: nodeMonitorGrace,
 	})
 	if err != nil {

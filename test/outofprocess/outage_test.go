@@ -14,8 +14,10 @@ import (
 
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc/grpclog"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -228,5 +230,75 @@ func TestAProviderThatGoesAwayMakesMachinesWait(t *testing.T) {
 			return fmt.Errorf("boot ID still %s", bootBefore)
 		}
 		return nil
+	})
+}
+
+// TestAServedProviderBootsItsMachinesAsItStarts stops a provider whose
+// machines end with it (--process-exit-with-parent, as in `machinist
+// run`) and starts it again over the same state: the machine boots again
+// with no call from anyone, since over a settled fleet none may come.
+func TestAServedProviderBootsItsMachinesAsItStarts(t *testing.T) {
+	ctx := context.Background()
+	ns, err := env.Namespace(ctx, "takeover")
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := env.ServeProvider(process.Name, "--process-state-dir", t.TempDir(), "--process-exit-with-parent",
+		"--lease-duration-seconds", "10", "--renew-interval", "2s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = own.Stop() }()
+	c, err := own.Dial(provider.DialOptions{Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+	m := &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "settled", UID: uuid.NewUUID()}}
+	class := &machinistv1.MachineClass{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "local"}, Spec: machinistv1.MachineClassSpec{Provider: process.Name}}
+	id, err := c.Create(ctx, m, class)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Delete(ctx, id) }()
+	// The boot ID of the Ready Node with the machine's provider ID.
+	booted := func() (string, error) {
+		var nodes corev1.NodeList
+		if err := env.Client.List(ctx, &nodes); err != nil {
+			return "", err
+		}
+		for _, n := range nodes.Items {
+			if n.Spec.ProviderID != id {
+				continue
+			}
+			for _, cond := range n.Status.Conditions {
+				if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+					return n.Status.NodeInfo.BootID, nil
+				}
+			}
+			return "", fmt.Errorf("Node %s is not Ready", n.Name)
+		}
+		return "", fmt.Errorf("no Node with providerID %s", id)
+	}
+	var first string
+	waitFor(t, time.Minute, "the machine's Node Ready", func() (err error) {
+		first, err = booted()
+		return err
+	})
+
+	// Stopped, the provider stops its machine; started again, it is only
+	// probed until ready, as `machinist run` does.
+	if err := own.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := own.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the machine booted again with no call", func() error {
+		boot, err := booted()
+		if err == nil && boot == first {
+			err = fmt.Errorf("boot ID still %s", first)
+		}
+		return err
 	})
 }
