@@ -75,6 +75,58 @@ var _ = Describe("A rollout under a disruption budget", func() {
 		))
 	})
 
+	It("holds a rollout outside its budget's window, says until when, and resumes by itself when the window opens", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		md := newDeployment(ns, "pool", 2, rolling(intstr.FromInt32(1), intstr.FromInt32(0)))
+		deploy(ctx, md)
+		// The calendar reads 25 s before a window opens: a whole minute,
+		// as cron counts.
+		opens := time.Now().Add(2 * time.Minute).UTC().Truncate(time.Minute)
+		calendar.Set(opens.Add(-25 * time.Second))
+		DeferCleanup(func() { calendar.Set(time.Time{}) })
+		budget := poolBudget(ns, "nightly", 1, machinistv1.DisruptionRollout)
+		budget.Spec.Windows = []machinistv1.DisruptionWindow{{
+			Schedule: fmt.Sprintf("%d %d * * *", opens.Minute(), opens.Hour()), Duration: metav1.Duration{Duration: time.Hour},
+		}}
+		Expect(k8s.Create(ctx, budget)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(budget), budget)).To(Succeed())
+			g.Expect(budget.Status.WindowOpen).To(BeFalse())
+			g.Expect(budget.Status.NextWindow).NotTo(BeNil())
+			g.Expect(budget.Status.NextWindow.Time).To(BeTemporally("==", opens))
+		}).WithTimeout(10 * time.Second).Should(Succeed())
+		mon := watchRollout(ctx, ns, func(ms map[string]*machinistv1.Machine) string {
+			for _, m := range ms {
+				if m.Spec.Version == "v1.37.1" && m.DeletionTimestamp != nil && calendar.Now().Before(opens) {
+					return fmt.Sprintf("old Machine %s deleted before the window opened", m.Name)
+				}
+			}
+			return ""
+		})
+		upgrade(ctx, md, "v1.37.2")
+		Eventually(func(g Gomega) {
+			c := meta.FindStatusCondition(getMD(ctx, md).Status.Conditions, "Progressing")
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Reason).To(Equal("DisruptionHeld"))
+			g.Expect(c.Message).To(ContainSubstring("MachineDisruptionBudget nightly allows no disruption now"))
+			g.Expect(c.Message).To(ContainSubstring("waits for its next window, which opens at " + opens.Format(time.RFC3339)))
+		}).WithTimeout(20 * time.Second).Should(Succeed())
+		Expect(calendar.Now()).To(BeTemporally("<", opens), "the hold was seen before the window opened")
+		Expect(versions(ctx, ns)).To(HaveKeyWithValue("v1.37.1", 2), "no old Machine deleted")
+
+		// Nobody touches anything: the window opens, and the rollout,
+		// which asked to be woken then, finishes.
+		waitVersion(ctx, md, "v1.37.2", 2)
+		late := calendar.Now().Sub(opens)
+		GinkgoWriter.Printf("rollout finished %s after the window opened\n", late.Round(time.Second))
+		// Woken when the window opens, not by a poll some time later.
+		Expect(late).To(BeNumerically("<", 20*time.Second))
+		Expect(mon.bad()).To(BeEmpty())
+		Expect(meta.FindStatusCondition(getMD(ctx, md).Status.Conditions, "Progressing").Reason).NotTo(Equal("DisruptionHeld"))
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(budget), budget)).To(Succeed())
+		Expect(budget.Status.WindowOpen).To(BeTrue())
+	})
+
 	It("keeps a rollout, ten reboot requests and a remediation at once within one budget of 2, across a manager restart", func(ctx SpecContext) {
 		ns := newNamespace(ctx)
 		md := newDeployment(ns, "pool", 10, rolling(intstr.FromInt32(3), intstr.FromInt32(0)))
@@ -191,6 +243,20 @@ var _ = Describe("A rollout under a disruption budget", func() {
 		patchSpec(ctx, md, `{"expireAfter":"5s"}`)
 		// Held while the budget allows none.
 		Eventually(func() []string { return rolloutEvents(ctx, ns, "pool") }).WithTimeout(30 * time.Second).Should(ContainElement("DisruptionHeld"))
+		// Said once, not on each look (every 10 s) while it lasts: the
+		// Event library writes a repeated Event again as a series.
+		Consistently(func(g Gomega) {
+			var list eventsv1.EventList
+			g.Expect(k8s.List(ctx, &list, client.InNamespace(ns))).To(Succeed())
+			var held []eventsv1.Event
+			for _, e := range list.Items {
+				if e.Regarding.Kind == "MachineDeployment" && e.Reason == "DisruptionHeld" {
+					held = append(held, e)
+				}
+			}
+			g.Expect(held).To(HaveLen(1))
+			g.Expect(held[0].Series).To(BeNil(), "the hold said again")
+		}).WithTimeout(12 * time.Second).WithPolling(time.Second).Should(Succeed())
 		Expect(machines(ctx, ns)).To(HaveEach(WithTransform(func(m machinistv1.Machine) bool { return first[m.Name] && m.DeletionTimestamp == nil }, BeTrue())))
 		patch := client.MergeFrom(budget.DeepCopy())
 		budget.Spec.MaxDisrupted = intstr.FromInt32(1)

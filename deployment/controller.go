@@ -10,6 +10,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -63,6 +64,13 @@ type Reconciler struct {
 	APIReader client.Reader
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Calendar is the clock the disruption budgets are asked on: their
+	// windows open and close on it. Nil means time.Now.
+	Calendar func() time.Time
+
+	// expiryHolds remembers, by MachineDeployment UID, which expired
+	// Machine and budget a hold was last said for.
+	expiryHolds sync.Map
 }
 
 // NewTransitionsMetric returns the rollout transitions counter.

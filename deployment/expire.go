@@ -62,6 +62,7 @@ func (r *Reconciler) expire(ctx context.Context, md *machinistv1.MachineDeployme
 		}
 	}
 	if expired == nil {
+		r.expiryHolds.Delete(md.UID)
 		if next.IsZero() {
 			return 0, nil
 		}
@@ -73,15 +74,21 @@ func (r *Reconciler) expire(ctx context.Context, md *machinistv1.MachineDeployme
 	if r.APIReader != nil {
 		store := disruption.Store{Budgets: r.APIReader, Machines: r.Client, Status: r.Client}
 		req := disruption.Request{Machine: expired, Reason: machinistv1.DisruptionExpiry, By: "machinedeployment/" + md.Name}
-		err := store.Admit(ctx, req, now)
+		err := store.Admit(ctx, req, disruption.At(r.Calendar))
 		if refusal, ok := disruption.AsRefusal(err); ok {
-			r.event(md, corev1.EventTypeNormal, ReasonDisruptionHeld, "Expire", "not replacing expired Machine %s yet: %s", expired.Name, refusal.Message)
+			// Said when the hold begins, not on every look while the
+			// budget is spent; a restarted manager says it once more.
+			hold := expired.Name + "/" + refusal.Budget
+			if last, ok := r.expiryHolds.Swap(md.UID, hold); !ok || last != hold {
+				r.event(md, corev1.EventTypeNormal, ReasonDisruptionHeld, "Expire", "not replacing expired Machine %s yet: %s", expired.Name, refusal.Message)
+			}
 			return refusal.RetryAfter, nil
 		}
 		if err != nil {
 			return 0, err
 		}
 	}
+	r.expiryHolds.Delete(md.UID)
 	uid := expired.UID
 	if err := r.Client.Delete(ctx, expired, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil {
 		return 0, err

@@ -2,6 +2,7 @@ package deployment_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,7 +24,32 @@ var (
 	provider testenv.Provider
 	// controllers are the manager and the provider, for restarts.
 	controllers *testenv.Controllers
+	// calendar is the budgets' clock: real time, shifted by a test that
+	// needs a window to open in a few seconds.
+	calendar shiftedClock
 )
+
+// shiftedClock runs at the real pace from wherever a test set it.
+type shiftedClock struct {
+	mu sync.Mutex
+	by time.Duration
+}
+
+func (c *shiftedClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return time.Now().Add(c.by)
+}
+
+// Set makes it read at now; the zero time puts it back on real time.
+func (c *shiftedClock) Set(at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.by = 0
+	if !at.IsZero() {
+		c.by = time.Until(at)
+	}
+}
 
 func TestMachineDeployments(t *testing.T) {
 	RegisterFailHandler(Fail)
@@ -34,7 +60,7 @@ var _ = BeforeSuite(func() {
 	ctrl.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
 	var stop func() error
 	var err error
-	env, controllers, stop, err = testenv.StartWithServedControllers(manager.Options{ProvisionTimeout: 5 * time.Minute},
+	env, controllers, stop, err = testenv.StartWithServedControllers(manager.Options{ProvisionTimeout: 5 * time.Minute, Now: calendar.Now},
 		testenv.Leases{DurationSeconds: 20, RenewInterval: 5 * time.Second})
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(stop)

@@ -76,6 +76,17 @@ type Store struct {
 	Status client.StatusClient
 }
 
+// At reads calendar, the clock the budgets are asked on (their windows
+// open and close on it), or time.Now when calendar is nil. A controller
+// keeps its own clock for its own timeouts: only the budgets' calendar is
+// moved by tests.
+func At(calendar func() time.Time) time.Time {
+	if calendar == nil {
+		return time.Now()
+	}
+	return calendar()
+}
+
 // Direct is a Store that reads and writes through c alone, for a caller
 // without a cache (the verbs server).
 func Direct(c client.Client) Store { return Store{Budgets: c, Machines: c, Status: c} }
@@ -100,50 +111,22 @@ func (s Store) Admit(ctx context.Context, req Request, now time.Time) error {
 		strings.ToLower(string(req.Reason)), req.Machine.Namespace, req.Machine.Name, err)
 }
 
+// Allows decides as Admit does, without recording anything: for an actor
+// that must not take a slot of its own (a health check's maxInFlight) for
+// a disruption the budgets would only hold. The disruption, once begun,
+// is admitted and recorded by Admit as any other; between the two another
+// actor may take the allowance, and Admit then refuses.
+func (s Store) Allows(ctx context.Context, req Request, now time.Time) error {
+	_, _, err := s.decide(ctx, req, now)
+	return err
+}
+
 func (s Store) admit(ctx context.Context, req Request, now time.Time) error {
+	applicable, states, err := s.decide(ctx, req, now)
+	if err != nil || len(applicable) == 0 {
+		return err
+	}
 	m := req.Machine
-	var budgets machinistv1.MachineDisruptionBudgetList
-	if err := s.Budgets.List(ctx, &budgets, client.InNamespace(m.Namespace)); err != nil {
-		return err
-	}
-	var applicable []*machinistv1.MachineDisruptionBudget
-	for i := range budgets.Items {
-		b := &budgets.Items[i]
-		ok, err := Selects(b, m)
-		if err != nil {
-			return err
-		}
-		if ok && Covers(b, req.Reason) {
-			applicable = append(applicable, b)
-		}
-	}
-	if len(applicable) == 0 {
-		return nil
-	}
-	var machines machinistv1.MachineList
-	if err := s.Machines.List(ctx, &machines, client.InNamespace(m.Namespace)); err != nil {
-		return err
-	}
-	// Ordered by name, so that two actors reserving in several budgets
-	// take them in the same order.
-	slices.SortFunc(applicable, func(a, b *machinistv1.MachineDisruptionBudget) int { return strings.Compare(a.Name, b.Name) })
-	states := make([]State, len(applicable))
-	var refusals []*Refusal
-	for i, b := range applicable {
-		st, err := Evaluate(b, machines.Items, now)
-		if err != nil {
-			return err
-		}
-		states[i] = st
-		if r := refuse(b, st, req, now); r != nil {
-			refusals = append(refusals, r)
-		}
-	}
-	if len(refusals) > 0 {
-		// The one that holds out longest is the one to name.
-		slices.SortStableFunc(refusals, func(a, b *Refusal) int { return int(b.RetryAfter - a.RetryAfter) })
-		return refusals[0]
-	}
 	entry := machinistv1.Disruption{
 		Machine: m.Name, Reason: req.Reason, Since: metav1.NewTime(now), OperationID: req.OperationID, By: req.By,
 	}
@@ -159,6 +142,55 @@ func (s Store) admit(ctx context.Context, req Request, now time.Time) error {
 		reserved = append(reserved, b)
 	}
 	return nil
+}
+
+// decide reads the budgets that apply to req and their states at now, and
+// returns the refusal of the one that holds out longest, if any refuses.
+func (s Store) decide(ctx context.Context, req Request, now time.Time) ([]*machinistv1.MachineDisruptionBudget, []State, error) {
+	m := req.Machine
+	var budgets machinistv1.MachineDisruptionBudgetList
+	if err := s.Budgets.List(ctx, &budgets, client.InNamespace(m.Namespace)); err != nil {
+		return nil, nil, err
+	}
+	var applicable []*machinistv1.MachineDisruptionBudget
+	for i := range budgets.Items {
+		b := &budgets.Items[i]
+		ok, err := Selects(b, m)
+		if err != nil {
+			return nil, nil, err
+		}
+		if ok && Covers(b, req.Reason) {
+			applicable = append(applicable, b)
+		}
+	}
+	if len(applicable) == 0 {
+		return nil, nil, nil
+	}
+	var machines machinistv1.MachineList
+	if err := s.Machines.List(ctx, &machines, client.InNamespace(m.Namespace)); err != nil {
+		return nil, nil, err
+	}
+	// Ordered by name, so that two actors reserving in several budgets
+	// take them in the same order.
+	slices.SortFunc(applicable, func(a, b *machinistv1.MachineDisruptionBudget) int { return strings.Compare(a.Name, b.Name) })
+	states := make([]State, len(applicable))
+	var refusals []*Refusal
+	for i, b := range applicable {
+		st, err := Evaluate(b, machines.Items, now)
+		if err != nil {
+			return nil, nil, err
+		}
+		states[i] = st
+		if r := refuse(b, st, req, now); r != nil {
+			refusals = append(refusals, r)
+		}
+	}
+	if len(refusals) > 0 {
+		// The one that holds out longest is the one to name.
+		slices.SortStableFunc(refusals, func(a, b *Refusal) int { return int(b.RetryAfter - a.RetryAfter) })
+		return nil, nil, refusals[0]
+	}
+	return applicable, states, nil
 }
 
 // recorded reports whether b already holds entry's disruption: the same

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -26,8 +27,9 @@ func budget(ns, pool string, max int32) *machinistv1.MachineDisruptionBudget {
 }
 
 // A Machine still in service that a health check would replace waits for
-// the disruption budget; one that is down is replaced whatever the budget:
-// a dead machine is not a disruption.
+// the disruption budget without taking a maxInFlight slot; one that is
+// down is replaced whatever the budget (a dead machine is not a
+// disruption), in the one slot there is.
 func TestReplaceWaitsForTheBudgetUnlessTheMachineIsDown(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -37,10 +39,9 @@ func TestReplaceWaitsForTheBudgetUnlessTheMachineIsDown(t *testing.T) {
 	up, dead := ms[0], ms[1]
 	create(t, budget(ns, "workers", 0))
 	hc := healthCheck(ns, "workers", rung(replace, 0))
-	// Room for both: a Replace the budget holds keeps its slot (see
-	// docs/disruption.md), which with one slot could keep the broken
-	// Machine waiting behind it.
-	hc.Spec.Remediation.MaxInFlight = percent("100%")
+	// One slot: the Machine in service, found unhealthy first, must not
+	// keep it while the budget holds it.
+	hc.Spec.Remediation.MaxInFlight = ptr.To(intstr.FromInt32(1))
 	// Unhealthy by a condition a node problem detector would set, while
 	// the Node stays Ready: the Machine is still in service.
 	hc.Spec.UnhealthyNodeConditions = append(hc.Spec.UnhealthyNodeConditions,
@@ -57,6 +58,11 @@ func TestReplaceWaitsForTheBudgetUnlessTheMachineIsDown(t *testing.T) {
 	if err := env.Client.Status().Update(ctx, node); err != nil {
 		t.Fatal(err)
 	}
+	waitFor(t, "the Machine in service held by the budget", func() bool {
+		get(t, &up)
+		rem := up.Status.Remediation
+		return rem != nil && strings.HasPrefix(rem.Message, "waiting: MachineDisruptionBudget workers allows no more disruptions")
+	})
 	if err := controllers.Provider.Break(dead.Status.ProviderID); err != nil {
 		t.Fatal(err)
 	}
@@ -69,16 +75,40 @@ func TestReplaceWaitsForTheBudgetUnlessTheMachineIsDown(t *testing.T) {
 		}
 		return true
 	})
-	held := events(t, ns, "DisruptionHeld", 1)
-	if len(held) == 0 || !strings.Contains(held[0].Note, "not replacing Machine "+up.Name+" yet: MachineDisruptionBudget workers allows no more disruptions") {
-		t.Fatalf("want a DisruptionHeld Event for %s, got %+v", up.Name, held)
+	// Said when each hold begins: once before the broken Machine took the
+	// slot, and once after it was replaced; not on every look, which
+	// comes every 10 s while the budget is spent.
+	waitFor(t, "the hold said again once the slot is free", func() bool {
+		get(t, &up)
+		return strings.HasPrefix(up.Status.Remediation.Message, "waiting: MachineDisruptionBudget workers")
+	})
+	said := func() int {
+		held := events(t, ns, "DisruptionHeld", 1)
+		for _, e := range held {
+			if !strings.Contains(e.Note, "not starting the remediation of Machine "+up.Name+" yet: MachineDisruptionBudget workers allows no more disruptions") {
+				t.Fatalf("a DisruptionHeld Event about something else: %s", e.Note)
+			}
+			if e.Series != nil {
+				t.Fatalf("a hold said %d times: %s", e.Series.Count, e.Note)
+			}
+		}
+		return len(held)
+	}
+	n := said()
+	if n < 1 || n > 2 {
+		t.Fatalf("%d DisruptionHeld Events, want one per hold (1 or 2)", n)
+	}
+	for deadline := time.Now().Add(12 * time.Second); time.Now().Before(deadline); time.Sleep(time.Second) {
+		if m := said(); m != n {
+			t.Fatalf("a DisruptionHeld Event per look: %d, then %d", n, m)
+		}
 	}
 	get(t, &up)
 	if !up.DeletionTimestamp.IsZero() {
 		t.Fatal("the Machine in service was deleted although the budget allows nothing")
 	}
-	if up.Status.Remediation == nil || up.Status.Remediation.Phase != machinistv1.RemediationReplacing {
-		t.Errorf("the held Machine's remediation is %+v, want Replacing", up.Status.Remediation)
+	if rem := up.Status.Remediation; rem == nil || rem.Phase != machinistv1.RemediationUnhealthy {
+		t.Errorf("the held Machine's remediation is %+v, want Unhealthy: no rung started", rem)
 	}
 
 	// The budget allows one: the held replacement goes ahead.

@@ -52,6 +52,9 @@ type Reconciler struct {
 	NodeGrace time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Calendar is the clock the disruption budgets are asked on: their
+	// windows open and close on it. Nil means time.Now.
+	Calendar func() time.Time
 
 	// writes and checkWrites keep a pass from acting on a cached Machine,
 	// or health check, older than its own last write to it.
@@ -126,6 +129,9 @@ type pass struct {
 	slots int
 	// held says why no remediation may start ("" when they may).
 	held string
+	// allows asks the disruption budgets whether a remediation of a
+	// Machine may start now, recording nothing: nil when they allow it.
+	allows func(*machinistv1.Machine) (*disruption.Refusal, error)
 }
 
 func (p *pass) after(t time.Time) { p.recheck = earliest(p.recheck, t) }
@@ -184,6 +190,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, err
 	}
 	p := &pass{hc: hc, ladder: hc.Spec.Remediation.Ladder, now: r.now()}
+	p.allows = func(m *machinistv1.Machine) (*disruption.Refusal, error) { return r.allows(ctx, hc, m) }
 	checks, tr := checksOf(&hc.Spec), r.trust()
 	var targets []*target
 	for i := range list.Items {
@@ -321,6 +328,17 @@ func (r *Reconciler) inFlight(hc *machinistv1.MachineHealthCheck, all []machinis
 // it is to be replaced: the rung is on record before the Machine goes.
 func (r *Reconciler) write(ctx context.Context, p *pass, t *target) error {
 	m := t.m
+	// A Replacing Machine is deleted after its rung is stored, and again
+	// by a later pass if the manager stopped between the two; the budgets
+	// are asked first, so that a hold is stored (and said) once.
+	replace := mine(m, p.hc) && m.Status.Remediation.Phase == machinistv1.RemediationReplacing
+	held := false
+	if replace {
+		var err error
+		if held, err = r.holdReplace(ctx, p, t); err != nil {
+			return err
+		}
+	}
 	setCondition(m, t.v, p)
 	setRemediating(m)
 	if !equality.Semantic.DeepEqual(t.before, &m.Status) {
@@ -337,12 +355,7 @@ func (r *Reconciler) write(ctx context.Context, p *pass, t *target) error {
 	if r.Metrics != nil {
 		r.Metrics.record(t.counts, t.healed)
 	}
-	// A Replacing Machine is deleted after its rung is stored, and again
-	// by a later pass if the manager stopped between the two.
-	if mine(m, p.hc) && m.Status.Remediation.Phase == machinistv1.RemediationReplacing {
-		if held, err := r.holdReplace(ctx, p, m); err != nil || held {
-			return err
-		}
+	if replace && !held {
 		uid := m.UID
 		if err := r.Client.Delete(ctx, m, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil {
 			return err
@@ -352,26 +365,46 @@ func (r *Reconciler) write(ctx context.Context, p *pass, t *target) error {
 	return nil
 }
 
-// holdReplace asks the disruption budgets before a Replace rung deletes m
-// (reason Remediation). A Machine that is down passes any budget: a dead
-// machine is not a disruption. One that is still up waits, with an Event,
-// until the budget admits it; the rung stays Replacing meanwhile.
-func (r *Reconciler) holdReplace(ctx context.Context, p *pass, m *machinistv1.Machine) (bool, error) {
+// holdReplace asks the disruption budgets before a Replace rung deletes
+// its Machine (reason Remediation), and records the disruption when they
+// admit it. A Machine that is down passes any budget: a dead machine is
+// not a disruption. The first rung was asked before it started (see
+// start), so a hold here is a later rung's, or a race with another actor:
+// the rung stays Replacing and says why in its message, with one Event
+// when the hold begins, not one per look.
+func (r *Reconciler) holdReplace(ctx context.Context, p *pass, t *target) (bool, error) {
 	if r.APIReader == nil {
 		return false, nil
 	}
+	m, rem := t.m, t.m.Status.Remediation
 	store := disruption.Store{Budgets: r.APIReader, Machines: r.Client, Status: r.Client}
 	req := disruption.Request{Machine: m, Reason: machinistv1.DisruptionRemediation, By: RequestedBy(p.hc.Name)}
-	err := store.Admit(ctx, req, p.now)
+	err := store.Admit(ctx, req, disruption.At(r.Calendar))
 	refusal, refused := disruption.AsRefusal(err)
 	if !refused {
 		return false, err
 	}
-	if r.Recorder != nil {
-		r.Recorder.Eventf(m, p.hc, corev1.EventTypeNormal, "DisruptionHeld", "Remediate", "not replacing Machine %s yet: %s", m.Name, refusal.Message)
+	if !heldBy(rem.Message, refusal) {
+		t.note(corev1.EventTypeNormal, reasonDisruptionHeld, "not replacing Machine %s yet: %s", m.Name, refusal.Message)
 	}
+	rem.Message = fmt.Sprintf("rung %d of %d (%s) waits: %s", rem.Rung+1, len(p.ladder), rem.Action, refusal.Message)
 	p.after(p.now.Add(refusal.RetryAfter))
 	return true, nil
+}
+
+// allows asks the disruption budgets, recording nothing, whether a
+// remediation of m may start now: nil when they allow it.
+func (r *Reconciler) allows(ctx context.Context, hc *machinistv1.MachineHealthCheck, m *machinistv1.Machine) (*disruption.Refusal, error) {
+	if r.APIReader == nil {
+		return nil, nil
+	}
+	store := disruption.Store{Budgets: r.APIReader, Machines: r.Client, Status: r.Client}
+	req := disruption.Request{Machine: m, Reason: machinistv1.DisruptionRemediation, By: RequestedBy(hc.Name)}
+	err := store.Allows(ctx, req, disruption.At(r.Calendar))
+	if refusal, ok := disruption.AsRefusal(err); ok {
+		return refusal, nil
+	}
+	return nil, err
 }
 
 // setCondition keeps the Machine's HealthCheckSucceeded condition in step

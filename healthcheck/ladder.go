@@ -2,6 +2,7 @@ package healthcheck
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -9,6 +10,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/lifecycle"
 )
 
@@ -21,6 +23,9 @@ const (
 	reasonSkipped   = "RemediationSkipped"
 	reasonExhausted = "RemediationExhausted"
 	reasonHealed    = "MachineHealthy"
+	// reasonDisruptionHeld is a remediation a disruption budget does not
+	// allow yet.
+	reasonDisruptionHeld = "DisruptionHeld"
 )
 
 // Outcomes of a rung, for the metrics.
@@ -113,6 +118,21 @@ func (r *Reconciler) start(p *pass, t *target) error {
 	}
 	if p.slots <= 0 {
 		rem.Message = fmt.Sprintf("waiting for a free slot: maxInFlight (%s) remediations are in flight", inFlightLimit(p.hc))
+		return nil
+	}
+	// Asked before a slot is taken: a rung the budgets would only hold
+	// must not keep a Machine they would let through (a dead one) waiting.
+	refusal, err := p.allows(t.m)
+	if err != nil {
+		return err
+	}
+	if refusal != nil {
+		msg := "waiting: " + refusal.Message
+		if !heldBy(rem.Message, refusal) {
+			t.note(corev1.EventTypeNormal, reasonDisruptionHeld, "not starting the remediation of Machine %s yet: %s", t.m.Name, refusal.Message)
+		}
+		rem.Message = msg
+		p.after(p.now.Add(refusal.RetryAfter))
 		return nil
 	}
 	p.slots--
@@ -296,4 +316,12 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n-3] + "..."
+}
+
+// heldBy reports whether a remediation's message already says that the
+// budget of refusal holds it: a hold is said by one Event when it begins,
+// not again each time the budget's counts in the message change.
+func heldBy(message string, refusal *disruption.Refusal) bool {
+	return strings.Contains(message, "waits: MachineDisruptionBudget "+refusal.Budget+" ") ||
+		strings.HasPrefix(message, "waiting: MachineDisruptionBudget "+refusal.Budget+" ")
 }

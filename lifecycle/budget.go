@@ -30,7 +30,7 @@ func (r *Reconciler) holdForBudget(ctx context.Context, s *step, op *machinistv1
 	store := disruption.Store{Budgets: r.APIReader, Machines: r.Client, Status: r.Client}
 	req := disruption.Request{Machine: s.m, Reason: disruptionReason(op), OperationID: op.ID, By: op.RequestedBy,
 		Override: op.Options != nil && op.Options.OverrideDisruptionBudgets}
-	err := store.Admit(ctx, req, s.now)
+	err := store.Admit(ctx, req, disruption.At(r.Calendar))
 	refusal, refused := disruption.AsRefusal(err)
 	if !refused {
 		return false, err

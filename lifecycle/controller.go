@@ -73,6 +73,9 @@ type Reconciler struct {
 	APIReader client.Reader
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Calendar is the clock the disruption budgets are asked on: their
+	// windows open and close on it. Nil means time.Now.
+	Calendar func() time.Time
 
 	// writes keeps a reconcile from acting on a cached Machine older
 	// than its own last write.

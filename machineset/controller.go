@@ -77,6 +77,9 @@ type Reconciler struct {
 	StatusInterval time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Calendar is the clock the disruption budgets are asked on: their
+	// windows open and close on it. Nil means time.Now.
+	Calendar func() time.Time
 
 	once         sync.Once
 	expectations *expectations
@@ -308,7 +311,7 @@ func (r *Reconciler) admitted(ctx context.Context, ms *machinistv1.MachineSet, v
 			continue
 		}
 		req := disruption.Request{Machine: m, Reason: machinistv1.DisruptionRollout, By: "machinedeployment/" + md}
-		err := store.Admit(ctx, req, r.Now())
+		err := store.Admit(ctx, req, disruption.At(r.Calendar))
 		if refusal, ok := disruption.AsRefusal(err); ok {
 			return victims[:i], refusal, nil
 		}

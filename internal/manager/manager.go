@@ -79,8 +79,10 @@ type Options struct {
 	// against a Machine in a health check; zero means 40s, a kubelet's
 	// Lease duration.
 	NodeGrace time.Duration
-	// Now is the clock of the controllers that keep calendars (the
-	// disruption budgets' windows); time.Now when nil. Tests move it.
+	// Now is the calendar: the clock the disruption budgets' windows
+	// open and close on, for every controller that asks them and for the
+	// budgets' own status. time.Now when nil. Tests move it to open a
+	// window; each controller's timeouts keep the real clock.
 	Now func() time.Time
 }
 
@@ -120,7 +122,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	if err := awaitAPI(ctx, kube, health); err != nil {
 		return nil, err
 	}
-	checks := &healthcheck.Reconciler{NodeGrace: opts.NodeGrace}
+	checks := &healthcheck.Reconciler{NodeGrace: opts.NodeGrace, Calendar: opts.Now}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: scheme,
 		// A watch that failed may mean the API server was out of reach:
@@ -174,6 +176,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 		DrainPoll:        opts.DrainPoll,
 		OperationTimeout: opts.OperationTimeout,
 		APIReader:        mgr.GetAPIReader(),
+		Calendar:         opts.Now,
 	}
 	if err := machines.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineWorkers, 16), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err
@@ -182,6 +185,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 		Client:    mgr.GetClient(),
 		APIReader: mgr.GetAPIReader(),
 		Recorder:  mgr.GetEventRecorder("machinist-machineset"),
+		Calendar:  opts.Now,
 	}
 	if err := sets.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err
@@ -196,6 +200,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 		Transitions: rollouts,
 		Actuators:   opts.Actuators,
 		APIReader:   mgr.GetAPIReader(),
+		Calendar:    opts.Now,
 	}
 	if err := deployments.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err
