@@ -60,7 +60,7 @@ var _ = BeforeSuite(func() {
 	ctrl.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
 	var stop func() error
 	var err error
-	env, controllers, stop, err = testenv.StartWithServedControllers(manager.Options{ProvisionTimeout: 5 * time.Minute, Now: calendar.Now},
+	env, controllers, stop, err = testenv.StartWithServedControllers(manager.Options{ProvisionTimeout: 5 * time.Minute, Now: calendar.Now, DriftDelay: 2 * time.Second},
 		testenv.Leases{DurationSeconds: 20, RenewInterval: 5 * time.Second})
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(stop)

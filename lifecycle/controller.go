@@ -76,6 +76,10 @@ type Reconciler struct {
 	// Calendar is the clock the disruption budgets are asked on: their
 	// windows open and close on it. Nil means time.Now.
 	Calendar func() time.Time
+	// DriftDelay is how long after a template changes its Machines'
+	// Drifted conditions are brought up to date; zero means
+	// DefaultDriftDelay.
+	DriftDelay time.Duration
 
 	// writes keeps a reconcile from acting on a cached Machine older
 	// than its own last write.
@@ -129,6 +133,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 			builder.WithPredicates(nodeChanged())).
 		Watches(&machinistv1.MachineClass{}, handler.EnqueueRequestsFromMapFunc(r.machinesForClass),
 			builder.WithPredicates(classChanged())).
+		Watches(&machinistv1.MachineSet{}, r.templateChanged()).
+		Watches(&machinistv1.MachineDeployment{}, r.templateChanged()).
 		WithOptions(opts).
 		Named("machine").
 		Complete(r)
@@ -249,6 +255,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	var err error
 	if m.DeletionTimestamp.IsZero() {
 		err = r.reconcileLive(ctx, s)
+		if !s.gone {
+			err = errors.Join(err, r.setDrift(ctx, m))
+		}
 	} else {
 		err = r.reconcileDelete(ctx, s)
 	}

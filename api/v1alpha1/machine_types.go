@@ -135,6 +135,11 @@ const (
 	ConditionNodeHealthy = "NodeHealthy"
 	// ConditionDrained reports the drain in progress or its outcome.
 	ConditionDrained = "Drained"
+	// ConditionDrifted is True while the Machine's spec differs from the
+	// template it should follow: its MachineDeployment's current one, or
+	// its MachineSet's when no MachineDeployment owns the set. A Machine
+	// of neither has no such condition.
+	ConditionDrifted = "Drifted"
 )
 
 // Transition records one move of the lifecycle state machine.
@@ -353,6 +358,7 @@ type MachineStatus struct {
 // +kubebuilder:printcolumn:name="Version",type=string,JSONPath=`.spec.version`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:printcolumn:name="ProviderID",type=string,JSONPath=`.status.providerID`,priority=1
+// +kubebuilder:printcolumn:name="Drifted",type=string,JSONPath=`.status.conditions[?(@.type=="Drifted")].status`,priority=1
 // +kubebuilder:printcolumn:name="Message",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].message`,priority=1
 type Machine struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -79,6 +79,10 @@ type Options struct {
 	// against a Machine in a health check; zero means 40s, a kubelet's
 	// Lease duration.
 	NodeGrace time.Duration
+	// DriftDelay is how long after a template changes its Machines'
+	// Drifted conditions are brought up to date; zero means
+	// lifecycle.DefaultDriftDelay.
+	DriftDelay time.Duration
 	// Now is the calendar: the clock the disruption budgets' windows
 	// open and close on, for every controller that asks them and for the
 	// budgets' own status. time.Now when nil. Tests move it to open a
@@ -177,6 +181,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 		OperationTimeout: opts.OperationTimeout,
 		APIReader:        mgr.GetAPIReader(),
 		Calendar:         opts.Now,
+		DriftDelay:       opts.DriftDelay,
 	}
 	if err := machines.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineWorkers, 16), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err

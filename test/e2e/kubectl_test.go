@@ -98,6 +98,9 @@ var _ = Describe("kubectl", func() {
 			Conditions: []metav1.Condition{{
 				Type: machinistv1.ConditionReady, Status: metav1.ConditionFalse, Reason: "NodeLeaseExpired",
 				Message: "Node node-0's kubelet has not renewed its Lease", LastTransitionTime: metav1.Now(),
+			}, {
+				Type: machinistv1.ConditionDrifted, Status: metav1.ConditionTrue, Reason: "TemplateChanged",
+				Message: "the spec differs from MachineSet workers's template: version v1.37.2, template v1.37.3", LastTransitionTime: metav1.Now(),
 			}},
 		}
 		Expect(k8s.Status().Update(ctx, m)).To(Succeed())
@@ -114,12 +117,12 @@ var _ = Describe("kubectl", func() {
 		Expect(tables[0][0]).To(Equal([]string{"NAME", "PHASE", "READY", "REASON", "NODE", "VERSION", "AGE"}))
 		Expect(tables[0][1][:6]).To(Equal([]string{"machine.machinist.dev/worker-0", "Running", "False", "NodeLeaseExpired", "node-0", "v1.37.2"}))
 
-		By("showing the providerID and the reason's message with -o wide")
+		By("showing the providerID, whether it drifted and the reason's message with -o wide")
 		wide, err := env.Kubectl(ctx, "-n", ns, "get", "ma", "-o", "wide")
 		Expect(err).NotTo(HaveOccurred())
 		lines := strings.Split(strings.TrimSpace(wide), "\n")
-		Expect(strings.Fields(lines[0])).To(Equal([]string{"NAME", "PHASE", "READY", "REASON", "NODE", "VERSION", "AGE", "PROVIDERID", "MESSAGE"}))
-		Expect(lines[1]).To(ContainSubstring("inmemory:///worker-0"))
+		Expect(strings.Fields(lines[0])).To(Equal([]string{"NAME", "PHASE", "READY", "REASON", "NODE", "VERSION", "AGE", "PROVIDERID", "DRIFTED", "MESSAGE"}))
+		Expect(lines[1]).To(ContainSubstring("inmemory:///worker-0   True "))
 		Expect(lines[1]).To(HaveSuffix("Node node-0's kubelet has not renewed its Lease"))
 
 		Expect(tables[1][0]).To(Equal([]string{"NAME", "DESIRED", "CURRENT", "READY", "AVAILABLE", "AGE"}))
