@@ -36,7 +36,9 @@ var machinistResources = []string{
 func TestSettledFleetWritesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	e, _, stop, err := testenv.StartWithControllers(manager.Options{MachineWorkers: 4}, testenv.Leases{})
+	// Drift shown a second after a template changes, not 30 s: the paused
+	// deployment's Machines say so before the fleet is at rest.
+	e, _, stop, err := testenv.StartWithControllers(manager.Options{MachineWorkers: 4, DriftDelay: time.Second}, testenv.Leases{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,6 +82,18 @@ func TestSettledFleetWritesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 30*time.Second, "the paused deployment Paused", func() bool { return phaseOf(paused) == machinistv1.RolloutPaused })
+	waitFor(t, 30*time.Second, "the paused deployment's Machines Drifted", func() bool {
+		var list machinistv1.MachineList
+		if err := c.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels(paused.Spec.Selector.MatchLabels)); err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range list.Items {
+			if !meta.IsStatusConditionTrue(m.Status.Conditions, machinistv1.ConditionDrifted) {
+				return false
+			}
+		}
+		return len(list.Items) == 2
+	})
 	waitFor(t, 30*time.Second, "the failed Machine Failed", func() bool { return get(t, c, failed).Status.Phase == machinistv1.MachineFailed })
 
 	// A drain held by a PodDisruptionBudget: a pod on the held Machine's
