@@ -302,9 +302,12 @@ func translateRefusal(err error, name string) error {
 	tooMany.ErrStatus.Details.Name = name
 	tooMany.ErrStatus.Details.Group = machinesResource.Group
 	tooMany.ErrStatus.Details.Kind = machinesResource.Resource
-	tooMany.ErrStatus.Details.Causes = []metav1.StatusCause{{
-		Type: "DisruptionBudget", Message: r.Message, Field: "machinedisruptionbudget/" + r.Budget,
-	}}
+	if r.Budget != "" {
+		// None when the budgets were only too busy to decide.
+		tooMany.ErrStatus.Details.Causes = []metav1.StatusCause{{
+			Type: "DisruptionBudget", Message: r.Message, Field: "machinedisruptionbudget/" + r.Budget,
+		}}
+	}
 	return tooMany
 }
 

@@ -68,8 +68,8 @@ type Reconciler struct {
 	// windows open and close on it. Nil means time.Now.
 	Calendar func() time.Time
 
-	// expiryHolds remembers, by MachineDeployment UID, which expired
-	// Machine and budget a hold was last said for.
+	// expiryHolds remembers, by MachineDeployment UID, which budget an
+	// expiry's hold was last said for.
 	expiryHolds sync.Map
 }
 

@@ -57,7 +57,10 @@ func (r *Reconciler) expire(ctx context.Context, md *machinistv1.MachineDeployme
 			if next.IsZero() || at.Before(next) {
 				next = at
 			}
-		case expired == nil || m.CreationTimestamp.Before(&expired.CreationTimestamp):
+		case expired == nil || m.CreationTimestamp.Before(&expired.CreationTimestamp) ||
+			// Created in the same second: by name, so that each look
+			// picks the same one.
+			m.CreationTimestamp.Equal(&expired.CreationTimestamp) && m.Name < expired.Name:
 			expired = m
 		}
 	}
@@ -72,13 +75,13 @@ func (r *Reconciler) expire(ctx context.Context, md *machinistv1.MachineDeployme
 		return busyRetry, nil
 	}
 	if r.APIReader != nil {
-		store := disruption.Store{Budgets: r.APIReader, Machines: r.Client, Status: r.Client}
+		store := disruption.Cached(r.APIReader, r.Client)
 		req := disruption.Request{Machine: expired, Reason: machinistv1.DisruptionExpiry, By: "machinedeployment/" + md.Name}
 		err := store.Admit(ctx, req, disruption.At(r.Calendar))
 		if refusal, ok := disruption.AsRefusal(err); ok {
 			// Said when the hold begins, not on every look while the
 			// budget is spent; a restarted manager says it once more.
-			hold := expired.Name + "/" + refusal.Budget
+			hold := refusal.Budget
 			if last, ok := r.expiryHolds.Swap(md.UID, hold); !ok || last != hold {
 				r.event(md, corev1.EventTypeNormal, ReasonDisruptionHeld, "Expire", "not replacing expired Machine %s yet: %s", expired.Name, refusal.Message)
 			}

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -34,7 +36,8 @@ type Request struct {
 
 // Refusal is a disruption a budget does not allow now. It is an error.
 type Refusal struct {
-	// Budget is the refusing MachineDisruptionBudget's name.
+	// Budget is the refusing MachineDisruptionBudget's name; empty when
+	// the budgets were too busy with other writers to decide.
 	Budget string
 	// RetryAfter is when asking again may succeed: when its window
 	// opens, or a short while when the budget is spent.
@@ -56,9 +59,34 @@ func AsRefusal(err error) (*Refusal, bool) {
 // minutes, and a client asking once in a while is cheap.
 const spentRetry = 10 * time.Second
 
-// admitAttempts bounds the retries when another actor wrote a budget
-// between reading and writing it.
-const admitAttempts = 8
+// contention is how Admit retries when another process wrote a budget
+// between its read and its write (actors in one process take turns, see
+// take): spread out, as the Eviction API retries a PodDisruptionBudget,
+// and bounded, a little over 2 s in all.
+var contention = wait.Backoff{Duration: 10 * time.Millisecond, Factor: 2, Jitter: 1, Steps: 9, Cap: 500 * time.Millisecond}
+
+// busyRetry is the Retry-After of a request that lost every retry to
+// other writers of its budgets.
+const busyRetry = time.Second
+
+// turns holds, per namespace, the turn of this process's actors to decide
+// and record a disruption there: without it, actors of one process
+// deciding at once would all read the same budget and all but one lose
+// the conditional write, again and again (a hundred reboots at once lost
+// three in four). Across processes the conditional write still decides.
+var turns sync.Map // namespace -> chan struct{}, holding one token when taken
+
+// take waits for the turn of namespace ns, and returns its release.
+func take(ctx context.Context, ns string) (func(), error) {
+	v, _ := turns.LoadOrStore(ns, make(chan struct{}, 1))
+	turn := v.(chan struct{})
+	select {
+	case turn <- struct{}{}:
+		return func() { <-turn }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
 
 // Store is where Admit reads and writes.
 type Store struct {
@@ -74,6 +102,12 @@ type Store struct {
 	Machines client.Reader
 	// Status writes the budgets' status.
 	Status client.StatusClient
+	// Cache, when set, is a cache of the budgets looked at first: when it
+	// holds none that applies, the request is admitted without a read of
+	// the API server, which otherwise every disruption pays, budgets or
+	// not. A budget created a moment ago and not yet in the cache does not
+	// hold that disruption, as if it had been created a moment later.
+	Cache client.Reader
 }
 
 // At reads calendar, the clock the budgets are asked on (their windows
@@ -85,6 +119,13 @@ func At(calendar func() time.Time) time.Time {
 		return time.Now()
 	}
 	return calendar()
+}
+
+// Cached is a controller's Store: c, its cache-backed client, reads the
+// Machines and writes the budgets' status, and is looked at first for
+// budgets, which api, reading past the cache, then lists when one applies.
+func Cached(api client.Reader, c client.Client) Store {
+	return Store{Budgets: api, Machines: c, Status: c, Cache: c}
 }
 
 // Direct is a Store that reads and writes through c alone, for a caller
@@ -100,15 +141,32 @@ func Direct(c client.Client) Store { return Store{Budgets: c, Machines: c, Statu
 // disrupted) is admitted whatever the budget's allowance or windows: a
 // dead machine is not a disruption. A request already recorded (the same
 // Machine and operation) is admitted again without a write.
+//
+// Contention is not an error: a request that keeps losing the write of
+// its budgets to other processes is refused for busyRetry, so that the
+// verbs answer 429 and a controller looks again soon.
 func (s Store) Admit(ctx context.Context, req Request, now time.Time) error {
 	var err error
-	for range admitAttempts {
-		if err = s.admit(ctx, req, now); !apierrors.IsConflict(err) {
+	backoff := contention
+	for backoff.Steps > 0 {
+		release, terr := take(ctx, req.Machine.Namespace)
+		if terr != nil {
+			return terr
+		}
+		err = s.admit(ctx, req, now)
+		release()
+		if !apierrors.IsConflict(err) {
 			return err
 		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff.Step()):
+		}
 	}
-	return fmt.Errorf("admitting the %s of Machine %s/%s: budgets kept changing: %w",
-		strings.ToLower(string(req.Reason)), req.Machine.Namespace, req.Machine.Name, err)
+	return &Refusal{RetryAfter: busyRetry, Message: fmt.Sprintf(
+		"the disruption budgets of namespace %s are busy: the %s of Machine %s/%s lost %d writes in a row to other writers; try again",
+		req.Machine.Namespace, strings.ToLower(string(req.Reason)), req.Machine.Namespace, req.Machine.Name, contention.Steps)}
 }
 
 // Allows decides as Admit does, without recording anything: for an actor
@@ -148,23 +206,15 @@ func (s Store) admit(ctx context.Context, req Request, now time.Time) error {
 // returns the refusal of the one that holds out longest, if any refuses.
 func (s Store) decide(ctx context.Context, req Request, now time.Time) ([]*machinistv1.MachineDisruptionBudget, []State, error) {
 	m := req.Machine
-	var budgets machinistv1.MachineDisruptionBudgetList
-	if err := s.Budgets.List(ctx, &budgets, client.InNamespace(m.Namespace)); err != nil {
-		return nil, nil, err
-	}
-	var applicable []*machinistv1.MachineDisruptionBudget
-	for i := range budgets.Items {
-		b := &budgets.Items[i]
-		ok, err := Selects(b, m)
-		if err != nil {
+	if s.Cache != nil {
+		cached, err := applying(ctx, s.Cache, req)
+		if err != nil || len(cached) == 0 {
 			return nil, nil, err
 		}
-		if ok && Covers(b, req.Reason) {
-			applicable = append(applicable, b)
-		}
 	}
-	if len(applicable) == 0 {
-		return nil, nil, nil
+	applicable, err := applying(ctx, s.Budgets, req)
+	if err != nil || len(applicable) == 0 {
+		return nil, nil, err
 	}
 	var machines machinistv1.MachineList
 	if err := s.Machines.List(ctx, &machines, client.InNamespace(m.Namespace)); err != nil {
@@ -191,6 +241,27 @@ func (s Store) decide(ctx context.Context, req Request, now time.Time) ([]*machi
 		return nil, nil, refusals[0]
 	}
 	return applicable, states, nil
+}
+
+// applying lists through r the budgets of req's namespace that select its
+// Machine and cover its reason.
+func applying(ctx context.Context, r client.Reader, req Request) ([]*machinistv1.MachineDisruptionBudget, error) {
+	var budgets machinistv1.MachineDisruptionBudgetList
+	if err := r.List(ctx, &budgets, client.InNamespace(req.Machine.Namespace)); err != nil {
+		return nil, err
+	}
+	var out []*machinistv1.MachineDisruptionBudget
+	for i := range budgets.Items {
+		b := &budgets.Items[i]
+		ok, err := Selects(b, req.Machine)
+		if err != nil {
+			return nil, err
+		}
+		if ok && Covers(b, req.Reason) {
+			out = append(out, b)
+		}
+	}
+	return out, nil
 }
 
 // recorded reports whether b already holds entry's disruption: the same

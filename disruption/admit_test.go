@@ -2,12 +2,15 @@ package disruption_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -210,7 +213,9 @@ func TestTheControllerKeepsTheStatusAndEndsDisruptions(t *testing.T) {
 		t.Fatal(err)
 	}
 	skip := true
-	r := &disruption.Reconciler{Client: mgr.GetClient(), Now: now}
+	// Writes as often as asked: the test reconciles by hand and reads what
+	// each reconcile wrote.
+	r := &disruption.Reconciler{Client: mgr.GetClient(), Now: now, StatusInterval: -1}
 	if err := r.SetupWithManager(mgr, controller.Options{SkipNameValidation: &skip}); err != nil {
 		t.Fatal(err)
 	}
@@ -326,5 +331,114 @@ func TestTheControllerKeepsTheStatusAndEndsDisruptions(t *testing.T) {
 	res = reconcileNow()
 	if want := closed.Truncate(time.Minute).Sub(now()) + time.Second; res.RequeueAfter != want {
 		t.Errorf("RequeueAfter = %s, want %s: when the window opens", res.RequeueAfter, want)
+	}
+}
+
+// countingReader passes reads to a client and counts the lists of budgets.
+type countingReader struct {
+	client.Reader
+	lists int
+}
+
+func (c *countingReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if _, ok := list.(*machinistv1.MachineDisruptionBudgetList); ok {
+		c.lists++
+	}
+	return c.Reader.List(ctx, list, opts...)
+}
+
+// A Store with a cache reads past it only when the cache holds a budget
+// that applies: a disruption no budget covers costs no read of the API
+// server, and one a budget covers is decided on the API server's copy.
+func TestACacheSparesTheReadWhenNoBudgetApplies(t *testing.T) {
+	ns := namespace(t)
+	ms := pool(t, ns, "a", 2)
+	ctx := context.Background()
+	api := &countingReader{Reader: env.Client}
+	store := disruption.Store{Budgets: api, Machines: env.Client, Status: env.Client, Cache: env.Client}
+	if err := store.Admit(ctx, reboot(ms[0], "x"), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if api.lists != 0 {
+		t.Fatalf("%d lists past the cache with no budget in it, want 0", api.lists)
+	}
+	newBudget(t, ns, "none", map[string]string{"pool": "a"}, intstr.FromInt32(0))
+	if _, ok := disruption.AsRefusal(store.Admit(ctx, reboot(ms[1], "y"), time.Now())); !ok {
+		t.Fatal("a budget of 0 in the cache admitted a reboot")
+	}
+	if api.lists != 1 {
+		t.Fatalf("%d lists past the cache with a budget in it, want 1", api.lists)
+	}
+	// A budget that the cache does not hold yet (here: a cache that never
+	// will) holds nothing back.
+	blind := disruption.Store{Budgets: api, Machines: env.Client, Status: env.Client, Cache: emptyBudgets{env.Client}}
+	if err := blind.Admit(ctx, reboot(ms[1], "z"), time.Now()); err != nil {
+		t.Fatalf("with no budget in the cache: %v", err)
+	}
+}
+
+// emptyBudgets is a cache that has not seen any budget yet.
+type emptyBudgets struct{ client.Reader }
+
+func (e emptyBudgets) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if _, ok := list.(*machinistv1.MachineDisruptionBudgetList); ok {
+		return nil
+	}
+	return e.Reader.List(ctx, list, opts...)
+}
+
+// Fifty reboots asked at once in one process under one budget are all
+// admitted and recorded: the askers take turns rather than lose the
+// budget's write to each other.
+func TestManyAtOnceAreAllAdmitted(t *testing.T) {
+	ns := namespace(t)
+	ms := pool(t, ns, "a", 50)
+	newBudget(t, ns, "all", map[string]string{"pool": "a"}, intstr.FromString("100%"))
+	ctx := context.Background()
+	errs := make(chan error, len(ms))
+	var wg sync.WaitGroup
+	for i, m := range ms {
+		wg.Go(func() {
+			errs <- disruption.Direct(env.Client).Admit(ctx, reboot(m, fmt.Sprintf("op%d", i)), time.Now())
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var b machinistv1.MachineDisruptionBudget
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "all"}, &b); err != nil {
+		t.Fatal(err)
+	}
+	if len(b.Status.Disruptions) != len(ms) {
+		t.Fatalf("%d disruptions recorded, want %d", len(b.Status.Disruptions), len(ms))
+	}
+}
+
+// conflicting writes nothing and answers every write with a conflict, as
+// if another process always wrote the budget first.
+type conflicting struct{ client.StatusClient }
+
+func (conflicting) Status() client.SubResourceWriter { return conflictingWriter{} }
+
+type conflictingWriter struct{ client.SubResourceWriter }
+
+func (conflictingWriter) Update(context.Context, client.Object, ...client.SubResourceUpdateOption) error {
+	return apierrors.NewConflict(machinistv1.GroupVersion.WithResource("machinedisruptionbudgets").GroupResource(), "all", errors.New("written by another"))
+}
+
+// A request that loses every write to other writers is refused, briefly,
+// not failed: the verbs answer 429, not 500.
+func TestContentionIsARefusal(t *testing.T) {
+	ns := namespace(t)
+	ms := pool(t, ns, "a", 1)
+	newBudget(t, ns, "all", map[string]string{"pool": "a"}, intstr.FromString("100%"))
+	store := disruption.Store{Budgets: env.Client, Machines: env.Client, Status: conflicting{}}
+	r, ok := disruption.AsRefusal(store.Admit(context.Background(), reboot(ms[0], "x"), time.Now()))
+	if !ok || r.RetryAfter != time.Second || r.Budget != "" || !strings.Contains(r.Message, "are busy") {
+		t.Fatalf("got %+v, want a refusal for 1s saying the budgets are busy", r)
 	}
 }

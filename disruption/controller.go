@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -14,7 +15,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -41,6 +44,15 @@ type Reconciler struct {
 	// Now is the clock; time.Now when nil. Tests move it to open and
 	// close windows.
 	Now func() time.Time
+	// StatusInterval is the shortest time between two status writes of one
+	// budget whose spec did not change; zero means 1s, a negative value
+	// writes every change at once. Its counts follow
+	// every Machine it selects, and each write would contend with Admit's
+	// records for the same object: a hundred reboots at once cost a
+	// hundred writes of counts, each a conflict for an admission.
+	StatusInterval time.Duration
+
+	lastWrite sync.Map // budget key -> time of its last status write
 }
 
 // SetupWithManager registers the controller: a budget is looked at when
@@ -93,6 +105,9 @@ func (r *Reconciler) now() time.Time {
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	b := &machinistv1.MachineDisruptionBudget{}
 	if err := r.Client.Get(ctx, req.NamespacedName, b); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.lastWrite.Delete(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	var machines machinistv1.MachineList
@@ -115,6 +130,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		fill(b, st, st.Disruptions, st.Disrupted, now)
 	}
 	if !equality.Semantic.DeepEqual(before, &b.Status) {
+		if wait := r.untilNextWrite(req.NamespacedName); wait > 0 && before.ObservedGeneration == b.Generation {
+			return ctrl.Result{RequeueAfter: wait}, nil
+		}
 		if err := r.Client.Status().Update(ctx, b); err != nil {
 			if apierrors.IsConflict(err) {
 				// Admit recorded a disruption meanwhile: look again.
@@ -122,11 +140,26 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			}
 			return ctrl.Result{}, err
 		}
+		r.lastWrite.Store(req.NamespacedName, time.Now())
 	}
 	if !st.Changes.IsZero() {
 		return ctrl.Result{RequeueAfter: max(time.Second, st.Changes.Sub(now)+time.Second)}, nil
 	}
 	return ctrl.Result{}, nil
+}
+
+// untilNextWrite is how long the status of the budget key must wait for
+// its next write, by the real clock: the calendar may jump.
+func (r *Reconciler) untilNextWrite(key client.ObjectKey) time.Duration {
+	v, ok := r.lastWrite.Load(key)
+	if !ok || r.StatusInterval < 0 {
+		return 0
+	}
+	interval := r.StatusInterval
+	if interval <= 0 {
+		interval = time.Second
+	}
+	return time.Until(v.(time.Time).Add(interval))
 }
 
 // setCondition sets DisruptionAllowed from the counts in b's status.
@@ -147,4 +180,26 @@ func setCondition(b *machinistv1.MachineDisruptionBudget, _ time.Time) {
 		c.Message = fmt.Sprintf("%d of %d Machines are disrupted and %d may be", s.Disrupted, s.SelectedMachines, s.MaxDisrupted)
 	}
 	meta.SetStatusCondition(&s.Conditions, c)
+}
+
+// Freed passes the updates of a budget that may let a held disruption go:
+// its allowance grew, a window opened, or its spec changed. An actor a
+// budget holds watches budgets through it, so that it goes ahead within
+// the budget's status interval of the allowance coming back, not at its
+// next look (spentRetry later).
+func Freed() predicate.Funcs {
+	return predicate.Funcs{
+		CreateFunc:  func(event.CreateEvent) bool { return false },
+		DeleteFunc:  func(event.DeleteEvent) bool { return true },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, ok1 := e.ObjectOld.(*machinistv1.MachineDisruptionBudget)
+			n, ok2 := e.ObjectNew.(*machinistv1.MachineDisruptionBudget)
+			if !ok1 || !ok2 {
+				return false
+			}
+			return n.Generation != o.Generation || n.Status.DisruptionsAllowed > o.Status.DisruptionsAllowed ||
+				n.Status.WindowOpen && !o.Status.WindowOpen
+		},
+	}
 }

@@ -377,7 +377,7 @@ func (r *Reconciler) holdReplace(ctx context.Context, p *pass, t *target) (bool,
 		return false, nil
 	}
 	m, rem := t.m, t.m.Status.Remediation
-	store := disruption.Store{Budgets: r.APIReader, Machines: r.Client, Status: r.Client}
+	store := disruption.Cached(r.APIReader, r.Client)
 	req := disruption.Request{Machine: m, Reason: machinistv1.DisruptionRemediation, By: RequestedBy(p.hc.Name)}
 	err := store.Admit(ctx, req, disruption.At(r.Calendar))
 	refusal, refused := disruption.AsRefusal(err)
@@ -398,7 +398,7 @@ func (r *Reconciler) allows(ctx context.Context, hc *machinistv1.MachineHealthCh
 	if r.APIReader == nil {
 		return nil, nil
 	}
-	store := disruption.Store{Budgets: r.APIReader, Machines: r.Client, Status: r.Client}
+	store := disruption.Cached(r.APIReader, r.Client)
 	req := disruption.Request{Machine: m, Reason: machinistv1.DisruptionRemediation, By: RequestedBy(hc.Name)}
 	err := store.Allows(ctx, req, disruption.At(r.Calendar))
 	if refusal, ok := disruption.AsRefusal(err); ok {

@@ -2,8 +2,11 @@ package lifecycle
 
 import (
 	"context"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/disruption"
@@ -27,7 +30,7 @@ func (r *Reconciler) holdForBudget(ctx context.Context, s *step, op *machinistv1
 	if r.APIReader == nil {
 		return false, nil
 	}
-	store := disruption.Store{Budgets: r.APIReader, Machines: r.Client, Status: r.Client}
+	store := disruption.Cached(r.APIReader, r.Client)
 	req := disruption.Request{Machine: s.m, Reason: disruptionReason(op), OperationID: op.ID, By: op.RequestedBy,
 		Override: op.Options != nil && op.Options.OverrideDisruptionBudgets}
 	err := store.Admit(ctx, req, disruption.At(r.Calendar))
@@ -54,4 +57,29 @@ func disruptionReason(op *machinistv1.Operation) machinistv1.DisruptionReason {
 		return machinistv1.DisruptionRepair
 	}
 	return machinistv1.DisruptionReboot
+}
+
+// heldMachines maps a budget that freed room to the Machines it selects
+// whose pending operation a budget holds.
+func (r *Reconciler) heldMachines(ctx context.Context, o client.Object) []reconcile.Request {
+	b, ok := o.(*machinistv1.MachineDisruptionBudget)
+	if !ok {
+		return nil
+	}
+	var list machinistv1.MachineList
+	if err := r.Client.List(ctx, &list, client.InNamespace(b.Namespace)); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for i := range list.Items {
+		m := &list.Items[i]
+		op := m.Status.Operation
+		if op == nil || op.State != machinistv1.OperationPending || !strings.HasPrefix(op.Message, WaitingPrefix) {
+			continue
+		}
+		if selected, err := disruption.Selects(b, m); err == nil && selected {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(m)})
+		}
+	}
+	return reqs
 }

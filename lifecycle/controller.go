@@ -28,6 +28,7 @@ import (
 
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/internal/index"
 	"github.com/machinist-dev/machinist/internal/requeue"
 	"github.com/machinist-dev/machinist/internal/stale"
@@ -134,6 +135,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		Watches(&machinistv1.MachineClass{}, handler.EnqueueRequestsFromMapFunc(r.machinesForClass),
 			builder.WithPredicates(classChanged())).
 		Watches(&machinistv1.MachineSet{}, r.templateChanged()).
+		Watches(&machinistv1.MachineDisruptionBudget{}, handler.EnqueueRequestsFromMapFunc(r.heldMachines),
+			builder.WithPredicates(disruption.Freed())).
 		Watches(&machinistv1.MachineDeployment{}, r.templateChanged()).
 		WithOptions(opts).
 		Named("machine").

@@ -104,9 +104,27 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&machinistv1.MachineSet{}, builder.WithPredicates(wake.OnChangeByOthers())).
 		Watches(&machinistv1.Machine{}, &machineHandler{r: r}).
+		Watches(&machinistv1.MachineDisruptionBudget{}, handler.EnqueueRequestsFromMapFunc(r.heldSets),
+			builder.WithPredicates(disruption.Freed())).
 		WithOptions(opts).
 		Named("machineset").
 		Complete(r)
+}
+
+// heldSets maps a budget that freed room to the sets of its namespace a
+// budget holds (their Ready condition says DisruptionHeld).
+func (r *Reconciler) heldSets(ctx context.Context, o client.Object) []reconcile.Request {
+	var list machinistv1.MachineSetList
+	if err := r.Client.List(ctx, &list, client.InNamespace(o.GetNamespace())); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for i := range list.Items {
+		if c := meta.FindStatusCondition(list.Items[i].Status.Conditions, machinistv1.ConditionReady); c != nil && c.Reason == ReasonDisruptionHeld {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		}
+	}
+	return reqs
 }
 
 // Reconcile implements reconcile.Reconciler.
@@ -305,7 +323,7 @@ func (r *Reconciler) admitted(ctx context.Context, ms *machinistv1.MachineSet, v
 	if !rolling || r.APIReader == nil {
 		return victims, nil, nil
 	}
-	store := disruption.Store{Budgets: r.APIReader, Machines: r.Client, Status: r.Client}
+	store := disruption.Cached(r.APIReader, r.Client)
 	for i, m := range victims {
 		if !m.DeletionTimestamp.IsZero() {
 			continue

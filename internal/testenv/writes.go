@@ -20,6 +20,9 @@ type Counts struct {
 	Done Writes
 	// Refused are the writes that failed (conflicts, throttling, invalid).
 	Refused Writes
+	// Lists are the LIST requests served (not watches), whatever their
+	// outcome: the reads that pass every cache.
+	Lists Writes
 }
 
 // ReadWrites scrapes apiserver_request_total from kube-apiserver's /metrics.
@@ -33,7 +36,7 @@ func ReadWrites(ctx context.Context, kube kubernetes.Interface) (Counts, error) 
 	if err != nil {
 		return Counts{}, fmt.Errorf("parsing kube-apiserver /metrics: %w", err)
 	}
-	c := Counts{Done: Writes{}, Refused: Writes{}}
+	c := Counts{Done: Writes{}, Refused: Writes{}, Lists: Writes{}}
 	family, ok := families["apiserver_request_total"]
 	if !ok {
 		return Counts{}, fmt.Errorf("kube-apiserver /metrics has no apiserver_request_total")
@@ -43,14 +46,17 @@ func ReadWrites(ctx context.Context, kube kubernetes.Interface) (Counts, error) 
 		for _, l := range m.GetLabel() {
 			labels[l.GetName()] = l.GetValue()
 		}
-		switch labels["verb"] {
-		case "POST", "PUT", "PATCH", "DELETE", "APPLY":
-		default:
-			continue
-		}
 		key := labels["resource"]
 		if sub := labels["subresource"]; sub != "" {
 			key += "/" + sub
+		}
+		switch labels["verb"] {
+		case "POST", "PUT", "PATCH", "DELETE", "APPLY":
+		case "LIST":
+			c.Lists[key] += m.GetCounter().GetValue()
+			continue
+		default:
+			continue
 		}
 		if strings.HasPrefix(labels["code"], "2") {
 			c.Done[key] += m.GetCounter().GetValue()

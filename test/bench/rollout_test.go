@@ -24,14 +24,25 @@ import (
 // change until every Machine runs the new version, and in the same run the
 // write floor for replacing as many Machines: per Machine a create, two
 // status updates, a delete and the finalizer's removal, made directly with
-// the engine's parallelism.
+// the engine's parallelism. Its "budget" run does the same under a
+// MachineDisruptionBudget of 10% over the pool (as many as the surge), so
+// that every deletion of an old Machine asks it: the difference is what a
+// budget costs a rollout.
 func BenchmarkRollingUpgrade(b *testing.B) {
-	for range b.N {
-		rollingUpgrade(b, 500)
+	for _, budget := range []bool{false, true} {
+		name := "no-budget"
+		if budget {
+			name = "budget"
+		}
+		b.Run(name, func(b *testing.B) {
+			for range b.N {
+				rollingUpgrade(b, 500, budget)
+			}
+		})
 	}
 }
 
-func rollingUpgrade(b *testing.B, n int) {
+func rollingUpgrade(b *testing.B, n int, budget bool) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	kube, ctrls, ns := setUp(ctx, b, "rollout")
@@ -46,6 +57,18 @@ func rollingUpgrade(b *testing.B, n int) {
 		b.Fatal(err)
 	}
 	wait(b, before, timeout(n), "the first version")
+	if budget {
+		mdb := &machinistv1.MachineDisruptionBudget{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bench"},
+			Spec: machinistv1.MachineDisruptionBudgetSpec{
+				Selector:     md.Spec.Selector,
+				MaxDisrupted: intstr.FromString("10%"),
+			},
+		}
+		if err := env.Client.Create(ctx, mdb); err != nil {
+			b.Fatal(err)
+		}
+	}
 
 	upgraded, err := watchVersion(ctx, ns, n, "v1.37.2")
 	if err != nil {
@@ -75,7 +98,12 @@ func rollingUpgrade(b *testing.B, n int) {
 	b.ReportMetric(w.Sum("events")/float64(n), "events/replaced-machine")
 	b.ReportMetric(floor.Seconds(), "floor-s")
 	b.ReportMetric(engine.Seconds()/floor.Seconds(), "engine/floor")
-	b.Logf("N=%d: successful writes by resource %v; refused %v", n, w, w1.Refused.Since(w0.Refused))
+	lists := w1.Lists.Since(w0.Lists)
+	if budget {
+		b.ReportMetric(w.Sum("machinedisruptionbudgets/status")/float64(n), "budget-writes/replaced-machine")
+		b.ReportMetric(lists.Sum("machinedisruptionbudgets")/float64(n), "budget-lists/replaced-machine")
+	}
+	b.Logf("N=%d: successful writes by resource %v; refused %v; lists %v", n, w, w1.Refused.Since(w0.Refused), lists)
 }
 
 // benchDeployment is the MachineDeployment of n Machines at v1.37.1 the
