@@ -1,6 +1,7 @@
 package deployment_test
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -39,12 +40,7 @@ var _ = Describe("A rollout under a disruption budget", func() {
 		upgrade(ctx, md, "v1.37.2")
 		// Held: the new Machines come (maxSurge), no old one goes, and the
 		// rollout says why.
-		Eventually(func(g Gomega) {
-			c := meta.FindStatusCondition(getMD(ctx, md).Status.Conditions, "Progressing")
-			g.Expect(c).NotTo(BeNil())
-			g.Expect(c.Reason).To(Equal("DisruptionHeld"))
-			g.Expect(c.Message).To(ContainSubstring("waiting: MachineDisruptionBudget one-at-a-time allows no more disruptions"))
-		}).WithTimeout(30 * time.Second).Should(Succeed())
+		expectHeld(ctx, md, 30*time.Second, "waiting: MachineDisruptionBudget one-at-a-time allows no more disruptions")
 		Expect(versions(ctx, ns)).To(HaveKeyWithValue("v1.37.1", 4), "no old Machine deleted")
 		Expect(getMD(ctx, md).Status.Phase).To(Equal(machinistv1.RolloutProgressing))
 
@@ -104,13 +100,8 @@ var _ = Describe("A rollout under a disruption budget", func() {
 			return ""
 		})
 		upgrade(ctx, md, "v1.37.2")
-		Eventually(func(g Gomega) {
-			c := meta.FindStatusCondition(getMD(ctx, md).Status.Conditions, "Progressing")
-			g.Expect(c).NotTo(BeNil())
-			g.Expect(c.Reason).To(Equal("DisruptionHeld"))
-			g.Expect(c.Message).To(ContainSubstring("MachineDisruptionBudget nightly allows no disruption now"))
-			g.Expect(c.Message).To(ContainSubstring("waits for its next window, which opens at " + opens.Format(time.RFC3339)))
-		}).WithTimeout(20 * time.Second).Should(Succeed())
+		expectHeld(ctx, md, 20*time.Second, "MachineDisruptionBudget nightly allows no disruption now",
+			"waits for its next window, which opens at "+opens.Format(time.RFC3339))
 		Expect(calendar.Now()).To(BeTemporally("<", opens), "the hold was seen before the window opened")
 		Expect(versions(ctx, ns)).To(HaveKeyWithValue("v1.37.1", 2), "no old Machine deleted")
 
@@ -287,4 +278,18 @@ func poolBudget(ns, name string, max int32, reasons ...machinistv1.DisruptionRea
 			Reasons:      reasons,
 		},
 	}
+}
+
+// expectHeld waits until md's rollout says a disruption budget holds it,
+// in words containing each of says.
+func expectHeld(ctx context.Context, md *machinistv1.MachineDeployment, within time.Duration, says ...string) {
+	GinkgoHelper()
+	Eventually(func(g Gomega) {
+		c := meta.FindStatusCondition(getMD(ctx, md).Status.Conditions, "Progressing")
+		g.Expect(c).NotTo(BeNil())
+		g.Expect(c.Reason).To(Equal("DisruptionHeld"))
+		for _, s := range says {
+			g.Expect(c.Message).To(ContainSubstring(s))
+		}
+	}).WithTimeout(within).Should(Succeed())
 }
