@@ -442,3 +442,26 @@ func TestContentionIsARefusal(t *testing.T) {
 		t.Fatalf("got %+v, want a refusal for 1s saying the budgets are busy", r)
 	}
 }
+
+// An actor admitted and then unable to carry the disruption out (the verbs
+// server whose write of the operation failed) gives the allowance back at
+// once, rather than holding it until the record lapses.
+func TestReleaseGivesTheAllowanceBack(t *testing.T) {
+	ns := namespace(t)
+	ms := pool(t, ns, "a", 2)
+	newBudget(t, ns, "one", map[string]string{"pool": "a"}, intstr.FromInt32(1))
+	ctx := context.Background()
+	store := disruption.Direct(env.Client)
+	if err := store.Admit(ctx, reboot(ms[0], "x"), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := disruption.AsRefusal(store.Admit(ctx, reboot(ms[1], "y"), time.Now())); !ok {
+		t.Fatal("a budget of 1 admitted a second reboot")
+	}
+	if err := store.Release(ctx, reboot(ms[0], "x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Admit(ctx, reboot(ms[1], "y"), time.Now()); err != nil {
+		t.Fatalf("after the release: %v", err)
+	}
+}

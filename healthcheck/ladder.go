@@ -322,6 +322,5 @@ func truncate(s string, n int) string {
 // budget of refusal holds it: a hold is said by one Event when it begins,
 // not again each time the budget's counts in the message change.
 func heldBy(message string, refusal *disruption.Refusal) bool {
-	return strings.Contains(message, "waits: MachineDisruptionBudget "+refusal.Budget+" ") ||
-		strings.HasPrefix(message, "waiting: MachineDisruptionBudget "+refusal.Budget+" ")
+	return refusal.Budget != "" && strings.Contains(message, "MachineDisruptionBudget "+refusal.Budget+" ")
 }

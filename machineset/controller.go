@@ -52,8 +52,6 @@ const (
 	reasonReady        = "AllMachinesReady"
 	reasonScaling      = "Scaling"
 	reasonWaiting      = "WaitingForMachines"
-	// reasonDisruptionHeld: a rollout's deletion waits for a budget.
-	reasonDisruptionHeld = ReasonDisruptionHeld
 )
 
 // maxBatch caps how many Machines one reconcile creates or deletes in
@@ -463,7 +461,7 @@ func (r *Reconciler) updateStatus(ctx context.Context, ms *machinistv1.MachineSe
 	r.wrote(ms, now)
 	if startsHeld {
 		// Once per hold, when it is stored, not on every look.
-		r.event(ms, corev1.EventTypeNormal, reasonDisruptionHeld, "Scale", "not deleting Machines yet: %s", held.Message)
+		r.event(ms, corev1.EventTypeNormal, ReasonDisruptionHeld, "Scale", "not deleting Machines yet: %s", held.Message)
 	}
 	return res, nil
 }
