@@ -32,6 +32,7 @@ import (
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/internal/requeue"
+	"github.com/machinist-dev/machinist/internal/stale"
 	"github.com/machinist-dev/machinist/internal/wake"
 	"github.com/machinist-dev/machinist/machineset"
 )
@@ -71,6 +72,11 @@ type Reconciler struct {
 	// expiryHolds remembers, by MachineDeployment UID, which budget an
 	// expiry's hold was last said for.
 	expiryHolds sync.Map
+	// writes keeps a reconcile from acting on a cached MachineDeployment
+	// older than its own last status write (a set's event wakes it
+	// milliseconds after it): it would fire a rollout move already stored,
+	// and the write would be refused.
+	writes stale.Writes
 }
 
 // NewTransitionsMetric returns the rollout transitions counter.
@@ -138,7 +144,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	md := &machinistv1.MachineDeployment{}
 	if err := r.Client.Get(ctx, req.NamespacedName, md); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.writes.Forget(req.NamespacedName)
+		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if r.writes.Stale(md) {
+		return reconcile.Result{RequeueAfter: stale.Recheck}, nil
 	}
 	if !md.DeletionTimestamp.IsZero() {
 		return reconcile.Result{}, nil
@@ -556,6 +568,7 @@ func (r *Reconciler) updateStatus(ctx context.Context, md *machinistv1.MachineDe
 		// A conflict is retried by Reconcile (requeue.Expected).
 		return res, err
 	}
+	r.writes.Wrote(md)
 	for _, t := range fired {
 		if r.Transitions != nil {
 			r.Transitions.WithLabelValues(t[0], t[1], t[2]).Inc()

@@ -676,6 +676,13 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, s *step) error {
 			m.Status = *deleting
 			return client.IgnoreNotFound(err)
 		}
+		if len(m.Finalizers) == 0 {
+			// Gone from the API server, not yet from the cache: an event
+			// meanwhile (its Node's deletion) must not delete it again.
+			r.writes.Removed(m)
+		} else {
+			r.writes.Wrote(m)
+		}
 		s.gone = true
 	}
 	return nil

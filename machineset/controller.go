@@ -34,6 +34,7 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/internal/requeue"
+	"github.com/machinist-dev/machinist/internal/stale"
 	"github.com/machinist-dev/machinist/internal/wake"
 )
 
@@ -84,6 +85,10 @@ type Reconciler struct {
 	rndMu        sync.Mutex
 	rnd          *rand.Rand
 	lastWrite    sync.Map // MachineSet key -> time of its last status write
+	// writes keeps a reconcile from writing the status of a cached set
+	// older than its own last status write: a Machine's event often wakes
+	// it milliseconds after that write, and the write would be refused.
+	writes stale.Writes
 }
 
 func (r *Reconciler) init() {
@@ -133,8 +138,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		if apierrors.IsNotFound(err) {
 			r.expectations.forget(req.NamespacedName)
 			r.lastWrite.Delete(req.NamespacedName)
+			r.writes.Forget(req.NamespacedName)
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if r.writes.Stale(ms) {
+		return reconcile.Result{RequeueAfter: stale.Recheck}, nil
 	}
 	selector, err := metav1.LabelSelectorAsSelector(ms.Spec.Selector.AsMeta())
 	if err != nil {
@@ -453,12 +462,19 @@ func (r *Reconciler) updateStatus(ctx context.Context, ms *machinistv1.MachineSe
 		}
 		return res, nil
 	}
+	// A patch, not an update: the status is this controller's alone, but
+	// its MachineDeployment resizes the set (spec) many times a second in
+	// a rollout, and an update read before such a resize would be refused
+	// for no fault of its own. The cache is never older than this
+	// controller's own last status write (writes), so the patch's base
+	// holds what it last wrote.
+	base := ms.DeepCopy()
 	ms.Status = *st
-	if err := r.Client.Status().Update(ctx, ms); err != nil {
-		// A conflict is retried by Reconcile (requeue.Expected).
+	if err := r.Client.Status().Patch(ctx, ms, client.MergeFrom(base)); err != nil {
 		return res, err
 	}
 	r.wrote(ms, now)
+	r.writes.Wrote(ms)
 	if startsHeld {
 		// Once per hold, when it is stored, not on every look.
 		r.event(ms, corev1.EventTypeNormal, ReasonDisruptionHeld, "Scale", "not deleting Machines yet: %s", held.Message)

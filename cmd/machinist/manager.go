@@ -119,6 +119,7 @@ logging "waiting for kube-apiserver", instead of exiting again.`,
 	fs.DurationVar(&opts.RenewDeadline, "leader-elect-renew-deadline", 0, "how long the leader keeps trying to renew before it gives up and exits (0: 10s)")
 	fs.DurationVar(&opts.RetryPeriod, "leader-elect-retry-period", 0, "how often candidates try to take the Lease and the leader renews it (0: 2s)")
 	fs.StringVar(&opts.MetricsAddr, "metrics-bind-address", ":8080", `address of /metrics; "0" turns it off`)
+	fs.StringVar(&opts.PprofAddr, "pprof-bind-address", "0", `address of Go's /debug/pprof profiles; "0" turns them off`)
 	fs.StringVar(&opts.HealthAddr, "health-probe-bind-address", ":8081", `address of /healthz and /readyz; "0" turns them off`)
 	fs.IntVar(&opts.MachineWorkers, "machine-workers", 16, "Machines reconciled at once")
 	fs.IntVar(&opts.MachineSetWorkers, "set-workers", 4, "MachineSets, and MachineDeployments, reconciled at once")

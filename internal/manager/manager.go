@@ -4,6 +4,7 @@
 package manager
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,11 +14,13 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -62,6 +65,9 @@ type Options struct {
 	// Registry receives the lifecycle metrics; nil means controller-runtime's
 	// registry, which MetricsAddr serves.
 	Registry prometheus.Registerer
+	// PprofAddr serves Go's /debug/pprof profiles; "0" or empty serves
+	// nothing.
+	PprofAddr string
 	// HealthAddr serves /healthz and /readyz; "0" or empty serves nothing.
 	HealthAddr string
 	// LeaderElection makes only one of several managers act at a time;
@@ -131,9 +137,16 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 		Scheme: scheme,
 		// A watch that failed may mean the API server was out of reach:
 		// the health checks then distrust stale Node conditions a while.
-		Cache:                   cache.Options{DefaultWatchErrorHandler: checks.WatchError},
+		Cache: cache.Options{
+			DefaultWatchErrorHandler: checks.WatchError,
+			// The cache holds every Machine, Node and Lease: only what the
+			// controllers read is kept (docs/benchmarks.md, memory).
+			DefaultTransform: cache.TransformStripManagedFields(),
+			ByObject:         map[client.Object]cache.ByObject{&corev1.Node{}: {Transform: trimNode}},
+		},
 		Metrics:                 metricsserver.Options{BindAddress: addr},
 		HealthProbeBindAddress:  health,
+		PprofBindAddress:        cmp.Or(opts.PprofAddr, "0"),
 		LeaderElection:          opts.LeaderElection,
 		LeaderElectionID:        "machinist-manager",
 		LeaderElectionNamespace: opts.LeaderElectionNamespace,
@@ -296,4 +309,23 @@ func durationOrNil(d time.Duration) *time.Duration {
 		return nil
 	}
 	return &d
+}
+
+// trimNode keeps of a cached Node what the controllers read: its metadata
+// (without managed fields), spec, conditions and node info. Images,
+// volumes, addresses, capacity and the rest of its status are the larger
+// part of a Node and nothing here reads them. Writes to Nodes are merge
+// patches computed from the cached copy, so what is dropped here is never
+// sent back.
+func trimNode(o any) (any, error) {
+	node, ok := o.(*corev1.Node)
+	if !ok {
+		return o, nil
+	}
+	node.ManagedFields = nil
+	node.Status = corev1.NodeStatus{
+		Conditions: node.Status.Conditions,
+		NodeInfo:   node.Status.NodeInfo,
+	}
+	return node, nil
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 )
@@ -32,5 +33,27 @@ func TestWritesTellAStaleCache(t *testing.T) {
 	}
 	if w.Stale(at("not-a-number")) || w.Stale(at("150")) {
 		t.Fatal("a resourceVersion that does not compare drops what was remembered")
+	}
+}
+
+func TestARemovedObjectIsStaleUntilForgotten(t *testing.T) {
+	with := func(uid, rv string) *machinistv1.Machine {
+		return &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "m", UID: types.UID(uid), ResourceVersion: rv}}
+	}
+	var w Writes
+	w.Removed(with("a", "10"))
+	if !w.Stale(with("a", "10")) || !w.Stale(with("a", "999")) {
+		t.Fatal("a removed object the cache still holds is stale, whatever its resourceVersion")
+	}
+	if w.Stale(with("b", "5")) {
+		t.Fatal("a new object of the same name is not the removed one")
+	}
+	if w.Stale(with("a", "10")) {
+		t.Fatal("once a newer object was seen the removal is forgotten")
+	}
+	w.Removed(with("a", "10"))
+	w.Forget(types.NamespacedName{Namespace: "ns", Name: "m"})
+	if w.Stale(with("a", "10")) {
+		t.Fatal("Forget drops the removal")
 	}
 }

@@ -1,20 +1,14 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
-
-	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/internal/testenv"
 )
 
@@ -39,75 +33,22 @@ func BenchmarkProviderHop(b *testing.B) {
 func hop(b *testing.B, n int, served bool) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	e := freshEnv(b, testenv.Options{})
-	kube, err := kubernetes.NewForConfig(e.Config)
-	if err != nil {
-		b.Fatal(err)
-	}
-	bin, err := testenv.Machinist()
-	if err != nil {
-		b.Fatal(err)
-	}
-	args := []string{"manager", "--kubeconfig", e.Kubeconfig, "--metrics-bind-address=0", "--health-probe-bind-address=0",
-		"--machine-workers", strconv.Itoa(workers), "--set-workers=4",
-		"--kube-api-qps", strconv.Itoa(qps), "--kube-api-burst", strconv.Itoa(burst), "--log-level=error"}
-	// As setUp: Leases renewed rarely, so that heartbeats do not blur
-	// the figures.
-	var sp *testenv.ServedProvider
-	if served {
-		if sp, err = e.ServeProvider("inmemory", "--lease-duration-seconds=3600", "--renew-interval=1h", "--log-level=error"); err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { _ = sp.Stop() })
-		args = append(args, "--provider=inmemory="+sp.Endpoint)
-	} else {
-		args = append(args, "--inmemory-lease-duration-seconds=3600", "--inmemory-renew-interval=1h")
-	}
-	mgr := exec.Command(bin, args...)
-	var out bytes.Buffer
-	mgr.Stdout, mgr.Stderr = &out, &out
-	if err := mgr.Start(); err != nil {
-		b.Fatal(err)
-	}
-	if err := orphans.Guard(mgr.Process.Pid); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = mgr.Process.Signal(syscall.SIGTERM); _ = mgr.Wait() })
-
-	// One Machine first, so that the manager's start (cache sync, the
-	// first connection to the provider) is not timed.
-	warm := namespace(ctx, b, "warm")
-	if err := e.InmemoryClass(ctx, warm, "small", ""); err != nil {
-		b.Fatal(err)
-	}
-	warmed, err := watchRunning(ctx, warm, 1)
-	if err != nil {
-		b.Fatal(err)
-	}
-	createSet(ctx, b, warm, 1)
-	select {
-	case <-warmed:
-	case <-time.After(2 * time.Minute):
-		b.Fatalf("the manager did not run one Machine in 2m:\n%s", out.String())
-	}
-
+	f := newFleet(b, served)
+	f.start(b)
+	f.warm(ctx, b)
 	ns := namespace(ctx, b, "hop")
-	if err := e.InmemoryClass(ctx, ns, "small", ""); err != nil {
+	if err := f.e.InmemoryClass(ctx, ns, "small", ""); err != nil {
 		b.Fatal(err)
 	}
 	running, err := watchRunning(ctx, ns, n)
 	if err != nil {
 		b.Fatal(err)
 	}
-	before, err := testenv.ReadWrites(ctx, kube)
+	before, err := testenv.ReadWrites(ctx, f.kube)
 	if err != nil {
 		b.Fatal(err)
 	}
-	managerBefore := processCPU(b, mgr.Process.Pid)
-	var providerBefore time.Duration
-	if served {
-		providerBefore = processCPU(b, sp.Cmd.Process.Pid)
-	}
+	cpu0 := f.cpu(b)
 
 	b.ResetTimer()
 	begin := time.Now()
@@ -118,30 +59,35 @@ func hop(b *testing.B, n int, served bool) {
 		b.Fatalf("not every Machine was Running after %s", timeout(n))
 	}
 	took := time.Since(begin)
-	managerCPU := processCPU(b, mgr.Process.Pid) - managerBefore
-	var providerCPU time.Duration
-	if served {
-		providerCPU = processCPU(b, sp.Cmd.Process.Pid) - providerBefore
-	}
-	after := finalWrites(ctx, b, kube)
+	used := f.cpu(b).since(cpu0)
+	after := finalWrites(ctx, b, f.kube)
 	w := after.Done.Since(before.Done)
 	b.ReportMetric(took.Seconds(), "s-to-running")
 	b.ReportMetric(float64(n)/took.Seconds(), "machines/s")
 	b.ReportMetric(w.Sum("machines", "machines/status")/float64(n), "machine-writes/machine")
-	b.ReportMetric(managerCPU.Seconds(), "manager-cpu-s")
-	b.ReportMetric(float64(processPeakRSS(b, mgr.Process.Pid))/(1<<20), "manager-peak-RSS-MiB")
+	b.ReportMetric(used["manager"].Seconds(), "manager-cpu-s")
+	b.ReportMetric(float64(processPeakRSS(b, f.pid()))/(1<<20), "manager-peak-RSS-MiB")
 	if served {
-		b.ReportMetric(providerCPU.Seconds(), "provider-cpu-s")
-		b.ReportMetric(float64(processPeakRSS(b, sp.Cmd.Process.Pid))/(1<<20), "provider-peak-RSS-MiB")
+		b.ReportMetric(used["provider"].Seconds(), "provider-cpu-s")
+		b.ReportMetric(float64(processPeakRSS(b, f.provider.Cmd.Process.Pid))/(1<<20), "provider-peak-RSS-MiB")
 	}
 }
 
-// processCPU is the user and system CPU time of process pid, from
-// /proc/<pid>/stat (in clock ticks of 1/100 s, Linux's USER_HZ).
+// processCPU is the user and system CPU time of process pid.
 func processCPU(b *testing.B, pid int) time.Duration {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	t, err := pidCPU(pid)
 	if err != nil {
 		b.Fatal(err)
+	}
+	return t
+}
+
+// pidCPU reads the user and system CPU time of process pid from
+// /proc/<pid>/stat (in clock ticks of 1/100 s, Linux's USER_HZ).
+func pidCPU(pid int) (time.Duration, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
 	}
 	// The command name, field 2, may hold spaces; fields are counted
 	// after its closing parenthesis.
@@ -150,9 +96,9 @@ func processCPU(b *testing.B, pid int) time.Duration {
 	utime, err1 := strconv.ParseInt(f[11], 10, 64)
 	stime, err2 := strconv.ParseInt(f[12], 10, 64)
 	if err1 != nil || err2 != nil {
-		b.Fatalf("reading /proc/%d/stat: %v %v", pid, err1, err2)
+		return 0, fmt.Errorf("reading /proc/%d/stat: %v %v", pid, err1, err2)
 	}
-	return time.Duration(utime+stime) * 10 * time.Millisecond
+	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
 }
 
 // processPeakRSS is process pid's peak resident set (VmHWM) in bytes.

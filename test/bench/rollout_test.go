@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync"
 	"testing"
@@ -11,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -19,24 +19,30 @@ import (
 	"github.com/machinist-dev/machinist/internal/testenv"
 )
 
-// BenchmarkRollingUpgrade times a rolling node upgrade of 500 Machines
-// (maxSurge 10%, maxUnavailable 0, zero-latency provider) from the template
-// change until every Machine runs the new version, and in the same run the
-// write floor for replacing as many Machines: per Machine a create, two
-// status updates, a delete and the finalizer's removal, made directly with
-// the engine's parallelism. Its "budget" run does the same under a
+// BenchmarkRollingUpgrade times a rolling node upgrade of N Machines
+// (maxSurge 10%, maxUnavailable 0, zero-latency provider served out of
+// process, the manager in a process of its own) from the template change
+// until every Machine runs the new version, and in the same run two write
+// floors for replacing as many Machines: the Machine writes alone (per
+// Machine a create, two status updates, a delete and the finalizer's
+// removal), and the full mix the engine's run made (those, plus as many
+// Events, Node and Lease writes and set writes), made directly with the
+// engine's parallelism. Its "budget" run does the same under a
 // MachineDisruptionBudget of 10% over the pool (as many as the surge), so
 // that every deletion of an old Machine asks it: the difference is what a
 // budget costs a rollout.
 func BenchmarkRollingUpgrade(b *testing.B) {
-	for _, budget := range []bool{false, true} {
-		name := "no-budget"
-		if budget {
-			name = "budget"
+	for _, c := range []struct {
+		n      int
+		budget bool
+	}{{500, false}, {2000, false}, {500, true}} {
+		name := fmt.Sprintf("machines=%d/no-budget", c.n)
+		if c.budget {
+			name = fmt.Sprintf("machines=%d/budget", c.n)
 		}
 		b.Run(name, func(b *testing.B) {
 			for range b.N {
-				rollingUpgrade(b, 500, budget)
+				rollingUpgrade(b, c.n, c.budget)
 			}
 		})
 	}
@@ -45,7 +51,12 @@ func BenchmarkRollingUpgrade(b *testing.B) {
 func rollingUpgrade(b *testing.B, n int, budget bool) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	kube, ctrls, ns := setUp(ctx, b, "rollout")
+	f := newFleet(b, true)
+	f.start(b)
+	ns := namespace(ctx, b, "rollout")
+	if err := f.e.InmemoryClass(ctx, ns, "small", ""); err != nil {
+		b.Fatal(err)
+	}
 	surge, unavailable := intstr.FromString("10%"), intstr.FromInt32(0)
 	md := benchDeployment(ns, n, machinistv1.MachineDeploymentStrategy{Type: machinistv1.RollingUpdateStrategy,
 		RollingUpdate: &machinistv1.RollingUpdate{MaxSurge: &surge, MaxUnavailable: &unavailable}})
@@ -74,10 +85,12 @@ func rollingUpgrade(b *testing.B, n int, budget bool) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	w0, err := testenv.ReadWrites(ctx, kube)
+	w0, err := testenv.ReadWrites(ctx, f.kube)
 	if err != nil {
 		b.Fatal(err)
 	}
+	cpu0 := f.cpu(b)
+	profiled := f.profile(b, fmt.Sprintf("rollout-%d", n))
 	b.ResetTimer()
 	start := time.Now()
 	patch := []byte(`{"spec":{"template":{"spec":{"version":"v1.37.2"}}}}`)
@@ -86,24 +99,30 @@ func rollingUpgrade(b *testing.B, n int, budget bool) {
 	}
 	wait(b, upgraded, 2*timeout(n), "the upgrade")
 	engine := time.Since(start)
-	w1 := finalWrites(ctx, b, kube)
-	if err := ctrls.Stop(); err != nil {
-		b.Fatal(err)
-	}
-	floor := replaceFloor(ctx, b, n)
+	used := f.cpu(b).since(cpu0)
+	profiled()
+	w1 := finalWrites(ctx, b, f.kube)
+	f.stop(b)
 	w := w1.Done.Since(w0.Done)
+	refused := w1.Refused.Since(w0.Refused)
+	floor, _ := replaceFloor(ctx, b, n, nil)
+	mix, replayed := replaceFloor(ctx, b, n, w)
 	object := w.Sum("machines", "machines/status", "machinesets", "machinesets/status", "machinedeployments", "machinedeployments/status", "nodes")
 	b.ReportMetric(engine.Seconds(), "s-to-upgraded")
 	b.ReportMetric(object/float64(n), "writes/replaced-machine")
+	b.ReportMetric(refused.Sum(keys(refused)...)/float64(n), "refused-writes/replaced-machine")
 	b.ReportMetric(w.Sum("events")/float64(n), "events/replaced-machine")
 	b.ReportMetric(floor.Seconds(), "floor-s")
 	b.ReportMetric(engine.Seconds()/floor.Seconds(), "engine/floor")
+	b.ReportMetric(mix.Seconds(), "mix-floor-s")
+	b.ReportMetric(engine.Seconds()/mix.Seconds(), "engine/mix-floor")
+	used.report(b)
 	lists := w1.Lists.Since(w0.Lists)
 	if budget {
 		b.ReportMetric(w.Sum("machinedisruptionbudgets/status")/float64(n), "budget-writes/replaced-machine")
 		b.ReportMetric(lists.Sum("machinedisruptionbudgets")/float64(n), "budget-lists/replaced-machine")
 	}
-	b.Logf("N=%d: successful writes by resource %v; refused %v; lists %v", n, w, w1.Refused.Since(w0.Refused), lists)
+	b.Logf("N=%d: successful writes by resource %v; refused %v; lists %v; full-mix floor replayed %v", n, w, refused, lists, replayed)
 }
 
 // benchDeployment is the MachineDeployment of n Machines at v1.37.1 the
@@ -206,54 +225,40 @@ func wait(b *testing.B, done <-chan struct{}, d time.Duration, what string) {
 	}
 }
 
-// replaceFloor replaces n Machines directly: for each, a create, two status
-// updates, the old one's delete and the removal of its finalizer.
-func replaceFloor(ctx context.Context, b *testing.B, n int) time.Duration {
-	cfg := rest.CopyConfig(env.Config)
-	cfg.QPS, cfg.Burst = qps, burst
-	c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ns := namespace(ctx, b, "floor")
-	newMachine := func(prefix string) *machinistv1.Machine {
+// replaceFloor replaces n Machines directly: for each, a create, two
+// status updates, the old one's delete and the removal of its finalizer;
+// with engine's writes, it is the full-mix floor of that run (mixFloor).
+// The old Machines are made before the clock starts.
+func replaceFloor(ctx context.Context, b *testing.B, n int, engine testenv.Writes) (time.Duration, testenv.Writes) {
+	c := floorClient(b)
+	newMachine := func(ns, prefix string) *machinistv1.Machine {
 		return &machinistv1.Machine{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: prefix, Finalizers: []string{machinistv1.MachineFinalizer}},
 			Spec:       machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}},
 		}
 	}
-	old := make([]*machinistv1.Machine, n)
-	for i := range old {
-		old[i] = newMachine("old-")
-		if err := c.Create(ctx, old[i]); err != nil {
+	var old []*machinistv1.Machine
+	prepare := func(ctx context.Context, c client.Client, ns string) error {
+		old = make([]*machinistv1.Machine, n)
+		for i := range old {
+			old[i] = newMachine(ns, "old-")
+			if err := c.Create(ctx, old[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	work := func(ctx context.Context, c client.Client, ns string, i int) error {
+		return replaceOne(ctx, c, newMachine(ns, "new-"), old[i], i)
+	}
+	if engine == nil {
+		ns := namespace(ctx, b, "floor")
+		if err := prepare(ctx, c, ns); err != nil {
 			b.Fatal(err)
 		}
+		return runUnits(ctx, b, c, ns, n, work), nil
 	}
-	jobs := make(chan int)
-	var mu sync.Mutex
-	var firstErr error
-	var wg sync.WaitGroup
-	start := time.Now()
-	for range workers {
-		wg.Go(func() {
-			for i := range jobs {
-				if err := replaceOne(ctx, c, newMachine("new-"), old[i], i); err != nil {
-					mu.Lock()
-					firstErr = err
-					mu.Unlock()
-				}
-			}
-		})
-	}
-	for i := range n {
-		jobs <- i
-	}
-	close(jobs)
-	wg.Wait()
-	if firstErr != nil {
-		b.Fatal(firstErr)
-	}
-	return time.Since(start)
+	return mixFloor(ctx, b, n, prepare, work, testenv.Writes{"machines": 3 * float64(n), "machines/status": 2 * float64(n)}, engine)
 }
 
 func replaceOne(ctx context.Context, c client.Client, m, old *machinistv1.Machine, i int) error {

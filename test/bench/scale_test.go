@@ -1,20 +1,23 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -47,13 +50,17 @@ func freshEnv(b *testing.B, opts testenv.Options) *testenv.Env {
 	return e
 }
 
-// BenchmarkScaleUp times a MachineSet going from 0 to N Machines, all
-// Running, with a zero-latency inmemory provider, and in the same run the
-// API server's write floor: the same number of Machine writes (a create and
-// two status updates per Machine) made directly by a client with the same
-// parallelism.
+// BenchmarkScaleUp times a MachineDeployment going from 0 to N Machines,
+// all Running, with a zero-latency inmemory provider served out of
+// process and the manager in a process of its own, and in the same run two
+// write floors: the Machine writes alone (a create and two status updates
+// per Machine), and the full mix the engine's run made (those, plus as
+// many Events, Node and Lease writes and set writes), each made directly
+// by a client with the engine's parallelism. Over the fleet it built it
+// then restarts the manager twice, the second time with one Machine's spec
+// changed while it was down, and times kubectl.
 func BenchmarkScaleUp(b *testing.B) {
-	for _, n := range []int{100, 1000} {
+	for _, n := range []int{1000, 5000, 10000} {
 		b.Run(fmt.Sprintf("machines=%d", n), func(b *testing.B) {
 			for range b.N {
 				scaleUp(b, n)
@@ -95,19 +102,31 @@ func startControllers(ctx context.Context, b *testing.B, e *testenv.Env, prefix 
 func scaleUp(b *testing.B, n int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	kube, ctrls, ns := setUp(ctx, b, "scale")
+	f := newFleet(b, true)
+	f.start(b)
+	f.warm(ctx, b)
+	ns := namespace(ctx, b, "scale")
+	if err := f.e.InmemoryClass(ctx, ns, "small", ""); err != nil {
+		b.Fatal(err)
+	}
 	running, err := watchRunning(ctx, ns, n)
 	if err != nil {
 		b.Fatal(err)
 	}
-	before, err := testenv.ReadWrites(ctx, kube)
+	before, err := testenv.ReadWrites(ctx, f.kube)
 	if err != nil {
 		b.Fatal(err)
 	}
+	cpu0 := f.cpu(b)
+	heap := f.sampleHeap()
+	profiled := f.profile(b, fmt.Sprintf("scale-%d", n))
 
 	b.ResetTimer()
 	start := time.Now()
-	createSet(ctx, b, ns, n)
+	md := benchDeployment(ns, n, machinistv1.MachineDeploymentStrategy{})
+	if err := env.Client.Create(ctx, md); err != nil {
+		b.Fatal(err)
+	}
 	select {
 	case <-running:
 	case <-time.After(timeout(n)):
@@ -120,80 +139,165 @@ func scaleUp(b *testing.B, n int) {
 		b.Fatalf("not every Machine was Running after %s: %d Machines by phase %v", timeout(n), len(list.Items), phases)
 	}
 	engine := time.Since(start)
-	after := finalWrites(ctx, b, kube)
-	rss := peakRSS()
-	if err := ctrls.Stop(); err != nil {
+	used := f.cpu(b).since(cpu0)
+	profiled()
+	after := finalWrites(ctx, b, f.kube)
+	peakHeap := heap()
+	rss := processPeakRSS(b, f.pid())
+	settled, err := f.scrape()
+	if err != nil {
 		b.Fatal(err)
 	}
-	floor := writeFloor(ctx, b, n)
-
 	w := after.Done.Since(before.Done)
-	objectWrites := w.Sum("machines", "machines/status", "machinesets", "machinesets/status")
+	f.heapProfile(fmt.Sprintf("scale-%d", n))
+
+	// Every Machine, the warm-up's too, is reconciled once after a restart.
+	plain := f.restart(ctx, b, n+1, nil)
+	changed := f.restart(ctx, b, n+1, func() {
+		var list machinistv1.MachineList
+		if err := env.Client.List(ctx, &list, client.InNamespace(ns), client.Limit(1)); err != nil || len(list.Items) == 0 {
+			b.Fatalf("listing a Machine to change: %v", err)
+		}
+		patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"nodeLabels":{"bench":"restarted"}}}`))
+		if err := env.Client.Patch(ctx, &list.Items[0], patch); err != nil {
+			b.Fatal(err)
+		}
+	})
+	kubectl := timeKubectl(ctx, b, f, ns, md.Name)
+	f.stop(b)
+
+	floor := runUnits(ctx, b, floorClient(b), namespace(ctx, b, "floor"), n, createUnit)
+	mix, replayed := mixFloor(ctx, b, n, nil, createUnit, createWrites(n), w)
+
 	b.ReportMetric(engine.Seconds(), "s-to-running")
 	b.ReportMetric(float64(n)/engine.Seconds(), "machines/s")
-	b.ReportMetric(objectWrites/float64(n), "writes/machine")
 	b.ReportMetric(w.Sum("machines", "machines/status")/float64(n), "machine-writes/machine")
-	b.ReportMetric(w.Sum("machinesets/status"), "machineset-status-writes")
 	b.ReportMetric(w.Sum("events")/float64(n), "events/machine")
-	b.ReportMetric(w.Sum("nodes", "nodes/status", "leases", "pods", "pods/status")/float64(n), "provider-writes/machine")
+	b.ReportMetric(w.Sum("nodes", "nodes/status", "leases")/float64(n), "provider-writes/machine")
 	b.ReportMetric(floor.Seconds(), "floor-s")
 	b.ReportMetric(engine.Seconds()/floor.Seconds(), "engine/floor")
-	b.ReportMetric(float64(rss)/(1<<20), "peak-RSS-MiB")
-	b.Logf("N=%d: successful writes by resource %v; refused writes %v", n, w, after.Refused.Since(before.Refused))
+	b.ReportMetric(mix.Seconds(), "mix-floor-s")
+	b.ReportMetric(engine.Seconds()/mix.Seconds(), "engine/mix-floor")
+	used.report(b)
+	b.ReportMetric(float64(rss)/(1<<20), "manager-peak-RSS-MiB")
+	b.ReportMetric(peakHeap/(1<<20), "manager-peak-heap-MiB")
+	b.ReportMetric(settled["go_memstats_heap_inuse_bytes"]/(1<<20), "manager-settled-heap-MiB")
+	b.ReportMetric(plain.took.Seconds(), "restart-s")
+	b.ReportMetric(plain.writes.Sum(keys(plain.writes)...), "restart-writes")
+	b.ReportMetric(changed.took.Seconds(), "restart-changed-s")
+	b.ReportMetric(changed.writes.Sum(keys(changed.writes)...), "restart-changed-writes")
+	for _, k := range kubectl {
+		b.ReportMetric(k.took.Seconds(), k.name+"-s")
+	}
+	b.Logf("N=%d: successful writes by resource %v; refused writes %v; full-mix floor replayed %v", n, w, after.Refused.Since(before.Refused), replayed)
+	b.Logf("N=%d: restart wrote %v; restart with one Machine changed wrote %v", n, plain.writes, changed.writes)
+}
+
+// restarted is what a manager's restart over a settled fleet cost.
+type restarted struct {
+	// took is from the new process's start until every Machine had been
+	// reconciled once and the Machine queue was empty.
+	took time.Duration
+	// writes are the API server's successful writes from the stop until
+	// 5 s after that.
+	writes testenv.Writes
+}
+
+// restart stops the manager, runs during (if any) while it is down, starts
+// it again and measures what it costs until each of the machines has been
+// reconciled once, and the writes made until 5 s later.
+func (f *fleet) restart(ctx context.Context, b *testing.B, machines int, during func()) restarted {
+	f.stop(b)
+	if during != nil {
+		during()
+	}
+	before, err := testenv.ReadWrites(ctx, f.kube)
+	if err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	f.start(b)
+	var took time.Duration
+	for deadline := start.Add(timeout(machines)); ; {
+		m, err := f.scrape()
+		if err == nil && m["controller_runtime_reconcile_total/machine"] >= float64(machines) && m["workqueue_depth/machine"] == 0 {
+			took = time.Since(start)
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("the Machines were not all reconciled %s after a restart: %v", timeout(machines), m)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(5 * time.Second)
+	after, err := testenv.ReadWrites(ctx, f.kube)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return restarted{took: took, writes: after.Done.Since(before.Done)}
+}
+
+func keys(w testenv.Writes) []string {
+	var out []string
+	for k := range w {
+		out = append(out, k)
+	}
+	return out
+}
+
+// timed is how long one kubectl command took (the median of three).
+type timed struct {
+	name string
+	took time.Duration
+}
+
+// timeKubectl times, three times each, the kubectl commands a person runs
+// against a fleet: the Machines' table, the rollout's status, and every
+// Machinist object (the category), keeping each one's median.
+func timeKubectl(ctx context.Context, b *testing.B, f *fleet, ns, deployment string) []timed {
+	plugin := filepath.Join(filepath.Dir(f.bin), "kubectl-machine")
+	if _, err := os.Stat(plugin); err != nil {
+		if err := testenv.Build("./cmd/kubectl-machine", plugin); err != nil {
+			b.Fatal(err)
+		}
+	}
+	kubectl := filepath.Join(testenv.BinDir(), "kubectl")
+	commands := []struct {
+		name string
+		args []string
+	}{
+		{"kubectl-get-machines", []string{"get", "machines", "-n", ns}},
+		{"kubectl-rollout-status", []string{"machine", "rollout", "status", deployment, "-n", ns}},
+		{"kubectl-get-machinist", []string{"get", "machinist", "-n", ns}},
+	}
+	var out []timed
+	for _, c := range commands {
+		var runs []time.Duration
+		for range 3 {
+			// kubectl takes no flags before a plugin's name.
+			cmd := exec.CommandContext(ctx, kubectl, append(c.args, "--kubeconfig", f.e.Kubeconfig)...)
+			cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(plugin)+":"+os.Getenv("PATH"))
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			start := time.Now()
+			stdout, err := cmd.Output()
+			took := time.Since(start)
+			if err != nil {
+				b.Fatalf("%s: %v: %s", c.name, err, stderr.String())
+			}
+			if len(stdout) == 0 {
+				b.Fatalf("%s printed nothing", c.name)
+			}
+			runs = append(runs, took)
+		}
+		slices.Sort(runs)
+		out = append(out, timed{name: c.name, took: runs[1]})
+	}
+	return out
 }
 
 // timeout allows a generous 0.5s a Machine, at least two minutes.
 func timeout(n int) time.Duration { return max(2*time.Minute, time.Duration(n)*500*time.Millisecond) }
-
-// writeFloor makes n Machine creates and 2n status updates (Provisioning,
-// then Running) directly, with the engine's parallelism, and times them.
-func writeFloor(ctx context.Context, b *testing.B, n int) time.Duration {
-	cfg := rest.CopyConfig(env.Config)
-	cfg.QPS, cfg.Burst = qps, burst
-	c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ns := namespace(ctx, b, "floor")
-	jobs := make(chan int)
-	errs := make(chan error, workers)
-	var wg sync.WaitGroup
-	start := time.Now()
-	for range workers {
-		wg.Go(func() {
-			for i := range jobs {
-				m := &machinistv1.Machine{
-					ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: "floor-",
-						Finalizers: []string{machinistv1.MachineFinalizer}},
-					Spec: machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}},
-				}
-				if err := c.Create(ctx, m); err != nil {
-					errs <- err
-					return
-				}
-				for _, p := range []machinistv1.MachinePhase{machinistv1.MachineProvisioning, machinistv1.MachineRunning} {
-					m.Status.Phase = p
-					m.Status.ProviderID = "floor:///" + strconv.Itoa(i)
-					if err := c.Status().Update(ctx, m); err != nil {
-						errs <- err
-						return
-					}
-				}
-			}
-		})
-	}
-	for i := range n {
-		jobs <- i
-	}
-	close(jobs)
-	wg.Wait()
-	d := time.Since(start)
-	close(errs)
-	for err := range errs {
-		b.Fatal(err)
-	}
-	return d
-}
 
 // watchRunning closes the returned channel once n Machines in ns are Running.
 func watchRunning(ctx context.Context, ns string, n int) (<-chan struct{}, error) {

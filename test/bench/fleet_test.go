@@ -1,0 +1,348 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/machinist-dev/machinist/internal/orphans"
+	"github.com/machinist-dev/machinist/internal/testenv"
+)
+
+// fleet is a benchmark's control plane with `machinist manager` as a
+// process of its own and, unless the provider runs inside the manager, the
+// inmemory provider's node agents in another (`machinist provider serve`):
+// the manager's CPU, heap and peak RSS are then its own. The manager can be
+// stopped and started again over the same fleet.
+type fleet struct {
+	e        *testenv.Env
+	kube     kubernetes.Interface
+	provider *testenv.ServedProvider
+	args     []string
+	bin      string
+	mgr      *exec.Cmd
+	done     chan error
+	out      *syncBuffer
+	// metrics and pprof are the manager's /metrics and /debug/pprof
+	// addresses.
+	metrics, pprof string
+}
+
+// newFleet starts a control plane of the benchmark's own and, if served,
+// the inmemory provider out of process; the manager is started by start.
+// Leases are renewed hourly, as in setUp: heartbeats are the provider's
+// load, not the engine's.
+func newFleet(b *testing.B, served bool) *fleet {
+	e := freshEnv(b, testenv.Options{})
+	kube, err := kubernetes.NewForConfig(e.Config)
+	if err != nil {
+		b.Fatal(err)
+	}
+	bin, err := testenv.Machinist()
+	if err != nil {
+		b.Fatal(err)
+	}
+	f := &fleet{e: e, kube: kube, bin: bin}
+	f.args = []string{"manager", "--kubeconfig", e.Kubeconfig, "--health-probe-bind-address=0",
+		"--machine-workers", strconv.Itoa(workers), "--set-workers=4",
+		"--kube-api-qps", strconv.Itoa(qps), "--kube-api-burst", strconv.Itoa(burst), "--log-level=error"}
+	if served {
+		if f.provider, err = e.ServeProvider("inmemory", "--lease-duration-seconds=3600", "--renew-interval=1h", "--log-level=error"); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = f.provider.Stop() })
+		f.args = append(f.args, "--provider=inmemory="+f.provider.Endpoint)
+	} else {
+		f.args = append(f.args, "--inmemory-lease-duration-seconds=3600", "--inmemory-renew-interval=1h")
+	}
+	b.Cleanup(func() { f.stop(b) })
+	return f
+}
+
+// start starts the manager and waits until it serves its metrics.
+func (f *fleet) start(b *testing.B) {
+	// The ports are chosen free and then released for the manager to
+	// bind: a benchmark that loses that race fails, saying so, and is run
+	// again; no test depends on it.
+	f.metrics, f.pprof = "127.0.0.1:"+freePort(b), "127.0.0.1:"+freePort(b)
+	f.mgr = exec.Command(f.bin, append(f.args, "--metrics-bind-address="+f.metrics, "--pprof-bind-address="+f.pprof)...)
+	f.out = &syncBuffer{}
+	f.mgr.Stdout, f.mgr.Stderr = f.out, f.out
+	if err := f.mgr.Start(); err != nil {
+		b.Fatal(err)
+	}
+	if err := orphans.Guard(f.mgr.Process.Pid); err != nil {
+		b.Fatal(err)
+	}
+	f.done = make(chan error, 1)
+	go func(cmd *exec.Cmd, done chan<- error) { done <- cmd.Wait() }(f.mgr, f.done)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if _, err := f.scrape(); err == nil {
+			return
+		}
+		select {
+		case err := <-f.done:
+			f.mgr = nil
+			b.Fatalf("the manager exited (%v):\n%s", err, f.out.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("the manager served no metrics in a minute:\n%s", f.out.String())
+		}
+	}
+}
+
+// stop stops the manager, if it runs, as a Pod's termination would.
+func (f *fleet) stop(b *testing.B) {
+	if f.mgr == nil {
+		return
+	}
+	_ = f.mgr.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-f.done:
+	case <-time.After(time.Minute):
+		_ = f.mgr.Process.Kill()
+		<-f.done
+		b.Errorf("the manager did not stop in a minute on SIGTERM")
+	}
+	f.mgr = nil
+}
+
+// pid is the running manager's process ID.
+func (f *fleet) pid() int { return f.mgr.Process.Pid }
+
+// scrape reads the manager's /metrics, summing each metric's series by
+// name and the labels controller and name (a workqueue's).
+func (f *fleet) scrape() (map[string]float64, error) {
+	resp, err := http.Get("http://" + f.metrics + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	for name, fam := range families {
+		for _, m := range fam.GetMetric() {
+			key := name
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "controller" || l.GetName() == "name" {
+					key += "/" + l.GetValue()
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				out[key] += m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				out[key] += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return out, nil
+}
+
+// sampleHeap polls the manager's heap in use until the returned function
+// is called, which gives the highest figure seen.
+func (f *fleet) sampleHeap() (peak func() float64) {
+	stop := make(chan struct{})
+	var mu sync.Mutex
+	var high float64
+	go func() {
+		for {
+			if m, err := f.scrape(); err == nil {
+				mu.Lock()
+				high = max(high, m["go_memstats_heap_inuse_bytes"])
+				mu.Unlock()
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}()
+	return func() float64 {
+		close(stop)
+		mu.Lock()
+		defer mu.Unlock()
+		return high
+	}
+}
+
+// profile starts CPU profiles of the manager and of kube-apiserver when
+// BENCH_PROFILES names a directory, and writes them there, named by what,
+// once the returned function is called.
+func (f *fleet) profile(b *testing.B, what string) (stop func()) {
+	dir := os.Getenv("BENCH_PROFILES")
+	if dir == "" {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	// A profile request cannot be ended early and keep what it gathered,
+	// so each is taken in slices of 10 s until stopped.
+	grab := func(name string, get func(seconds int) ([]byte, error)) {
+		wg.Go(func() {
+			for i := 0; ctx.Err() == nil; i++ {
+				data, err := get(10)
+				if err != nil || len(data) == 0 {
+					return
+				}
+				_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-%s-%02d.pprof", what, name, i)), data, 0o644)
+			}
+		})
+	}
+	grab("manager", func(s int) ([]byte, error) {
+		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", f.pprof, s))
+		if err != nil {
+			return nil, err
+		}
+		defer func() { _ = resp.Body.Close() }()
+		return io.ReadAll(resp.Body)
+	})
+	grab("kube-apiserver", func(s int) ([]byte, error) {
+		return f.kube.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", strconv.Itoa(s)).Timeout(time.Minute).DoRaw(context.Background())
+	})
+	return func() { cancel(); wg.Wait() }
+}
+
+// heapProfile writes the manager's heap profile, named by what, when
+// BENCH_PROFILES names a directory.
+func (f *fleet) heapProfile(what string) {
+	dir := os.Getenv("BENCH_PROFILES")
+	if dir == "" {
+		return
+	}
+	resp, err := http.Get("http://" + f.pprof + "/debug/pprof/heap")
+	if err != nil {
+		return
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if data, err := io.ReadAll(resp.Body); err == nil {
+		_ = os.WriteFile(filepath.Join(dir, what+"-manager-heap.pprof"), data, 0o644)
+	}
+}
+
+// cpu is CPU time by process: the manager, the provider (if served),
+// kube-apiserver and etcd.
+type cpu map[string]time.Duration
+
+func (f *fleet) cpu(b *testing.B) cpu {
+	c := cpu{"manager": processCPU(b, f.pid())}
+	if f.provider != nil {
+		c["provider"] = processCPU(b, f.provider.Cmd.Process.Pid)
+	}
+	for name, t := range cpuByName("kube-apiserver", "etcd") {
+		c[name] = t
+	}
+	return c
+}
+
+func (c cpu) since(before cpu) cpu {
+	out := cpu{}
+	for k, v := range c {
+		out[k] = v - before[k]
+	}
+	return out
+}
+
+// report adds each process's CPU seconds to the benchmark's metrics.
+func (c cpu) report(b *testing.B) {
+	for k, v := range c {
+		b.ReportMetric(v.Seconds(), k+"-cpu-s")
+	}
+}
+
+// cpuByName sums the CPU time of the processes with each of names (only
+// one control plane runs at a time in a benchmark).
+func cpuByName(names ...string) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		if err != nil {
+			continue
+		}
+		name := strings.TrimSpace(string(comm))
+		for _, want := range names {
+			if name == want {
+				if t, err := pidCPU(pid); err == nil {
+					out[name] += t
+				}
+			}
+		}
+	}
+	return out
+}
+
+// freePort is a TCP port on the loopback interface nobody listens on now.
+func freePort(b *testing.B) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = l.Close() }()
+	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+}
+
+// syncBuffer is a buffer two goroutines (a process's stdout and stderr)
+// may write at once.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.String()
+}
+
+// warm brings one Machine up first, so that the manager's start (cache
+// sync, the first connection to the provider) is not timed.
+func (f *fleet) warm(ctx context.Context, b *testing.B) {
+	ns := namespace(ctx, b, "warm")
+	if err := f.e.InmemoryClass(ctx, ns, "small", ""); err != nil {
+		b.Fatal(err)
+	}
+	warmed, err := watchRunning(ctx, ns, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	createSet(ctx, b, ns, 1)
+	select {
+	case <-warmed:
+	case <-time.After(2 * time.Minute):
+		b.Fatalf("the manager did not run one Machine in 2m:\n%s", f.out.String())
+	}
+}
