@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -31,6 +32,7 @@ import (
 
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/index"
 	"github.com/machinist-dev/machinist/internal/requeue"
 	"github.com/machinist-dev/machinist/internal/stale"
 	"github.com/machinist-dev/machinist/internal/wake"
@@ -77,6 +79,9 @@ type Reconciler struct {
 	// milliseconds after it): it would fire a rollout move already stored,
 	// and the write would be refused.
 	writes stale.Writes
+	// cache is the manager's cache, whose index of Machines by controller
+	// counts reads; nil lists the namespace through Client.
+	cache cache.Cache
 }
 
 // NewTransitionsMetric returns the rollout transitions counter.
@@ -89,6 +94,10 @@ func NewTransitionsMetric() *prometheus.CounterVec {
 
 // SetupWithManager registers the controller and its watches.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
+	if err := index.Register(context.Background(), mgr.GetFieldIndexer()); err != nil {
+		return err
+	}
+	r.cache = mgr.GetCache()
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&machinistv1.MachineDeployment{}, builder.WithPredicates(wake.OnChangeByOthers())).
 		Owns(&machinistv1.MachineSet{}).
@@ -315,17 +324,14 @@ func (r *Reconciler) counts(ctx context.Context, md *machinistv1.MachineDeployme
 	// count would let the planner remove Machines it must keep.
 	now := r.now()
 	minReady := time.Duration(md.Spec.MinReadySeconds) * time.Second
-	var machines machinistv1.MachineList
-	if err := r.Client.List(ctx, &machines, client.InNamespace(md.Namespace), client.UnsafeDisableDeepCopy); err != nil {
-		return nil, err
-	}
-	for i := range machines.Items {
-		m := &machines.Items[i]
-		ref := metav1.GetControllerOf(m)
-		if ref == nil {
-			continue
+	for _, ms := range sets {
+		// The cache's own objects, by index: read, never modified.
+		machines, err := index.Machines(ctx, r.Client, r.cache, md.Namespace, string(ms.UID))
+		if err != nil {
+			return nil, err
 		}
-		if s, ok := out[ref.UID]; ok {
+		s := out[ms.UID]
+		for _, m := range machines {
 			s.Machines++
 			if m.DeletionTimestamp.IsZero() {
 				s.Live++

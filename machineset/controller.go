@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -33,6 +34,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/disruption"
+	"github.com/machinist-dev/machinist/internal/index"
 	"github.com/machinist-dev/machinist/internal/requeue"
 	"github.com/machinist-dev/machinist/internal/stale"
 	"github.com/machinist-dev/machinist/internal/wake"
@@ -85,6 +87,9 @@ type Reconciler struct {
 	rndMu        sync.Mutex
 	rnd          *rand.Rand
 	lastWrite    sync.Map // MachineSet key -> time of its last status write
+	// cache is the manager's cache, whose index of Machines by controller
+	// claim reads; nil lists the namespace through Client.
+	cache cache.Cache
 	// writes keeps a reconcile from writing the status of a cached set
 	// older than its own last status write: a Machine's event often wakes
 	// it milliseconds after that write, and the write would be refused.
@@ -104,6 +109,10 @@ func (r *Reconciler) init() {
 // SetupWithManager registers the controller and its watches.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
 	r.init()
+	if err := index.Register(context.Background(), mgr.GetFieldIndexer()); err != nil {
+		return err
+	}
+	r.cache = mgr.GetCache()
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&machinistv1.MachineSet{}, builder.WithPredicates(wake.OnChangeByOthers())).
 		Watches(&machinistv1.Machine{}, &machineHandler{r: r}).
@@ -171,36 +180,54 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 // releasing owned Machines that no longer match, and the Machines another
 // set is handing over to it (ReceivingAnnotation) that it does not own yet.
 func (r *Reconciler) claim(ctx context.Context, ms *machinistv1.MachineSet, selector labels.Selector) (owned, receiving []*machinistv1.Machine, err error) {
-	incoming := names(ms.Annotations[machinistv1.ReceivingAnnotation])
-	// The cache's own objects, not copies: a set of thousands is listed on
-	// every reconcile, and nothing below modifies what it lists.
-	var list machinistv1.MachineList
-	if err := r.Client.List(ctx, &list, client.InNamespace(ms.Namespace), client.UnsafeDisableDeepCopy); err != nil {
+	// The cache's own objects, by index, not copies: a set of thousands
+	// is looked at on every reconcile, and nothing below modifies them.
+	mine, err := index.Machines(ctx, r.Client, r.cache, ms.Namespace, string(ms.UID))
+	if err != nil {
 		return nil, nil, err
 	}
-	for i := range list.Items {
-		m := &list.Items[i]
-		ref := metav1.GetControllerOf(m)
-		matches := selector.Matches(labels.Set(m.Labels))
-		if incoming[m.Name] && (ref == nil || ref.UID != ms.UID) && m.DeletionTimestamp.IsZero() {
-			receiving = append(receiving, m)
-		}
-		switch {
-		case ref != nil && ref.UID == ms.UID && (matches || !m.DeletionTimestamp.IsZero()):
-			owned = append(owned, m)
-		case ref != nil && ref.UID == ms.UID:
+	for _, m := range mine {
+		if m.DeletionTimestamp.IsZero() && !selector.Matches(labels.Set(m.Labels)) {
 			if err := r.release(ctx, ms, m); err != nil {
 				return nil, nil, err
 			}
-		case ref == nil && matches && m.DeletionTimestamp.IsZero() && ms.DeletionTimestamp.IsZero():
-			adopted, err := r.adopt(ctx, ms, m)
-			if err != nil {
-				if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-					continue // changed under us; the next event brings it back
-				}
-				return nil, nil, err
+			continue
+		}
+		owned = append(owned, m)
+	}
+	orphans, err := index.Machines(ctx, r.Client, r.cache, ms.Namespace, index.Orphan)
+	if err != nil {
+		return nil, nil, err
+	}
+	incoming := names(ms.Annotations[machinistv1.ReceivingAnnotation])
+	for _, m := range orphans {
+		if incoming[m.Name] && m.DeletionTimestamp.IsZero() {
+			receiving = append(receiving, m)
+			delete(incoming, m.Name)
+		}
+		if !selector.Matches(labels.Set(m.Labels)) || !m.DeletionTimestamp.IsZero() || !ms.DeletionTimestamp.IsZero() {
+			continue
+		}
+		adopted, err := r.adopt(ctx, ms, m)
+		if err != nil {
+			if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+				continue // changed under us; the next event brings it back
 			}
-			owned = append(owned, adopted)
+			return nil, nil, err
+		}
+		owned = append(owned, adopted)
+	}
+	// Machines handed over by another set, still its own.
+	for name := range incoming {
+		m := &machinistv1.Machine{}
+		if err := r.Client.Get(ctx, types.NamespacedName{Namespace: ms.Namespace, Name: name}, m); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return nil, nil, err
+		}
+		if ref := metav1.GetControllerOf(m); ref != nil && ref.UID != ms.UID && m.DeletionTimestamp.IsZero() {
+			receiving = append(receiving, m)
 		}
 	}
 	return owned, receiving, nil

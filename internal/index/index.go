@@ -9,6 +9,9 @@ import (
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -20,6 +23,12 @@ const (
 	NodeByProviderID = "spec.providerID"
 	// MachineByProviderID finds the Machine of a providerID.
 	MachineByProviderID = "status.providerID"
+	// MachineByController finds the Machines a set controls, by the
+	// set's UID, and a namespace's orphans, by Orphan.
+	MachineByController = "metadata.controller"
+	// Orphan is the MachineByController value of a Machine no set
+	// controls.
+	Orphan = "-"
 )
 
 var registered sync.Map // client.FieldIndexer -> *sync.Once result
@@ -42,14 +51,81 @@ func Register(ctx context.Context, idx client.FieldIndexer) error {
 		}); o.err != nil {
 			return
 		}
-		o.err = idx.IndexField(ctx, &machinistv1.Machine{}, MachineByProviderID, func(obj client.Object) []string {
+		if o.err = idx.IndexField(ctx, &machinistv1.Machine{}, MachineByProviderID, func(obj client.Object) []string {
 			if id := obj.(*machinistv1.Machine).Status.ProviderID; id != "" {
 				return []string{id}
 			}
 			return nil
+		}); o.err != nil {
+			return
+		}
+		o.err = idx.IndexField(ctx, &machinistv1.Machine{}, MachineByController, func(obj client.Object) []string {
+			return []string{controller(obj)}
 		})
 	})
 	return o.err
+}
+
+// Machines returns the Machines of namespace ns whose MachineByController
+// value is value (a set's UID, or Orphan). A set of thousands is looked
+// up on each of its reconciles, so when store is the manager's cache they
+// are read from the cache's own index, neither listed nor copied: callers
+// must not modify them. Otherwise (or if the cache cannot be read that
+// way) the namespace is listed through c and filtered.
+func Machines(ctx context.Context, c client.Reader, store cache.Cache, ns, value string) ([]*machinistv1.Machine, error) {
+	if store != nil {
+		if out, ok := fromIndexer(ctx, store, ns, value); ok {
+			return out, nil
+		}
+	}
+	// Any reader, even one without the index: the namespace, filtered.
+	var list machinistv1.MachineList
+	if err := c.List(ctx, &list, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
+		return nil, err
+	}
+	var out []*machinistv1.Machine
+	for i := range list.Items {
+		if controller(&list.Items[i]) == value {
+			out = append(out, &list.Items[i])
+		}
+	}
+	return out, nil
+}
+
+// controller is a Machine's MachineByController value.
+func controller(m client.Object) string {
+	if ref := metav1.GetControllerOfNoCopy(m); ref != nil {
+		return string(ref.UID)
+	}
+	return Orphan
+}
+
+// fromIndexer reads the Machines straight from the informer's index.
+// controller-runtime keeps a field index under "field:<name>", keyed by
+// "<namespace>/<value>"; if that ever changes, the lookup fails and
+// Machines lists instead.
+func fromIndexer(ctx context.Context, store cache.Cache, ns, value string) ([]*machinistv1.Machine, bool) {
+	inf, err := store.GetInformer(ctx, &machinistv1.Machine{}, cache.BlockUntilSynced(true))
+	if err != nil {
+		return nil, false
+	}
+	indexed, ok := inf.(interface{ GetIndexer() toolscache.Indexer })
+	if !ok {
+		return nil, false
+	}
+	objs, err := indexed.GetIndexer().ByIndex("field:"+MachineByController, ns+"/"+value)
+	if err != nil {
+		return nil, false
+	}
+	out := make([]*machinistv1.Machine, 0, len(objs))
+	for _, o := range objs {
+		m, ok := o.(*machinistv1.Machine)
+		if !ok {
+			return nil, false
+		}
+		out = append(out, m)
+	}
+	return out, true
 }
 
 // NodeFor returns the Node whose spec.providerID is providerID, from the

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -82,6 +83,10 @@ func (f *fleet) start(b *testing.B) {
 	// again; no test depends on it.
 	f.metrics, f.pprof = "127.0.0.1:"+freePort(b), "127.0.0.1:"+freePort(b)
 	f.mgr = exec.Command(f.bin, append(f.args, "--metrics-bind-address="+f.metrics, "--pprof-bind-address="+f.pprof)...)
+	// The heap's figures come from the collector's own trace (heap), not
+	// from polling /metrics, which costs the manager a list of every
+	// Machine each time (the phase gauge).
+	f.mgr.Env = append(os.Environ(), "GODEBUG=gctrace=1")
 	f.out = &syncBuffer{}
 	f.mgr.Stdout, f.mgr.Stderr = f.out, f.out
 	if err := f.mgr.Start(); err != nil {
@@ -129,7 +134,8 @@ func (f *fleet) stop(b *testing.B) {
 func (f *fleet) pid() int { return f.mgr.Process.Pid }
 
 // scrape reads the manager's /metrics, summing each metric's series by
-// name and the labels controller and name (a workqueue's).
+// name and controller ("controller_runtime_reconcile_total/machine"), or
+// by name and the label name when there is no controller label.
 func (f *fleet) scrape() (map[string]float64, error) {
 	resp, err := http.Get("http://" + f.metrics + "/metrics")
 	if err != nil {
@@ -144,11 +150,17 @@ func (f *fleet) scrape() (map[string]float64, error) {
 	out := map[string]float64{}
 	for name, fam := range families {
 		for _, m := range fam.GetMetric() {
-			key := name
+			key, queue := name, ""
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "controller" || l.GetName() == "name" {
+				switch l.GetName() {
+				case "controller":
 					key += "/" + l.GetValue()
+				case "name":
+					queue = l.GetValue()
 				}
+			}
+			if key == name && queue != "" {
+				key += "/" + queue
 			}
 			switch {
 			case m.GetCounter() != nil:
@@ -161,33 +173,22 @@ func (f *fleet) scrape() (map[string]float64, error) {
 	return out, nil
 }
 
-// sampleHeap polls the manager's heap in use until the returned function
-// is called, which gives the highest figure seen.
-func (f *fleet) sampleHeap() (peak func() float64) {
-	stop := make(chan struct{})
-	var mu sync.Mutex
-	var high float64
-	go func() {
-		for {
-			if m, err := f.scrape(); err == nil {
-				mu.Lock()
-				high = max(high, m["go_memstats_heap_inuse_bytes"])
-				mu.Unlock()
-			}
-			select {
-			case <-stop:
-				return
-			case <-time.After(200 * time.Millisecond):
-			}
-		}
-	}()
-	return func() float64 {
-		close(stop)
-		mu.Lock()
-		defer mu.Unlock()
-		return high
+// heap reads the manager's garbage collector trace (GODEBUG=gctrace=1):
+// the largest heap it saw at the end of a collection, which is the peak
+// of the heap to within what one cycle allocates, and the largest heap
+// left live (marked) by one.
+func (f *fleet) heap() (peak, live float64) {
+	for _, m := range gcTrace.FindAllStringSubmatch(f.out.String(), -1) {
+		end, _ := strconv.ParseFloat(m[2], 64)
+		marked, _ := strconv.ParseFloat(m[3], 64)
+		peak, live = max(peak, end), max(live, marked)
 	}
+	return peak * (1 << 20), live * (1 << 20)
 }
+
+// gcTrace matches a gctrace line's heap sizes: at the start of the
+// collection, at its end, and marked live, in MiB.
+var gcTrace = regexp.MustCompile(`(\d+)->(\d+)->(\d+) MB`)
 
 // profile starts CPU profiles of the manager and of kube-apiserver when
 // BENCH_PROFILES names a directory, and writes them there, named by what,
