@@ -77,4 +77,4 @@ chaos: controlplane ## Kill, fail over and starve the manager over many seeds (C
 
 .PHONY: bench
 bench: controlplane ## Run the benchmarks against the real control plane (not part of make test).
-	go test -run '^$$' -bench . -benchtime 1x -timeout 60m ./test/bench/ | tee bench.out
+	go test -run '^$$' -bench . -benchtime 1x -timeout 180m ./test/bench/ | tee bench.out

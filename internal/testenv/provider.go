@@ -82,7 +82,7 @@ type ServedProvider struct {
 	// Cmd is the running process.
 	Cmd *exec.Cmd
 
-	out  *lockedBuffer
+	out  *LockedBuffer
 	done chan error
 }
 
@@ -102,7 +102,7 @@ func (e *Env) ServeProvider(name string, extra ...string) (*ServedProvider, erro
 	args := append([]string{"provider", "serve", "--provider", name, "--endpoint", endpoint,
 		"--kubeconfig", e.Kubeconfig, "--log-level", "info"}, extra...)
 	cmd := exec.Command(bin, args...)
-	out := &lockedBuffer{}
+	out := &LockedBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		return nil, err
@@ -202,18 +202,22 @@ func (p *ServedProvider) Restart() error {
 	return p.waitReady(30 * time.Second)
 }
 
-type lockedBuffer struct {
+// LockedBuffer is a buffer a process's stdout and stderr may both write
+// at once, and a test read meanwhile.
+type LockedBuffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func (b *lockedBuffer) Write(p []byte) (int, error) {
+// Write appends p.
+func (b *LockedBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
 }
 
-func (b *lockedBuffer) String() string {
+// String is what was written so far.
+func (b *LockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()

@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -39,7 +38,7 @@ type fleet struct {
 	bin      string
 	mgr      *exec.Cmd
 	done     chan error
-	out      *syncBuffer
+	out      *testenv.LockedBuffer
 	// metrics and pprof are the manager's /metrics and /debug/pprof
 	// addresses.
 	metrics, pprof string
@@ -87,7 +86,7 @@ func (f *fleet) start(b *testing.B) {
 	// from polling /metrics, which costs the manager a list of every
 	// Machine each time (the phase gauge).
 	f.mgr.Env = append(os.Environ(), "GODEBUG=gctrace=1")
-	f.out = &syncBuffer{}
+	f.out = &testenv.LockedBuffer{}
 	f.mgr.Stdout, f.mgr.Stderr = f.out, f.out
 	if err := f.mgr.Start(); err != nil {
 		b.Fatal(err)
@@ -118,6 +117,17 @@ func (f *fleet) start(b *testing.B) {
 func (f *fleet) stop(b *testing.B) {
 	if f.mgr == nil {
 		return
+	}
+	// The manager logs errors only: any is worth seeing beside the
+	// figures (the collector's trace lines are not errors).
+	var errs []string
+	for _, line := range strings.Split(f.out.String(), "\n") {
+		if line != "" && !strings.HasPrefix(line, "gc ") && len(errs) < 10 {
+			errs = append(errs, line)
+		}
+	}
+	if len(errs) > 0 {
+		b.Logf("the manager logged:\n%s", strings.Join(errs, "\n"))
 	}
 	_ = f.mgr.Process.Signal(syscall.SIGTERM)
 	select {
@@ -308,25 +318,6 @@ func freePort(b *testing.B) string {
 	}
 	defer func() { _ = l.Close() }()
 	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-}
-
-// syncBuffer is a buffer two goroutines (a process's stdout and stderr)
-// may write at once.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
 }
 
 // warm brings one Machine up first, so that the manager's start (cache

@@ -267,7 +267,8 @@ type timed struct {
 
 // timeKubectl times, three times each, the kubectl commands a person runs
 // against a fleet: the Machines' table, the rollout's status, and every
-// Machinist object (the category), keeping each one's median.
+// Machinist object (the category), keeping each one's median; and, for
+// comparison, the table of as many built-in objects (the Nodes).
 func timeKubectl(ctx context.Context, b *testing.B, f *fleet, ns, deployment string) []timed {
 	plugin := filepath.Join(filepath.Dir(f.bin), "kubectl-machine")
 	if _, err := os.Stat(plugin); err != nil {
@@ -283,6 +284,8 @@ func timeKubectl(ctx context.Context, b *testing.B, f *fleet, ns, deployment str
 		{"kubectl-get-machines", []string{"get", "machines", "-n", ns}},
 		{"kubectl-rollout-status", []string{"machine", "rollout", "status", deployment, "-n", ns}},
 		{"kubectl-get-machinist", []string{"get", "machinist", "-n", ns}},
+		// For comparison: as many built-in objects, the fleet's Nodes.
+		{"kubectl-get-nodes", []string{"get", "nodes"}},
 	}
 	var out []timed
 	for _, c := range commands {
