@@ -8,6 +8,14 @@ OPENAPI_GEN := go tool openapi-gen
 # buf and its protoc plugins are pinned in a module of their own, so that
 # their dependencies stay out of Machinist's.
 BUF := go tool -modfile=hack/tools/go.mod buf
+# Everything is built without cgo, static. kubectl's drain library links
+# Go's plugin package (through kustomize), and with cgo that makes a
+# dynamically linked binary exporting every symbol, whose symbol tables
+# alone are 20 MB that the loader reads at each start; static, the
+# manager's resident set is tens of MiB smaller (docs/benchmarks.md). The
+# tests are built the same way, so that the binaries they build
+# (internal/testenv, also without cgo) come from the same build cache.
+export CGO_ENABLED := 0
 # How long `go test` may run before it is stopped with a stack dump.
 TEST_TIMEOUT ?= 20m
 
@@ -36,15 +44,10 @@ manifests: ## Generate the CRDs (config/crd/bases) and the ClusterRoles (config/
 	$(CONTROLLER_GEN) rbac:roleName=machinist-viewer,fileName=viewer.yaml paths=./internal/rbac/viewer output:rbac:artifacts:config=config/rbac
 	$(CONTROLLER_GEN) rbac:roleName=machinist-verbs,fileName=verbs.yaml paths=./internal/rbac/verbs output:rbac:artifacts:config=config/rbac
 
-# Static binaries, without cgo: kubectl's drain library links Go's plugin
-# package (through kustomize), and with cgo that makes a dynamically linked
-# binary exporting every symbol, whose symbol tables alone are 20 MB that
-# the loader reads at each start. Static, the manager's resident set is
-# tens of MiB smaller (docs/benchmarks.md).
 .PHONY: binaries
 binaries: ## Build bin/machinist and bin/kubectl-machine (the kubectl plugin).
-	CGO_ENABLED=0 go build -o bin/machinist ./cmd/machinist
-	CGO_ENABLED=0 go build -o bin/kubectl-machine ./cmd/kubectl-machine
+	go build -o bin/machinist ./cmd/machinist
+	go build -o bin/kubectl-machine ./cmd/kubectl-machine
 
 .PHONY: run
 run: controlplane binaries ## Run everything on this host, ready for kubectl (state in .machinist/; Ctrl-C stops it).

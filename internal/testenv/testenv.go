@@ -286,7 +286,7 @@ func (e *Env) Namespace(ctx context.Context, prefix string) (string, error) {
 func Build(pkg, out string) error {
 	cmd := exec.Command("go", "build", "-o", out, pkg)
 	cmd.Dir = Root()
-	// As the Makefile builds them: see its note on CGO_ENABLED.
+	// As the Makefile builds everything: see its note on CGO_ENABLED.
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if output, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build %s: %w\n%s", pkg, err, output)
