@@ -70,6 +70,13 @@ func (e *Env) StartControllersAs(user rest.ImpersonationConfig, opts manager.Opt
 	return e.startControllers(cfg, opts, leases)
 }
 
+// StartControllersVia is StartControllers with the manager reaching
+// kube-apiserver through cfg (a fault-injecting proxy, say); the
+// provider's machines still reach it directly, as kubelets would.
+func (e *Env) StartControllersVia(cfg *rest.Config, opts manager.Options, leases Leases) (*Controllers, error) {
+	return e.startControllers(cfg, opts, leases)
+}
+
 func (e *Env) startControllers(cfg *rest.Config, opts manager.Options, leases Leases) (*Controllers, error) {
 	if opts.Actuators != nil {
 		// The caller brings its providers (and stops them).
