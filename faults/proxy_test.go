@@ -324,3 +324,29 @@ rules:
 		}
 	}
 }
+
+func TestALaggingWatchDeliversEveryEventLate(t *testing.T) {
+	_, kube := through(t, faults.Rule{Fault: faults.Latency, Verbs: []string{"watch"}, Resources: []string{"configmaps"}, Rate: 1,
+		Delay: metav1.Duration{Duration: time.Second}})
+	ctx := context.Background()
+	ns := namespace(t)
+	w, err := kube.CoreV1().ConfigMaps(ns).Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	for _, name := range []string{"a", "b"} {
+		created := time.Now()
+		if _, err := direct(t).CoreV1().ConfigMaps(ns).Create(ctx, configMap(name), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case e := <-w.ResultChan():
+			if lag := time.Since(created); e.Type != watch.Added || lag < time.Second {
+				t.Fatalf("%s: got %s after %v, want ADDED a second or more after the create", name, e.Type, lag)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: no event in 10s", name)
+		}
+	}
+}

@@ -45,7 +45,9 @@ const (
 	// without forwarding, as API Priority and Fairness does; client-go
 	// waits and retries such an answer by itself.
 	Throttle Kind = "Throttle"
-	// Latency forwards the request after Delay.
+	// Latency forwards the request after Delay; a watch it strikes is
+	// delivered Delay behind kube-apiserver, every event of it, as to a
+	// client whose cache lags.
 	Latency Kind = "Latency"
 	// CutWatch forwards a watch and breaks its stream at a random moment
 	// within Delay; the client must watch again from where it was.
@@ -74,7 +76,8 @@ type Rule struct {
 	Namespaces []string `json:"namespaces,omitempty"`
 	// Rate is the chance, from 0 to 1, that a matching request is struck.
 	Rate float64 `json:"rate"`
-	// Delay is the added latency (Latency), how long after its 504 a
+	// Delay is the added latency (Latency; for a watch, how far behind
+	// its events arrive), how long after its 504 a
 	// request is stored (LateCommit), the Retry-After (Throttle), or the
 	// longest a watch runs before it is cut (CutWatch).
 	Delay metav1.Duration `json:"delay,omitempty"`

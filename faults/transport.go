@@ -98,6 +98,8 @@ func (t *Transport) Reset(c Config) error {
 	}
 	t.rng = rand.New(rand.NewPCG(seed, 0x6661756c7473))
 	t.struck = make([]int, len(c.Rules))
+	t.lateStored.Store(0)
+	t.lateRefused.Store(0)
 	return nil
 }
 
@@ -265,6 +267,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			"Too many requests, please try again later.", d.retryAfter), nil
 
 	case Latency:
+		if info.Verb == "watch" {
+			resp, err := t.next.RoundTrip(req)
+			if err != nil || resp.StatusCode != http.StatusOK {
+				return resp, err
+			}
+			resp.Body = lag(resp.Body, d.delay)
+			return resp, nil
+		}
 		select {
 		case <-time.After(d.delay):
 		case <-req.Context().Done():
@@ -373,4 +383,72 @@ func (c *cutBody) Read(p []byte) (int, error) {
 func (c *cutBody) Close() error {
 	c.timer.Stop()
 	return c.ReadCloser.Close()
+}
+
+// laggedBody hands each part of a watch's stream on Delay after it
+// arrived: a client whose cache runs that far behind the API server.
+type laggedBody struct {
+	body  io.ReadCloser
+	delay time.Duration
+	parts chan part
+	done  chan struct{}
+	once  sync.Once
+	rest  []byte
+	err   error
+}
+
+type part struct {
+	data []byte
+	at   time.Time
+	err  error
+}
+
+func lag(body io.ReadCloser, delay time.Duration) io.ReadCloser {
+	l := &laggedBody{body: body, delay: delay, parts: make(chan part, 1024), done: make(chan struct{})}
+	go l.pump()
+	return l
+}
+
+func (l *laggedBody) pump() {
+	defer close(l.parts)
+	for {
+		buf := make([]byte, 32<<10)
+		n, err := l.body.Read(buf)
+		select {
+		case l.parts <- part{data: buf[:n], at: time.Now(), err: err}:
+		case <-l.done:
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (l *laggedBody) Read(p []byte) (int, error) {
+	for len(l.rest) == 0 {
+		if l.err != nil {
+			return 0, l.err
+		}
+		next, ok := <-l.parts
+		if !ok {
+			return 0, io.ErrUnexpectedEOF
+		}
+		if wait := time.Until(next.at.Add(l.delay)); wait > 0 {
+			select {
+			case <-time.After(wait):
+			case <-l.done:
+				return 0, io.ErrClosedPipe
+			}
+		}
+		l.rest, l.err = next.data, next.err
+	}
+	n := copy(p, l.rest)
+	l.rest = l.rest[n:]
+	return n, nil
+}
+
+func (l *laggedBody) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return l.body.Close()
 }

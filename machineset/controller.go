@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	generate "k8s.io/apiserver/pkg/storage/names"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -30,11 +31,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/internal/index"
+	"github.com/machinist-dev/machinist/internal/outcome"
 	"github.com/machinist-dev/machinist/internal/requeue"
 	"github.com/machinist-dev/machinist/internal/stale"
 	"github.com/machinist-dev/machinist/internal/wake"
@@ -94,6 +97,11 @@ type Reconciler struct {
 	// older than its own last status write: a Machine's event often wakes
 	// it milliseconds after that write, and the write would be refused.
 	writes stale.Writes
+	// statuses holds, per set, the status this controller last wrote or
+	// tried to write. A status that changes to anything else (a write of
+	// its own stored late, after a newer one) wakes the set, so the
+	// status it leaves is always the last it decided.
+	statuses sync.Map // types.NamespacedName -> machinistv1.MachineSetStatus
 }
 
 func (r *Reconciler) init() {
@@ -114,7 +122,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 	}
 	r.cache = mgr.GetCache()
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&machinistv1.MachineSet{}, builder.WithPredicates(wake.OnChangeByOthers())).
+		For(&machinistv1.MachineSet{}, builder.WithPredicates(predicate.Or(wake.OnChangeByOthers(), r.statusNotMine()))).
 		Watches(&machinistv1.Machine{}, &machineHandler{r: r}).
 		Watches(&machinistv1.MachineDisruptionBudget{}, handler.EnqueueRequestsFromMapFunc(r.heldSets),
 			builder.WithPredicates(disruption.Freed())).
@@ -148,6 +156,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			r.expectations.forget(req.NamespacedName)
 			r.lastWrite.Delete(req.NamespacedName)
 			r.writes.Forget(req.NamespacedName)
+			r.statuses.Delete(req.NamespacedName)
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
@@ -301,19 +310,25 @@ func (r *Reconciler) scale(ctx context.Context, ms *machinistv1.MachineSet, owne
 	want := int(ptrOr(ms.Spec.Replicas, 1))
 	switch diff := len(owned) + len(receiving) - want; {
 	case diff < 0:
-		n := -diff
-		r.expectations.expect(key, n, nil)
-		created, err := r.createMachines(ctx, ms, n)
-		for range n - created {
-			r.expectations.created(key) // never coming
+		// Creations whose outcome is unknown go first, under their own
+		// names: each was stored already or is stored now, never twice.
+		names := r.expectations.unsureCreates(key)
+		names = names[:min(len(names), -diff)]
+		for len(names) < -diff {
+			names = append(names, machineNames.GenerateName(ms.Name+"-"))
 		}
+		r.expectations.expectCreates(key, names)
+		created, err := r.createMachines(ctx, ms, names)
 		if created > 0 {
 			r.event(ms, corev1.EventTypeNormal, reasonCreated, "Scale", "created %d Machine(s)", created)
 		}
 		return nil, err
 
 	case diff > 0:
-		victims := pickForDeletion(owned, diff, ms.Spec.DeletePolicy, r.lockedRand())
+		// A Machine whose deletion may have been stored is chosen again
+		// before any other: it counts as deleting.
+		unsure := func(m *machinistv1.Machine) bool { return r.expectations.unsureDelete(key, m.UID) }
+		victims := pickForDeletion(owned, diff, ms.Spec.DeletePolicy, r.lockedRand(), unsure)
 		victims, held, err := r.admitted(ctx, ms, victims)
 		if err != nil {
 			return nil, err
@@ -327,20 +342,27 @@ func (r *Reconciler) scale(ctx context.Context, ms *machinistv1.MachineSet, owne
 		if len(uids) == 0 {
 			return held, nil
 		}
-		r.expectations.expect(key, 0, uids)
+		r.expectations.expectDeletes(key, uids)
 		var errs []error
 		for _, m := range victims {
 			if !m.DeletionTimestamp.IsZero() {
 				continue
 			}
-			if err := r.Client.Delete(ctx, m); err != nil {
-				r.expectations.deleted(key, m.UID)
-				if !apierrors.IsNotFound(err) {
-					errs = append(errs, fmt.Errorf("deleting Machine %s: %w", m.Name, err))
-				}
-				continue
+			// The UID precondition keeps a repeated deletion from ever
+			// reaching a new Machine of the same name.
+			err := r.Client.Delete(ctx, m, client.Preconditions{UID: &m.UID})
+			switch {
+			case err == nil:
+				r.event(ms, corev1.EventTypeNormal, reasonDeleted, "Scale", "deleting Machine %s (%s)", m.Name, deleteWhy(m, ms.Spec.DeletePolicy))
+			case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+				r.expectations.deleted(key, m.UID) // gone already
+			case outcome.Unknown(err):
+				r.expectations.deleteUnsure(key, m.UID)
+				errs = append(errs, fmt.Errorf("deleting Machine %s (outcome unknown, deleting it again): %w", m.Name, err))
+			default:
+				r.expectations.deleted(key, m.UID) // refused: not coming
+				errs = append(errs, fmt.Errorf("deleting Machine %s: %w", m.Name, err))
 			}
-			r.event(ms, corev1.EventTypeNormal, reasonDeleted, "Scale", "deleting Machine %s (%s)", m.Name, deleteWhy(m, ms.Spec.DeletePolicy))
 		}
 		return held, errors.Join(errs...)
 	}
@@ -381,7 +403,7 @@ func (r *Reconciler) lockedRand() *rand.Rand {
 }
 
 func deleteWhy(m *machinistv1.Machine, policy machinistv1.DeletePolicy) string {
-	switch deleteRank(m) {
+	switch deleteRank(m, nil) {
 	case 1:
 		return "marked with " + DeleteMachineAnnotation
 	case 2:
@@ -392,26 +414,40 @@ func deleteWhy(m *machinistv1.Machine, policy machinistv1.DeletePolicy) string {
 	return "delete policy " + string(policy)
 }
 
-// createMachines creates n Machines in growing parallel batches and
-// returns how many were created; it stops at the first failing batch.
-func (r *Reconciler) createMachines(ctx context.Context, ms *machinistv1.MachineSet, n int) (int, error) {
+// createMachines creates the Machines names in growing parallel batches
+// and returns how many it created; it stops at the first failing batch.
+// A creation whose outcome is unknown is kept to be repeated; one that
+// finds its name taken by a Machine of this set (a repeat whose first
+// attempt was stored) counts as created.
+func (r *Reconciler) createMachines(ctx context.Context, ms *machinistv1.MachineSet, names []string) (int, error) {
+	key := client.ObjectKeyFromObject(ms)
 	created := 0
-	for batch := 1; created < n; batch = min(batch*2, maxBatch) {
-		size := min(batch, n-created)
+	for batch, start := 1, 0; start < len(names); batch = min(batch*2, maxBatch) {
+		chunk := names[start:min(start+batch, len(names))]
+		start += len(chunk)
+		errs := make([]error, len(chunk))
 		var wg sync.WaitGroup
-		errs := make([]error, size)
-		for i := range size {
-			wg.Go(func() { errs[i] = r.Client.Create(ctx, newMachine(ms)) })
+		for i, name := range chunk {
+			wg.Go(func() { errs[i] = r.create(ctx, ms, name) })
 		}
 		wg.Wait()
-		failed := 0
-		for _, err := range errs {
-			if err != nil {
-				failed++
+		var failed []error
+		for i, err := range errs {
+			switch {
+			case err == nil:
+				created++
+			case outcome.Unknown(err):
+				r.expectations.createUnsure(key, chunk[i])
+				failed = append(failed, fmt.Errorf("creating Machine %s (outcome unknown, creating it again): %w", chunk[i], err))
+			default:
+				r.expectations.createRefused(key, chunk[i])
+				failed = append(failed, err)
 			}
 		}
-		created += size - failed
-		if err := errors.Join(errs...); err != nil {
+		if err := errors.Join(failed...); err != nil {
+			for _, name := range names[start:] {
+				r.expectations.createRefused(key, name) // never asked for
+			}
 			r.event(ms, corev1.EventTypeWarning, reasonCreateFailed, "Scale", "creating Machines: %v", err)
 			return created, err
 		}
@@ -419,14 +455,48 @@ func (r *Reconciler) createMachines(ctx context.Context, ms *machinistv1.Machine
 	return created, nil
 }
 
+// create creates the Machine name for ms. AlreadyExists is success when the
+// Machine there is this set's: an earlier attempt whose reply was lost.
+func (r *Reconciler) create(ctx context.Context, ms *machinistv1.MachineSet, name string) error {
+	err := r.Client.Create(ctx, newMachine(ms, name))
+	if !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	key := types.NamespacedName{Namespace: ms.Namespace, Name: name}
+	there := &machinistv1.Machine{}
+	if r.Client.Get(ctx, key, there) == nil {
+		// The cache has it, so its event has come and gone.
+		if ref := metav1.GetControllerOf(there); ref != nil && ref.UID == ms.UID {
+			r.expectations.created(client.ObjectKeyFromObject(ms), name)
+			return nil
+		}
+		return err
+	}
+	reader := r.APIReader
+	if reader == nil {
+		reader = r.Client
+	}
+	if gerr := reader.Get(ctx, key, there); gerr != nil {
+		return errors.Join(err, gerr)
+	}
+	if ref := metav1.GetControllerOf(there); ref != nil && ref.UID == ms.UID {
+		return nil // the cache shows it soon, and its event ends the wait
+	}
+	return err // a name taken by another: a new one next time
+}
+
+// machineNames names Machines as kube-apiserver's generateName would:
+// the set's name and five random characters.
+var machineNames = generate.SimpleNameGenerator
+
 // newMachine stamps a Machine out of ms's template, owned by ms and with
 // the Machine controller's finalizer already on, so that the Machine
 // controller need not spend a write adding it.
-func newMachine(ms *machinistv1.MachineSet) *machinistv1.Machine {
+func newMachine(ms *machinistv1.MachineSet, name string) *machinistv1.Machine {
 	t := ms.Spec.Template.DeepCopy()
 	return &machinistv1.Machine{
 		ObjectMeta: metav1.ObjectMeta{
-			GenerateName:    ms.Name + "-",
+			Name:            name,
 			Namespace:       ms.Namespace,
 			Labels:          t.Metadata.Labels,
 			Annotations:     t.Metadata.Annotations,
@@ -493,13 +563,17 @@ func (r *Reconciler) updateStatus(ctx context.Context, ms *machinistv1.MachineSe
 	// its MachineDeployment resizes the set (spec) many times a second in
 	// a rollout, and an update read before such a resize would be refused
 	// for no fault of its own. The cache is never older than this
-	// controller's own last status write (writes), so the patch's base
-	// holds what it last wrote.
+	// controller's own last acknowledged status write (writes), so the
+	// patch's base holds what it last wrote; a write whose reply was lost
+	// or that was stored late is set right by statusNotMine.
 	base := ms.DeepCopy()
 	ms.Status = *st
+	key := client.ObjectKeyFromObject(ms)
+	r.statuses.Store(key, *stored(st))
 	if err := r.Client.Status().Patch(ctx, ms, client.MergeFrom(base)); err != nil {
 		return res, err
 	}
+	r.statuses.Store(key, ms.Status)
 	r.wrote(ms, now)
 	r.writes.Wrote(ms)
 	if startsHeld {
@@ -507,6 +581,32 @@ func (r *Reconciler) updateStatus(ctx context.Context, ms *machinistv1.MachineSe
 		r.event(ms, corev1.EventTypeNormal, ReasonDisruptionHeld, "Scale", "not deleting Machines yet: %s", held.Message)
 	}
 	return res, nil
+}
+
+// statusNotMine passes an update of a set's status to anything but what
+// this controller last wrote or tried to write: a write of its own that
+// was answered 504 and stored later, over a newer one, or a lost reply's
+// write under a patch computed from a cache that did not show it yet.
+// The controller's own writes, as they come back, pass nothing.
+func (r *Reconciler) statusNotMine() predicate.Funcs {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		old, ok1 := e.ObjectOld.(*machinistv1.MachineSet)
+		ms, ok2 := e.ObjectNew.(*machinistv1.MachineSet)
+		if !ok1 || !ok2 || equality.Semantic.DeepEqual(old.Status, ms.Status) {
+			return false
+		}
+		mine, ok := r.statuses.Load(client.ObjectKeyFromObject(ms))
+		return !ok || !equality.Semantic.DeepEqual(mine, ms.Status)
+	}}
+}
+
+// stored is st as kube-apiserver stores it: times to the second.
+func stored(st *machinistv1.MachineSetStatus) *machinistv1.MachineSetStatus {
+	out := st.DeepCopy()
+	for i := range out.Conditions {
+		out.Conditions[i].LastTransitionTime = out.Conditions[i].LastTransitionTime.Rfc3339Copy()
+	}
+	return out
 }
 
 // availability reports whether m is Running and Ready and how long until
@@ -560,7 +660,7 @@ type machineHandler struct{ r *Reconciler }
 func (h *machineHandler) Create(ctx context.Context, e event.TypedCreateEvent[client.Object], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 	m := e.Object.(*machinistv1.Machine)
 	if key, ok := owner(m); ok {
-		h.r.expectations.created(key)
+		h.r.expectations.created(key, m.Name)
 		q.Add(reconcile.Request{NamespacedName: key})
 		return
 	}

@@ -14,10 +14,11 @@ import (
 // MachineSet scales down.
 const DeleteMachineAnnotation = "machinist.dev/delete-machine"
 
-// deleteRank orders Machines for removal: lower goes first.
-func deleteRank(m *machinistv1.Machine) int {
+// deleteRank orders Machines for removal: lower goes first. unsure tells
+// a Machine whose deletion may already have been stored.
+func deleteRank(m *machinistv1.Machine, unsure func(*machinistv1.Machine) bool) int {
 	switch {
-	case !m.DeletionTimestamp.IsZero():
+	case !m.DeletionTimestamp.IsZero(), unsure != nil && unsure(m):
 		return 0
 	case hasAnnotation(m, DeleteMachineAnnotation):
 		return 1
@@ -36,10 +37,10 @@ func hasAnnotation(m *machinistv1.Machine, key string) bool {
 }
 
 // pickForDeletion returns the n Machines to remove: those already
-// deleting, then those marked with DeleteMachineAnnotation, then Failed
+// deleting (or, by unsure, perhaps deleting), then those marked with DeleteMachineAnnotation, then Failed
 // ones, then those not Running and Ready, and among equals the order the
 // policy gives. rnd shuffles for the Random policy.
-func pickForDeletion(machines []*machinistv1.Machine, n int, policy machinistv1.DeletePolicy, rnd *rand.Rand) []*machinistv1.Machine {
+func pickForDeletion(machines []*machinistv1.Machine, n int, policy machinistv1.DeletePolicy, rnd *rand.Rand, unsure func(*machinistv1.Machine) bool) []*machinistv1.Machine {
 	if n <= 0 {
 		return nil
 	}
@@ -48,7 +49,7 @@ func pickForDeletion(machines []*machinistv1.Machine, n int, policy machinistv1.
 		rnd.Shuffle(len(ordered), func(i, j int) { ordered[i], ordered[j] = ordered[j], ordered[i] })
 	}
 	slices.SortStableFunc(ordered, func(a, b *machinistv1.Machine) int {
-		if ra, rb := deleteRank(a), deleteRank(b); ra != rb {
+		if ra, rb := deleteRank(a, unsure), deleteRank(b, unsure); ra != rb {
 			return ra - rb
 		}
 		switch policy {

@@ -1,0 +1,152 @@
+package apifaults
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/faults"
+)
+
+// A Create whose reply is lost was stored: the set must not count it as
+// never coming and create another in its place.
+func TestLostCreateRepliesCreateNoExtraMachine(t *testing.T) {
+	const n = 60
+	start(t, 11, faults.Rule{Name: "lost-creates", Fault: faults.LoseReply, Verbs: []string{"create"}, Resources: []string{"machines"}, Rate: 0.2})
+	ns := namespace(t)
+	seen := watchMachines(t, ns)
+	ms := machineSet(ns, "pool", 0)
+	if err := env.Client.Create(context.Background(), ms); err != nil {
+		t.Fatal(err)
+	}
+	scale(t, ms, n)
+	settled(t, ns, n, 2*time.Minute)
+	created, deleting := seen.counts()
+	t.Logf("%d Creates lost their reply; %d Machines created, %d deleted, for %d replicas",
+		proxy.Struck("lost-creates"), created, deleting, n)
+	if proxy.Struck("lost-creates") == 0 {
+		t.Fatal("no Create lost its reply: the test proved nothing")
+	}
+	if created != n || deleting != 0 {
+		t.Fatalf("the set created %d Machines and deleted %d for %d replicas: a lost reply was taken for a Create that never happened", created, deleting, n)
+	}
+}
+
+// A Create answered 504 is stored later: the set must neither create a
+// second Machine for the slot nor stall until the late one shows.
+func TestLateCreatesCreateNoExtraMachine(t *testing.T) {
+	const n = 30
+	start(t, 12, faults.Rule{Name: "late-creates", Fault: faults.LateCommit, Verbs: []string{"create"}, Resources: []string{"machines"}, Rate: 0.2,
+		Delay: metav1.Duration{Duration: 2 * time.Second}})
+	ns := namespace(t)
+	seen := watchMachines(t, ns)
+	ms := machineSet(ns, "pool", 0)
+	if err := env.Client.Create(context.Background(), ms); err != nil {
+		t.Fatal(err)
+	}
+	scale(t, ms, n)
+	settled(t, ns, n, 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := proxy.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// What a late Create stored after the set had settled would show now.
+	time.Sleep(2 * watchLag)
+	settled(t, ns, n, time.Minute)
+	created, deleting := seen.counts()
+	stored, refused := proxy.Late()
+	t.Logf("%d Creates answered 504 (%d stored later, %d refused as already there); %d Machines created, %d deleted, for %d replicas",
+		proxy.Struck("late-creates"), stored, refused, created, deleting, n)
+	if proxy.Struck("late-creates") == 0 {
+		t.Fatal("no Create was answered 504: the test proved nothing")
+	}
+	if created != n || deleting != 0 {
+		t.Fatalf("the set created %d Machines and deleted %d for %d replicas", created, deleting, n)
+	}
+}
+
+// A Delete whose reply is lost marked its Machine for deletion: the set
+// must not pick another victim in its place. The set shrinks one Machine
+// at a time, so that a lost reply is often a step's only Delete.
+func TestLostDeleteRepliesDeleteNoExtraMachine(t *testing.T) {
+	const from, to = 12, 4
+	start(t, 13, faults.Rule{Name: "lost-deletes", Fault: faults.LoseReply, Verbs: []string{"delete"}, Resources: []string{"machines"}, Rate: 0.5})
+	ns := namespace(t)
+	seen := watchMachines(t, ns)
+	ms := machineSet(ns, "pool", from)
+	if err := env.Client.Create(context.Background(), ms); err != nil {
+		t.Fatal(err)
+	}
+	settled(t, ns, from, 2*time.Minute)
+	for n := from - 1; n >= to; n-- {
+		scale(t, ms, int32(n))
+		waitFor(t, time.Minute, "the set to shrink", func() bool { return len(live(t, ns)) <= n })
+	}
+	settled(t, ns, to, 2*time.Minute)
+	created, deleting := seen.counts()
+	t.Logf("%d Deletes lost their reply; %d Machines deleted and %d created on the way from %d to %d",
+		proxy.Struck("lost-deletes"), deleting, created-from, from, to)
+	if proxy.Struck("lost-deletes") == 0 {
+		t.Fatal("no Delete lost its reply: the test proved nothing")
+	}
+	if deleting != from-to || created != from {
+		t.Fatalf("scaling from %d to %d deleted %d Machines and created %d: a lost reply was taken for a Delete that never happened",
+			from, to, deleting, created-from)
+	}
+}
+
+// A status write answered 504 and stored seconds later must not leave the
+// set's status older than the world once everything has settled.
+func TestALateStatusWriteLeavesTheStatusTrue(t *testing.T) {
+	const n = 3
+	start(t, 14)
+	ns := namespace(t)
+	ms := machineSet(ns, "pool", 0)
+	ctx := context.Background()
+	if err := env.Client.Create(ctx, ms); err != nil {
+		t.Fatal(err)
+	}
+	got := &machinistv1.MachineSet{}
+	waitFor(t, 10*time.Second, "the set's first status", func() bool {
+		return env.Client.Get(ctx, client.ObjectKeyFromObject(ms), got) == nil && got.Status.ObservedGeneration == got.Generation
+	})
+	// The first status write of the scale-up comes late.
+	arm(t, 14, faults.Rule{Name: "late-status", Fault: faults.LateCommit, Verbs: []string{"patch", "update"}, Resources: []string{"machinesets/status"},
+		Rate: 1, Limit: 1, Delay: metav1.Duration{Duration: 3 * time.Second}})
+	scale(t, ms, n)
+	settled(t, ns, n, time.Minute)
+	settle, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := proxy.Settle(settle); err != nil {
+		t.Fatal(err)
+	}
+	stored, refused := proxy.Late()
+	t.Logf("%d status writes answered 504: %d stored later, %d refused", proxy.Struck("late-status"), stored, refused)
+	if proxy.Struck("late-status") != 1 {
+		t.Fatal("no status write was answered 504: the test proved nothing")
+	}
+	// Settled: the status must say so, and go on saying so.
+	true3 := func(st machinistv1.MachineSetStatus) bool {
+		c := meta.FindStatusCondition(st.Conditions, machinistv1.ConditionReady)
+		return st.Replicas == n && st.ReadyReplicas == n && st.AvailableReplicas == n && c != nil && c.Status == metav1.ConditionTrue
+	}
+	waitFor(t, 10*time.Second, "the status to say 3 Ready", func() bool {
+		return env.Client.Get(ctx, client.ObjectKeyFromObject(ms), got) == nil && true3(got.Status)
+	})
+	for range 30 {
+		time.Sleep(100 * time.Millisecond)
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(ms), got); err != nil {
+			t.Fatal(err)
+		}
+		if !true3(got.Status) {
+			t.Fatalf("after the late write the status says %d Machines, %d Ready, %d available, %v; there are %d, all Ready",
+				got.Status.Replicas, got.Status.ReadyReplicas, got.Status.AvailableReplicas, got.Status.Conditions, n)
+		}
+	}
+}
