@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/outcome"
 )
 
 // Request is a voluntary disruption of one Machine that someone wants.
@@ -195,7 +196,17 @@ func (s Store) admit(ctx context.Context, req Request, now time.Time) error {
 		}
 		record(b, states[i], entry, now)
 		if err := s.Status.Status().Update(ctx, b); err != nil {
-			return errors.Join(err, release(ctx, s.Status, reserved, m.Name))
+			rerr := release(ctx, s.Status, reserved, m.Name)
+			if outcome.Unknown(err) {
+				// The record may be stored although the caller hears
+				// a failure and will not carry the disruption out:
+				// take it back wherever it is, or it would hold a slot
+				// (for as long as a pending operation of this ID is
+				// held, which may be long). A record stored later
+				// still (a 504's) lapses after Pending.
+				rerr = errors.Join(rerr, s.Release(ctx, req))
+			}
+			return errors.Join(err, rerr)
 		}
 		reserved = append(reserved, b)
 	}

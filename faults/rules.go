@@ -45,6 +45,10 @@ const (
 	// without forwarding, as API Priority and Fairness does; client-go
 	// waits and retries such an answer by itself.
 	Throttle Kind = "Throttle"
+	// Conflict answers 409 without forwarding, as kube-apiserver does
+	// when another writer stored a newer version first: a second writer
+	// without the second writer.
+	Conflict Kind = "Conflict"
 	// Latency forwards the request after Delay; a watch it strikes is
 	// delivered Delay behind kube-apiserver, every event of it, as to a
 	// client whose cache lags.
@@ -54,7 +58,7 @@ const (
 	CutWatch Kind = "CutWatch"
 )
 
-var kinds = []Kind{LoseReply, LateCommit, Unavailable, Throttle, Latency, CutWatch}
+var kinds = []Kind{LoseReply, LateCommit, Unavailable, Throttle, Conflict, Latency, CutWatch}
 
 // Rule says which requests to strike, how often and with what.
 type Rule struct {
@@ -74,6 +78,10 @@ type Rule struct {
 	// Namespaces limit the rule to requests in these namespaces; empty
 	// matches every namespace and cluster-scoped requests.
 	Namespaces []string `json:"namespaces,omitempty"`
+	// Names limit the rule to requests for objects of these names (a
+	// create names its object only when the client chose the name);
+	// empty matches every request.
+	Names []string `json:"names,omitempty"`
 	// Rate is the chance, from 0 to 1, that a matching request is struck.
 	Rate float64 `json:"rate"`
 	// Delay is the added latency (Latency; for a watch, how far behind

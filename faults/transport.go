@@ -213,6 +213,9 @@ func matches(r Rule, info *request.RequestInfo) bool {
 	if len(r.Namespaces) > 0 && !slices.Contains(r.Namespaces, info.Namespace) {
 		return false
 	}
+	if len(r.Names) > 0 && !slices.Contains(r.Names, info.Name) {
+		return false
+	}
 	return true
 }
 
@@ -265,6 +268,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeBody(req)
 		return status(req, http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests,
 			"Too many requests, please try again later.", d.retryAfter), nil
+
+	case Conflict:
+		closeBody(req)
+		return status(req, http.StatusConflict, metav1.StatusReasonConflict,
+			"Operation cannot be fulfilled: the object has been modified; please apply your changes to the latest version and try again", 0), nil
 
 	case Latency:
 		if info.Verb == "watch" {

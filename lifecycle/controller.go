@@ -198,6 +198,22 @@ type step struct {
 	// ack is the ID of an operation requested by annotation whose
 	// annotation is removed once the operation is stored.
 	ack string
+	// requested is the ID of an operation this step recorded (from the
+	// annotation or a changed version), not stored yet.
+	requested string
+}
+
+// unstored reports whether op was recorded by this step and is not yet
+// stored. Such an operation waits for the step's write before anything is
+// done for it: were the write refused or its reply lost after the budgets
+// had admitted it and the provider acted, the budgets would hold a record
+// of an operation no Machine holds, counting the Machine as disrupted
+// until the record lapsed, and the next look, finding the Node already
+// updated, would start none. Stored first, it is carried out under its one
+// ID, however often a later write fails. Its write wakes the controller:
+// a new operation ID passes machineChanged.
+func (s *step) unstored(op *machinistv1.Operation) bool {
+	return op != nil && op.ID == s.requested
 }
 
 // note is one Event to emit after the status write.
@@ -537,6 +553,9 @@ func (r *Reconciler) reconcileLive(ctx context.Context, s *step) error {
 				return nil
 			}
 		}
+		if s.unstored(op) {
+			return nil
+		}
 		if op.State == machinistv1.OperationPending {
 			if held, err := r.holdForBudget(ctx, s, op); err != nil || held {
 				return err
@@ -577,7 +596,7 @@ func (r *Reconciler) reconcileLive(ctx context.Context, s *step) error {
 	case machinistv1.MachineFailed:
 		// Only a repair moves a Failed Machine; Admit let no other in.
 		op := m.Status.Operation
-		if !InFlight(op) {
+		if !InFlight(op) || s.unstored(op) {
 			return nil
 		}
 		if op.State == machinistv1.OperationPending {

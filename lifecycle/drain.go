@@ -16,6 +16,7 @@ import (
 	"k8s.io/kubectl/pkg/drain"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/outcome"
 )
 
 // Reasons of the Drained condition.
@@ -109,6 +110,11 @@ func drainStep(ctx context.Context, kube kubernetes.Interface, node *corev1.Node
 		err := helper.EvictPod(pod, policyv1.SchemeGroupVersion)
 		switch {
 		case err == nil, apierrors.IsNotFound(err):
+			terminating++
+		case outcome.Unknown(err):
+			// Perhaps evicted, perhaps not: the next round sees the pod
+			// terminating, or asks again. Not an error: an eviction is
+			// safe to ask twice.
 			terminating++
 		case apierrors.IsTooManyRequests(err):
 			blocked = append(blocked, fmt.Sprintf("%s/%s: %s", pod.Namespace, pod.Name, budgetMessage(err)))

@@ -211,7 +211,7 @@ func (r *Reconciler) takeRequest(ctx context.Context, s *step, value string) err
 		by = " of " + op.RequestedBy
 	}
 	s.note(corev1.EventTypeNormal, reasonRequested, "Request", "%s %s requested by annotation%s", verbOf(typ), op.ID, by)
-	s.ack = op.ID
+	s.ack, s.requested = op.ID, op.ID
 	return nil
 }
 
@@ -295,6 +295,7 @@ func (r *Reconciler) updateFor(ctx context.Context, s *step, class *machinistv1.
 		return nil
 	}
 	s.note(corev1.EventTypeNormal, reasonRequested, "Update", "update %s requested: version %s -> %s", op.ID, have, want)
+	s.requested = op.ID
 	return op
 }
 
