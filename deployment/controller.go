@@ -32,6 +32,7 @@ import (
 
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/patch"
 	"github.com/machinist-dev/machinist/internal/index"
 	"github.com/machinist-dev/machinist/internal/requeue"
 	"github.com/machinist-dev/machinist/internal/stale"
@@ -409,8 +410,8 @@ func (r *Reconciler) scale(ctx context.Context, md *machinistv1.MachineDeploymen
 		if rolling {
 			patched.Annotations[machinistv1.RollingOutAnnotation] = md.Name
 		}
-		if err := r.Client.Patch(ctx, patched, client.MergeFrom(ms)); err != nil {
-			errs = append(errs, fmt.Errorf("scaling MachineSet %s: %w", ms.Name, err))
+		if err := r.Client.Patch(ctx, patched, resize(ms, patched)); err != nil {
+			errs = append(errs, fmt.Errorf("scaling MachineSet %s: %w", ms.Name, patch.Conflict(err)))
 			continue
 		}
 		if ok && n != ptrOr(ms.Spec.Replicas) {
@@ -419,6 +420,32 @@ func (r *Reconciler) scale(ctx context.Context, md *machinistv1.MachineDeploymen
 		*ms = *patched
 	}
 	return errors.Join(errs...)
+}
+
+// resize is the patch from ms to patched: its size and annotations, on
+// the condition that its spec is still the one the plan was made from (its
+// generation). The plan's sizes are absolute and computed from every set's
+// size at once; written over a size that someone changed since (a resize
+// of the deployment's own stored late after a 504, a user's scale, the
+// in-place hand-over's count), they would undo it, and overshoot maxSurge
+// or maxUnavailable. A set's status writes change its resourceVersion,
+// not its generation, so they never refuse a resize.
+func resize(ms, patched *machinistv1.MachineSet) client.Patch {
+	var p patch.JSON
+	p.Test("/metadata/generation", ms.Generation)
+	if r := patched.Spec.Replicas; r != nil && (ms.Spec.Replicas == nil || *r != *ms.Spec.Replicas) {
+		p.Set("/spec/replicas", *r)
+	}
+	if ms.Annotations == nil {
+		p.Set("/metadata/annotations", patched.Annotations)
+		return p.Patch()
+	}
+	for k, v := range patched.Annotations {
+		if have, ok := ms.Annotations[k]; !ok || have != v {
+			p.Set("/metadata/annotations/"+patch.Key(k), v)
+		}
+	}
+	return p.Patch()
 }
 
 // ReasonDisruptionHeld is the Progressing condition's reason while a

@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/patch"
 	"github.com/machinist-dev/machinist/internal/index"
 )
 
@@ -122,25 +123,42 @@ func (r *Reconciler) applyNodeSpec(ctx context.Context, node *corev1.Node, m *ma
 		taints = setTaint(taints, t)
 	}
 
-	patched := node.DeepCopy()
+	// A JSON patch of just what changes. Labels are set key by key, so
+	// others' labels stay; taints are one atomic list, so setting them is
+	// tested against the list this change was computed from: a taint that
+	// the node lifecycle controller, a user or another controller added or
+	// removed since the cache saw the Node is never undone by a list from
+	// before it (a Conflict, and the change is decided again).
+	var p patch.JSON
 	for k, v := range labels {
-		if patched.Labels[k] != v {
-			if patched.Labels == nil {
-				patched.Labels = map[string]string{}
-			}
-			patched.Labels[k] = v
+		if have, ok := node.Labels[k]; ok && have == v {
+			continue
 		}
+		if node.Labels == nil {
+			p.Set("/metadata/labels", labels)
+			break
+		}
+		p.Set("/metadata/labels/"+patch.Key(k), v)
 	}
+	want := node.Spec.Taints
 	for _, t := range taints {
-		patched.Spec.Taints = setTaint(patched.Spec.Taints, t)
+		want = setTaint(want, t)
 	}
-	if uncordon {
-		patched.Spec.Unschedulable = false
+	if !equalTaints(node.Spec.Taints, want) {
+		var had any // a Node without taints has no such field
+		if len(node.Spec.Taints) > 0 {
+			had = node.Spec.Taints
+		}
+		p.Test("/spec/taints", had)
+		p.Set("/spec/taints", want)
 	}
-	if equalNodeSpec(node, patched) && node.Spec.Unschedulable == patched.Spec.Unschedulable {
+	if uncordon && node.Spec.Unschedulable {
+		p.Set("/spec/unschedulable", false)
+	}
+	if p.Empty() {
 		return nil
 	}
-	return r.Client.Patch(ctx, patched, client.MergeFrom(node))
+	return patch.Conflict(r.Client.Patch(ctx, node.DeepCopy(), p.Patch()))
 }
 
 // setTaint adds t, replacing a taint with the same key and effect.
@@ -158,29 +176,14 @@ func setTaint(taints []corev1.Taint, t corev1.Taint) []corev1.Taint {
 	return append(append([]corev1.Taint(nil), taints...), t)
 }
 
-func equalNodeSpec(a, b *corev1.Node) bool {
-	if len(a.Labels) != len(b.Labels) || len(a.Spec.Taints) != len(b.Spec.Taints) {
+func equalTaints(a, b []corev1.Taint) bool {
+	if len(a) != len(b) {
 		return false
 	}
-	for k, v := range a.Labels {
-		if w, ok := b.Labels[k]; !ok || w != v {
-			return false
-		}
-	}
-	for i := range a.Spec.Taints {
-		if !a.Spec.Taints[i].MatchTaint(&b.Spec.Taints[i]) || a.Spec.Taints[i].Value != b.Spec.Taints[i].Value {
+	for i := range a {
+		if !a[i].MatchTaint(&b[i]) || a[i].Value != b[i].Value {
 			return false
 		}
 	}
 	return true
-}
-
-// uncordon makes the Node schedulable again.
-func (r *Reconciler) uncordon(ctx context.Context, node *corev1.Node) error {
-	if !node.Spec.Unschedulable {
-		return nil
-	}
-	patched := node.DeepCopy()
-	patched.Spec.Unschedulable = false
-	return r.Client.Patch(ctx, patched, client.MergeFrom(node))
 }

@@ -7,6 +7,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -149,4 +150,29 @@ func TestALateStatusWriteLeavesTheStatusTrue(t *testing.T) {
 				got.Status.Replicas, got.Status.ReadyReplicas, got.Status.AvailableReplicas, got.Status.Conditions, n)
 		}
 	}
+}
+
+// A set's status is its controller's alone: written by anyone else (or
+// by a write of its own stored after a newer one), it is set right.
+func TestAStatusWrittenByAnotherIsSetRight(t *testing.T) {
+	const n = 2
+	start(t, 15)
+	ns := namespace(t)
+	ctx := context.Background()
+	ms := machineSet(ns, "pool", n)
+	if err := env.Client.Create(ctx, ms); err != nil {
+		t.Fatal(err)
+	}
+	settled(t, ns, n, time.Minute)
+	got := &machinistv1.MachineSet{}
+	waitFor(t, 10*time.Second, "the status to say 2 Ready", func() bool {
+		return env.Client.Get(ctx, client.ObjectKeyFromObject(ms), got) == nil && got.Status.ReadyReplicas == n
+	})
+	wrong := client.RawPatch(types.MergePatchType, []byte(`{"status":{"readyReplicas":7,"availableReplicas":7}}`))
+	if err := env.Client.Status().Patch(ctx, got, wrong); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the status set right", func() bool {
+		return env.Client.Get(ctx, client.ObjectKeyFromObject(ms), got) == nil && got.Status.ReadyReplicas == n && got.Status.AvailableReplicas == n
+	})
 }
