@@ -27,6 +27,7 @@ import (
 	subresourcesv1 "github.com/machinist-dev/machinist/api/subresources/v1alpha1"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/disruption"
+	"github.com/machinist-dev/machinist/internal/outcome"
 	"github.com/machinist-dev/machinist/lifecycle"
 )
 
@@ -147,12 +148,31 @@ func (s *verbStorage) record(ctx context.Context, namespace, name string, opts *
 		if err == nil {
 			return m, nil
 		}
+		if outcome.Unknown(err) {
+			// The reply was lost, or kube-apiserver gave up waiting:
+			// the operation may be stored all the same. If it is, it
+			// is carried out, and the request succeeded.
+			if stored, ok := s.stored(ctx, m); ok {
+				return stored, nil
+			}
+		}
 		// The budgets counted an operation that was not stored.
 		_ = disruption.Direct(s.client).Release(ctx, disrupt)
 		if !apierrors.IsConflict(err) || i+1 == attempts {
 			return nil, translate(err, name)
 		}
 	}
+}
+
+// stored reads m back and reports whether it holds the operation this
+// request wrote.
+func (s *verbStorage) stored(ctx context.Context, m *machinistv1.Machine) (*machinistv1.Machine, bool) {
+	back := &machinistv1.Machine{}
+	if err := s.client.Get(ctx, client.ObjectKeyFromObject(m), back); err != nil {
+		return nil, false
+	}
+	op := back.Status.Operation
+	return back, op != nil && op.ID == m.Status.Operation.ID
 }
 
 // decode reads the options body strictly: malformed JSON is 400, an

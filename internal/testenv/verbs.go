@@ -30,11 +30,15 @@ type Verbs struct {
 
 // StartVerbs starts the aggregated verbs server on a free local port,
 // registers it, and waits until kube-apiserver reports it Available.
-func (e *Env) StartVerbs() (*Verbs, error) {
+func (e *Env) StartVerbs() (*Verbs, error) { return e.StartVerbsVia(e.Kubeconfig) }
+
+// StartVerbsVia is StartVerbs with the server reaching kube-apiserver
+// through the kubeconfig file at path (a fault-injecting proxy's, say).
+func (e *Env) StartVerbsVia(kubeconfig string) (*Verbs, error) {
 	srv, err := apiserver.New(apiserver.Options{
 		CertDir:    filepath.Join(e.dir, "verbs"),
 		Hosts:      apiserver.ServiceHosts(VerbsService),
-		Kubeconfig: e.Kubeconfig,
+		Kubeconfig: kubeconfig,
 	})
 	if err != nil {
 		return nil, err
