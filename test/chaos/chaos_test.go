@@ -19,9 +19,16 @@ import (
 // while it does the seed's scenario; the supervisor starts it again each
 // time, and the run must converge with the books straight.
 func TestKill(t *testing.T) {
-	forEachSeed(t, func(t *testing.T, r *run) {
-		sc := scenarios[r.seed%uint64(len(scenarios))]
-		t.Logf("scenario: %s", sc.name)
+	var names []string
+	for _, sc := range scenarios {
+		names = append(names, sc.name)
+	}
+	var midWork, after int
+	defer func() {
+		t.Logf("TestKill: %d kills, %d of them mid-work and %d after the work was done", midWork+after, midWork, after)
+	}()
+	forEachScenario(t, names, func(t *testing.T, r *run, i int) {
+		sc := scenarios[i]
 		rep := r.startReplica("a")
 		r.waitLeader(rep)
 		sc.setup(r)
@@ -58,8 +65,10 @@ func TestKill(t *testing.T) {
 		for i, k := range at {
 			if _, ok := r.monitor.firstWrite(arrivedAfter(k.Add(2 * time.Second))); !ok {
 				r.note("kill %d struck after the work was done", i+1)
+				after++
 			} else {
 				r.note("kill %d struck mid-work", i+1)
+				midWork++
 			}
 		}
 		if exits := rep.unplannedExits(); len(exits) > 0 {

@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,7 +37,7 @@ import (
 
 var (
 	seedFlag = flag.Uint64("chaos.seed", 0, "first seed (default $CHAOS_SEED, else 1; make chaos defaults it to the clock)")
-	runsFlag = flag.Int("chaos.runs", 0, "seeds to run per test (default $CHAOS_RUNS, else 1)")
+	runsFlag = flag.Int("chaos.runs", 0, "seeds to run per scenario of each test (default $CHAOS_RUNS, else 1)")
 	keepFlag = flag.Bool("chaos.keep", false, "keep every run's logs and state, not only a failed run's")
 )
 
@@ -115,20 +116,21 @@ func TestMain(m *testing.M) {
 		}))
 }
 
-// seeds returns the seeds a test runs: CHAOS_RUNS of them from CHAOS_SEED.
-func seeds(t *testing.T) []uint64 {
-	first, runs := *seedFlag, *runsFlag
-	if first == 0 {
-		first = envUint(t, "CHAOS_SEED", 1)
+// runsPerScenario is CHAOS_RUNS: how many seeds each scenario of a test
+// runs (default 1, so that `make test` runs every scenario once).
+func runsPerScenario(t *testing.T) int {
+	if *runsFlag > 0 {
+		return *runsFlag
 	}
-	if runs == 0 {
-		runs = int(envUint(t, "CHAOS_RUNS", 1))
+	return int(envUint(t, "CHAOS_RUNS", 1))
+}
+
+// firstSeed is CHAOS_SEED, or 1.
+func firstSeed(t *testing.T) uint64 {
+	if *seedFlag > 0 {
+		return *seedFlag
 	}
-	out := make([]uint64, runs)
-	for i := range out {
-		out[i] = first + uint64(i)
-	}
-	return out
+	return envUint(t, "CHAOS_SEED", 1)
 }
 
 func envUint(t *testing.T, name string, def uint64) uint64 {
@@ -145,20 +147,48 @@ func envUint(t *testing.T, name string, def uint64) uint64 {
 
 // forEachSeed runs one subtest per seed, and stops at the first failure: a
 // failed run may leave Machines behind that would confuse the next.
-func forEachSeed(t *testing.T, run func(t *testing.T, r *run)) {
+func forEachSeed(t *testing.T, body func(t *testing.T, r *run)) {
 	t.Helper()
-	var passed int
-	all := seeds(t)
-	for _, seed := range all {
+	forEachScenario(t, []string{""}, func(t *testing.T, r *run, _ int) { body(t, r) })
+}
+
+// forEachScenario runs CHAOS_RUNS seeds of each of the named scenarios
+// (those whose name contains CHAOS_SCENARIO, when it is set), from
+// CHAOS_SEED on: seed s runs scenario s mod len(names), so that a seed
+// names its scenario wherever a run of seeds starts. It stops at the
+// first failure.
+func forEachScenario(t *testing.T, names []string, body func(t *testing.T, r *run, scenario int)) {
+	t.Helper()
+	runs, first := runsPerScenario(t), firstSeed(t)
+	filter := os.Getenv("CHAOS_SCENARIO")
+	want := map[int]int{}
+	for i, name := range names {
+		if filter == "" || strings.Contains(name, filter) {
+			want[i] = runs
+		}
+	}
+	if len(want) == 0 {
+		t.Skipf("no scenario of %s matches CHAOS_SCENARIO=%q", t.Name(), filter)
+	}
+	passed, total := 0, runs*len(want)
+	seed := first
+	for ; passed < total; seed++ {
+		i := int(seed % uint64(len(names)))
+		if want[i] == 0 {
+			continue
+		}
 		ok := t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			r := newRun(t, seed)
-			run(t, r)
+			if names[i] != "" {
+				t.Logf("scenario: %s", names[i])
+			}
+			body(t, newRun(t, seed), i)
 		})
 		if !ok {
-			t.Logf("seed %d failed; reproduce with: CHAOS_SEED=%d CHAOS_RUNS=1 make chaos CHAOS_TESTS='^%s$'", seed, seed, t.Name())
+			t.Logf("seed %d failed; reproduce with: CHAOS_SEED=%d CHAOS_RUNS=1 make chaos CHAOS_TESTS='^%s$' CHAOS_SCENARIO='%s'", seed, seed, t.Name(), names[i])
 			break
 		}
+		want[i]--
 		passed++
 	}
-	t.Logf("%s: %d of %d runs passed (seeds %d..%d)", t.Name(), passed, len(all), all[0], all[len(all)-1])
+	t.Logf("%s: %d of %d runs passed (%d per scenario, seeds %d..%d)", t.Name(), passed, total, runs, first, seed-1)
 }

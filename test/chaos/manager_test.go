@@ -45,7 +45,9 @@ func (r *run) startReplica(name string) *replica {
 		name: name,
 		log:  filepath.Join(r.dir, name+".log"),
 		args: []string{"manager",
-			"--kubeconfig=" + env.Kubeconfig,
+			"--kubeconfig=" + r.managerKubeconfig(),
+			// The agents, as kubelets, reach kube-apiserver directly.
+			"--process-kubeconfig=" + env.Kubeconfig,
 			"--leader-elect", "--leader-election-namespace=" + leaseNamespace,
 			"--leader-elect-lease-duration=" + leaseDuration.String(),
 			"--leader-elect-renew-deadline=" + renewDeadline.String(),

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/machinist-dev/machinist/actuators/process"
+	"github.com/machinist-dev/machinist/faults"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 )
 
@@ -49,6 +50,9 @@ type run struct {
 	restarts      func(uid types.UID, providerID string) (int, bool)
 	// stops run after the teardown, last registered first.
 	stops []func()
+	// proxy, when the run has one, stands between the managers and
+	// kube-apiserver with faults (TestAPIFaults).
+	proxy *faults.Proxy
 	// ops are the operations requested in this run, by Machine name.
 	ops map[string][]string
 	// notes are figures worth reporting (failover times and such).
@@ -161,6 +165,22 @@ func (r *run) teardown() {
 	if err != nil {
 		t.Errorf("teardown: %v", err)
 	}
+}
+
+// managerKubeconfig is the kubeconfig file the run's managers use: the
+// proxy's when the run has one.
+func (r *run) managerKubeconfig() string {
+	if r.proxy == nil {
+		return env.Kubeconfig
+	}
+	path := r.dir + "/proxy.kubeconfig"
+	if _, err := os.Stat(path); err == nil {
+		return path
+	}
+	raw, err := r.proxy.Kubeconfig()
+	r.must(err)
+	r.must(os.WriteFile(path, raw, 0o600))
+	return path
 }
 
 // note records a figure for the run's log.

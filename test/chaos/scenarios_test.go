@@ -84,6 +84,19 @@ var scenarios = []scenario{
 		versions: 100,
 	},
 	{
+		name: "in-place rollout of 10, maxUnavailable 2",
+		setup: func(r *run) {
+			r.createDeployment(10, inPlace(2), "v1.37.1")
+			r.wait("10 Machines Running", func() error { return r.deploymentSettled("v1.37.1") })
+		},
+		act: func(r *run) time.Duration {
+			r.setVersion("v1.37.2")
+			return 10 * time.Second
+		},
+		want:     func(r *run) error { return r.deploymentSettled("v1.37.2") },
+		versions: 60,
+	},
+	{
 		name: "Recreate rollout of 10",
 		setup: func(r *run) {
 			r.createDeployment(10, machinistv1.MachineDeploymentStrategy{Type: machinistv1.RecreateStrategy}, "v1.37.1")
@@ -149,6 +162,13 @@ func rolling(surge, unavailable int32) machinistv1.MachineDeploymentStrategy {
 			MaxSurge: ptr.To(intstr.FromInt32(surge)), MaxUnavailable: ptr.To(intstr.FromInt32(unavailable)),
 		},
 	}
+}
+
+// inPlace updates Machines where they stand, maxUnavailable at a time,
+// never replacing one.
+func inPlace(maxUnavailable int32) machinistv1.MachineDeploymentStrategy {
+	return machinistv1.MachineDeploymentStrategy{Type: machinistv1.InPlaceStrategy, InPlace: &machinistv1.InPlaceUpdate{
+		MaxUnavailable: ptr.To(intstr.FromInt32(maxUnavailable)), Fallback: machinistv1.FallbackNever}}
 }
 
 func template(labels map[string]string, version string) machinistv1.MachineTemplateSpec {
@@ -263,7 +283,10 @@ func (r *run) deploymentSettled(version string) error {
 	}
 	for _, m := range ms {
 		if m.Spec.Version != version {
-			return fmt.Errorf("Machine %s runs %s, want %s", m.Name, m.Spec.Version, version)
+			return fmt.Errorf("Machine %s asks for %s, want %s", m.Name, m.Spec.Version, version)
+		}
+		if info := m.Status.NodeInfo; info == nil || info.KubeletVersion != version {
+			return fmt.Errorf("Machine %s's Node does not run %s yet", m.Name, version)
 		}
 	}
 	st := md.Status
