@@ -116,7 +116,9 @@ func TestAPIFaults(t *testing.T) {
 	}
 	totals := map[string]int{}
 	var lateStored, lateRefused int
-	defer func() { t.Logf("TestAPIFaults, faults struck in all: %s; late commits stored %d, refused %d", summary(totals), lateStored, lateRefused) }()
+	defer func() {
+		t.Logf("TestAPIFaults, faults struck in all: %s; late commits stored %d, refused %d", summary(totals), lateStored, lateRefused)
+	}()
 	forEachScenario(t, names, func(t *testing.T, r *run, i int) {
 		sc := apiScenarios[i]
 		p, err := faults.Start(env.Config, apiFaults(r.seed), "127.0.0.1:0")

@@ -18,8 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/machinist-dev/machinist/actuators/process"
-	"github.com/machinist-dev/machinist/faults"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/faults"
 )
 
 // leaseNamespace holds the managers' leader Lease.
