@@ -33,5 +33,6 @@ func root() *cobra.Command {
 	cmd.AddCommand(apiserverCommand())
 	cmd.AddCommand(runCommand())
 	cmd.AddCommand(providerCommand())
+	cmd.AddCommand(faultProxyCommand())
 	return cmd
 }
