@@ -167,15 +167,20 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err != nil {
 		return reconcile.Result{}, reconcile.TerminalError(fmt.Errorf("invalid selector: %w", err))
 	}
+	// Asked before the cache is read, as Kubernetes' ReplicaSet does: a
+	// Machine this set created whose event arrived between the read and
+	// the question would be neither awaited any more nor counted, and
+	// would be created again. Satisfied now, every write it made is in
+	// what claim reads next.
+	caughtUp := r.expectations.satisfied(req.NamespacedName)
 	owned, receiving, err := r.claim(ctx, ms, selector)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
 
-	// Scale only when the cache has caught up with every earlier write.
 	var scaleErr error
 	var held *disruption.Refusal
-	if ms.DeletionTimestamp.IsZero() && r.expectations.satisfied(req.NamespacedName) {
+	if ms.DeletionTimestamp.IsZero() && caughtUp {
 		held, scaleErr = r.scale(ctx, ms, handedOver(ms, owned), receiving)
 	}
 	res, err := r.updateStatus(ctx, ms, owned, selector, held)

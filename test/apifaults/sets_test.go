@@ -176,3 +176,39 @@ func TestAStatusWrittenByAnotherIsSetRight(t *testing.T) {
 		return env.Client.Get(ctx, client.ObjectKeyFromObject(ms), got) == nil && got.Status.ReadyReplicas == n && got.Status.AvailableReplicas == n
 	})
 }
+
+// Whether a set's earlier writes are all in the cache must be asked before
+// the cache is read, not after: Machines the set created that arrive in
+// between would otherwise be counted neither as awaited nor as owned, and
+// created again. The window is widest when the reconcile writes on the way,
+// as it does adopting an orphan; here that write takes a second.
+func TestAnAdoptionDuringAScaleUpCreatesNoExtraMachine(t *testing.T) {
+	const n = 20
+	start(t, 16, faults.Rule{Name: "slow-adoption", Fault: faults.Latency, Verbs: []string{"patch"}, Resources: []string{"machines"},
+		Rate: 1, Limit: 1, Delay: metav1.Duration{Duration: time.Second}})
+	ns := namespace(t)
+	ctx := context.Background()
+	seen := watchMachines(t, ns)
+	ms := machineSet(ns, "pool", 0)
+	if err := env.Client.Create(ctx, ms); err != nil {
+		t.Fatal(err)
+	}
+	scale(t, ms, n)
+	orphan := &machinistv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "orphan", Labels: map[string]string{"pool": "pool"},
+			Finalizers: []string{machinistv1.MachineFinalizer}},
+		Spec: machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}, Version: "v1.37.2"},
+	}
+	if err := env.Client.Create(ctx, orphan); err != nil {
+		t.Fatal(err)
+	}
+	settled(t, ns, n, 2*time.Minute)
+	created, deleting := seen.counts()
+	t.Logf("%d adoption slowed; the set created %d Machines and deleted %d for %d replicas and one orphan", proxy.Struck("slow-adoption"), created-1, deleting, n)
+	if proxy.Struck("slow-adoption") != 1 {
+		t.Fatal("no adoption was slowed: the test proved nothing")
+	}
+	if created-1 > n {
+		t.Fatalf("the set created %d Machines for %d replicas", created-1, n)
+	}
+}

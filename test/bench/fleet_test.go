@@ -75,6 +75,16 @@ func newFleet(b *testing.B, served bool) *fleet {
 	return f
 }
 
+// via has the manager reach kube-apiserver through the kubeconfig file
+// at path (a fault proxy's) from its next start.
+func (f *fleet) via(path string) {
+	for i, a := range f.args {
+		if a == "--kubeconfig" {
+			f.args[i+1] = path
+		}
+	}
+}
+
 // start starts the manager and waits until it serves its metrics.
 func (f *fleet) start(b *testing.B) {
 	// The ports are chosen free and then released for the manager to

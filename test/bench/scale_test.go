@@ -109,6 +109,7 @@ func scaleUp(b *testing.B, n int) {
 	if err := f.e.InmemoryClass(ctx, ns, "small", ""); err != nil {
 		b.Fatal(err)
 	}
+	ever := countCreated(ctx, b, ns)
 	running, err := watchRunning(ctx, ns, n)
 	if err != nil {
 		b.Fatal(err)
@@ -149,6 +150,7 @@ func scaleUp(b *testing.B, n int) {
 	}
 	w := after.Done.Since(before.Done)
 	f.heapProfile(fmt.Sprintf("scale-%d", n))
+	exact(ctx, b, ns, n, ever)
 
 	// Every Machine, the warm-up's too, is reconciled once after a restart.
 	plain := f.restart(ctx, b, n+1, nil)
