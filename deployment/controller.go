@@ -194,13 +194,20 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 		case revision(newSet) <= maxOld:
 			// A rollback to an earlier template: its set becomes the newest
 			// revision again instead of a copy being made.
+			// Tested on the revision it replaces: a rollback stored late,
+			// after a later one, must not give the set an old revision.
 			patched := newSet.DeepCopy()
 			patched.Annotations[machinistv1.RevisionAnnotation] = strconv.FormatInt(maxOld+1, 10)
+			var p patch.JSON
+			key := "/metadata/annotations/" + patch.Key(machinistv1.RevisionAnnotation)
+			p.Test(key, newSet.Annotations[machinistv1.RevisionAnnotation])
+			p.Set(key, patched.Annotations[machinistv1.RevisionAnnotation])
 			if cause, ok := md.Annotations[machinistv1.ChangeCauseAnnotation]; ok {
 				patched.Annotations[machinistv1.ChangeCauseAnnotation] = cause
+				p.Set("/metadata/annotations/"+patch.Key(machinistv1.ChangeCauseAnnotation), cause)
 			}
-			if err := r.Client.Patch(ctx, patched, client.MergeFrom(newSet)); err != nil {
-				return reconcile.Result{}, err
+			if err := r.Client.Patch(ctx, patched, p.Patch()); err != nil {
+				return reconcile.Result{}, patch.Conflict(err)
 			}
 			newSet = patched
 			r.event(md, corev1.EventTypeNormal, "RolledBack", "Rollback", "template of revision %d is current again", revision(newSet))
