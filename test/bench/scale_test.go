@@ -103,17 +103,7 @@ func scaleUp(b *testing.B, n int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	f := newFleet(b, true)
-	f.start(b)
-	f.warm(ctx, b)
-	ns := namespace(ctx, b, "scale")
-	if err := f.e.InmemoryClass(ctx, ns, "small", ""); err != nil {
-		b.Fatal(err)
-	}
-	ever := countCreated(ctx, b, ns)
-	running, err := watchRunning(ctx, ns, n)
-	if err != nil {
-		b.Fatal(err)
-	}
+	ns, ever, running := f.scaleNamespace(ctx, b, n)
 	before, err := testenv.ReadWrites(ctx, f.kube)
 	if err != nil {
 		b.Fatal(err)

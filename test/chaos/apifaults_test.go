@@ -8,14 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/inmemory"
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/faults"
 	"github.com/machinist-dev/machinist/internal/manager"
 )
@@ -164,41 +159,18 @@ func summary(counts map[string]int) string {
 func TestScaleUpUnderLostCreateReplies(t *testing.T) {
 	const n = 1000
 	forEachSeed(t, func(t *testing.T, r *run) {
-		ctx, cancel := context.WithCancel(context.Background())
 		p, err := faults.Start(env.Config, faults.Config{Seed: r.seed, Rules: []faults.Rule{
 			{Name: "lost", Fault: faults.LoseReply, Verbs: []string{"create"}, Resources: []string{"machines"}, Rate: 0.02},
 			{Name: "late", Fault: faults.LateCommit, Verbs: []string{"create"}, Resources: []string{"machines"}, Rate: 0.01,
 				Delay: metav1.Duration{Duration: 2 * time.Second}},
 		}}, "127.0.0.1:0")
 		r.must(err)
+		r.stops = append(r.stops, func() { _ = p.Close() })
 		// Kubelets that renew rarely: a thousand of them every two
 		// seconds would be the test's load, not the set's.
 		provider, err := inmemory.New(inmemory.Options{Config: env.Config, LeaseDurationSeconds: 3600, RenewInterval: 20 * time.Minute, Seed: r.seed})
 		r.must(err)
-		reg := actuators.NewRegistry()
-		r.must(reg.Register(inmemory.Name, provider))
-		mgr, err := manager.New(ctx, p.Config(), env.Scheme, manager.Options{
-			Actuators: reg, Repeatable: true, Registry: prometheus.NewRegistry(), QPS: 500, Burst: 1000,
-		})
-		r.must(err)
-		done := make(chan error, 1)
-		go func() { done <- mgr.Start(ctx) }()
-		r.holdings = func() (int, int) { return len(instancesOf(provider, r.ns)), 0 }
-		r.checkProvider = func() error { return inmemoryBooks(provider, r.ns, r.machineList()) }
-		r.restarts = func(_ types.UID, id string) (int, bool) {
-			n, err := provider.Restarts(id)
-			return n, err == nil
-		}
-		r.stops = append(r.stops, func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Error(err)
-			}
-			provider.Stop()
-			_ = p.Close()
-		})
-		r.must(env.Client.Patch(ctx, &machinistv1.MachineClass{ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: class}},
-			client.RawPatch(types.MergePatchType, []byte(`{"spec":{"provider":"inmemory"}}`))))
+		r.managerInProcess(p.Config(), provider, provider, manager.Options{QPS: 500, Burst: 1000})
 		r.createSet(0, nil)
 		began := time.Now()
 		r.scaleSet(n)

@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/machinist-dev/machinist/actuators"
@@ -119,34 +120,10 @@ var shortBackoff = lifecycle.Backoff{Base: 500 * time.Millisecond, Cap: 5 * time
 // provider itself.
 func TestProviderFaults(t *testing.T) {
 	forEachSeed(t, func(t *testing.T, r *run) {
-		ctx, cancel := context.WithCancel(context.Background())
 		provider, err := inmemory.New(inmemory.Options{Config: env.Config, LeaseDurationSeconds: agentLease, RenewInterval: agentRenew, Seed: r.seed})
 		r.must(err)
 		f := &flaky{Actuator: provider, rate: 0.3, latency: 300 * time.Millisecond, rng: rand.New(rand.NewPCG(r.seed, 7))}
-		reg := actuators.NewRegistry()
-		r.must(reg.Register(inmemory.Name, f))
-		mgr, err := manager.New(ctx, env.Config, env.Scheme, manager.Options{
-			Actuators: reg, Repeatable: true, Registry: prometheus.NewRegistry(), MachineWorkers: 8, MachineSetWorkers: 2,
-			Backoff: shortBackoff,
-		})
-		r.must(err)
-		done := make(chan error, 1)
-		go func() { done <- mgr.Start(ctx) }()
-		r.holdings = func() (int, int) { return len(instancesOf(provider, r.ns)), 0 }
-		r.checkProvider = func() error { return inmemoryBooks(provider, r.ns, r.machineList()) }
-		r.restarts = func(_ types.UID, id string) (int, bool) {
-			n, err := provider.Restarts(id)
-			return n, err == nil
-		}
-		r.stops = append(r.stops, func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Error(err)
-			}
-			provider.Stop()
-		})
-		r.must(env.Client.Patch(ctx, &machinistv1.MachineClass{ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: class}},
-			client.RawPatch(types.MergePatchType, []byte(`{"spec":{"provider":"inmemory"}}`))))
+		r.managerInProcess(env.Config, provider, f, manager.Options{MachineWorkers: 8, MachineSetWorkers: 2, Backoff: shortBackoff})
 
 		r.createDeployment(20, rolling(3, 0), "v1.37.1")
 		r.wait("20 Machines Running", func() error { return r.deploymentSettled("v1.37.1") })
@@ -157,6 +134,39 @@ func TestProviderFaults(t *testing.T) {
 		r.note("provider calls: %d, failed before acting %d, failed after acting %d", f.calls.Load(), f.before.Load(), f.after.Load())
 
 	})
+}
+
+// managerInProcess runs the manager in this process, reaching
+// kube-apiserver with cfg, with act (provider, or provider behind faults)
+// as the inmemory provider; the run's books become the provider's and its
+// Machines are of that provider. Both stop with the run.
+func (r *run) managerInProcess(cfg *rest.Config, provider *inmemory.Provider, act actuators.Actuator, opts manager.Options) {
+	ctx, cancel := context.WithCancel(context.Background())
+	reg := actuators.NewRegistry()
+	r.must(reg.Register(inmemory.Name, act))
+	opts.Actuators, opts.Repeatable, opts.Registry = reg, true, prometheus.NewRegistry()
+	mgr, err := manager.New(ctx, cfg, env.Scheme, opts)
+	if err != nil {
+		cancel()
+		r.t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	r.holdings = func() (int, int) { return len(instancesOf(provider, r.ns)), 0 }
+	r.checkProvider = func() error { return inmemoryBooks(provider, r.ns, r.machineList()) }
+	r.restarts = func(_ types.UID, id string) (int, bool) {
+		n, err := provider.Restarts(id)
+		return n, err == nil
+	}
+	r.stops = append(r.stops, func() {
+		cancel()
+		if err := <-done; err != nil {
+			r.t.Error(err)
+		}
+		provider.Stop()
+	})
+	r.must(env.Client.Patch(context.Background(), &machinistv1.MachineClass{ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: class}},
+		client.RawPatch(types.MergePatchType, []byte(`{"spec":{"provider":"inmemory"}}`))))
 }
 
 // inmemoryBooks checks that each live Machine has its instance, and the
