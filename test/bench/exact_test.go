@@ -97,12 +97,18 @@ func BenchmarkScaleUpLostReplies(b *testing.B) {
 		{"faults=lost-creates-1pct", []faults.Rule{{Name: "lost", Fault: faults.LoseReply, Verbs: []string{"create"}, Resources: []string{"machines"}, Rate: 0.01}}},
 	} {
 		b.Run(fmt.Sprintf("machines=%d/%s", n, c.name), func(b *testing.B) {
-			for i := range b.N {
-				scaleUpThrough(b, n, faults.Config{Seed: uint64(i + 1), Rules: c.rules})
+			for range b.N {
+				// Each run (-count too) strikes other requests.
+				runs++
+				scaleUpThrough(b, n, faults.Config{Seed: runs, Rules: c.rules})
 			}
 		})
 	}
 }
+
+// runs counts the runs of BenchmarkScaleUpLostReplies in this process;
+// it seeds their faults.
+var runs uint64
 
 func scaleUpThrough(b *testing.B, n int, rules faults.Config) {
 	ctx, cancel := context.WithCancel(context.Background())
