@@ -68,15 +68,18 @@ lint: ## Check formatting (gofmt), run go vet, and lint the provider protocol (b
 test: controlplane lint ## Run every test against a real etcd and kube-apiserver.
 	go test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
-# make chaos: CHAOS_RUNS seeds per chaos test, from CHAOS_SEED (the clock
-# unless set); CHAOS_TESTS is a go test -run pattern choosing the tests.
+# make chaos: CHAOS_RUNS seeds per scenario of each chaos test, from
+# CHAOS_SEED (the clock unless set); CHAOS_TESTS is a go test -run pattern
+# choosing the tests, CHAOS_SCENARIO a part of the names of the scenarios
+# to run (all when empty).
 CHAOS_RUNS ?= 50
 CHAOS_SEED ?= $(shell date +%s)
 CHAOS_TESTS ?= .
+CHAOS_SCENARIO ?=
 
 .PHONY: chaos
-chaos: controlplane ## Kill, fail over and starve the manager over many seeds (CHAOS_RUNS, CHAOS_SEED, CHAOS_TESTS); see docs/reliability.md.
-	CHAOS_RUNS=$(CHAOS_RUNS) CHAOS_SEED=$(CHAOS_SEED) go test -count=1 -timeout 0 -v -run '$(CHAOS_TESTS)' ./test/chaos/ | tee chaos.out
+chaos: controlplane ## Kill, fail over, starve and fault the manager over many seeds (CHAOS_RUNS, CHAOS_SEED, CHAOS_TESTS, CHAOS_SCENARIO); see docs/reliability.md.
+	CHAOS_RUNS=$(CHAOS_RUNS) CHAOS_SEED=$(CHAOS_SEED) CHAOS_SCENARIO='$(CHAOS_SCENARIO)' go test -count=1 -timeout 0 -v -run '$(CHAOS_TESTS)' ./test/chaos/ | tee chaos.out
 
 .PHONY: bench
 bench: controlplane ## Run the benchmarks against the real control plane (not part of make test).
