@@ -32,8 +32,8 @@ import (
 
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/internal/patch"
 	"github.com/machinist-dev/machinist/internal/index"
+	"github.com/machinist-dev/machinist/internal/patch"
 	"github.com/machinist-dev/machinist/internal/requeue"
 	"github.com/machinist-dev/machinist/internal/stale"
 	"github.com/machinist-dev/machinist/internal/wake"

@@ -11,8 +11,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/internal/patch"
 	"github.com/machinist-dev/machinist/internal/index"
+	"github.com/machinist-dev/machinist/internal/patch"
 )
 
 // Index names for the cache.
