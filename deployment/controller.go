@@ -80,6 +80,11 @@ type Reconciler struct {
 	// milliseconds after it): it would fire a rollout move already stored,
 	// and the write would be refused.
 	writes stale.Writes
+	// setWrites does the same for the MachineSets it resizes: each resize
+	// is tested on the set's generation, so a plan made from a cached set
+	// older than its own last resize would be refused (and a merge patch
+	// would undo it).
+	setWrites stale.Writes
 	// cache is the manager's cache, whose index of Machines by controller
 	// counts reads; nil lists the namespace through Client.
 	cache cache.Cache
@@ -169,6 +174,11 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	for _, ms := range sets {
+		if r.setWrites.Stale(ms) {
+			return reconcile.Result{RequeueAfter: stale.Recheck}, nil
+		}
+	}
 	hash := TemplateHash(md.Spec.Template)
 	var newSet *machinistv1.MachineSet
 	var old []*machinistv1.MachineSet
@@ -209,6 +219,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 			if err := r.Client.Patch(ctx, patched, p.Patch()); err != nil {
 				return reconcile.Result{}, patch.Conflict(err)
 			}
+			r.setWrites.Wrote(patched)
 			newSet = patched
 			r.event(md, corev1.EventTypeNormal, "RolledBack", "Rollback", "template of revision %d is current again", revision(newSet))
 		}
@@ -421,6 +432,7 @@ func (r *Reconciler) scale(ctx context.Context, md *machinistv1.MachineDeploymen
 			errs = append(errs, fmt.Errorf("scaling MachineSet %s: %w", ms.Name, patch.Conflict(err)))
 			continue
 		}
+		r.setWrites.Wrote(patched)
 		if ok && n != ptrOr(ms.Spec.Replicas) {
 			r.event(md, corev1.EventTypeNormal, "Scaled", "RollOut", "scaled MachineSet %s from %d to %d", ms.Name, ptrOr(ms.Spec.Replicas), n)
 		}

@@ -216,6 +216,7 @@ func (r *Reconciler) prune(ctx context.Context, ms *machinistv1.MachineSet, byNa
 	if err := r.Client.Patch(ctx, patched, client.MergeFromWithOptions(ms, client.MergeFromWithOptimisticLock{})); err != nil {
 		return fmt.Errorf("pruning the hand-over lists of MachineSet %s: %w", ms.Name, err)
 	}
+	r.setWrites.Wrote(patched)
 	*ms = *patched
 	return nil
 }
@@ -320,6 +321,7 @@ func (r *Reconciler) list(ctx context.Context, ms *machinistv1.MachineSet, key s
 	if err := r.Client.Patch(ctx, patched, client.MergeFromWithOptions(ms, client.MergeFromWithOptimisticLock{})); err != nil {
 		return fmt.Errorf("listing %s on MachineSet %s: %w", key, ms.Name, err)
 	}
+	r.setWrites.Wrote(patched)
 	*ms = *patched
 	return nil
 }
