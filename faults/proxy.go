@@ -86,6 +86,8 @@ func Start(upstream *rest.Config, c Config, addr string) (*Proxy, error) {
 		Transport: t,
 		// Watches stream: pass every event on as it comes.
 		FlushInterval: -1,
+		// A stream broken on purpose is not news.
+		ErrorLog: discardLog,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if errors.Is(err, ErrReplyLost) {
 				// Break the stream (an HTTP/2 RST_STREAM): what a client

@@ -30,8 +30,9 @@ type Kind string
 // The faults a rule can inject.
 const (
 	// LoseReply forwards the request, lets kube-apiserver handle it and
-	// read its whole answer, then breaks the stream: the write is stored,
-	// the client sees a broken connection and cannot know it was.
+	// read its whole answer, then breaks the stream, Delay later if set:
+	// the write is stored, the client sees a broken connection (perhaps
+	// after its watch has shown the write) and cannot know it was.
 	LoseReply Kind = "LoseReply"
 	// LateCommit answers 504 at once, as kube-apiserver does when a
 	// request outlives its timeout ("may still be processing the
@@ -85,7 +86,8 @@ type Rule struct {
 	// Rate is the chance, from 0 to 1, that a matching request is struck.
 	Rate float64 `json:"rate"`
 	// Delay is the added latency (Latency; for a watch, how far behind
-	// its events arrive), how long after its 504 a
+	// its events arrive), how long after the reply was read the stream
+	// breaks (LoseReply), how long after its 504 a
 	// request is stored (LateCommit), the Retry-After (Throttle), or the
 	// longest a watch runs before it is cut (CutWatch).
 	Delay metav1.Duration `json:"delay,omitempty"`

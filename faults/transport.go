@@ -242,9 +242,16 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		// Read to the end: the server has handled the request and said
-		// so; only the client never hears it.
+		// so; only the client never hears it, and with a delay hears of
+		// the failure late: after its watch has shown the write.
 		_, _ = io.Copy(io.Discard, resp.Body)
 		_ = resp.Body.Close()
+		if d.delay > 0 {
+			select {
+			case <-time.After(d.delay):
+			case <-req.Context().Done():
+			}
+		}
 		return nil, ErrReplyLost
 
 	case LateCommit:

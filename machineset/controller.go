@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -318,6 +319,17 @@ func (r *Reconciler) scale(ctx context.Context, ms *machinistv1.MachineSet, owne
 		// Creations whose outcome is unknown go first, under their own
 		// names: each was stored already or is stored now, never twice.
 		names := r.expectations.unsureCreates(key)
+		// One already counted was stored: its reply was lost after the
+		// watch had shown it. Repeated, it would be found there and
+		// counted as a new Machine; the set would stay one short, and
+		// nothing would wake it.
+		names = slices.DeleteFunc(names, func(name string) bool {
+			there := slices.ContainsFunc(owned, named(name)) || slices.ContainsFunc(receiving, named(name))
+			if there {
+				r.expectations.created(key, name)
+			}
+			return there
+		})
 		names = names[:min(len(names), -diff)]
 		for len(names) < -diff {
 			names = append(names, machineNames.GenerateName(ms.Name+"-"))
@@ -488,6 +500,11 @@ func (r *Reconciler) create(ctx context.Context, ms *machinistv1.MachineSet, nam
 		return nil // the cache shows it soon, and its event ends the wait
 	}
 	return err // a name taken by another: a new one next time
+}
+
+// named matches the Machine of that name.
+func named(name string) func(*machinistv1.Machine) bool {
+	return func(m *machinistv1.Machine) bool { return m.Name == name }
 }
 
 // machineNames names Machines as kube-apiserver's generateName would:

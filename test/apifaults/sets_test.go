@@ -38,6 +38,35 @@ func TestLostCreateRepliesCreateNoExtraMachine(t *testing.T) {
 	}
 }
 
+// A Create whose reply is lost only after the set's watch has shown the
+// Machine leaves the set unsure of a Machine it already counts. When the
+// set next grows, repeating that Create finds the Machine there: it must
+// not count it a second time as the Machine of the new slot, which would
+// leave the set one short with nothing to wake it.
+func TestACreateReplyLostAfterTheWatchShowedItIsNotCountedTwice(t *testing.T) {
+	start(t, 17, faults.Rule{Name: "lost-late", Fault: faults.LoseReply, Verbs: []string{"create"}, Resources: []string{"machines"},
+		Rate: 1, Limit: 1, Delay: metav1.Duration{Duration: 3 * watchLag}})
+	ns := namespace(t)
+	seen := watchMachines(t, ns)
+	ms := machineSet(ns, "pool", 0)
+	if err := env.Client.Create(context.Background(), ms); err != nil {
+		t.Fatal(err)
+	}
+	scale(t, ms, 1)
+	settled(t, ns, 1, time.Minute)
+	if proxy.Struck("lost-late") != 1 {
+		t.Fatal("the Create did not lose its reply: the test proved nothing")
+	}
+	// Long after the set's last status write, so that the write the
+	// growth makes is not put off (which would look again a second later).
+	time.Sleep(2 * time.Second)
+	scale(t, ms, 2)
+	settled(t, ns, 2, 30*time.Second)
+	if created, deleting := seen.counts(); created != 2 || deleting != 0 {
+		t.Fatalf("the set created %d Machines and deleted %d for 2 replicas", created, deleting)
+	}
+}
+
 // A Create answered 504 is stored later: the set must neither create a
 // second Machine for the slot nor stall until the late one shows.
 func TestLateCreatesCreateNoExtraMachine(t *testing.T) {
