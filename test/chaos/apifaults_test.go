@@ -166,9 +166,13 @@ func TestScaleUpUnderLostCreateReplies(t *testing.T) {
 		}}, "127.0.0.1:0")
 		r.must(err)
 		r.stops = append(r.stops, func() { _ = p.Close() })
-		// Kubelets that renew rarely: a thousand of them every two
-		// seconds would be the test's load, not the set's.
-		provider, err := inmemory.New(inmemory.Options{Config: env.Config, LeaseDurationSeconds: 3600, RenewInterval: 20 * time.Minute, Seed: r.seed})
+		// Kubelets that renew as kubelets do, every 10 s, inside
+		// kube-controller-manager's nodeGrace: a thousand of them every
+		// two seconds (agentRenew) would be the test's load, not the
+		// set's, but a kubelet silent for nodeGrace turns its Node
+		// Unknown, and on a slow machine filling the set takes longer
+		// than that.
+		provider, err := inmemory.New(inmemory.Options{Config: env.Config, LeaseDurationSeconds: 40, RenewInterval: nodeGrace / 2, Seed: r.seed})
 		r.must(err)
 		r.managerInProcess(p.Config(), provider, provider, manager.Options{QPS: 500, Burst: 1000})
 		r.createSet(0, nil)

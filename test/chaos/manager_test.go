@@ -1,8 +1,11 @@
 package chaos_test
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,8 +20,11 @@ import (
 // output, across restarts, goes to one log file.
 type replica struct {
 	name string
-	args []string
-	log  string
+	// metrics is where the replica serves /metrics, for a failed run's
+	// account of its work queues.
+	metrics string
+	args    []string
+	log     string
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -41,9 +47,11 @@ type exit struct {
 
 // startReplica starts a manager replica and its supervisor.
 func (r *run) startReplica(name string) *replica {
+	metrics := freeAddress(r)
 	rep := &replica{
-		name: name,
-		log:  filepath.Join(r.dir, name+".log"),
+		name:    name,
+		metrics: metrics,
+		log:     filepath.Join(r.dir, name+".log"),
 		args: []string{"manager",
 			"--kubeconfig=" + r.managerKubeconfig(),
 			// The agents, as kubelets, reach kube-apiserver directly.
@@ -52,7 +60,7 @@ func (r *run) startReplica(name string) *replica {
 			"--leader-elect-lease-duration=" + leaseDuration.String(),
 			"--leader-elect-renew-deadline=" + renewDeadline.String(),
 			"--leader-elect-retry-period=" + retryPeriod.String(),
-			"--metrics-bind-address=0", "--health-probe-bind-address=0",
+			"--metrics-bind-address=" + metrics, "--health-probe-bind-address=0",
 			"--machine-workers=8", "--set-workers=2",
 			"--process-state-dir=" + r.machines,
 			fmt.Sprintf("--process-lease-duration-seconds=%d", agentLease),
@@ -237,4 +245,37 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// freeAddress is a loopback address with a port free now. The manager binds
+// it a moment later; a lost race fails the run, saying so.
+func freeAddress(r *run) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	r.must(err)
+	defer func() { _ = l.Close() }()
+	return l.Addr().String()
+}
+
+// queues reports, from the replica's /metrics, each controller's queue
+// depth, retries and reconcile errors so far: what a stalled run was
+// waiting on.
+func (rep *replica) queues() string {
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get("http://" + rep.metrics + "/metrics")
+	if err != nil {
+		return fmt.Sprintf("\n  %s: no metrics: %v", rep.name, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	var b strings.Builder
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		for _, m := range []string{"workqueue_depth{", "workqueue_retries_total{", "controller_runtime_reconcile_errors_total{", "workqueue_unfinished_work_seconds{", "controller_runtime_reconcile_total{"} {
+			if strings.HasPrefix(line, m) {
+				fmt.Fprintf(&b, "\n  %s: %s", rep.name, line)
+			}
+		}
+	}
+	return b.String()
 }

@@ -225,12 +225,42 @@ func (r *run) must(err error) {
 	}
 }
 
-// wait polls until f returns nil, failing the run after convergeLimit.
+// wait polls until f returns nil, failing the run after convergeLimit
+// with what the sets and deployments say.
 func (r *run) wait(what string, f func() error) {
 	r.t.Helper()
 	if err := poll(convergeLimit, f); err != nil {
-		r.t.Fatalf("waiting for %s: %v", what, err)
+		r.t.Fatalf("waiting for %s: %v%s", what, err, r.sets())
 	}
+}
+
+// sets describes the run's MachineDeployments and MachineSets as stored,
+// for a failure message.
+func (r *run) sets() string {
+	ctx := context.Background()
+	var b strings.Builder
+	var mds machinistv1.MachineDeploymentList
+	if err := env.Client.List(ctx, &mds, client.InNamespace(r.ns)); err == nil {
+		for _, md := range mds.Items {
+			fmt.Fprintf(&b, "\n  MachineDeployment %s: replicas %d, generation %d observed %d, phase %s, %d replicas, %d updated, %d available",
+				md.Name, ptr.Deref(md.Spec.Replicas, 1), md.Generation, md.Status.ObservedGeneration, md.Status.Phase,
+				md.Status.Replicas, md.Status.UpdatedReplicas, md.Status.AvailableReplicas)
+			for _, c := range md.Status.Conditions {
+				fmt.Fprintf(&b, "\n    %s=%s %s: %s", c.Type, c.Status, c.Reason, c.Message)
+			}
+		}
+	}
+	var sets machinistv1.MachineSetList
+	if err := env.Client.List(ctx, &sets, client.InNamespace(r.ns)); err == nil {
+		for _, s := range sets.Items {
+			fmt.Fprintf(&b, "\n  MachineSet %s: replicas %d, generation %d observed %d, status %d/%d ready, annotations %v",
+				s.Name, ptr.Deref(s.Spec.Replicas, 1), s.Generation, s.Status.ObservedGeneration, s.Status.ReadyReplicas, s.Status.Replicas, s.Annotations)
+		}
+	}
+	for _, rep := range r.replicas {
+		b.WriteString(rep.queues())
+	}
+	return b.String() + describe(r.machineList())
 }
 
 func (r *run) machineList() []machinistv1.Machine {
