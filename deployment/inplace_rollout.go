@@ -234,9 +234,18 @@ func sameSpec(m, template machinistv1.MachineSpec) bool {
 // the new template's labels and newSet as its controller. Every write
 // leaves both sets satisfied, so a step cut short anywhere is finished by
 // the next reconcile, which finds the names already listed.
+//
+// The Machines move only once the cache shows both lists: a set reads
+// itself and its Machines from two watches, which need not deliver in
+// the order written. A set that saw a Machine leave before it saw the
+// list that lowered its replicas would count itself one short and create
+// a Machine (and the receiving set, seeing it arrive unlisted, one too
+// many); the set controllers share this controller's cache, so once it
+// shows the lists, theirs does too.
 func (r *Reconciler) handOver(ctx context.Context, md *machinistv1.MachineDeployment, newSet *machinistv1.MachineSet, old []*machinistv1.MachineSet,
 	byName map[string]*machinistv1.Machine, moving []string) error {
 	var listed []string
+	wrote := false
 	for _, ms := range old {
 		var leaving []string
 		for _, name := range moving {
@@ -247,13 +256,21 @@ func (r *Reconciler) handOver(ctx context.Context, md *machinistv1.MachineDeploy
 		if len(leaving) == 0 {
 			continue
 		}
-		if err := r.list(ctx, ms, machinistv1.ReleasingAnnotation, leaving, -1); err != nil {
+		w, err := r.list(ctx, ms, machinistv1.ReleasingAnnotation, leaving, -1)
+		if err != nil {
 			return err
 		}
+		wrote = wrote || w
 		listed = append(listed, leaving...)
 	}
-	if err := r.list(ctx, newSet, machinistv1.ReceivingAnnotation, listed, +1); err != nil {
+	w, err := r.list(ctx, newSet, machinistv1.ReceivingAnnotation, listed, +1)
+	if err != nil {
 		return err
+	}
+	if wrote || w {
+		// The lists' events wake this controller; until the cache shows
+		// them, setWrites holds it back.
+		return nil
 	}
 	labels := withLabel(md.Spec.Template.Metadata.Labels, machinistv1.TemplateHashLabel, newSet.Labels[machinistv1.TemplateHashLabel])
 	var errs []error
@@ -282,12 +299,12 @@ func (r *Reconciler) handOver(ctx context.Context, md *machinistv1.MachineDeploy
 }
 
 // list adds names to the set's list annotation key and moves its replicas
-// by sign for each name not listed before, in one write; names listed
-// before were counted by an earlier step. The same write drops the names
-// from the set's other list: a Machine that left a set in one rollout may
-// come back to it in the next (an undo), and must not stay listed as
-// leaving it.
-func (r *Reconciler) list(ctx context.Context, ms *machinistv1.MachineSet, key string, names []string, sign int32) error {
+// by sign for each name not listed before, in one write, and reports
+// whether it wrote; names listed before were counted by an earlier step.
+// The same write drops the names from the set's other list: a Machine
+// that left a set in one rollout may come back to it in the next (an
+// undo), and must not stay listed as leaving it.
+func (r *Reconciler) list(ctx context.Context, ms *machinistv1.MachineSet, key string, names []string, sign int32) (bool, error) {
 	other := machinistv1.ReceivingAnnotation
 	if key == machinistv1.ReceivingAnnotation {
 		other = machinistv1.ReleasingAnnotation
@@ -301,7 +318,7 @@ func (r *Reconciler) list(ctx context.Context, ms *machinistv1.MachineSet, key s
 		}
 	}
 	if added == 0 {
-		return nil
+		return false, nil
 	}
 	slices.Sort(have)
 	patched := ms.DeepCopy()
@@ -319,11 +336,11 @@ func (r *Reconciler) list(ctx context.Context, ms *machinistv1.MachineSet, key s
 	// The optimistic lock: the replicas written must follow from the list
 	// read, or a second writer could count a name twice.
 	if err := r.Client.Patch(ctx, patched, client.MergeFromWithOptions(ms, client.MergeFromWithOptimisticLock{})); err != nil {
-		return fmt.Errorf("listing %s on MachineSet %s: %w", key, ms.Name, err)
+		return false, fmt.Errorf("listing %s on MachineSet %s: %w", key, ms.Name, err)
 	}
 	r.setWrites.Wrote(patched)
 	*ms = *patched
-	return nil
+	return true, nil
 }
 
 func splitNames(s string) []string {

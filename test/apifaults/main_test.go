@@ -131,6 +131,19 @@ type tally struct {
 	deleting map[types.UID]string
 }
 
+// emptySet creates a namespace, a watch counting its Machines, and in it
+// the MachineSet pool of no replicas.
+func emptySet(t *testing.T) (string, *machinistv1.MachineSet, *tally) {
+	t.Helper()
+	ns := namespace(t)
+	seen := watchMachines(t, ns)
+	ms := machineSet(ns, "pool", 0)
+	if err := env.Client.Create(context.Background(), ms); err != nil {
+		t.Fatal(err)
+	}
+	return ns, ms, seen
+}
+
 func watchMachines(t *testing.T, ns string) *tally {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())

@@ -19,12 +19,7 @@ import (
 func TestLostCreateRepliesCreateNoExtraMachine(t *testing.T) {
 	const n = 60
 	start(t, 11, faults.Rule{Name: "lost-creates", Fault: faults.LoseReply, Verbs: []string{"create"}, Resources: []string{"machines"}, Rate: 0.2})
-	ns := namespace(t)
-	seen := watchMachines(t, ns)
-	ms := machineSet(ns, "pool", 0)
-	if err := env.Client.Create(context.Background(), ms); err != nil {
-		t.Fatal(err)
-	}
+	ns, ms, seen := emptySet(t)
 	scale(t, ms, n)
 	settled(t, ns, n, 2*time.Minute)
 	created, deleting := seen.counts()
@@ -46,12 +41,7 @@ func TestLostCreateRepliesCreateNoExtraMachine(t *testing.T) {
 func TestACreateReplyLostAfterTheWatchShowedItIsNotCountedTwice(t *testing.T) {
 	start(t, 17, faults.Rule{Name: "lost-late", Fault: faults.LoseReply, Verbs: []string{"create"}, Resources: []string{"machines"},
 		Rate: 1, Limit: 1, Delay: metav1.Duration{Duration: 3 * watchLag}})
-	ns := namespace(t)
-	seen := watchMachines(t, ns)
-	ms := machineSet(ns, "pool", 0)
-	if err := env.Client.Create(context.Background(), ms); err != nil {
-		t.Fatal(err)
-	}
+	ns, ms, seen := emptySet(t)
 	scale(t, ms, 1)
 	settled(t, ns, 1, time.Minute)
 	if proxy.Struck("lost-late") != 1 {
@@ -73,12 +63,7 @@ func TestLateCreatesCreateNoExtraMachine(t *testing.T) {
 	const n = 30
 	start(t, 12, faults.Rule{Name: "late-creates", Fault: faults.LateCommit, Verbs: []string{"create"}, Resources: []string{"machines"}, Rate: 0.2,
 		Delay: metav1.Duration{Duration: 2 * time.Second}})
-	ns := namespace(t)
-	seen := watchMachines(t, ns)
-	ms := machineSet(ns, "pool", 0)
-	if err := env.Client.Create(context.Background(), ms); err != nil {
-		t.Fatal(err)
-	}
+	ns, ms, seen := emptySet(t)
 	scale(t, ms, n)
 	settled(t, ns, n, 2*time.Minute)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -215,13 +200,8 @@ func TestAnAdoptionDuringAScaleUpCreatesNoExtraMachine(t *testing.T) {
 	const n = 20
 	start(t, 16, faults.Rule{Name: "slow-adoption", Fault: faults.Latency, Verbs: []string{"patch"}, Resources: []string{"machines"},
 		Rate: 1, Limit: 1, Delay: metav1.Duration{Duration: time.Second}})
-	ns := namespace(t)
 	ctx := context.Background()
-	seen := watchMachines(t, ns)
-	ms := machineSet(ns, "pool", 0)
-	if err := env.Client.Create(ctx, ms); err != nil {
-		t.Fatal(err)
-	}
+	ns, ms, seen := emptySet(t)
 	scale(t, ms, n)
 	orphan := &machinistv1.Machine{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "orphan", Labels: map[string]string{"pool": "pool"},

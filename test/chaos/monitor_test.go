@@ -12,10 +12,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -281,6 +283,9 @@ func (m *monitor) check() verdict {
 	sets := map[types.UID]*machinistv1.MachineSet{}
 	mds := map[types.UID]*machinistv1.MachineDeployment{}
 	armed := map[types.UID]bool{} // MachineDeployments that reached full availability
+	// history holds each set's sizes and hand-over lists as they changed,
+	// for a breach to show how the set came to create.
+	history := map[types.UID][]string{}
 	breach := func(format string, args ...any) {
 		if len(v.breaches) < 20 {
 			v.breaches = append(v.breaches, fmt.Sprintf(format, args...))
@@ -297,14 +302,19 @@ func (m *monitor) check() verdict {
 			if !existed && !e.gap {
 				if owner := setOf(obj); owner != "" {
 					if s, ok := sets[owner]; ok {
-						live := 0
+						var live []string
 						for _, o := range machines {
 							if setOf(o) == owner && o.DeletionTimestamp == nil {
-								live++
+								live = append(live, o.Name)
 							}
 						}
-						if s.Spec.Replicas != nil && int32(live) >= *s.Spec.Replicas {
-							breach("rv %d: Machine %s created for MachineSet %s, which already had %d live Machines for %d replicas", e.rv, obj.Name, s.Name, live, *s.Spec.Replicas)
+						if s.Spec.Replicas != nil && int32(len(live)) >= *s.Spec.Replicas {
+							slices.Sort(live)
+							breach("rv %d: Machine %s created for MachineSet %s, which already had %d live Machines for %d replicas (%s; releasing %q, receiving %q, set at rv %s)",
+								e.rv, obj.Name, s.Name, len(live), *s.Spec.Replicas, strings.Join(live, ", "),
+								s.Annotations[machinistv1.ReleasingAnnotation], s.Annotations[machinistv1.ReceivingAnnotation], s.ResourceVersion)
+							h := history[owner]
+							breach("the set before it: %s", strings.Join(h[max(0, len(h)-6):], "; "))
 						}
 					}
 				}
@@ -337,6 +347,12 @@ func (m *monitor) check() verdict {
 			if e.typ == watch.Deleted {
 				delete(sets, obj.UID)
 				continue
+			}
+			if prev, ok := sets[obj.UID]; !ok || !equality.Semantic.DeepEqual(prev.Spec.Replicas, obj.Spec.Replicas) ||
+				prev.Annotations[machinistv1.ReleasingAnnotation] != obj.Annotations[machinistv1.ReleasingAnnotation] ||
+				prev.Annotations[machinistv1.ReceivingAnnotation] != obj.Annotations[machinistv1.ReceivingAnnotation] {
+				history[obj.UID] = append(history[obj.UID], fmt.Sprintf("rv %d: %d replicas, releasing %q, receiving %q", e.rv,
+					ptr.Deref(obj.Spec.Replicas, 1), obj.Annotations[machinistv1.ReleasingAnnotation], obj.Annotations[machinistv1.ReceivingAnnotation]))
 			}
 			sets[obj.UID] = obj
 		case *machinistv1.MachineDeployment:
