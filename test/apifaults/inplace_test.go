@@ -29,20 +29,8 @@ func TestAnInPlaceHandOverSeenOutOfOrderCreatesNothing(t *testing.T) {
 	ns := namespace(t)
 	ctx := context.Background()
 	seen := watchMachines(t, ns)
-	labels := map[string]string{"pool": "pool"}
-	md := &machinistv1.MachineDeployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pool"},
-		Spec: machinistv1.MachineDeploymentSpec{
-			Replicas: ptr.To(int32(n)),
-			Selector: machinistv1.LabelSelector{MatchLabels: labels},
-			Strategy: machinistv1.MachineDeploymentStrategy{Type: machinistv1.InPlaceStrategy, InPlace: &machinistv1.InPlaceUpdate{
-				MaxUnavailable: ptr.To(intstr.FromInt32(2))}},
-			Template: machinistv1.MachineTemplateSpec{
-				Metadata: machinistv1.TemplateMetadata{Labels: labels},
-				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}, Version: "v1.37.1"},
-			},
-		},
-	}
+	md := deployment(ns, n, machinistv1.MachineDeploymentStrategy{Type: machinistv1.InPlaceStrategy, InPlace: &machinistv1.InPlaceUpdate{
+		MaxUnavailable: ptr.To(intstr.FromInt32(2))}}, "v1.37.1")
 	if err := env.Client.Create(ctx, md); err != nil {
 		t.Fatal(err)
 	}

@@ -131,6 +131,24 @@ type tally struct {
 	deleting map[types.UID]string
 }
 
+// deployment is the MachineDeployment pool of ns, of the class small, at
+// version.
+func deployment(ns string, replicas int32, strategy machinistv1.MachineDeploymentStrategy, version string) *machinistv1.MachineDeployment {
+	labels := map[string]string{"pool": "pool"}
+	return &machinistv1.MachineDeployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pool"},
+		Spec: machinistv1.MachineDeploymentSpec{
+			Replicas: ptr.To(replicas),
+			Selector: machinistv1.LabelSelector{MatchLabels: labels},
+			Strategy: strategy,
+			Template: machinistv1.MachineTemplateSpec{
+				Metadata: machinistv1.TemplateMetadata{Labels: labels},
+				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}, Version: version},
+			},
+		},
+	}
+}
+
 // emptySet creates a namespace, a watch counting its Machines, and in it
 // the MachineSet pool of no replicas.
 func emptySet(t *testing.T) (string, *machinistv1.MachineSet, *tally) {

@@ -75,20 +75,8 @@ func TestALateResizeDoesNotUndoANewerOne(t *testing.T) {
 	ns := namespace(t)
 	ctx := context.Background()
 	seen := watchMachines(t, ns)
-	labels := map[string]string{"pool": "pool"}
-	md := &machinistv1.MachineDeployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pool"},
-		Spec: machinistv1.MachineDeploymentSpec{
-			Replicas: ptr.To(int32(2)),
-			Selector: machinistv1.LabelSelector{MatchLabels: labels},
-			Strategy: machinistv1.MachineDeploymentStrategy{Type: machinistv1.RollingUpdateStrategy, RollingUpdate: &machinistv1.RollingUpdate{
-				MaxSurge: ptr.To(intstr.FromInt32(1)), MaxUnavailable: ptr.To(intstr.FromInt32(0))}},
-			Template: machinistv1.MachineTemplateSpec{
-				Metadata: machinistv1.TemplateMetadata{Labels: labels},
-				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}, Version: "v1.37.2"},
-			},
-		},
-	}
+	md := deployment(ns, 2, machinistv1.MachineDeploymentStrategy{Type: machinistv1.RollingUpdateStrategy, RollingUpdate: &machinistv1.RollingUpdate{
+		MaxSurge: ptr.To(intstr.FromInt32(1)), MaxUnavailable: ptr.To(intstr.FromInt32(0))}}, "v1.37.2")
 	// The set is created at its size; its first resize is the one
 	// answered late.
 	if err := env.Client.Create(ctx, md); err != nil {
