@@ -14,7 +14,7 @@ BUF := go tool -modfile=hack/tools/go.mod buf
 # alone are 20 MB that the loader reads at each start; static, the
 # manager's resident set is tens of MiB smaller (docs/benchmarks.md). The
 # tests are built the same way, so that the binaries they build
-# (internal/testenv, also without cgo) come from the same build cache.
+# (testenv, also without cgo) come from the same build cache.
 export CGO_ENABLED := 0
 # How long `go test` may run before it is stopped with a stack dump.
 TEST_TIMEOUT ?= 20m

@@ -24,9 +24,9 @@ import (
 
 	subresourcesv1 "github.com/machinist-dev/machinist/api/subresources/v1alpha1"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/internal/manager"
-	"github.com/machinist-dev/machinist/internal/testenv"
 	"github.com/machinist-dev/machinist/lifecycle"
+	"github.com/machinist-dev/machinist/manager"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 var (

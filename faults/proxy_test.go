@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/machinist-dev/machinist/faults"
-	"github.com/machinist-dev/machinist/internal/testenv"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 var env *testenv.Env

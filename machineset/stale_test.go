@@ -10,8 +10,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/internal/testenv"
 	"github.com/machinist-dev/machinist/machineset"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 // blindReader is a cache that has not yet seen any Machine: the worst lag

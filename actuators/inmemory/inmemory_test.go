@@ -21,7 +21,7 @@ import (
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/inmemory"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/internal/testenv"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 var (

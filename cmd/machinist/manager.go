@@ -16,7 +16,7 @@ import (
 	"github.com/machinist-dev/machinist/actuators/inmemory"
 	"github.com/machinist-dev/machinist/actuators/process"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/internal/manager"
+	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/provider"
 )
 

@@ -6,7 +6,7 @@ import (
 	"github.com/spf13/cobra"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"github.com/machinist-dev/machinist/internal/local"
+	"github.com/machinist-dev/machinist/local"
 )
 
 func runCommand() *cobra.Command {

@@ -25,8 +25,8 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/faults"
-	"github.com/machinist-dev/machinist/internal/manager"
-	"github.com/machinist-dev/machinist/internal/testenv"
+	"github.com/machinist-dev/machinist/manager"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 var (

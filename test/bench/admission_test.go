@@ -19,7 +19,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/internal/admission"
-	"github.com/machinist-dev/machinist/internal/testenv"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 // BenchmarkRequestAdmission measures what the admission policies of the

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/machinist-dev/machinist/internal/testenv"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 // BenchmarkProviderHop scales a MachineSet from 0 to 1,000 Running

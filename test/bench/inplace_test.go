@@ -11,8 +11,8 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/deployment"
-	"github.com/machinist-dev/machinist/internal/testenv"
 	"github.com/machinist-dev/machinist/lifecycle"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 // BenchmarkInPlaceUpgrade times an in-place node upgrade of 500 Machines

@@ -12,7 +12,7 @@ import (
 
 	"github.com/machinist-dev/machinist/actuators/inmemory"
 	"github.com/machinist-dev/machinist/faults"
-	"github.com/machinist-dev/machinist/internal/manager"
+	"github.com/machinist-dev/machinist/manager"
 )
 
 // writes and ours scope the API faults: every write and read of

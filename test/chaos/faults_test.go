@@ -21,8 +21,8 @@ import (
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/inmemory"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/internal/manager"
 	"github.com/machinist-dev/machinist/lifecycle"
+	"github.com/machinist-dev/machinist/manager"
 )
 
 // flaky is a provider that fails a share of its calls and answers each

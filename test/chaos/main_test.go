@@ -32,7 +32,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/machinist-dev/machinist/internal/orphans"
-	"github.com/machinist-dev/machinist/internal/testenv"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 var (

@@ -14,9 +14,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/internal/manager"
-	"github.com/machinist-dev/machinist/internal/testenv"
 	"github.com/machinist-dev/machinist/lifecycle"
+	"github.com/machinist-dev/machinist/manager"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 // rest is how long a settled fleet is watched.

@@ -26,11 +26,11 @@ import (
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/process"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/internal/manager"
 	"github.com/machinist-dev/machinist/internal/orphans"
-	"github.com/machinist-dev/machinist/internal/testenv"
 	"github.com/machinist-dev/machinist/lifecycle"
+	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/provider"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 var (

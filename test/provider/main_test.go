@@ -21,9 +21,9 @@ import (
 
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/inmemory"
-	"github.com/machinist-dev/machinist/internal/testenv"
 	"github.com/machinist-dev/machinist/provider"
 	"github.com/machinist-dev/machinist/provider/conformance"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 var (

@@ -35,8 +35,8 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/healthcheck"
-	"github.com/machinist-dev/machinist/internal/local"
-	"github.com/machinist-dev/machinist/internal/testenv"
+	"github.com/machinist-dev/machinist/local"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 // quickStartBlock is the README's shell block after the quick-start marker.

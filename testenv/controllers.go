@@ -19,7 +19,7 @@ import (
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/inmemory"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/internal/manager"
+	"github.com/machinist-dev/machinist/manager"
 )
 
 // Controllers are Machinist's controllers and an inmemory provider running

@@ -29,7 +29,7 @@ import (
 	apiregv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/internal/controllermanager"
+	"github.com/machinist-dev/machinist/controllermanager"
 	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/internal/pki"
 )

@@ -41,11 +41,11 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/apiserver"
 	"github.com/machinist-dev/machinist/config"
+	"github.com/machinist-dev/machinist/controllermanager"
 	"github.com/machinist-dev/machinist/internal/admission"
-	"github.com/machinist-dev/machinist/internal/controllermanager"
-	"github.com/machinist-dev/machinist/internal/manager"
 	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/internal/pki"
+	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/provider"
 )
 
