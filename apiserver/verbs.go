@@ -28,7 +28,7 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/internal/outcome"
-	"github.com/machinist-dev/machinist/lifecycle"
+	"github.com/machinist-dev/machinist/operation"
 )
 
 // machinesResource is how errors name Machines: the CRD's resource, the
@@ -133,7 +133,7 @@ func (s *verbStorage) record(ctx context.Context, namespace, name string, opts *
 			return nil, translate(err, name)
 		}
 		now := time.Now()
-		if _, err := lifecycle.Request(m, s.typ, opts, machinistv1.SourceAPI, user.GetName(), now); err != nil {
+		if _, err := operation.Request(m, s.typ, opts, machinistv1.SourceAPI, user.GetName(), now); err != nil {
 			return nil, translate(err, name)
 		}
 		// Asked after the state machine, which refuses what is not
@@ -267,7 +267,7 @@ func checkGrace(g *int64) field.ErrorList {
 // refusal by the state machine is 409 Conflict with its reason, and errors
 // from kube-apiserver keep their own status.
 func translate(err error, name string) error {
-	if errors.Is(err, lifecycle.ErrRefused) {
+	if errors.Is(err, operation.ErrRefused) {
 		return apierrors.NewConflict(machinesResource, name, err)
 	}
 	var status apierrors.APIStatus

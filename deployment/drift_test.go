@@ -13,7 +13,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/lifecycle"
 )
 
 // drifted is each Machine's Drifted condition, by name: status, reason
@@ -36,7 +35,7 @@ var _ = Describe("Drift", func() {
 		Eventually(func(g Gomega) {
 			for name, c := range drifted(g, machines(ctx, ns)) {
 				g.Expect(c.Status).To(Equal(metav1.ConditionFalse), name)
-				g.Expect(c.Reason).To(Equal(lifecycle.ReasonUpToDate))
+				g.Expect(c.Reason).To(Equal(machinistv1.ReasonUpToDate))
 				g.Expect(c.Message).To(Equal("the spec is MachineDeployment pool's current template"))
 			}
 		}).WithTimeout(10 * time.Second).Should(Succeed())
@@ -46,7 +45,7 @@ var _ = Describe("Drift", func() {
 		Eventually(func(g Gomega) {
 			for name, c := range drifted(g, machines(ctx, ns)) {
 				g.Expect(c.Status).To(Equal(metav1.ConditionTrue), name)
-				g.Expect(c.Reason).To(Equal(lifecycle.ReasonTemplateChanged))
+				g.Expect(c.Reason).To(Equal(machinistv1.ReasonTemplateChanged))
 				g.Expect(c.Message).To(Equal("the spec differs from MachineDeployment pool's current template: version v1.37.1, template v1.37.2"))
 			}
 		}).WithTimeout(10 * time.Second).Should(Succeed())

@@ -17,7 +17,7 @@ import (
 
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/lifecycle"
+	"github.com/machinist-dev/machinist/operation"
 )
 
 // reasonInPlaceNotPossible is the Progressing condition's reason while an
@@ -136,13 +136,12 @@ func (r *Reconciler) inPlace(ctx context.Context, md *machinistv1.MachineDeploym
 			continue
 		}
 		byName[m.Name] = m
-		if op := m.Status.Operation; held == "" && op != nil && op.Type == machinistv1.OperationUpdate &&
-			op.State == machinistv1.OperationPending && strings.HasPrefix(op.Message, lifecycle.WaitingPrefix) {
+		if op := m.Status.Operation; held == "" && op != nil && op.Type == machinistv1.OperationUpdate && operation.Held(op) {
 			// The Machine controller holds the update for a budget.
 			held = fmt.Sprintf("Machine %s's update is %s", m.Name, op.Message)
 		}
 		c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionReady)
-		running := m.Status.Phase == machinistv1.MachineRunning && !lifecycle.InFlight(m.Status.Operation)
+		running := m.Status.Phase == machinistv1.MachineRunning && !operation.InFlight(m.Status.Operation)
 		members = append(members, Member{
 			Name:      m.Name,
 			Set:       set,

@@ -29,7 +29,8 @@ import (
 	"github.com/machinist-dev/machinist/internal/requeue"
 	"github.com/machinist-dev/machinist/internal/stale"
 	"github.com/machinist-dev/machinist/internal/wake"
-	"github.com/machinist-dev/machinist/lifecycle"
+	"github.com/machinist-dev/machinist/nodes"
+	"github.com/machinist-dev/machinist/operation"
 )
 
 // Reconciler is the MachineHealthCheck controller. One reconcile of a
@@ -39,6 +40,9 @@ import (
 type Reconciler struct {
 	// Client reads from the manager's cache and writes to the API server.
 	Client client.Client
+	// Nodes is where a Machine's Node is read: the same seam the Machine
+	// controller reaches every Node through.
+	Nodes nodes.Clusters
 	// APIReader reads past the cache: the disruption budgets a Replace
 	// rung asks before it deletes a Machine. Nil asks none.
 	APIReader client.Reader
@@ -207,11 +211,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		t := &target{m: m, before: m.Status.DeepCopy(), fsm: newFSM(m)}
 		if m.Status.Phase == machinistv1.MachineRunning {
-			if t.node, err = index.NodeFor(ctx, r.Client, m.Status.ProviderID); err != nil {
+			cluster, err := r.Nodes.For(ctx, m)
+			if err != nil {
+				return reconcile.Result{}, err
+			}
+			if t.node, err = cluster.Node(ctx, m.Status.ProviderID); err != nil {
 				return reconcile.Result{}, err
 			}
 		}
-		if lifecycle.InFlight(m.Status.Operation) {
+		if operation.InFlight(m.Status.Operation) {
 			// Not judged until the operation ends: a Machine whose
 			// reboot is recorded but not yet begun still looks as it did,
 			// and a verdict written now would only race the Machine

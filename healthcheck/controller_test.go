@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/lifecycle"
+	"github.com/machinist-dev/machinist/operation"
 )
 
 const (
@@ -550,7 +550,7 @@ func TestPersonsOperationIsLeftAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	get(t, &m)
-	op, err := lifecycle.Request(&m, machinistv1.OperationReboot, nil, machinistv1.SourceAPI, "alice", time.Now())
+	op, err := operation.Request(&m, machinistv1.OperationReboot, nil, machinistv1.SourceAPI, "alice", time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/disruption"
-	"github.com/machinist-dev/machinist/lifecycle"
+	"github.com/machinist-dev/machinist/operation"
 )
 
 // Event reasons of remediation, on the Machine.
@@ -112,7 +112,7 @@ func (r *Reconciler) start(p *pass, t *target) error {
 		rem.Message = "waiting: " + p.held
 		return nil
 	}
-	if op := t.m.Status.Operation; lifecycle.InFlight(op) {
+	if op := t.m.Status.Operation; operation.InFlight(op) {
 		rem.Message = fmt.Sprintf("waiting for %s %s, requested by %s, to finish", op.Type, op.ID, orSomeone(op.RequestedBy))
 		return nil
 	}
@@ -198,7 +198,7 @@ func (r *Reconciler) begin(p *pass, t *target, i int32) (skipped string, err err
 			opts.TimeoutSeconds = ptr.To(int64(max(step.Timeout.Duration.Round(time.Second)/time.Second, 1)))
 		}
 		opts.Reason = truncate(fmt.Sprintf("machinehealthcheck %s: %s", p.hc.Name, t.v.message), 256)
-		op, err := lifecycle.Request(m, typ, opts, machinistv1.SourceHealthCheck, RequestedBy(p.hc.Name), p.now)
+		op, err := operation.Request(m, typ, opts, machinistv1.SourceHealthCheck, RequestedBy(p.hc.Name), p.now)
 		if err != nil {
 			return err.Error(), nil
 		}
@@ -232,7 +232,7 @@ func (r *Reconciler) begin(p *pass, t *target, i int32) (skipped string, err err
 func (r *Reconciler) climb(p *pass, t *target) error {
 	rem := t.m.Status.Remediation
 	op := t.m.Status.Operation
-	if lifecycle.InFlight(op) {
+	if operation.InFlight(op) {
 		return nil
 	}
 	if t.v.healthy {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/lifecycle"
+	"github.com/machinist-dev/machinist/operation"
 )
 
 // A Machine controller that called the provider but could not store what
@@ -34,7 +34,7 @@ func TestRebootDoneBeforeItWasStoredIsNotAwaitedAgain(t *testing.T) {
 		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(&m), &m); err != nil {
 			return err
 		}
-		op, err := lifecycle.Request(&m, machinistv1.OperationReboot,
+		op, err := operation.Request(&m, machinistv1.OperationReboot,
 			&machinistv1.OperationOptions{Drain: ptr.To(false), TimeoutSeconds: ptr.To(int64(20))},
 			machinistv1.SourceAPI, "alice", time.Now())
 		if err != nil {
@@ -65,7 +65,7 @@ func TestRebootDoneBeforeItWasStoredIsNotAwaitedAgain(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		get(t, &m)
-		if op := m.Status.Operation; op != nil && op.ID == opID && !lifecycle.InFlight(op) {
+		if op := m.Status.Operation; op != nil && op.ID == opID && !operation.InFlight(op) {
 			if op.State != machinistv1.OperationSucceeded || m.Status.Phase != machinistv1.MachineRunning {
 				t.Fatalf("the reboot ended %s with the Machine %s: %s", op.State, m.Status.Phase, op.Message)
 			}

@@ -2,7 +2,6 @@ package lifecycle
 
 import (
 	"context"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -10,22 +9,20 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/disruption"
+	"github.com/machinist-dev/machinist/operation"
 )
 
-// reasonDisruptionHeld is the Event of an operation a disruption budget
-// holds back.
-const reasonDisruptionHeld = "DisruptionHeld"
-
-// WaitingPrefix begins the message of a pending operation a disruption
-// budget holds back; what follows is the budget's refusal.
-const WaitingPrefix = "waiting: "
+// waiting begins the message of a pending operation a disruption budget
+// holds back; what follows is the budget's refusal.
+const waiting = "waiting: "
 
 // holdForBudget asks the MachineDisruptionBudgets before a pending
 // operation starts, whoever asked for it (the verbs, the annotation, a
 // health check, a changed version): this is where every operation of a
 // Running Machine passes, so none can slip by a budget. A refusal keeps
-// the operation pending, says why in its message, with one Event per
-// change of reason, and looks again when the budget says it may allow it.
+// the operation pending with the reason DisruptionHeld, says why in its
+// message, with one Event per change of message, and looks again when the
+// budget says it may allow it.
 func (r *Reconciler) holdForBudget(ctx context.Context, s *step, op *machinistv1.Operation) (bool, error) {
 	if r.APIReader == nil {
 		return false, nil
@@ -38,9 +35,11 @@ func (r *Reconciler) holdForBudget(ctx context.Context, s *step, op *machinistv1
 	if !refused {
 		return false, err
 	}
-	if msg := WaitingPrefix + refusal.Message; op.Message != msg {
+	op.Reason = machinistv1.OperationReasonDisruptionHeld
+	if msg := waiting + refusal.Message; op.Message != msg {
 		op.Message = msg
-		s.note(corev1.EventTypeWarning, reasonDisruptionHeld, verbOf(op.Type), "%s %s waits: %s", verbOf(op.Type), op.ID, refusal.Message)
+		verb := operation.Verb(op.Type)
+		s.note(corev1.EventTypeWarning, machinistv1.OperationReasonDisruptionHeld, verb, "%s %s waits: %s", verb, op.ID, refusal.Message)
 	}
 	s.after(refusal.RetryAfter)
 	return true, nil
@@ -73,8 +72,7 @@ func (r *Reconciler) heldMachines(ctx context.Context, o client.Object) []reconc
 	var reqs []reconcile.Request
 	for i := range list.Items {
 		m := &list.Items[i]
-		op := m.Status.Operation
-		if op == nil || op.State != machinistv1.OperationPending || !strings.HasPrefix(op.Message, WaitingPrefix) {
+		if !operation.Held(m.Status.Operation) {
 			continue
 		}
 		if selected, err := disruption.Selects(b, m); err == nil && selected {

@@ -29,14 +29,15 @@ var _ = Describe("Disruption budgets", func() {
 		// Asked for by annotation, which no server stands in front of:
 		// the Machine controller is where the budget holds it.
 		annotate(ctx, m, "reboot")
-		Eventually(getMachine(ctx, m)).WithTimeout(10 * time.Second).Should(WithTransform(operation, PointTo(MatchFields(IgnoreExtras, Fields{
+		Eventually(getMachine(ctx, m)).WithTimeout(10 * time.Second).Should(WithTransform(operationOf, PointTo(MatchFields(IgnoreExtras, Fields{
 			"State":   Equal(machinistv1.OperationPending),
+			"Reason":  Equal(machinistv1.OperationReasonDisruptionHeld),
 			"Message": Equal("waiting: MachineDisruptionBudget none allows no more disruptions: 0 of its 2 Machines are disrupted and it allows 0; the reboot of Machine " + ns + "/held waits until one is back"),
 		}))))
 		Eventually(eventReasons(ctx, m)).Should(ContainElement("DisruptionHeld"))
 		Consistently(getMachine(ctx, m)).WithTimeout(3 * time.Second).Should(And(
 			WithTransform(phase, Equal(machinistv1.MachineRunning)),
-			WithTransform(operation, PointTo(MatchFields(IgnoreExtras, Fields{"State": Equal(machinistv1.OperationPending)}))),
+			WithTransform(operationOf, PointTo(MatchFields(IgnoreExtras, Fields{"State": Equal(machinistv1.OperationPending)}))),
 		))
 		// One Event for the wait, not one per look.
 		Expect(count(eventReasons(ctx, m)(), "DisruptionHeld")).To(Equal(1))

@@ -2,37 +2,139 @@ package lifecycle
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"slices"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/kubectl/pkg/drain"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/internal/outcome"
+	"github.com/machinist-dev/machinist/nodes"
+	"github.com/machinist-dev/machinist/operation"
+	"github.com/machinist-dev/machinist/phases"
 )
 
-// Reasons of the Drained condition.
-const (
-	reasonPreDrainHook  = "PreDrainHook"
-	reasonDraining      = "Draining"
-	reasonDrainBlocked  = "DisruptionBudget"
-	reasonDrainTimeout  = "DrainTimeout"
-	reasonDrainComplete = "Drained"
-)
+// drainFor is the handler of a live Machine in Draining: it empties the
+// Machine for the operation in flight, then calls the provider; without
+// one, or past the operation's own timeout, it gives up and returns the
+// Machine to service.
+func (r *Reconciler) drainFor(ctx context.Context, s *step) outcome {
+	// A Machine that is not being deleted drains only for an operation.
+	op := s.m.Status.Operation
+	if !operation.InFlight(op) {
+		// Its record was lost or cleared by hand: back to service.
+		return r.abort(ctx, s, "no reboot or repair is in flight")
+	}
+	if d := operation.Deadline(op); !d.IsZero() {
+		if !s.now.Before(d) {
+			return r.abort(ctx, s, fmt.Sprintf("the %s's timeout of %ds passed while draining: %s", operation.Verb(op.Type),
+				*op.Options.TimeoutSeconds, conditionMessage(s.m, machinistv1.ConditionDrained)))
+		}
+		s.after(d.Sub(s.now))
+	}
+	done, err := r.drain(ctx, s, operation.Gerund(operation.Verb(op.Type)))
+	if err != nil || !done {
+		return outcome{reason: "draining", err: err}
+	}
+	return r.callProvider(ctx, s)
+}
 
-// drainOutcome is where one drain step left the Node.
-type drainOutcome struct {
-	done    bool
-	reason  string
-	message string
+// abort gives the operation up and returns a drained Machine to service.
+func (r *Reconciler) abort(ctx context.Context, s *step, why string) outcome {
+	node, err := s.nodes.Node(ctx, s.m.Status.ProviderID)
+	if err != nil {
+		return fail(err)
+	}
+	if node != nil {
+		// Not applyNodeSpec: the drain may have cordoned the Node in
+		// this very reconcile, and the cached Node, not showing it yet,
+		// would make uncordoning look needless. A patch that changes
+		// nothing writes nothing. It comes before the move, so that a
+		// Node that could not be uncordoned is tried again, not left
+		// cordoned under a Running Machine.
+		if err := s.nodes.Patch(ctx, node, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"unschedulable":null}}`))); err != nil {
+			return fail(err)
+		}
+	}
+	if operation.InFlight(s.m.Status.Operation) {
+		endOperation(s, machinistv1.OperationFailed, why)
+	}
+	meta.RemoveStatusCondition(&s.m.Status.Conditions, machinistv1.ConditionDrained)
+	return settle(phases.Abort)
+}
+
+// drain does one round of draining and reports whether it is over; next
+// says what happens after a drain that timed out ("deleting").
+func (r *Reconciler) drain(ctx context.Context, s *step, next string) (bool, error) {
+	m := s.m
+	setDrained := func(status metav1.ConditionStatus, reason, message string) {
+		meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
+			Type: machinistv1.ConditionDrained, Status: status, Reason: reason, Message: message, ObservedGeneration: m.Generation,
+		})
+	}
+	if hooks := preDrainHooks(m); len(hooks) > 0 {
+		setDrained(metav1.ConditionFalse, machinistv1.ReasonPreDrainHook, fmt.Sprintf("waiting for pre-drain hook annotation(s) to be removed: %v", hooks))
+		return false, nil
+	}
+	node, err := s.nodes.Node(ctx, m.Status.ProviderID)
+	if err != nil {
+		return false, err
+	}
+	if node == nil {
+		setDrained(metav1.ConditionTrue, machinistv1.ReasonDrained, "the Machine has no Node to drain")
+		return true, nil
+	}
+	h, err := nodes.Judge(ctx, s.nodes, node, s.now)
+	if err != nil {
+		return false, err
+	}
+	setHealth(m, h)
+	settings := effectiveDrain(m, s.class)
+	if op := m.Status.Operation; operation.InFlight(op) && op.Options != nil && op.Options.GracePeriodSeconds != nil {
+		settings.GracePeriodSeconds = op.Options.GracePeriodSeconds
+	}
+	out, err := s.nodes.Drain(ctx, node, settings, h.Healthy)
+	if err != nil {
+		return false, err
+	}
+	if out.Done {
+		setDrained(metav1.ConditionTrue, out.Reason, out.Message)
+		return true, nil
+	}
+	if deadline := drainDeadline(s.enteredAt(), settings); !deadline.IsZero() {
+		if !s.now.Before(deadline) {
+			msg := fmt.Sprintf("drain timeout %s passed; %s anyway: %s", settings.Timeout.Duration, next, out.Message)
+			setDrained(metav1.ConditionFalse, machinistv1.ReasonDrainTimeout, msg)
+			if r.Recorder != nil {
+				r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, machinistv1.ReasonDrainTimeout, "Drain", msg)
+			}
+			return true, nil
+		}
+	}
+	setDrained(metav1.ConditionFalse, out.Reason, out.Message)
+	s.after(r.drainRecheck(s.now.Sub(s.enteredAt())))
+	return false, nil
+}
+
+// drainRecheck is how long to wait before the next round of a drain that
+// has gone on for elapsed: DrainPoll at first, then a quarter of the time
+// spent, up to 30 s. A drain that a PodDisruptionBudget holds for long
+// then asks for evictions a few times a minute, not every DrainPoll.
+func (r *Reconciler) drainRecheck(elapsed time.Duration) time.Duration {
+	return max(r.drainPoll(), min(elapsed/4, 30*time.Second))
+}
+
+// conditionMessage is the message of m's condition t, or "".
+func conditionMessage(m *machinistv1.Machine, t string) string {
+	if c := meta.FindStatusCondition(m.Status.Conditions, t); c != nil {
+		return c.Message
+	}
+	return ""
 }
 
 // preDrainHooks lists the hooks holding m, sorted.
@@ -62,84 +164,6 @@ func effectiveDrain(m *machinistv1.Machine, class *machinistv1.MachineClass) mac
 		}
 	}
 	return s
-}
-
-// drainStep does one non-blocking round of a drain: cordon, then evict
-// every pod that is not yet terminating, through the Eviction API so that
-// PodDisruptionBudgets hold. It never waits; the caller requeues until the
-// Node holds only pods that drains skip (DaemonSet and mirror pods).
-func drainStep(ctx context.Context, kube kubernetes.Interface, node *corev1.Node, settings machinistv1.DrainSettings, nodeHealthy bool) (drainOutcome, error) {
-	helper := &drain.Helper{
-		Ctx:                 ctx,
-		Client:              kube,
-		Force:               true, // pods without a controller go too: the machine is going away
-		IgnoreAllDaemonSets: true,
-		DeleteEmptyDirData:  true,
-		GracePeriodSeconds:  -1,
-		Out:                 io.Discard,
-		ErrOut:              io.Discard,
-	}
-	if settings.GracePeriodSeconds != nil {
-		helper.GracePeriodSeconds = int(*settings.GracePeriodSeconds)
-	}
-	if !nodeHealthy {
-		// No kubelet will finish terminating pods on a dead Node; once
-		// evicted they are as good as gone.
-		helper.SkipWaitForDeleteTimeoutSeconds = 1
-	}
-	if !node.Spec.Unschedulable {
-		if err := drain.RunCordonOrUncordon(helper, node, true); err != nil {
-			return drainOutcome{}, fmt.Errorf("cordoning node %s: %w", node.Name, err)
-		}
-	}
-	list, errs := helper.GetPodsForDeletion(node.Name)
-	if len(errs) > 0 {
-		return drainOutcome{}, fmt.Errorf("listing pods to evict from node %s: %w", node.Name, errors.Join(errs...))
-	}
-	pods := list.Pods()
-	if len(pods) == 0 {
-		return drainOutcome{done: true, reason: reasonDrainComplete, message: "every pod that a drain evicts is gone"}, nil
-	}
-	var blocked []string
-	terminating := 0
-	for _, pod := range pods {
-		if pod.DeletionTimestamp != nil {
-			terminating++
-			continue
-		}
-		err := helper.EvictPod(pod, policyv1.SchemeGroupVersion)
-		switch {
-		case err == nil, apierrors.IsNotFound(err):
-			terminating++
-		case outcome.Unknown(err):
-			// Perhaps evicted, perhaps not: the next round sees the pod
-			// terminating, or asks again. Not an error: an eviction is
-			// safe to ask twice.
-			terminating++
-		case apierrors.IsTooManyRequests(err):
-			blocked = append(blocked, fmt.Sprintf("%s/%s: %s", pod.Namespace, pod.Name, budgetMessage(err)))
-		default:
-			return drainOutcome{}, fmt.Errorf("evicting pod %s/%s: %w", pod.Namespace, pod.Name, err)
-		}
-	}
-	if len(blocked) > 0 {
-		return drainOutcome{reason: reasonDrainBlocked, message: fmt.Sprintf(
-			"eviction refused for %d pod(s): %s", len(blocked), strings.Join(blocked, "; "))}, nil
-	}
-	return drainOutcome{reason: reasonDraining, message: fmt.Sprintf("waiting for %d evicted pod(s) to terminate", terminating)}, nil
-}
-
-// budgetMessage names the PodDisruptionBudget behind a refused eviction.
-func budgetMessage(err error) string {
-	var status apierrors.APIStatus
-	if errors.As(err, &status) && status.Status().Details != nil {
-		for _, c := range status.Status().Details.Causes {
-			if c.Type == policyv1.DisruptionBudgetCause {
-				return c.Message
-			}
-		}
-	}
-	return err.Error()
 }
 
 // drainDeadline is when a drain that started at start must give up, or

@@ -20,12 +20,6 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 )
 
-// Reasons of the Drifted condition.
-const (
-	ReasonTemplateChanged = "TemplateChanged"
-	ReasonUpToDate        = "UpToDate"
-)
-
 // template is what a Machine should follow, and whose it is.
 type template struct {
 	spec  machinistv1.MachineSpec
@@ -72,10 +66,10 @@ func (r *Reconciler) setDrift(ctx context.Context, m *machinistv1.Machine) error
 		meta.RemoveStatusCondition(&m.Status.Conditions, machinistv1.ConditionDrifted)
 		return nil
 	}
-	c := metav1.Condition{Type: machinistv1.ConditionDrifted, Status: metav1.ConditionFalse, Reason: ReasonUpToDate,
+	c := metav1.Condition{Type: machinistv1.ConditionDrifted, Status: metav1.ConditionFalse, Reason: machinistv1.ReasonUpToDate,
 		Message: "the spec is " + t.owner, ObservedGeneration: m.Generation}
 	if diff := specDiff(m.Spec, t.spec); diff != "" {
-		c.Status, c.Reason = metav1.ConditionTrue, ReasonTemplateChanged
+		c.Status, c.Reason = metav1.ConditionTrue, machinistv1.ReasonTemplateChanged
 		c.Message = "the spec differs from " + t.owner + ": " + diff
 	}
 	meta.SetStatusCondition(&m.Status.Conditions, c)

@@ -8,6 +8,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/phases"
 )
 
 // Metrics are the lifecycle's Prometheus metrics.
@@ -78,15 +79,15 @@ func (c *phaseCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	counts := map[machinistv1.MachinePhase]int{}
-	for _, p := range States() {
-		if p != Gone {
+	for _, p := range phases.States() {
+		if p != phases.Gone {
 			counts[p] = 0
 		}
 	}
 	for i := range list.Items {
 		p := list.Items[i].Status.Phase
 		if p == "" {
-			p = Initial
+			p = phases.Initial
 		}
 		counts[p]++
 	}

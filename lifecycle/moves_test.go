@@ -24,7 +24,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/lifecycle"
 )
 
 // history is what the watches of one namespace showed of each Machine:
@@ -418,8 +417,8 @@ var _ = Describe("Moves of the Machine table", func() {
 		Eventually(h.phasesSinceRunning("lost")).WithTimeout(30 * time.Second).Should(Equal([]machinistv1.MachinePhase{
 			running, draining, repairing, failed}))
 		Expect(h.lastOf("lost")()).To(And(
-			WithTransform(func(m *machinistv1.Machine) string { return m.Status.FailureReason }, Equal(lifecycle.FailureRepairTimeout)),
-			WithTransform(operation, PointTo(MatchFields(IgnoreExtras, Fields{
+			WithTransform(func(m *machinistv1.Machine) string { return m.Status.FailureReason }, Equal(machinistv1.FailureRepairTimeout)),
+			WithTransform(operationOf, PointTo(MatchFields(IgnoreExtras, Fields{
 				"ID": Equal(op.ID), "State": Equal(machinistv1.OperationFailed), "Message": ContainSubstring("no Ready Node with a new boot ID"),
 			}))),
 		))
@@ -444,7 +443,7 @@ var _ = Describe("Moves of the Machine table", func() {
 		request(ctx, m, machinistv1.OperationReboot, &machinistv1.OperationOptions{TimeoutSeconds: ptr.To(int64(1))})
 		Eventually(h.lastOf("revived")).WithTimeout(20 * time.Second).Should(And(
 			WithTransform(phase, Equal(failed)),
-			WithTransform(func(m *machinistv1.Machine) string { return m.Status.FailureReason }, Equal(lifecycle.FailureRebootTimeout)),
+			WithTransform(func(m *machinistv1.Machine) string { return m.Status.FailureReason }, Equal(machinistv1.FailureRebootTimeout)),
 		))
 
 		By("repairing it: the provider re-images the instance, no drain comes first")
@@ -509,7 +508,7 @@ var _ = Describe("Moves of the Machine table", func() {
 		Eventually(moved).Should(Equal(1.0))
 		Expect(h.lastOf("forgot")()).To(And(
 			WithTransform(condition(machinistv1.ConditionDrained), BeNil()),
-			WithTransform(operation, BeNil()),
+			WithTransform(operationOf, BeNil()),
 		))
 		restarts, err := provider.Restarts(m.Status.ProviderID)
 		Expect(err).NotTo(HaveOccurred())
@@ -540,7 +539,7 @@ var _ = Describe("Reboots and the drain", func() {
 		Eventually(h.phasesSinceRunning("late")).WithTimeout(30 * time.Second).Should(Equal([]machinistv1.MachinePhase{
 			running, draining, rebooting, running}))
 		Expect(h.lastOf("late")()).To(And(
-			WithTransform(operation, PointTo(MatchFields(IgnoreExtras, Fields{"ID": Equal(op.ID), "State": Equal(machinistv1.OperationSucceeded)}))),
+			WithTransform(operationOf, PointTo(MatchFields(IgnoreExtras, Fields{"ID": Equal(op.ID), "State": Equal(machinistv1.OperationSucceeded)}))),
 			WithTransform(func(m *machinistv1.Machine) string { return m.Status.BootID }, Not(Equal(boot))),
 		))
 
@@ -633,7 +632,7 @@ var _ = Describe("Reboots and the drain", func() {
 		Eventually(h.phasesSinceRunning("refused")).WithTimeout(30 * time.Second).Should(Equal([]machinistv1.MachinePhase{
 			running, draining, running}))
 		Expect(h.lastOf("refused")()).To(And(
-			WithTransform(operation, PointTo(MatchFields(IgnoreExtras, Fields{
+			WithTransform(operationOf, PointTo(MatchFields(IgnoreExtras, Fields{
 				"ID":      Equal(op.ID),
 				"State":   Equal(machinistv1.OperationFailed),
 				"Message": And(HavePrefix("the provider refused: "), ContainSubstring("host locked")),

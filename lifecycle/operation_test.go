@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/lifecycle"
+	"github.com/machinist-dev/machinist/operation"
 )
 
 // annotate asks for a verb through the request annotation.
@@ -37,17 +37,17 @@ func request(ctx context.Context, m *machinistv1.Machine, typ machinistv1.Operat
 	Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(m), m)).To(Succeed())
 		var err error
-		op, err = lifecycle.Request(m, typ, opts, machinistv1.SourceAPI, "alice", time.Now())
+		op, err = operation.Request(m, typ, opts, machinistv1.SourceAPI, "alice", time.Now())
 		Expect(err).NotTo(HaveOccurred())
 		return k8s.Status().Update(ctx, m)
 	})).To(Succeed())
 	return op
 }
 
-func operation(m *machinistv1.Machine) *machinistv1.Operation { return m.Status.Operation }
+func operationOf(m *machinistv1.Machine) *machinistv1.Operation { return m.Status.Operation }
 
 func finished(state machinistv1.OperationState) OmegaMatcher {
-	return WithTransform(operation, PointTo(MatchFields(IgnoreExtras, Fields{"State": Equal(state)})))
+	return WithTransform(operationOf, PointTo(MatchFields(IgnoreExtras, Fields{"State": Equal(state)})))
 }
 
 // eventReasons lists the reasons of the Events about a Machine.
@@ -238,7 +238,7 @@ var _ = Describe("Machine operations", func() {
 		Eventually(getMachine(ctx, m)).WithTimeout(30 * time.Second).Should(finished(machinistv1.OperationFailed))
 		m = getMachine(ctx, m)()
 		Expect(m.Status.Phase).To(Equal(machinistv1.MachineFailed))
-		Expect(m.Status.FailureReason).To(Equal(lifecycle.FailureRebootTimeout))
+		Expect(m.Status.FailureReason).To(Equal(machinistv1.FailureRebootTimeout))
 		Expect(m.Status.Operation.Message).To(ContainSubstring("no Ready Node with a new boot ID"))
 	})
 
@@ -252,7 +252,7 @@ var _ = Describe("Machine operations", func() {
 		msg := "no Ready Node with a new boot ID 1s after the reboot began"
 		Expect(m.Status).To(MatchFields(IgnoreExtras, Fields{
 			"Phase":          Equal(machinistv1.MachineFailed),
-			"FailureReason":  Equal(lifecycle.FailureRebootTimeout),
+			"FailureReason":  Equal(machinistv1.FailureRebootTimeout),
 			"FailureMessage": Equal(msg),
 			"LastTransition": PointTo(MatchFields(IgnoreExtras, Fields{"From": Equal(machinistv1.MachineRebooting), "Event": Equal("fail")})),
 			"Operation":      PointTo(MatchFields(IgnoreExtras, Fields{"ID": Equal(op.ID), "Message": Equal(msg)})),

@@ -33,6 +33,7 @@ import (
 	"github.com/machinist-dev/machinist/healthcheck"
 	"github.com/machinist-dev/machinist/lifecycle"
 	"github.com/machinist-dev/machinist/machineset"
+	"github.com/machinist-dev/machinist/nodes"
 )
 
 // Options configure the controllers.
@@ -182,9 +183,12 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	if err := metrics.Register(reg); err != nil {
 		return nil, err
 	}
+	// Where every Machine's Node lives, for the Machine controller and the
+	// health checks alike: today, this cluster.
+	nodeSide := nodes.Local{Client: mgr.GetClient(), Kube: kube}
 	machines := &lifecycle.Reconciler{
 		Client:           mgr.GetClient(),
-		Kube:             kube,
+		Nodes:            nodeSide,
 		Recorder:         mgr.GetEventRecorder("machinist-machine"),
 		Actuators:        opts.Actuators,
 		Metrics:          metrics,
@@ -227,7 +231,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	if err := remediations.Register(reg); err != nil {
 		return nil, err
 	}
-	checks.Client, checks.APIReader, checks.Recorder, checks.Metrics = mgr.GetClient(), mgr.GetAPIReader(), mgr.GetEventRecorder("machinist-machinehealthcheck"), remediations
+	checks.Client, checks.Nodes, checks.APIReader, checks.Recorder, checks.Metrics = mgr.GetClient(), nodeSide, mgr.GetAPIReader(), mgr.GetEventRecorder("machinist-machinehealthcheck"), remediations
 	if err := checks.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err
 	}

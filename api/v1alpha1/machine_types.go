@@ -142,6 +142,81 @@ const (
 	ConditionDrifted = "Drifted"
 )
 
+// Reasons of a Machine's NodeHealthy condition (and of its Ready
+// condition while it runs).
+const (
+	// ReasonNodeReady: the Node is Ready and its kubelet's Lease renewed.
+	ReasonNodeReady = "NodeReady"
+	// ReasonNodeNotFound: no Node has the Machine's providerID.
+	ReasonNodeNotFound = "NodeNotFound"
+	// ReasonNodeNotReady: the Node does not report Ready=True.
+	ReasonNodeNotReady = "NodeNotReady"
+	// ReasonNodeLeaseExpired: the kubelet has not renewed its Lease within
+	// the Lease's duration; a dead kubelet cannot report NotReady itself.
+	ReasonNodeLeaseExpired = "NodeLeaseExpired"
+)
+
+// Reasons of a Machine's Ready condition while it waits for its provider
+// (the Ready condition of a Running Machine carries its NodeHealthy
+// reason).
+const (
+	// ReasonProvisioning: the instance is made; its Node is not Ready yet.
+	ReasonProvisioning = "Provisioning"
+	// ReasonCreateError: the provider failed to create the instance; it
+	// is tried again.
+	ReasonCreateError = "CreateError"
+	// ReasonProviderError: the provider failed to reboot, repair or
+	// update the instance; it is tried again.
+	ReasonProviderError = "ProviderError"
+	// ReasonDeleteError: the provider failed to destroy the instance, or
+	// it still exists; it is tried again.
+	ReasonDeleteError = "DeleteError"
+	// ReasonMachineClassNotFound: the MachineClass the Machine names does
+	// not exist.
+	ReasonMachineClassNotFound = "MachineClassNotFound"
+	// ReasonProviderNotFound: no provider of the name the class or the
+	// providerID's scheme gives is registered.
+	ReasonProviderNotFound = "ProviderNotFound"
+	// ReasonProviderUnavailable: the provider runs out of process and
+	// does not answer. Whatever the Machine was doing waits for it.
+	ReasonProviderUnavailable = "ProviderUnavailable"
+	// ReasonInvalidProviderID: status.providerID does not start with
+	// <provider>://.
+	ReasonInvalidProviderID = "InvalidProviderID"
+)
+
+// Failure reasons a Failed Machine's status.failureReason holds.
+const (
+	FailureCreate              = "CreateFailed"
+	FailureProvisioningTimeout = "ProvisioningTimeout"
+	FailureRebootTimeout       = "RebootTimeout"
+	FailureRepairTimeout       = "RepairTimeout"
+	FailureUpdateTimeout       = "UpdateTimeout"
+)
+
+// Reasons of a Machine's Drifted condition.
+const (
+	// ReasonTemplateChanged: the Machine's spec differs from its template.
+	ReasonTemplateChanged = "TemplateChanged"
+	// ReasonUpToDate: the Machine's spec is its template's.
+	ReasonUpToDate = "UpToDate"
+)
+
+// Reasons of a Machine's Drained condition.
+const (
+	// ReasonPreDrainHook: pre-drain hook annotations hold the drain.
+	ReasonPreDrainHook = "PreDrainHook"
+	// ReasonDraining: evicted pods are still terminating.
+	ReasonDraining = "Draining"
+	// ReasonDrainBlocked: a PodDisruptionBudget refuses an eviction.
+	ReasonDrainBlocked = "DisruptionBudget"
+	// ReasonDrainTimeout: the drain's timeout passed; what follows went
+	// ahead anyway.
+	ReasonDrainTimeout = "DrainTimeout"
+	// ReasonDrained: every pod a drain evicts is gone.
+	ReasonDrained = "Drained"
+)
+
 // Transition records one move of the lifecycle state machine.
 type Transition struct {
 	// From is the phase the Machine left.
@@ -209,6 +284,13 @@ type Operation struct {
 	// Message says what happened, especially why it failed.
 	// +optional
 	Message string `json:"message,omitempty"`
+	// Reason is why a Pending operation waits, in one word that clients
+	// may match: DisruptionHeld while a MachineDisruptionBudget does not
+	// allow it yet (Message then says which budget and why). Empty
+	// otherwise.
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	Reason string `json:"reason,omitempty"`
 	// Options are the request's options, as given.
 	// +optional
 	Options *OperationOptions `json:"options,omitempty"`
@@ -236,6 +318,10 @@ type Operation struct {
 	// +optional
 	ToVersion string `json:"toVersion,omitempty"`
 }
+
+// OperationReasonDisruptionHeld is the Reason of a Pending operation that a
+// MachineDisruptionBudget holds back.
+const OperationReasonDisruptionHeld = "DisruptionHeld"
 
 // OperationSource is how an operation was requested.
 type OperationSource string

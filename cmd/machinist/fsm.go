@@ -7,12 +7,12 @@ import (
 
 	"github.com/machinist-dev/machinist/deployment"
 	"github.com/machinist-dev/machinist/healthcheck"
-	"github.com/machinist-dev/machinist/lifecycle"
+	"github.com/machinist-dev/machinist/phases"
 )
 
 // diagrams are the state machines machinist fsm prints, by name.
 var diagrams = map[string]func(format string) (string, error){
-	"machine":     lifecycle.Diagram,
+	"machine":     phases.Diagram,
 	"rollout":     deployment.Rollout.Diagram,
 	"remediation": healthcheck.Diagram,
 }

@@ -9,7 +9,7 @@ import (
 
 	"github.com/machinist-dev/machinist/deployment"
 	"github.com/machinist-dev/machinist/healthcheck"
-	"github.com/machinist-dev/machinist/lifecycle"
+	"github.com/machinist-dev/machinist/phases"
 )
 
 func run(t *testing.T, args ...string) (string, error) {
@@ -24,7 +24,7 @@ func run(t *testing.T, args ...string) (string, error) {
 }
 
 // machineMoves is how many moves docs/lifecycle.md's Machine table has,
-// counted by hand; lifecycle's fsm_test.go lists each one.
+// counted by hand; package phases' table_test.go lists each one.
 const machineMoves = 25
 
 func TestFSMPrintsEveryTransition(t *testing.T) {
@@ -45,7 +45,7 @@ func TestFSMPrintsEveryTransition(t *testing.T) {
 		if lines != machineMoves {
 			t.Errorf("%s output has %d move lines, want %d", format, lines, machineMoves)
 		}
-		for _, r := range lifecycle.Table.Rules {
+		for _, r := range phases.Table.Rules {
 			for _, from := range r.From {
 				var want string
 				if format == "mermaid" {
@@ -78,7 +78,7 @@ func TestDocsShowTheTables(t *testing.T) {
 		doc, table     string
 		states, events []string
 	}{
-		{"lifecycle.md", "machine", strs(lifecycle.Table.States()), strs(lifecycle.Table.Events())},
+		{"lifecycle.md", "machine", strs(phases.Table.States()), strs(phases.Table.Events())},
 		{"rollouts.md", "rollout", strs(deployment.Rollout.States()), strs(deployment.Rollout.Events())},
 		{"healthchecks.md", "remediation", strs(healthcheck.Table.States()), strs(healthcheck.Table.Events())},
 	} {

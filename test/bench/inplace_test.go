@@ -11,7 +11,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/deployment"
-	"github.com/machinist-dev/machinist/lifecycle"
+	"github.com/machinist-dev/machinist/operation"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -82,7 +82,7 @@ func inPlaceUpgrade(b *testing.B, n int) {
 // the watch began.
 func watchInPlace(ctx context.Context, ns string, n int, version, hash string) (<-chan struct{}, func() int, error) {
 	return watchUntil(ctx, ns, n, func(m *machinistv1.Machine) bool {
-		return m.Status.Phase == machinistv1.MachineRunning && !lifecycle.InFlight(m.Status.Operation) &&
+		return m.Status.Phase == machinistv1.MachineRunning && !operation.InFlight(m.Status.Operation) &&
 			m.Status.NodeInfo != nil && m.Status.NodeInfo.KubeletVersion == version &&
 			m.Labels[machinistv1.TemplateHashLabel] == hash
 	})

@@ -22,7 +22,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/deployment"
-	"github.com/machinist-dev/machinist/lifecycle"
+	"github.com/machinist-dev/machinist/phases"
 )
 
 // event is one stored version of an object, as a watch delivered it.
@@ -319,13 +319,13 @@ func (m *monitor) check() verdict {
 					}
 				}
 			}
-			from := lifecycle.Initial
+			from := phases.Initial
 			if existed && old.Status.Phase != "" {
 				from = old.Status.Phase
 			}
 			if to := obj.Status.Phase; to != "" && to != from {
 				v.transitions++
-				path, ok := lifecycle.Table.Path(from, to)
+				path, ok := phases.Table.Path(from, to)
 				switch {
 				case !ok:
 					breach("rv %d: Machine %s went from %s to %s, which no path of the lifecycle table joins", e.rv, obj.Name, from, to)
@@ -337,7 +337,7 @@ func (m *monitor) check() verdict {
 					v.multi++
 				}
 				if t := obj.Status.LastTransition; !e.gap && t != nil && (!existed || old.Status.LastTransition == nil || *t != *old.Status.LastTransition) {
-					if next, ok := lifecycle.Table.Allowed(t.From, lifecycle.Event(t.Event)); !ok || next != t.To || t.To != to {
+					if next, ok := phases.Table.Allowed(t.From, phases.Event(t.Event)); !ok || next != t.To || t.To != to {
 						breach("rv %d: Machine %s in %s records the transition %s --%s--> %s, which is not a move of the lifecycle table ending there", e.rv, obj.Name, to, t.From, t.Event, t.To)
 					}
 				}

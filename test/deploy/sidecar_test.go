@@ -22,7 +22,6 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/internal/pki"
-	"github.com/machinist-dev/machinist/lifecycle"
 )
 
 // TestProviderSidecar renders config/provider-sidecar, checks that the
@@ -120,7 +119,7 @@ func TestProviderSidecar(t *testing.T) {
 		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(waiting), waiting)).To(Succeed())
 		ready := meta.FindStatusCondition(waiting.Status.Conditions, machinistv1.ConditionReady)
 		g.Expect(ready).NotTo(BeNil())
-		g.Expect(ready.Reason).To(Equal(lifecycle.ReasonProviderUnavailable))
+		g.Expect(ready.Reason).To(Equal(machinistv1.ReasonProviderUnavailable))
 		g.Expect(waiting.Status.Phase).To(Equal(machinistv1.MachinePending))
 	}).WithTimeout(time.Minute).Should(Succeed(), mgr.output)
 	mgr.terminate(t)
@@ -193,7 +192,7 @@ func TestProviderOverTCPWithMutualTLS(t *testing.T) {
 		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(waiting), waiting)).To(Succeed())
 		ready := meta.FindStatusCondition(waiting.Status.Conditions, machinistv1.ConditionReady)
 		g.Expect(ready).NotTo(BeNil())
-		g.Expect(ready.Reason).To(Equal(lifecycle.ReasonProviderUnavailable))
+		g.Expect(ready.Reason).To(Equal(machinistv1.ReasonProviderUnavailable))
 	}).WithTimeout(time.Minute).Should(Succeed(), refused.output)
 	refused.terminate(t)
 	served.terminate(t)

@@ -11,7 +11,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/lifecycle"
 )
 
 // The default backoff retries at 0, 1, 3, 7, 15 and 31 s: within 30 s a
@@ -75,11 +74,11 @@ func TestUnknownProviderBacksOff(t *testing.T) {
 		t.Errorf("phase %q; want Pending, not blank", m.Status.Phase)
 	}
 	cond := ready(m)
-	if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != lifecycle.ReasonProviderNotFound ||
+	if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != machinistv1.ReasonProviderNotFound ||
 		!strings.Contains(cond.Message, `provider "nosuchcloud"`) || !strings.Contains(cond.Message, "inmemory") {
-		t.Errorf("Ready condition %+v; want False, %s, naming the provider asked for and those that run", cond, lifecycle.ReasonProviderNotFound)
+		t.Errorf("Ready condition %+v; want False, %s, naming the provider asked for and those that run", cond, machinistv1.ReasonProviderNotFound)
 	}
-	oneWarning(t, c, ns, m.Name, lifecycle.ReasonProviderNotFound)
+	oneWarning(t, c, ns, m.Name, machinistv1.ReasonProviderNotFound)
 
 	out, err := env.Kubectl(ctx, "get", "machines", "-n", ns)
 	if err != nil {
@@ -89,8 +88,8 @@ func TestUnknownProviderBacksOff(t *testing.T) {
 	if len(lines) != 2 || strings.Join(strings.Fields(lines[0]), " ") != "NAME PHASE READY REASON NODE VERSION AGE" {
 		t.Fatalf("kubectl get machines:\n%s", out)
 	}
-	if f := strings.Fields(lines[1]); len(f) < 5 || f[1] != "Pending" || f[2] != "False" || f[3] != lifecycle.ReasonProviderNotFound {
-		t.Errorf("kubectl get machines shows %q; want Pending False %s", lines[1], lifecycle.ReasonProviderNotFound)
+	if f := strings.Fields(lines[1]); len(f) < 5 || f[1] != "Pending" || f[2] != "False" || f[3] != machinistv1.ReasonProviderNotFound {
+		t.Errorf("kubectl get machines shows %q; want Pending False %s", lines[1], machinistv1.ReasonProviderNotFound)
 	}
 
 	// Fixed just after a retry, the next is 32 s away: provisioning within
@@ -119,11 +118,11 @@ func TestMissingClassAppears(t *testing.T) {
 	waitFor(t, 30*time.Second, "five attempts", func() bool { return get(t, c, m).Status.ErrorCount >= 5 })
 	got := get(t, c, m)
 	cond := ready(got)
-	if got.Status.Phase != machinistv1.MachinePending || cond == nil || cond.Reason != lifecycle.ReasonClassNotFound ||
+	if got.Status.Phase != machinistv1.MachinePending || cond == nil || cond.Reason != machinistv1.ReasonMachineClassNotFound ||
 		!strings.Contains(cond.Message, `MachineClass "later" does not exist in namespace "`+ns+`"`) {
-		t.Fatalf("phase %q, Ready %+v; want Pending and %s naming the class", got.Status.Phase, cond, lifecycle.ReasonClassNotFound)
+		t.Fatalf("phase %q, Ready %+v; want Pending and %s naming the class", got.Status.Phase, cond, machinistv1.ReasonMachineClassNotFound)
 	}
-	oneWarning(t, c, ns, m.Name, lifecycle.ReasonClassNotFound)
+	oneWarning(t, c, ns, m.Name, machinistv1.ReasonMachineClassNotFound)
 	class(t, c, ns, "later", "inmemory", "")
 	took := waitFor(t, provisionsIn, "provisioning once the class exists", func() bool {
 		return get(t, c, m).Status.Phase == machinistv1.MachineRunning

@@ -27,7 +27,6 @@ import (
 	"github.com/machinist-dev/machinist/actuators/process"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/internal/orphans"
-	"github.com/machinist-dev/machinist/lifecycle"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/provider"
 	"github.com/machinist-dev/machinist/testenv"
@@ -191,14 +190,14 @@ func TestAProviderThatGoesAwayMakesMachinesWait(t *testing.T) {
 		}
 		for _, m := range ms {
 			waiting := m.Status.ProviderID == "" || m.Name == first.Name
-			if waiting && reason(&m) != lifecycle.ReasonProviderUnavailable {
+			if waiting && reason(&m) != machinistv1.ReasonProviderUnavailable {
 				return fmt.Errorf("Machine %s (%s) waits with reason %q", m.Name, m.Status.Phase, reason(&m))
 			}
 		}
 		return nil
 	})
 	for _, m := range machines(t, ns) {
-		if c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionReady); c != nil && c.Reason == lifecycle.ReasonProviderUnavailable {
+		if c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionReady); c != nil && c.Reason == machinistv1.ReasonProviderUnavailable {
 			t.Logf("Machine %s (%s): %s", m.Name, m.Status.Phase, c.Message)
 		}
 	}

@@ -1,4 +1,4 @@
-package lifecycle
+package operation
 
 import (
 	"errors"
@@ -11,6 +11,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/phases"
 )
 
 func TestAdmitAsksTheStateMachine(t *testing.T) {
@@ -115,12 +116,12 @@ func TestAdmitNamesThePhasesARepairNeeds(t *testing.T) {
 // refusal says so and what to do instead.
 func TestAdmitRefusesToRepairAMachineThatNeverHadAnInstance(t *testing.T) {
 	m := &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m"}, Status: machinistv1.MachineStatus{
-		Phase: machinistv1.MachineFailed, FailureReason: FailureCreate, FailureMessage: "quota exceeded"}}
+		Phase: machinistv1.MachineFailed, FailureReason: "CreateFailed", FailureMessage: "quota exceeded"}}
 	err := Admit(m, machinistv1.OperationRepair, nil)
 	if !errors.Is(err, ErrRefused) {
 		t.Fatalf("got %v, want a refusal", err)
 	}
-	for _, want := range []string{`machine "m" is Failed before it had an instance`, FailureCreate, "nothing to repair", "delete it"} {
+	for _, want := range []string{`machine "m" is Failed before it had an instance`, "CreateFailed", "nothing to repair", "delete it"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("%q does not say %q", err, want)
 		}
@@ -151,20 +152,20 @@ func TestARepairStartsAFailedMachineWithoutADrain(t *testing.T) {
 		typ   machinistv1.OperationType
 		opts  *machinistv1.OperationOptions
 		phase machinistv1.MachinePhase
-		want  Event
+		want  phases.Event
 	}{
-		{machinistv1.OperationRepair, nil, machinistv1.MachineFailed, Repair},
-		{machinistv1.OperationRepair, nil, machinistv1.MachineRunning, Drain},
-		{machinistv1.OperationReboot, nil, machinistv1.MachineRunning, Drain},
-		{machinistv1.OperationReboot, noDrain, machinistv1.MachineRunning, Reboot},
-		{machinistv1.OperationReboot, nil, machinistv1.MachineFailed, Drain},
-		{machinistv1.OperationReboot, noDrain, machinistv1.MachineFailed, Reboot},
+		{machinistv1.OperationRepair, nil, machinistv1.MachineFailed, phases.Repair},
+		{machinistv1.OperationRepair, nil, machinistv1.MachineRunning, phases.Drain},
+		{machinistv1.OperationReboot, nil, machinistv1.MachineRunning, phases.Drain},
+		{machinistv1.OperationReboot, noDrain, machinistv1.MachineRunning, phases.Reboot},
+		{machinistv1.OperationReboot, nil, machinistv1.MachineFailed, phases.Drain},
+		{machinistv1.OperationReboot, noDrain, machinistv1.MachineFailed, phases.Reboot},
 	} {
-		if got := firstEvent(tc.typ, tc.opts, tc.phase); got != tc.want {
+		if got := FirstEvent(tc.typ, tc.opts, tc.phase); got != tc.want {
 			t.Errorf("%s in %s: first event %s, want %s", tc.typ, tc.phase, got, tc.want)
 		}
 	}
-	if to, ok := Table.Allowed(machinistv1.MachineFailed, Repair); !ok || to != machinistv1.MachineRepairing {
+	if to, ok := phases.Table.Allowed(machinistv1.MachineFailed, phases.Repair); !ok || to != machinistv1.MachineRepairing {
 		t.Errorf("repair in Failed: table says (%s, %v), want Repairing", to, ok)
 	}
 }

@@ -3,7 +3,7 @@
 // are defined; the Machine controller in this package is the only code that
 // moves a Machine from one phase to another, and only by firing an event
 // the table allows.
-package lifecycle
+package phases
 
 import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"

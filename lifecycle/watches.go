@@ -1,0 +1,87 @@
+package lifecycle
+
+import (
+	"context"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/disruption"
+	"github.com/machinist-dev/machinist/internal/index"
+	"github.com/machinist-dev/machinist/nodes"
+)
+
+// SetupWithManager registers the controller, its cache indexes and watches.
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts controller.Options) error {
+	idx := mgr.GetFieldIndexer()
+	if err := index.Register(ctx, idx); err != nil {
+		return err
+	}
+	if err := idx.IndexField(ctx, &machinistv1.Machine{}, machineByClass, func(o client.Object) []string {
+		return []string{o.(*machinistv1.Machine).Spec.ClassRef.Name}
+	}); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&machinistv1.Machine{}, builder.WithPredicates(machineChanged())).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.machinesForNode),
+			builder.WithPredicates(nodeChanged())).
+		Watches(&machinistv1.MachineClass{}, handler.EnqueueRequestsFromMapFunc(r.machinesForClass),
+			builder.WithPredicates(classChanged())).
+		Watches(&machinistv1.MachineSet{}, r.templateChanged()).
+		Watches(&machinistv1.MachineDisruptionBudget{}, handler.EnqueueRequestsFromMapFunc(r.heldMachines),
+			builder.WithPredicates(disruption.Freed())).
+		Watches(&machinistv1.MachineDeployment{}, r.templateChanged()).
+		WithOptions(opts).
+		Named("machine").
+		Complete(r)
+}
+
+// nodeChanged passes Node events that can change a Machine's conclusions;
+// kubelet heartbeats that change nothing else are dropped.
+func nodeChanged() predicate.Funcs {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
+		or, nr := nodes.Condition(o, corev1.NodeReady), nodes.Condition(n, corev1.NodeReady)
+		sameReady := (or == nil) == (nr == nil) && (or == nil || or.Status == nr.Status)
+		return !sameReady ||
+			o.Status.NodeInfo.BootID != n.Status.NodeInfo.BootID ||
+			o.Spec.ProviderID != n.Spec.ProviderID ||
+			o.Spec.Unschedulable != n.Spec.Unschedulable ||
+			!equality.Semantic.DeepEqual(o.Labels, n.Labels) ||
+			!equality.Semantic.DeepEqual(o.Spec.Taints, n.Spec.Taints)
+	}}
+}
+
+func (r *Reconciler) machinesForNode(ctx context.Context, o client.Object) []reconcile.Request {
+	node := o.(*corev1.Node)
+	if node.Spec.ProviderID == "" {
+		return nil
+	}
+	return r.machinesMatching(ctx, "Node "+node.Name, client.MatchingFields{index.MachineByProviderID: node.Spec.ProviderID})
+}
+
+// machinesMatching maps a watched object (what) to the Machines that opts
+// select in the cache.
+func (r *Reconciler) machinesMatching(ctx context.Context, what string, opts ...client.ListOption) []reconcile.Request {
+	var list machinistv1.MachineList
+	if err := r.Client.List(ctx, &list, opts...); err != nil {
+		log.FromContext(ctx).Error(err, "mapping to Machines", "from", what)
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for i := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+	}
+	return reqs
+}

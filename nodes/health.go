@@ -1,0 +1,85 @@
+package nodes
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+)
+
+// Health is what the Machine controller concludes about a Node.
+type Health struct {
+	Healthy bool
+	// Reason is one of the NodeHealthy condition's reasons
+	// (machinistv1.ReasonNode*); Message says it for people.
+	Reason  string
+	Message string
+	// Recheck is when the conclusion may change without an event: the
+	// Lease's expiry. Zero when only an event can change it.
+	Recheck time.Time
+}
+
+// Judge judges node as Kubernetes' node lifecycle controller would: Ready,
+// and a kubelet Lease renewed within its duration. The Lease matters
+// because a dead kubelet cannot report itself NotReady. A nil node has no
+// health.
+func Judge(ctx context.Context, c Cluster, node *corev1.Node, now time.Time) (Health, error) {
+	if node == nil {
+		return Health{Reason: machinistv1.ReasonNodeNotFound, Message: "no Node has this Machine's providerID"}, nil
+	}
+	ready := Condition(node, corev1.NodeReady)
+	if ready != nil && ready.Status == corev1.ConditionUnknown {
+		// Unknown is how Kubernetes' node lifecycle controller marks a
+		// dead kubelet's Node; the Lease says why better than the
+		// condition does.
+		if h, err := leaseHealth(ctx, c, node, now); err != nil || !h.Healthy {
+			return h, err
+		}
+	}
+	if ready == nil || ready.Status != corev1.ConditionTrue {
+		msg := "the Node has not reported Ready"
+		if ready != nil {
+			msg = fmt.Sprintf("Node %s is Ready=%s: %s", node.Name, ready.Status, ready.Message)
+		}
+		return Health{Reason: machinistv1.ReasonNodeNotReady, Message: msg}, nil
+	}
+	return leaseHealth(ctx, c, node, now)
+}
+
+// leaseHealth judges a Node by its kubelet's Lease alone.
+func leaseHealth(ctx context.Context, c Cluster, node *corev1.Node, now time.Time) (Health, error) {
+	healthy := Health{Healthy: true, Reason: machinistv1.ReasonNodeReady, Message: fmt.Sprintf("Node %s is Ready", node.Name)}
+	lease, err := c.Lease(ctx, node.Name)
+	if err != nil || lease == nil {
+		return healthy, err
+	}
+	if lease.Spec.RenewTime != nil && lease.Spec.LeaseDurationSeconds != nil {
+		expiry := lease.Spec.RenewTime.Add(time.Duration(*lease.Spec.LeaseDurationSeconds) * time.Second)
+		if now.After(expiry) {
+			return Health{Reason: machinistv1.ReasonNodeLeaseExpired, Message: fmt.Sprintf(
+				"Node %s's kubelet has not renewed its Lease since %s (lease duration %ds)",
+				node.Name, lease.Spec.RenewTime.UTC().Format(time.RFC3339), *lease.Spec.LeaseDurationSeconds)}, nil
+		}
+		healthy.Recheck = expiry
+	}
+	return healthy, nil
+}
+
+// Condition returns node's condition of type t, or nil.
+func Condition(node *corev1.Node, t corev1.NodeConditionType) *corev1.NodeCondition {
+	for i := range node.Status.Conditions {
+		if node.Status.Conditions[i].Type == t {
+			return &node.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// Ready reports whether node reports Ready=True.
+func Ready(node *corev1.Node) bool {
+	c := Condition(node, corev1.NodeReady)
+	return c != nil && c.Status == corev1.ConditionTrue
+}

@@ -1,0 +1,126 @@
+// Package nodes is the one way the controllers reach the Node side of a
+// Machine: its Node, its kubelet's Lease, the pods bound to the Node, their
+// eviction and the drain. Every such read and write goes through a Cluster,
+// obtained per Machine from Clusters, so that where a Machine's Node lives
+// is decided in one place. Today that is the manager's own cluster (Local).
+package nodes
+
+import (
+	"context"
+	"fmt"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/index"
+)
+
+// Clusters finds the cluster that holds a Machine's Node.
+type Clusters interface {
+	For(ctx context.Context, m *machinistv1.Machine) (Cluster, error)
+}
+
+// Cluster is what the controllers do on the Node side of a Machine.
+type Cluster interface {
+	// Node returns the Node whose spec.providerID is providerID, or nil
+	// when there is none (or providerID is empty).
+	Node(ctx context.Context, providerID string) (*corev1.Node, error)
+	// Lease returns the kubelet Lease of the Node named node, or nil when
+	// it has none.
+	Lease(ctx context.Context, node string) (*coordinationv1.Lease, error)
+	// Patch applies p to node, which it updates with the reply.
+	Patch(ctx context.Context, node *corev1.Node, p client.Patch) error
+	// Delete deletes node and its kubelet's Lease; either already gone is
+	// no error.
+	Delete(ctx context.Context, node *corev1.Node) error
+	// Drain does one round of draining node without waiting (DrainRound).
+	Drain(ctx context.Context, node *corev1.Node, settings machinistv1.DrainSettings, healthy bool) (DrainOutcome, error)
+	// DeletePods deletes at once every pod bound to node but its mirror
+	// pods, and returns how many it deleted.
+	DeletePods(ctx context.Context, node *corev1.Node) (int, error)
+}
+
+// Local is the manager's own cluster: reads come from the manager's cache
+// (whose Node index by providerID package index registers), writes go to
+// its API server, and the drain speaks client-go.
+type Local struct {
+	Client client.Client
+	Kube   kubernetes.Interface
+}
+
+// For returns l itself: every Machine's Node lives in the manager's own
+// cluster.
+func (l Local) For(context.Context, *machinistv1.Machine) (Cluster, error) { return l, nil }
+
+// Node implements Cluster.
+func (l Local) Node(ctx context.Context, providerID string) (*corev1.Node, error) {
+	return index.NodeFor(ctx, l.Client, providerID)
+}
+
+// Lease implements Cluster.
+func (l Local) Lease(ctx context.Context, node string) (*coordinationv1.Lease, error) {
+	var lease coordinationv1.Lease
+	err := l.Client.Get(ctx, client.ObjectKey{Namespace: corev1.NamespaceNodeLease, Name: node}, &lease)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &lease, nil
+}
+
+// Patch implements Cluster.
+func (l Local) Patch(ctx context.Context, node *corev1.Node, p client.Patch) error {
+	return l.Client.Patch(ctx, node, p)
+}
+
+// Delete implements Cluster.
+func (l Local) Delete(ctx context.Context, node *corev1.Node) error {
+	if err := l.Client.Delete(ctx, node); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("deleting node %s: %w", node.Name, err)
+	}
+	// Drop the kubelet's Lease with it, as the node lifecycle would by
+	// garbage collection through its owner reference.
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: corev1.NamespaceNodeLease, Name: node.Name}}
+	return client.IgnoreNotFound(l.Client.Delete(ctx, lease))
+}
+
+// Drain implements Cluster.
+func (l Local) Drain(ctx context.Context, node *corev1.Node, settings machinistv1.DrainSettings, healthy bool) (DrainOutcome, error) {
+	return DrainRound(ctx, l.Kube, node, settings, healthy)
+}
+
+// DeletePods implements Cluster.
+func (l Local) DeletePods(ctx context.Context, node *corev1.Node) (int, error) {
+	pods, err := l.Kube.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node.Name})
+	if err != nil {
+		return 0, fmt.Errorf("listing the pods of node %s: %w", node.Name, err)
+	}
+	gone := 0
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		if _, mirror := pod.Annotations[corev1.MirrorPodAnnotationKey]; mirror {
+			continue
+		}
+		err := l.Kube.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+			GracePeriodSeconds: ptr.To(int64(0)),
+			Preconditions:      &metav1.Preconditions{UID: &pod.UID},
+		})
+		switch {
+		case err == nil:
+			gone++
+		case apierrors.IsNotFound(err), apierrors.IsConflict(err):
+			// Gone already, or a new pod of the same name: not ours.
+		default:
+			return gone, fmt.Errorf("deleting pod %s/%s of node %s: %w", pod.Namespace, pod.Name, node.Name, err)
+		}
+	}
+	return gone, nil
+}
