@@ -6,7 +6,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -24,27 +23,6 @@ const (
 	reasonFailed    = "OperationFailed"
 	reasonDeadBoot  = "PodsOfDeadBootDeleted"
 )
-
-// startOperation marks the Machine's pending operation as started.
-func startOperation(s *step) {
-	op := s.m.Status.Operation
-	at := metav1.NewTime(s.now)
-	op.State, op.StartedAt = machinistv1.OperationRunning, &at
-	op.Message, op.Reason = "started", ""
-	s.note(corev1.EventTypeNormal, reasonStarted, operation.Verb(op.Type), "%s %s started", operation.Verb(op.Type), op.ID)
-}
-
-// endOperation records how the operation in flight ended.
-func endOperation(s *step, state machinistv1.OperationState, message string) {
-	op := s.m.Status.Operation
-	at := metav1.NewTime(s.now)
-	op.State, op.CompletedAt, op.Message, op.Reason = state, &at, message, ""
-	kind, reason := corev1.EventTypeNormal, reasonSucceeded
-	if state == machinistv1.OperationFailed {
-		kind, reason = corev1.EventTypeWarning, reasonFailed
-	}
-	s.note(kind, reason, operation.Verb(op.Type), "%s %s: %s", operation.Verb(op.Type), op.ID, message)
-}
 
 // repairFailed is Failed's handler: only a repair moves a Failed Machine,
 // and operation.Admit let no other in.

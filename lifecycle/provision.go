@@ -6,7 +6,6 @@ import (
 	"net/url"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -117,35 +116,4 @@ func (r *Reconciler) actuatorFor(m *machinistv1.Machine, class *machinistv1.Mach
 			class.Name, class.Spec.Provider, err)}
 	}
 	return act, nil
-}
-
-// retry records a transient error and waits for the next attempt. The
-// Machine says why it waits in its Ready condition; a Warning Event marks
-// only a change of reason, not every attempt.
-func (r *Reconciler) retry(s *step, reason string, err error) outcome {
-	if actuators.IsUnavailable(err) {
-		reason = machinistv1.ReasonProviderUnavailable
-	}
-	s.m.Status.ErrorCount++
-	delay := r.Backoff.After(s.m.Status.ErrorCount)
-	if c := meta.FindStatusCondition(s.m.Status.Conditions, machinistv1.ConditionReady); c == nil || c.Reason != reason {
-		s.note(corev1.EventTypeWarning, reason, "Retry", "%v", err)
-	}
-	meta.SetStatusCondition(&s.m.Status.Conditions, metav1.Condition{
-		Type: machinistv1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason,
-		Message:            fmt.Sprintf("%v (attempt %d; next in %s)", err, s.m.Status.ErrorCount, delay),
-		ObservedGeneration: s.m.Generation,
-	})
-	return s.wait(reason, delay)
-}
-
-// failMachine moves the Machine to Failed with a reason for people.
-func (s *step) failMachine(reason, message string) outcome {
-	s.m.Status.FailureReason = reason
-	s.m.Status.FailureMessage = message
-	meta.SetStatusCondition(&s.m.Status.Conditions, metav1.Condition{
-		Type: machinistv1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason,
-		Message: message, ObservedGeneration: s.m.Generation,
-	})
-	return settle(phases.Fail)
 }

@@ -6,11 +6,15 @@ import (
 	"slices"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/nodes"
+	"github.com/machinist-dev/machinist/operation"
 	"github.com/machinist-dev/machinist/phases"
 )
 
@@ -90,6 +94,58 @@ func (s *step) fire(e phases.Event) error {
 	s.fired = append(s.fired, t)
 	s.entered = append(s.entered, entered)
 	return nil
+}
+
+// startOperation marks the Machine's pending operation as started.
+func startOperation(s *step) {
+	op := s.m.Status.Operation
+	at := metav1.NewTime(s.now)
+	op.State, op.StartedAt = machinistv1.OperationRunning, &at
+	op.Message, op.Reason = "started", ""
+	s.note(corev1.EventTypeNormal, reasonStarted, operation.Verb(op.Type), "%s %s started", operation.Verb(op.Type), op.ID)
+}
+
+// endOperation records how the operation in flight ended.
+func endOperation(s *step, state machinistv1.OperationState, message string) {
+	op := s.m.Status.Operation
+	at := metav1.NewTime(s.now)
+	op.State, op.CompletedAt, op.Message, op.Reason = state, &at, message, ""
+	kind, reason := corev1.EventTypeNormal, reasonSucceeded
+	if state == machinistv1.OperationFailed {
+		kind, reason = corev1.EventTypeWarning, reasonFailed
+	}
+	s.note(kind, reason, operation.Verb(op.Type), "%s %s: %s", operation.Verb(op.Type), op.ID, message)
+}
+
+// retry records a transient error and waits for the next attempt. The
+// Machine says why it waits in its Ready condition; a Warning Event marks
+// only a change of reason, not every attempt.
+func (r *Reconciler) retry(s *step, reason string, err error) outcome {
+	if actuators.IsUnavailable(err) {
+		reason = machinistv1.ReasonProviderUnavailable
+	}
+	s.m.Status.ErrorCount++
+	delay := r.Backoff.After(s.m.Status.ErrorCount)
+	if c := meta.FindStatusCondition(s.m.Status.Conditions, machinistv1.ConditionReady); c == nil || c.Reason != reason {
+		s.note(corev1.EventTypeWarning, reason, "Retry", "%v", err)
+	}
+	meta.SetStatusCondition(&s.m.Status.Conditions, metav1.Condition{
+		Type: machinistv1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason,
+		Message:            fmt.Sprintf("%v (attempt %d; next in %s)", err, s.m.Status.ErrorCount, delay),
+		ObservedGeneration: s.m.Generation,
+	})
+	return s.wait(reason, delay)
+}
+
+// failMachine moves the Machine to Failed with a reason for people.
+func (s *step) failMachine(reason, message string) outcome {
+	s.m.Status.FailureReason = reason
+	s.m.Status.FailureMessage = message
+	meta.SetStatusCondition(&s.m.Status.Conditions, metav1.Condition{
+		Type: machinistv1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason,
+		Message: message, ObservedGeneration: s.m.Generation,
+	})
+	return settle(phases.Fail)
 }
 
 // outcome is what a phase's handler concluded: wait (no event), move by
