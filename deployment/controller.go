@@ -518,8 +518,8 @@ func (r *Reconciler) pruneHistory(ctx context.Context, md *machinistv1.MachineDe
 	return nil
 }
 
-// updateStatus writes counts, conditions and the rollout phase, firing the
-// rollout table's events to get there.
+// updateStatus writes counts, conditions and the rollout phase, which
+// moves only by the events Decide chooses from what it observes.
 func (r *Reconciler) updateStatus(ctx context.Context, md *machinistv1.MachineDeployment, newSet *machinistv1.MachineSet, old []*machinistv1.MachineSet, blocked, held string) (reconcile.Result, error) {
 	now := r.now()
 	replicas := replicasOf(md)
@@ -554,26 +554,16 @@ func (r *Reconciler) updateStatus(ctx context.Context, md *machinistv1.MachineDe
 	if md.Spec.ProgressDeadlineSeconds != nil {
 		deadline = time.Duration(*md.Spec.ProgressDeadlineSeconds) * time.Second
 	}
-	target := machinistv1.RolloutProgressing
-	switch {
-	case md.Spec.Paused:
-		target = machinistv1.RolloutPaused
-	case complete:
-		target = machinistv1.RolloutStable
-	case now.Sub(st.LastProgressTime.Time) >= deadline:
-		target = machinistv1.RolloutStalled
-	}
 	from := st.Phase
 	if from == "" {
 		from = Rollout.Initial
 	}
-	path, ok := Rollout.Path(from, target)
-	if !ok {
-		return reconcile.Result{}, fmt.Errorf("the rollout table has no way from %s to %s", from, target)
+	if !slices.Contains(Rollout.States(), from) {
+		return reconcile.Result{}, fmt.Errorf("the rollout table has no phase %s", from)
 	}
 	fsm := Rollout.New(from)
 	var fired [][3]string
-	for _, e := range path {
+	for _, e := range Decide(from, Facts{Paused: md.Spec.Paused, Complete: complete, DeadlinePassed: now.Sub(st.LastProgressTime.Time) >= deadline}) {
 		f, t, err := fsm.Fire(e)
 		if err != nil {
 			return reconcile.Result{}, err
