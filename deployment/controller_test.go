@@ -20,7 +20,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/deployment"
 )
 
 func newDeployment(ns, name string, replicas int32, strategy machinistv1.MachineDeploymentStrategy) *machinistv1.MachineDeployment {
@@ -441,12 +440,12 @@ var _ = Describe("The MachineDeployment controller", func() {
 		Eventually(func() *machinistv1.MachineDeployment { return getMD(ctx, md) }).WithTimeout(30 * time.Second).Should(And(
 			WithTransform(phaseOf, Equal(machinistv1.RolloutStalled)),
 			WithTransform(func(md *machinistv1.MachineDeployment) string {
-				c := meta.FindStatusCondition(md.Status.Conditions, deployment.ConditionProgressing)
+				c := meta.FindStatusCondition(md.Status.Conditions, machinistv1.ConditionProgressing)
 				if c == nil || c.Status != metav1.ConditionFalse {
 					return ""
 				}
 				return c.Reason
-			}, Equal(deployment.ReasonProgressDeadlineExceeded)),
+			}, Equal(machinistv1.ReasonProgressDeadlineExceeded)),
 		))
 		Expect(versions(ctx, ns)).To(Equal(map[string]int{"v1.37.1": 3, "other": 1}), "three old Machines and one new that never came up")
 		Expect(mon.bad()).To(BeEmpty())
