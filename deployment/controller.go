@@ -37,18 +37,6 @@ import (
 	"github.com/machinist-dev/machinist/internal/requeue"
 	"github.com/machinist-dev/machinist/internal/stale"
 	"github.com/machinist-dev/machinist/internal/wake"
-	"github.com/machinist-dev/machinist/machineset"
-)
-
-// Condition types and reasons of a MachineDeployment.
-const (
-	ConditionProgressing = "Progressing"
-	ConditionAvailable   = "Available"
-
-	ReasonProgressDeadlineExceeded = "ProgressDeadlineExceeded"
-	reasonRollingOut               = "RollingOut"
-	reasonComplete                 = "NewMachineSetAvailable"
-	reasonPaused                   = "Paused"
 )
 
 // Reconciler is the MachineDeployment controller.
@@ -467,16 +455,11 @@ func resize(ms, patched *machinistv1.MachineSet) client.Patch {
 	return p.Patch()
 }
 
-// ReasonDisruptionHeld is the Progressing condition's reason while a
-// disruption budget holds back the deletion of an old set's Machine: the
-// rollout waits, and goes on by itself once the budget allows.
-const ReasonDisruptionHeld = machineset.ReasonDisruptionHeld
-
 // heldBy says which old set a disruption budget holds back, and why; ""
 // when none.
 func heldBy(old []*machinistv1.MachineSet) string {
 	for _, ms := range old {
-		if c := meta.FindStatusCondition(ms.Status.Conditions, machinistv1.ConditionReady); c != nil && c.Reason == machineset.ReasonDisruptionHeld {
+		if c := meta.FindStatusCondition(ms.Status.Conditions, machinistv1.ConditionReady); c != nil && c.Reason == machinistv1.ReasonDisruptionHeld {
 			return fmt.Sprintf("MachineSet %s is %s", ms.Name, c.Message)
 		}
 	}
@@ -518,8 +501,8 @@ func (r *Reconciler) pruneHistory(ctx context.Context, md *machinistv1.MachineDe
 	return nil
 }
 
-// updateStatus writes counts, conditions and the rollout phase, firing the
-// rollout table's events to get there.
+// updateStatus writes counts, conditions and the rollout phase, which
+// moves only by the events Decide chooses from what it observes.
 func (r *Reconciler) updateStatus(ctx context.Context, md *machinistv1.MachineDeployment, newSet *machinistv1.MachineSet, old []*machinistv1.MachineSet, blocked, held string) (reconcile.Result, error) {
 	now := r.now()
 	replicas := replicasOf(md)
@@ -554,26 +537,16 @@ func (r *Reconciler) updateStatus(ctx context.Context, md *machinistv1.MachineDe
 	if md.Spec.ProgressDeadlineSeconds != nil {
 		deadline = time.Duration(*md.Spec.ProgressDeadlineSeconds) * time.Second
 	}
-	target := machinistv1.RolloutProgressing
-	switch {
-	case md.Spec.Paused:
-		target = machinistv1.RolloutPaused
-	case complete:
-		target = machinistv1.RolloutStable
-	case now.Sub(st.LastProgressTime.Time) >= deadline:
-		target = machinistv1.RolloutStalled
-	}
 	from := st.Phase
 	if from == "" {
 		from = Rollout.Initial
 	}
-	path, ok := Rollout.Path(from, target)
-	if !ok {
-		return reconcile.Result{}, fmt.Errorf("the rollout table has no way from %s to %s", from, target)
+	if !slices.Contains(Rollout.States(), from) {
+		return reconcile.Result{}, fmt.Errorf("the rollout table has no phase %s", from)
 	}
 	fsm := Rollout.New(from)
 	var fired [][3]string
-	for _, e := range path {
+	for _, e := range Decide(from, Facts{Paused: md.Spec.Paused, Complete: complete, DeadlinePassed: now.Sub(st.LastProgressTime.Time) >= deadline}) {
 		f, t, err := fsm.Fire(e)
 		if err != nil {
 			return reconcile.Result{}, err
@@ -582,29 +555,29 @@ func (r *Reconciler) updateStatus(ctx context.Context, md *machinistv1.MachineDe
 	}
 	st.Phase = fsm.State()
 
-	progressing := metav1.Condition{Type: ConditionProgressing, Status: metav1.ConditionTrue, Reason: reasonRollingOut,
+	progressing := metav1.Condition{Type: machinistv1.ConditionProgressing, Status: metav1.ConditionTrue, Reason: machinistv1.ReasonRollingOut,
 		Message: fmt.Sprintf("%d of %d Machines updated, %d available", st.UpdatedReplicas, replicas, st.AvailableReplicas), ObservedGeneration: md.Generation}
 	switch st.Phase {
 	case machinistv1.RolloutStable:
-		progressing.Reason, progressing.Message = reasonComplete, fmt.Sprintf("MachineSet %s is available", newSet.Name)
+		progressing.Reason, progressing.Message = machinistv1.ReasonNewMachineSetAvailable, fmt.Sprintf("MachineSet %s is available", newSet.Name)
 	case machinistv1.RolloutPaused:
-		progressing.Status, progressing.Reason, progressing.Message = metav1.ConditionUnknown, reasonPaused, "the rollout is paused"
+		progressing.Status, progressing.Reason, progressing.Message = metav1.ConditionUnknown, machinistv1.ReasonPaused, "the rollout is paused"
 	case machinistv1.RolloutStalled:
-		progressing.Status, progressing.Reason = metav1.ConditionFalse, ReasonProgressDeadlineExceeded
+		progressing.Status, progressing.Reason = metav1.ConditionFalse, machinistv1.ReasonProgressDeadlineExceeded
 		progressing.Message = fmt.Sprintf("no progress for %s: %s", deadline, progressing.Message)
 	}
 	if why := cmp.Or(heldBy(old), held); why != "" && st.Phase == machinistv1.RolloutProgressing {
-		progressing.Reason, progressing.Message = ReasonDisruptionHeld, why
+		progressing.Reason, progressing.Message = machinistv1.ReasonDisruptionHeld, why
 	}
 	if blocked != "" && (st.Phase == machinistv1.RolloutProgressing || st.Phase == machinistv1.RolloutStalled) {
-		progressing.Status, progressing.Reason, progressing.Message = metav1.ConditionFalse, reasonInPlaceNotPossible, blocked
+		progressing.Status, progressing.Reason, progressing.Message = metav1.ConditionFalse, machinistv1.ReasonInPlaceNotPossible, blocked
 	}
 	meta.SetStatusCondition(&st.Conditions, progressing)
 	strategy, _ := Resolve(md.Spec.Strategy, replicas)
-	available := metav1.Condition{Type: ConditionAvailable, Status: metav1.ConditionFalse, Reason: "BelowMinimum", ObservedGeneration: md.Generation,
+	available := metav1.Condition{Type: machinistv1.ConditionAvailable, Status: metav1.ConditionFalse, Reason: machinistv1.ReasonBelowMinimum, ObservedGeneration: md.Generation,
 		Message: fmt.Sprintf("%d available, %d needed", st.AvailableReplicas, replicas-strategy.MaxUnavailable)}
 	if st.AvailableReplicas >= replicas-strategy.MaxUnavailable {
-		available.Status, available.Reason = metav1.ConditionTrue, "MinimumAvailable"
+		available.Status, available.Reason = metav1.ConditionTrue, machinistv1.ReasonMinimumAvailable
 	}
 	meta.SetStatusCondition(&st.Conditions, available)
 

@@ -20,7 +20,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/deployment"
 )
 
 func newDeployment(ns, name string, replicas int32, strategy machinistv1.MachineDeploymentStrategy) *machinistv1.MachineDeployment {
@@ -359,6 +358,21 @@ var _ = Describe("The MachineDeployment controller", func() {
 			ContainElements("RolloutProgressing", "RolloutPaused", "RolloutStable"))
 	})
 
+	It("resumes a rollout with nothing to replace straight to Stable", func(ctx SpecContext) {
+		ns := newNamespace(ctx)
+		md := newDeployment(ns, "idle", 1, rolling(intstr.FromInt32(1), intstr.FromInt32(0)))
+		deploy(ctx, md)
+		patchSpec(ctx, md, `{"paused":true}`)
+		Eventually(func() *machinistv1.MachineDeployment { return getMD(ctx, md) }).Should(WithTransform(phaseOf, Equal(machinistv1.RolloutPaused)))
+		patchSpec(ctx, md, `{"paused":false}`)
+		// The second RolloutStable is the resume's; a RolloutProgressing
+		// fired with it would be recorded by then or within moments.
+		Eventually(func() int { return rolloutEventCount(ctx, ns, "idle", "RolloutStable") }).Should(Equal(2))
+		Consistently(func() int { return rolloutEventCount(ctx, ns, "idle", "RolloutProgressing") }, "3s").
+			Should(Equal(1), "only the first rollout progressed")
+		Expect(getMD(ctx, md).Status.Phase).To(Equal(machinistv1.RolloutStable))
+	})
+
 	It("scales proportionally when scaled mid-rollout", func(ctx SpecContext) {
 		ns := newNamespace(ctx)
 		md := newDeployment(ns, "growing", 6, rolling(intstr.FromInt32(1), intstr.FromInt32(0)))
@@ -426,12 +440,12 @@ var _ = Describe("The MachineDeployment controller", func() {
 		Eventually(func() *machinistv1.MachineDeployment { return getMD(ctx, md) }).WithTimeout(30 * time.Second).Should(And(
 			WithTransform(phaseOf, Equal(machinistv1.RolloutStalled)),
 			WithTransform(func(md *machinistv1.MachineDeployment) string {
-				c := meta.FindStatusCondition(md.Status.Conditions, deployment.ConditionProgressing)
+				c := meta.FindStatusCondition(md.Status.Conditions, machinistv1.ConditionProgressing)
 				if c == nil || c.Status != metav1.ConditionFalse {
 					return ""
 				}
 				return c.Reason
-			}, Equal(deployment.ReasonProgressDeadlineExceeded)),
+			}, Equal(machinistv1.ReasonProgressDeadlineExceeded)),
 		))
 		Expect(versions(ctx, ns)).To(Equal(map[string]int{"v1.37.1": 3, "other": 1}), "three old Machines and one new that never came up")
 		Expect(mon.bad()).To(BeEmpty())
@@ -484,6 +498,25 @@ var _ = Describe("The MachineDeployment controller", func() {
 		}
 	})
 })
+
+// rolloutEventCount is how many times a MachineDeployment's Events of
+// reason were recorded: the recorder folds repeats into one Event's
+// series.
+func rolloutEventCount(ctx context.Context, ns, name, reason string) int {
+	var list eventsv1.EventList
+	Expect(k8s.List(ctx, &list, client.InNamespace(ns))).To(Succeed())
+	n := 0
+	for _, e := range list.Items {
+		if e.Regarding.Kind == "MachineDeployment" && e.Regarding.Name == name && e.Reason == reason {
+			if e.Series != nil {
+				n += int(e.Series.Count)
+			} else {
+				n++
+			}
+		}
+	}
+	return n
+}
 
 // rolloutEvents lists the reasons of a MachineDeployment's Events.
 func rolloutEvents(ctx context.Context, ns, name string) []string {

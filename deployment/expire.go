@@ -83,7 +83,7 @@ func (r *Reconciler) expire(ctx context.Context, md *machinistv1.MachineDeployme
 			// budget is spent; a restarted manager says it once more.
 			hold := refusal.Budget
 			if last, ok := r.expiryHolds.Swap(md.UID, hold); !ok || last != hold {
-				r.event(md, corev1.EventTypeNormal, ReasonDisruptionHeld, "Expire", "not replacing expired Machine %s yet: %s", expired.Name, refusal.Message)
+				r.event(md, corev1.EventTypeNormal, machinistv1.ReasonDisruptionHeld, "Expire", "not replacing expired Machine %s yet: %s", expired.Name, refusal.Message)
 			}
 			return refusal.RetryAfter, nil
 		}

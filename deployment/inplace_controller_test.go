@@ -191,9 +191,9 @@ var _ = Describe("InPlace rollouts", func() {
 			got := &machinistv1.MachineDeployment{}
 			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(md), got)).To(Succeed())
 			g.Expect(got.Status.Phase).To(Equal(machinistv1.RolloutStalled))
-			c := findCondition(got.Status.Conditions, deployment.ConditionProgressing)
+			c := findCondition(got.Status.Conditions, machinistv1.ConditionProgressing)
 			g.Expect(c).NotTo(BeNil())
-			g.Expect(c.Reason).To(Equal(deployment.ReasonProgressDeadlineExceeded))
+			g.Expect(c.Reason).To(Equal(machinistv1.ReasonProgressDeadlineExceeded))
 		}).WithTimeout(time.Minute).Should(Succeed())
 		var list machinistv1.MachineList
 		Expect(k8s.List(ctx, &list, client.InNamespace(ns))).To(Succeed())
@@ -279,7 +279,7 @@ var _ = Describe("InPlace rollouts", func() {
 		Eventually(func(g Gomega) {
 			got := &machinistv1.MachineDeployment{}
 			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(md), got)).To(Succeed())
-			c := findCondition(got.Status.Conditions, deployment.ConditionProgressing)
+			c := findCondition(got.Status.Conditions, machinistv1.ConditionProgressing)
 			g.Expect(c).NotTo(BeNil())
 			g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
 			g.Expect(c.Reason).To(Equal("InPlaceNotPossible"))

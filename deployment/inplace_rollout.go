@@ -20,10 +20,6 @@ import (
 	"github.com/machinist-dev/machinist/operation"
 )
 
-// reasonInPlaceNotPossible is the Progressing condition's reason while an
-// InPlace rollout with fallback Never cannot go on.
-const reasonInPlaceNotPossible = "InPlaceNotPossible"
-
 // inPlaceMode is how this reconcile rolls an InPlace deployment out.
 type inPlaceMode struct {
 	// blocked says why nothing can be updated in place, with fallback

@@ -44,11 +44,6 @@ import (
 	"github.com/machinist-dev/machinist/internal/wake"
 )
 
-// ReasonDisruptionHeld is the reason of a set's Ready condition (and
-// Events) while a disruption budget holds back a deletion its rollout
-// asked for.
-const ReasonDisruptionHeld = "DisruptionHeld"
-
 // Reasons of Events and of the Ready condition.
 const (
 	reasonAdopted      = "Adopted"
@@ -141,7 +136,7 @@ func (r *Reconciler) heldSets(ctx context.Context, o client.Object) []reconcile.
 	}
 	var reqs []reconcile.Request
 	for i := range list.Items {
-		if c := meta.FindStatusCondition(list.Items[i].Status.Conditions, machinistv1.ConditionReady); c != nil && c.Reason == ReasonDisruptionHeld {
+		if c := meta.FindStatusCondition(list.Items[i].Status.Conditions, machinistv1.ConditionReady); c != nil && c.Reason == machinistv1.ReasonDisruptionHeld {
 			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
 		}
 	}
@@ -422,7 +417,7 @@ func (r *Reconciler) lockedRand() *rand.Rand {
 func deleteWhy(m *machinistv1.Machine, policy machinistv1.DeletePolicy) string {
 	switch deleteRank(m, nil) {
 	case 1:
-		return "marked with " + DeleteMachineAnnotation
+		return "marked with " + machinistv1.DeleteMachineAnnotation
 	case 2:
 		return "Failed"
 	case 3:
@@ -554,7 +549,7 @@ func (r *Reconciler) updateStatus(ctx context.Context, ms *machinistv1.MachineSe
 	switch {
 	case st.Replicas > want && held != nil:
 		// Said on the set, where its MachineDeployment's rollout reads it.
-		cond.Status, cond.Reason = metav1.ConditionFalse, ReasonDisruptionHeld
+		cond.Status, cond.Reason = metav1.ConditionFalse, machinistv1.ReasonDisruptionHeld
 		cond.Message = fmt.Sprintf("scaling from %d to %d Machines, waiting: %s", st.Replicas, want, held.Message)
 	case st.Replicas != want:
 		cond.Status, cond.Reason = metav1.ConditionFalse, reasonScaling
@@ -567,7 +562,7 @@ func (r *Reconciler) updateStatus(ctx context.Context, ms *machinistv1.MachineSe
 		cond.Message = fmt.Sprintf("all %d Machines are Ready", want)
 	}
 	was := meta.FindStatusCondition(ms.Status.Conditions, machinistv1.ConditionReady)
-	startsHeld := cond.Reason == ReasonDisruptionHeld && (was == nil || was.Reason != ReasonDisruptionHeld)
+	startsHeld := cond.Reason == machinistv1.ReasonDisruptionHeld && (was == nil || was.Reason != machinistv1.ReasonDisruptionHeld)
 	meta.SetStatusCondition(&st.Conditions, cond)
 	st.ObservedGeneration = ms.Generation
 
@@ -600,7 +595,7 @@ func (r *Reconciler) updateStatus(ctx context.Context, ms *machinistv1.MachineSe
 	r.writes.Wrote(ms)
 	if startsHeld {
 		// Once per hold, when it is stored, not on every look.
-		r.event(ms, corev1.EventTypeNormal, ReasonDisruptionHeld, "Scale", "not deleting Machines yet: %s", held.Message)
+		r.event(ms, corev1.EventTypeNormal, machinistv1.ReasonDisruptionHeld, "Scale", "not deleting Machines yet: %s", held.Message)
 	}
 	return res, nil
 }

@@ -18,7 +18,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/machineset"
 )
 
 func newSet(ns, name string, replicas int32, policy machinistv1.DeletePolicy) *machinistv1.MachineSet {
@@ -190,7 +189,7 @@ var _ = Describe("The MachineSet controller", func() {
 		order := growOneBySecond(ctx, ns, "marked", 3)
 		newest := &machinistv1.Machine{}
 		Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: order[2]}, newest)).To(Succeed())
-		newest.Annotations = map[string]string{machineset.DeleteMachineAnnotation: "yes"}
+		newest.Annotations = map[string]string{machinistv1.DeleteMachineAnnotation: "yes"}
 		Expect(k8s.Update(ctx, newest)).To(Succeed())
 		scaleDownAndCheck(ctx, ns, "marked", 2, order[2:])
 	})

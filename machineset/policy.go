@@ -10,17 +10,13 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 )
 
-// DeleteMachineAnnotation marks a Machine to be removed first when its
-// MachineSet scales down.
-const DeleteMachineAnnotation = "machinist.dev/delete-machine"
-
 // deleteRank orders Machines for removal: lower goes first. unsure tells
 // a Machine whose deletion may already have been stored.
 func deleteRank(m *machinistv1.Machine, unsure func(*machinistv1.Machine) bool) int {
 	switch {
 	case !m.DeletionTimestamp.IsZero(), unsure != nil && unsure(m):
 		return 0
-	case hasAnnotation(m, DeleteMachineAnnotation):
+	case hasAnnotation(m, machinistv1.DeleteMachineAnnotation):
 		return 1
 	case m.Status.Phase == machinistv1.MachineFailed:
 		return 2
@@ -37,7 +33,7 @@ func hasAnnotation(m *machinistv1.Machine, key string) bool {
 }
 
 // pickForDeletion returns the n Machines to remove: those already
-// deleting (or, by unsure, perhaps deleting), then those marked with DeleteMachineAnnotation, then Failed
+// deleting (or, by unsure, perhaps deleting), then those marked with machinistv1.DeleteMachineAnnotation, then Failed
 // ones, then those not Running and Ready, and among equals the order the
 // policy gives. rnd shuffles for the Random policy.
 func pickForDeletion(machines []*machinistv1.Machine, n int, policy machinistv1.DeletePolicy, rnd *rand.Rand, unsure func(*machinistv1.Machine) bool) []*machinistv1.Machine {

@@ -54,6 +54,43 @@ const (
 	RolloutStalled RolloutPhase = "Stalled"
 )
 
+// Condition types of a MachineDeployment.
+const (
+	// ConditionProgressing says how the rollout goes: True while it runs
+	// or is complete, Unknown while it is paused, False when it is stuck;
+	// its reason says which.
+	ConditionProgressing = "Progressing"
+	// ConditionAvailable is True while at least spec.replicas minus
+	// maxUnavailable Machines are available.
+	ConditionAvailable = "Available"
+)
+
+// Reasons of a MachineDeployment's conditions. While a disruption budget
+// holds the rollout back, Progressing has reason ReasonDisruptionHeld.
+const (
+	// ReasonRollingOut: Progressing is True, old Machines are being
+	// replaced.
+	ReasonRollingOut = "RollingOut"
+	// ReasonNewMachineSetAvailable: Progressing is True, the rollout is
+	// complete and the current template's MachineSet has every Machine
+	// available.
+	ReasonNewMachineSetAvailable = "NewMachineSetAvailable"
+	// ReasonPaused: Progressing is Unknown, spec.paused is set.
+	ReasonPaused = "Paused"
+	// ReasonProgressDeadlineExceeded: Progressing is False, the rollout
+	// made no progress for progressDeadlineSeconds.
+	ReasonProgressDeadlineExceeded = "ProgressDeadlineExceeded"
+	// ReasonInPlaceNotPossible: Progressing is False, an InPlace rollout
+	// with fallback Never has a change its provider cannot apply in
+	// place; the message names the set and the change.
+	ReasonInPlaceNotPossible = "InPlaceNotPossible"
+	// ReasonMinimumAvailable: Available is True.
+	ReasonMinimumAvailable = "MinimumAvailable"
+	// ReasonBelowMinimum: Available is False, fewer Machines are available
+	// than maxUnavailable allows.
+	ReasonBelowMinimum = "BelowMinimum"
+)
+
 // Labels and annotations of MachineDeployments and their MachineSets.
 const (
 	// TemplateHashLabel is on a MachineDeployment's MachineSets and their

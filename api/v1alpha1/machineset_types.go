@@ -20,6 +20,17 @@ const (
 	DeleteOldest DeletePolicy = "Oldest"
 )
 
+// DeleteMachineAnnotation marks a Machine to be removed first when its
+// MachineSet scales down.
+const DeleteMachineAnnotation = "machinist.dev/delete-machine"
+
+// ReasonDisruptionHeld is the reason of a MachineSet's Ready condition (and
+// Events) while a disruption budget holds back a deletion its rollout asked
+// for, and of its MachineDeployment's Progressing condition meanwhile, or
+// while the budgets hold back an InPlace rollout's update: the rollout
+// waits, and goes on by itself once the budget allows.
+const ReasonDisruptionHeld = "DisruptionHeld"
+
 // MachineSetSpec is how many Machines of one template should exist.
 // +kubebuilder:validation:XValidation:rule="(has(self.selector.matchLabels) && size(self.selector.matchLabels) > 0) || (has(self.selector.matchExpressions) && size(self.selector.matchExpressions) > 0)",message="selector must not be empty: an empty selector would claim every Machine in the namespace"
 // +kubebuilder:validation:XValidation:rule="!has(self.selector.matchLabels) || self.selector.matchLabels.all(k, has(self.template.metadata) && has(self.template.metadata.labels) && k in self.template.metadata.labels && self.template.metadata.labels[k] == self.selector.matchLabels[k])",message="selector does not match the template's labels: every Machine made from the template must be selected by the selector"

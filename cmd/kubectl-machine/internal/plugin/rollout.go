@@ -20,7 +20,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/deployment"
 )
 
 // machinistv1.ChangeCauseAnnotation is kubectl's: the command that made a revision.
@@ -140,7 +139,7 @@ func rolloutStatus(md *machinistv1.MachineDeployment) (string, bool, error) {
 	if md.Generation > md.Status.ObservedGeneration {
 		return "Waiting for machinedeployment spec update to be observed...", false, nil
 	}
-	if c := meta.FindStatusCondition(md.Status.Conditions, deployment.ConditionProgressing); c != nil && c.Reason == deployment.ReasonProgressDeadlineExceeded {
+	if c := meta.FindStatusCondition(md.Status.Conditions, machinistv1.ConditionProgressing); c != nil && c.Reason == machinistv1.ReasonProgressDeadlineExceeded {
 		return "", false, failed(fmt.Errorf("machinedeployment %q exceeded its progress deadline: %s", md.Name, c.Message))
 	}
 	st, replicas := md.Status, ptr.Deref(md.Spec.Replicas, 1)
@@ -162,7 +161,7 @@ func rolloutStatus(md *machinistv1.MachineDeployment) (string, bool, error) {
 	if md.Spec.Paused {
 		waiting += fmt.Sprintf(" (the rollout is paused: 'kubectl machine rollout resume md/%s' lets it finish)", md.Name)
 	}
-	if c := meta.FindStatusCondition(md.Status.Conditions, deployment.ConditionProgressing); c != nil && c.Reason == deployment.ReasonDisruptionHeld {
+	if c := meta.FindStatusCondition(md.Status.Conditions, machinistv1.ConditionProgressing); c != nil && c.Reason == machinistv1.ReasonDisruptionHeld {
 		waiting += fmt.Sprintf(" (held by a disruption budget: %s)", c.Message)
 	}
 	return fmt.Sprintf("Waiting for machinedeployment %q rollout to finish: %s", md.Name, waiting), false, nil

@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/deployment"
 )
 
 func newDeployment(ns, name, class string, replicas int32) *machinistv1.MachineDeployment {
@@ -212,8 +211,8 @@ func TestRolloutStatusSaysWhatHoldsIt(t *testing.T) {
 	md.Name, md.Generation = "workers", 2
 	md.Spec.Replicas = ptr.To[int32](4)
 	md.Status.ObservedGeneration, md.Status.Replicas, md.Status.UpdatedReplicas, md.Status.AvailableReplicas = 2, 8, 4, 8
-	md.Status.Conditions = []metav1.Condition{{Type: deployment.ConditionProgressing, Status: metav1.ConditionTrue,
-		Reason: deployment.ReasonDisruptionHeld, Message: "MachineSet workers-1 is scaling from 4 to 0 Machines, waiting: MachineDisruptionBudget b allows no more disruptions"}}
+	md.Status.Conditions = []metav1.Condition{{Type: machinistv1.ConditionProgressing, Status: metav1.ConditionTrue,
+		Reason: machinistv1.ReasonDisruptionHeld, Message: "MachineSet workers-1 is scaling from 4 to 0 Machines, waiting: MachineDisruptionBudget b allows no more disruptions"}}
 	msg, done, err := rolloutStatus(md)
 	want := `Waiting for machinedeployment "workers" rollout to finish: 4 old machines are pending termination... (held by a disruption budget: MachineSet workers-1 is scaling from 4 to 0 Machines, waiting: MachineDisruptionBudget b allows no more disruptions)`
 	if err != nil || done || msg != want {
