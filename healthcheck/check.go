@@ -9,16 +9,6 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 )
 
-// Reasons a Machine fails its health check, in its HealthCheckSucceeded
-// condition.
-const (
-	ReasonMachineFailed      = "MachineFailed"
-	ReasonNodeStartupTimeout = "NodeStartupTimeout"
-	ReasonNodeNotFound       = "NodeNotFound"
-	ReasonNodeCondition      = "UnhealthyNodeCondition"
-	reasonPassed             = "Passed"
-)
-
 // verdict is what the checks conclude about one Machine now.
 type verdict struct {
 	// known is false while the checks cannot judge: an operation is moving
@@ -65,7 +55,7 @@ func checksOf(spec *machinistv1.MachineHealthCheckSpec) checks {
 func judge(c checks, m *machinistv1.Machine, node *corev1.Node, now time.Time, t trust) verdict {
 	switch m.Status.Phase {
 	case machinistv1.MachineFailed:
-		return verdict{known: true, reason: ReasonMachineFailed,
+		return verdict{known: true, reason: machinistv1.ReasonMachineFailed,
 			message: fmt.Sprintf("the Machine is Failed (%s): %s", m.Status.FailureReason, m.Status.FailureMessage)}
 	case "", machinistv1.MachinePending, machinistv1.MachineProvisioning:
 		return startup(c, m, now)
@@ -80,9 +70,9 @@ func judge(c checks, m *machinistv1.Machine, node *corev1.Node, now time.Time, t
 		if m.Status.NodeRef != nil {
 			name = "Node " + m.Status.NodeRef.Name
 		}
-		return verdict{known: true, reason: ReasonNodeNotFound, message: fmt.Sprintf("the Machine is Running but %s is gone", name)}
+		return verdict{known: true, reason: machinistv1.ReasonNodeNotFound, message: fmt.Sprintf("the Machine is Running but %s is gone", name)}
 	}
-	v := verdict{known: true, healthy: true, reason: reasonPassed, message: "Node " + node.Name + " passes every check"}
+	v := verdict{known: true, healthy: true, reason: machinistv1.ReasonPassed, message: "Node " + node.Name + " passes every check"}
 	if ready := condition(node, corev1.NodeReady); ready != nil && ready.Status == corev1.ConditionUnknown {
 		v.unreachable = true
 	}
@@ -105,7 +95,7 @@ func judge(c checks, m *machinistv1.Machine, node *corev1.Node, now time.Time, t
 			v.recheck = earliest(v.recheck, until)
 			continue
 		}
-		return verdict{known: true, reason: ReasonNodeCondition, unreachable: v.unreachable, message: fmt.Sprintf(
+		return verdict{known: true, reason: machinistv1.ReasonNodeCondition, unreachable: v.unreachable, message: fmt.Sprintf(
 			"Node %s has been %s=%s since %s, longer than %s", node.Name, rule.Type, rule.Status,
 			nc.LastTransitionTime.UTC().Format(time.RFC3339), rule.Timeout.Duration)}
 	}
@@ -114,7 +104,7 @@ func judge(c checks, m *machinistv1.Machine, node *corev1.Node, now time.Time, t
 
 // startup judges a Machine that has no Ready Node yet.
 func startup(c checks, m *machinistv1.Machine, now time.Time) verdict {
-	v := verdict{known: true, healthy: true, reason: reasonPassed, message: "the Machine is being provisioned"}
+	v := verdict{known: true, healthy: true, reason: machinistv1.ReasonPassed, message: "the Machine is being provisioned"}
 	if c.startup <= 0 {
 		return v
 	}
@@ -127,7 +117,7 @@ func startup(c checks, m *machinistv1.Machine, now time.Time) verdict {
 		v.recheck = until
 		return v
 	}
-	return verdict{known: true, reason: ReasonNodeStartupTimeout, message: fmt.Sprintf(
+	return verdict{known: true, reason: machinistv1.ReasonNodeStartupTimeout, message: fmt.Sprintf(
 		"no Ready Node %s after provisioning began (nodeStartupTimeout)", c.startup)}
 }
 

@@ -61,31 +61,31 @@ func TestJudge(t *testing.T) {
 			m := machine(machinistv1.MachineFailed, time.Minute)
 			m.Status.FailureReason, m.Status.FailureMessage = "RebootTimeout", "no Ready Node"
 			return m
-		}(), trust: old, known: true, reason: ReasonMachineFailed, message: "Failed (RebootTimeout): no Ready Node"},
+		}(), trust: old, known: true, reason: machinistv1.ReasonMachineFailed, message: "Failed (RebootTimeout): no Ready Node"},
 		{name: "provisioning within the startup timeout", m: machine(machinistv1.MachineProvisioning, 4*time.Minute), trust: old,
 			known: true, healthy: true, recheck: now.Add(6 * time.Minute)},
 		{name: "provisioning past the startup timeout", m: machine(machinistv1.MachineProvisioning, 11*time.Minute), trust: old,
-			known: true, reason: ReasonNodeStartupTimeout},
+			known: true, reason: machinistv1.ReasonNodeStartupTimeout},
 		{name: "pending counts from creation", m: func() *machinistv1.Machine {
 			m := machine(machinistv1.MachinePending, time.Minute)
 			m.Status.LastTransition = nil
 			return m
-		}(), trust: old, known: true, reason: ReasonNodeStartupTimeout},
+		}(), trust: old, known: true, reason: machinistv1.ReasonNodeStartupTimeout},
 		{name: "running without its node", m: machine(machinistv1.MachineRunning, time.Hour), trust: old,
-			known: true, reason: ReasonNodeNotFound, message: "Node n1 is gone"},
+			known: true, reason: machinistv1.ReasonNodeNotFound, message: "Node n1 is gone"},
 		{name: "rebooting is not judged", m: machine(machinistv1.MachineRebooting, time.Second), node: node(cond(corev1.NodeReady, corev1.ConditionUnknown, time.Hour)), trust: old},
 		{name: "unknown not yet long enough", m: machine(machinistv1.MachineRunning, time.Hour),
 			node: node(cond(corev1.NodeReady, corev1.ConditionUnknown, 20*time.Second)), trust: old,
 			known: true, healthy: true, unreachable: true, recheck: now.Add(40 * time.Second)},
 		{name: "unknown long enough is unreachable", m: machine(machinistv1.MachineRunning, time.Hour),
 			node: node(cond(corev1.NodeReady, corev1.ConditionUnknown, 61*time.Second)), trust: old,
-			known: true, reason: ReasonNodeCondition, unreachable: true, message: "Ready=Unknown"},
+			known: true, reason: machinistv1.ReasonNodeCondition, unreachable: true, message: "Ready=Unknown"},
 		{name: "not ready has its own timeout", m: machine(machinistv1.MachineRunning, time.Hour),
 			node: node(cond(corev1.NodeReady, corev1.ConditionFalse, 90*time.Second)), trust: old,
 			known: true, healthy: true, recheck: now.Add(30 * time.Second)},
 		{name: "any condition type", m: machine(machinistv1.MachineRunning, time.Hour),
 			node: node(ready, cond("KernelDeadlock", corev1.ConditionTrue, time.Second)), trust: old,
-			known: true, reason: ReasonNodeCondition, message: "KernelDeadlock=True"},
+			known: true, reason: machinistv1.ReasonNodeCondition, message: "KernelDeadlock=True"},
 		{name: "just started: stale conditions are not held against it", m: machine(machinistv1.MachineRunning, time.Hour),
 			node: node(cond(corev1.NodeReady, corev1.ConditionUnknown, time.Hour)), trust: trust{Since: now.Add(-10 * time.Second), Grace: 40 * time.Second},
 			recheck: now.Add(30 * time.Second)},

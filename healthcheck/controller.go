@@ -393,7 +393,7 @@ func (r *Reconciler) holdReplace(ctx context.Context, p *pass, t *target) (bool,
 		return false, err
 	}
 	if !heldBy(rem.Message, refusal) {
-		t.note(corev1.EventTypeNormal, reasonDisruptionHeld, "not replacing Machine %s yet: %s", m.Name, refusal.Message)
+		t.note(corev1.EventTypeNormal, machinistv1.ReasonDisruptionHeld, "not replacing Machine %s yet: %s", m.Name, refusal.Message)
 	}
 	rem.Message = fmt.Sprintf("rung %d of %d (%s) waits: %s", rem.Rung+1, len(p.ladder), rem.Action, refusal.Message)
 	p.after(p.now.Add(refusal.RetryAfter))
@@ -454,10 +454,10 @@ func setRemediating(m *machinistv1.Machine) {
 // setAllowed sets the check's RemediationAllowed condition and emits an
 // Event when it changes.
 func (r *Reconciler) setAllowed(hc *machinistv1.MachineHealthCheck, st *machinistv1.MachineHealthCheckStatus, held string) {
-	c := metav1.Condition{Type: machinistv1.ConditionRemediationAllowed, Status: metav1.ConditionTrue, Reason: "WithinLimits",
+	c := metav1.Condition{Type: machinistv1.ConditionRemediationAllowed, Status: metav1.ConditionTrue, Reason: machinistv1.ReasonWithinLimits,
 		Message: "unhealthy Machines are within maxUnhealthy", ObservedGeneration: hc.Generation}
 	if held != "" {
-		c.Status, c.Reason, c.Message = metav1.ConditionFalse, "TooManyUnhealthy", held
+		c.Status, c.Reason, c.Message = metav1.ConditionFalse, machinistv1.ReasonTooManyUnhealthy, held
 	}
 	old := meta.FindStatusCondition(st.Conditions, c.Type)
 	st.Conditions = slices.Clone(st.Conditions)
@@ -475,7 +475,7 @@ func (r *Reconciler) setAllowed(hc *machinistv1.MachineHealthCheck, st *machinis
 // invalid is the status of a health check whose selector is not valid.
 func invalid(hc *machinistv1.MachineHealthCheck, err error) *metav1.Condition {
 	return &metav1.Condition{Type: machinistv1.ConditionRemediationAllowed, Status: metav1.ConditionFalse,
-		Reason: "InvalidSelector", Message: err.Error(), ObservedGeneration: hc.Generation}
+		Reason: machinistv1.ReasonInvalidSelector, Message: err.Error(), ObservedGeneration: hc.Generation}
 }
 
 // writeStatus writes the check's status when it changed.

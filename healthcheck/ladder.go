@@ -23,9 +23,6 @@ const (
 	reasonSkipped   = "RemediationSkipped"
 	reasonExhausted = "RemediationExhausted"
 	reasonHealed    = "MachineHealthy"
-	// reasonDisruptionHeld is a remediation a disruption budget does not
-	// allow yet.
-	reasonDisruptionHeld = "DisruptionHeld"
 )
 
 // Outcomes of a rung, for the metrics.
@@ -129,7 +126,7 @@ func (r *Reconciler) start(p *pass, t *target) error {
 	if refusal != nil {
 		msg := "waiting: " + refusal.Message
 		if !heldBy(rem.Message, refusal) {
-			t.note(corev1.EventTypeNormal, reasonDisruptionHeld, "not starting the remediation of Machine %s yet: %s", t.m.Name, refusal.Message)
+			t.note(corev1.EventTypeNormal, machinistv1.ReasonDisruptionHeld, "not starting the remediation of Machine %s yet: %s", t.m.Name, refusal.Message)
 		}
 		rem.Message = msg
 		p.after(p.now.Add(refusal.RetryAfter))

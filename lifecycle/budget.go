@@ -35,11 +35,11 @@ func (r *Reconciler) holdForBudget(ctx context.Context, s *step, op *machinistv1
 	if !refused {
 		return false, err
 	}
-	op.Reason = machinistv1.OperationReasonDisruptionHeld
+	op.Reason = machinistv1.ReasonDisruptionHeld
 	if msg := waiting + refusal.Message; op.Message != msg {
 		op.Message = msg
 		verb := operation.Verb(op.Type)
-		s.note(corev1.EventTypeWarning, machinistv1.OperationReasonDisruptionHeld, verb, "%s %s waits: %s", verb, op.ID, refusal.Message)
+		s.note(corev1.EventTypeWarning, machinistv1.ReasonDisruptionHeld, verb, "%s %s waits: %s", verb, op.ID, refusal.Message)
 	}
 	s.after(refusal.RetryAfter)
 	return true, nil

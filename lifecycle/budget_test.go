@@ -31,7 +31,7 @@ var _ = Describe("Disruption budgets", func() {
 		annotate(ctx, m, "reboot")
 		Eventually(getMachine(ctx, m)).WithTimeout(10 * time.Second).Should(WithTransform(operationOf, PointTo(MatchFields(IgnoreExtras, Fields{
 			"State":   Equal(machinistv1.OperationPending),
-			"Reason":  Equal(machinistv1.OperationReasonDisruptionHeld),
+			"Reason":  Equal(machinistv1.ReasonDisruptionHeld),
 			"Message": Equal("waiting: MachineDisruptionBudget none allows no more disruptions: 0 of its 2 Machines are disrupted and it allows 0; the reboot of Machine " + ns + "/held waits until one is back"),
 		}))))
 		Eventually(eventReasons(ctx, m)).Should(ContainElement("DisruptionHeld"))

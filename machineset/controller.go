@@ -51,9 +51,6 @@ const (
 	reasonCreated      = "MachineCreated"
 	reasonDeleted      = "MachineDeleted"
 	reasonCreateFailed = "CreateFailed"
-	reasonReady        = "AllMachinesReady"
-	reasonScaling      = "Scaling"
-	reasonWaiting      = "WaitingForMachines"
 )
 
 // maxBatch caps how many Machines one reconcile creates or deletes in
@@ -552,13 +549,13 @@ func (r *Reconciler) updateStatus(ctx context.Context, ms *machinistv1.MachineSe
 		cond.Status, cond.Reason = metav1.ConditionFalse, machinistv1.ReasonDisruptionHeld
 		cond.Message = fmt.Sprintf("scaling from %d to %d Machines, waiting: %s", st.Replicas, want, held.Message)
 	case st.Replicas != want:
-		cond.Status, cond.Reason = metav1.ConditionFalse, reasonScaling
+		cond.Status, cond.Reason = metav1.ConditionFalse, machinistv1.ReasonScaling
 		cond.Message = fmt.Sprintf("scaling from %d to %d Machines", st.Replicas, want)
 	case st.ReadyReplicas < want:
-		cond.Status, cond.Reason = metav1.ConditionFalse, reasonWaiting
+		cond.Status, cond.Reason = metav1.ConditionFalse, machinistv1.ReasonWaitingForMachines
 		cond.Message = fmt.Sprintf("%d of %d Machines are Ready", st.ReadyReplicas, want)
 	default:
-		cond.Status, cond.Reason = metav1.ConditionTrue, reasonReady
+		cond.Status, cond.Reason = metav1.ConditionTrue, machinistv1.ReasonAllMachinesReady
 		cond.Message = fmt.Sprintf("all %d Machines are Ready", want)
 	}
 	was := meta.FindStatusCondition(ms.Status.Conditions, machinistv1.ConditionReady)

@@ -42,7 +42,7 @@ func InFlight(op *machinistv1.Operation) bool {
 // Held reports whether op is pending because a disruption budget does not
 // allow it yet.
 func Held(op *machinistv1.Operation) bool {
-	return op != nil && op.State == machinistv1.OperationPending && op.Reason == machinistv1.OperationReasonDisruptionHeld
+	return op != nil && op.State == machinistv1.OperationPending && op.Reason == machinistv1.ReasonDisruptionHeld
 }
 
 // Drains reports whether an operation of typ with opts empties the Machine

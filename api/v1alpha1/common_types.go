@@ -37,3 +37,11 @@ const (
 	// ConditionReady is True when the object has reached what its spec asks.
 	ConditionReady = "Ready"
 )
+
+// ReasonDisruptionHeld says that a MachineDisruptionBudget holds something
+// back, which goes on by itself once the budget allows: the reason of a
+// Pending operation (status.operation.reason), of a MachineSet's Ready
+// condition while a deletion its rollout asked for waits, of its
+// MachineDeployment's Progressing condition meanwhile or while an InPlace
+// rollout's update waits, and of the Events that say so.
+const ReasonDisruptionHeld = "DisruptionHeld"

@@ -319,10 +319,6 @@ type Operation struct {
 	ToVersion string `json:"toVersion,omitempty"`
 }
 
-// OperationReasonDisruptionHeld is the Reason of a Pending operation that a
-// MachineDisruptionBudget holds back.
-const OperationReasonDisruptionHeld = "DisruptionHeld"
-
 // OperationSource is how an operation was requested.
 type OperationSource string
 

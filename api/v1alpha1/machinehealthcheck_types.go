@@ -188,6 +188,32 @@ const (
 	ConditionRemediating = "Remediating"
 )
 
+// Reasons of a Machine's HealthCheckSucceeded condition.
+const (
+	// ReasonPassed: the Machine passes every check (or is still being
+	// provisioned within nodeStartupTimeout).
+	ReasonPassed = "Passed"
+	// ReasonMachineFailed: the Machine is Failed.
+	ReasonMachineFailed = "MachineFailed"
+	// ReasonNodeStartupTimeout: no Node joined within nodeStartupTimeout.
+	ReasonNodeStartupTimeout = "NodeStartupTimeout"
+	// ReasonNodeCondition: a Node condition matched an unhealthy check for
+	// longer than its timeout. (ReasonNodeNotFound, shared with the
+	// NodeHealthy condition, says the Node is gone.)
+	ReasonNodeCondition = "UnhealthyNodeCondition"
+)
+
+// Reasons of a MachineHealthCheck's RemediationAllowed condition.
+const (
+	// ReasonWithinLimits: unhealthy Machines are within maxUnhealthy.
+	ReasonWithinLimits = "WithinLimits"
+	// ReasonTooManyUnhealthy: more Machines are unhealthy than
+	// maxUnhealthy allows; no remediation starts.
+	ReasonTooManyUnhealthy = "TooManyUnhealthy"
+	// ReasonInvalidSelector: the selector cannot be parsed.
+	ReasonInvalidSelector = "InvalidSelector"
+)
+
 // RemediationPhase is where a Machine stands on its health check's ladder.
 // The healthcheck package's state machine is the only thing that moves it.
 // +kubebuilder:validation:Enum=Healthy;Unhealthy;Rebooting;Repairing;Replacing;Recovered;Exhausted

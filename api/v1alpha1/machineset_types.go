@@ -24,12 +24,15 @@ const (
 // MachineSet scales down.
 const DeleteMachineAnnotation = "machinist.dev/delete-machine"
 
-// ReasonDisruptionHeld is the reason of a MachineSet's Ready condition (and
-// Events) while a disruption budget holds back a deletion its rollout asked
-// for, and of its MachineDeployment's Progressing condition meanwhile, or
-// while the budgets hold back an InPlace rollout's update: the rollout
-// waits, and goes on by itself once the budget allows.
-const ReasonDisruptionHeld = "DisruptionHeld"
+// Reasons of a MachineSet's Ready condition (beside ReasonDisruptionHeld).
+const (
+	// ReasonAllMachinesReady: the set has its replicas, all Ready.
+	ReasonAllMachinesReady = "AllMachinesReady"
+	// ReasonScaling: the set is creating or deleting Machines.
+	ReasonScaling = "Scaling"
+	// ReasonWaitingForMachines: the set has its replicas, not all Ready.
+	ReasonWaitingForMachines = "WaitingForMachines"
+)
 
 // MachineSetSpec is how many Machines of one template should exist.
 // +kubebuilder:validation:XValidation:rule="(has(self.selector.matchLabels) && size(self.selector.matchLabels) > 0) || (has(self.selector.matchExpressions) && size(self.selector.matchExpressions) > 0)",message="selector must not be empty: an empty selector would claim every Machine in the namespace"
