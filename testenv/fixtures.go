@@ -87,3 +87,7 @@ func (e *Env) Machines(t testing.TB, ns string, opts ...client.ListOption) []mac
 	}
 	return ms
 }
+
+// NewMachineList makes an empty MachineList: the newList of Watch for
+// Machines.
+func NewMachineList() client.ObjectList { return &machinistv1.MachineList{} }

@@ -1,10 +1,14 @@
 package testenv
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"testing"
 	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // PollInterval is how often Poll and WaitFor look again.
@@ -94,4 +98,43 @@ func Await[T any](t testing.TB, ch <-chan T, timeout time.Duration, what string,
 			return zero
 		}
 	}
+}
+
+// WaitForObject reads the object of obj's namespace and name through c
+// until check accepts it, and leaves that last read in obj. If timeout
+// passes first it fails t with what it waited for and check's, or the
+// read's, last error.
+func WaitForObject[O client.Object](t testing.TB, c client.Reader, timeout time.Duration, what string, obj O, check func(O) error) {
+	t.Helper()
+	key := client.ObjectKeyFromObject(obj)
+	WaitFor(t, timeout, what, func() error {
+		// A fresh object each time: decoding into the last one would keep
+		// the fields the server has since dropped.
+		got := reflect.New(reflect.TypeOf(obj).Elem()).Interface().(O)
+		if err := c.Get(context.Background(), key, got); err != nil {
+			return err
+		}
+		reflect.ValueOf(obj).Elem().Set(reflect.ValueOf(got).Elem())
+		return check(obj)
+	})
+}
+
+// WaitQuiet waits until the object of obj's namespace and name has gone
+// unwritten for quiet (the same resourceVersion on every read, one each
+// PollInterval), for tests whose next step must come after the writes
+// that were still due, leaving the last read in obj. It fails t if no
+// such spell came within timeout.
+func WaitQuiet[O client.Object](t testing.TB, c client.Reader, timeout, quiet time.Duration, what string, obj O) {
+	t.Helper()
+	var since time.Time
+	version := ""
+	WaitForObject(t, c, timeout, what+" unwritten for "+quiet.String(), obj, func(o O) error {
+		if o.GetResourceVersion() != version {
+			version, since = o.GetResourceVersion(), time.Now()
+		}
+		if d := time.Since(since); d < quiet {
+			return fmt.Errorf("unwritten for %s only", d.Round(time.Millisecond))
+		}
+		return nil
+	})
 }
