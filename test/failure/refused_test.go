@@ -40,7 +40,7 @@ func TestARollingUpgradeIsRefusedAlmostNoWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	class(t, c, ns, "small", "inmemory", "")
-	md := deployment(ns, "pool", n)
+	md := testenv.MachineDeployment(ns, "pool", n)
 	md.Spec.Template.Spec.Version = "v1.37.1"
 	// Five at a time: many resizes of both sets, as in a large rollout.
 	surge, unavailable := intstr.FromInt32(5), intstr.FromInt32(0)

@@ -7,10 +7,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -51,8 +49,8 @@ func TestSettledFleetWritesNothing(t *testing.T) {
 	class(t, c, ns, "small", "inmemory", "")
 	class(t, c, ns, "broken", "inmemory", `{"failCreate": "quota exceeded"}`)
 
-	steady := deployment(ns, "steady", 3)
-	paused := deployment(ns, "paused", 2)
+	steady := testenv.MachineDeployment(ns, "steady", 3)
+	paused := testenv.MachineDeployment(ns, "paused", 2)
 	for _, md := range []*machinistv1.MachineDeployment{steady, paused} {
 		if err := c.Create(ctx, md); err != nil {
 			t.Fatal(err)
@@ -191,20 +189,5 @@ func backoffSteps(done int32, d time.Duration) int {
 			return steps
 		}
 		steps++
-	}
-}
-
-func deployment(ns, name string, replicas int32) *machinistv1.MachineDeployment {
-	labels := map[string]string{"pool": name}
-	return &machinistv1.MachineDeployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: machinistv1.MachineDeploymentSpec{
-			Replicas: ptr.To(replicas),
-			Selector: machinistv1.LabelSelector{MatchLabels: labels},
-			Template: machinistv1.MachineTemplateSpec{
-				Metadata: machinistv1.TemplateMetadata{Labels: labels},
-				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}, Version: "v1.37.2"},
-			},
-		},
 	}
 }
