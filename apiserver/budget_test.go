@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 // putOnce is put without client-go's retries, which would sleep through
@@ -40,7 +41,7 @@ func TestABudgetRefusesWithTooManyRequests(t *testing.T) {
 	ctx := context.Background()
 	// A reboot that lasts, so that the second request surely finds the
 	// first still counted.
-	ns := namespace(t, ctx, `{"rebootLatency":"5s"}`)
+	ns := env.NewNamespace(t, "verbs", testenv.Class{Name: testenv.Small.Name, Spec: `{"rebootLatency":"5s"}`})
 	first := running(t, ctx, ns, "first", "small")
 	second := running(t, ctx, ns, "second", "small")
 	g.Expect(env.Client.Create(ctx, &machinistv1.MachineDisruptionBudget{
@@ -75,7 +76,7 @@ func TestABudgetRefusesWithTooManyRequests(t *testing.T) {
 	g.Expect(code).To(Equal(http.StatusAccepted), status.Message)
 
 	// A window that opens in two hours.
-	closedNS := namespace(t, ctx, "")
+	closedNS := env.NewNamespace(t, "verbs", testenv.Class{Name: testenv.Small.Name, Spec: ""})
 	third := running(t, ctx, closedNS, "third", "small")
 	opens := time.Now().UTC().Add(2 * time.Hour).Truncate(time.Minute)
 	g.Expect(env.Client.Create(ctx, &machinistv1.MachineDisruptionBudget{
@@ -120,7 +121,7 @@ func putDirectHeaders(t *testing.T, ctx context.Context, ns, name, verb string) 
 func TestOverridingABudgetNeedsItsOwnPermission(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
-	ns := namespace(t, ctx, `{"rebootLatency":"3s"}`)
+	ns := env.NewNamespace(t, "verbs", testenv.Class{Name: testenv.Small.Name, Spec: `{"rebootLatency":"3s"}`})
 	m := running(t, ctx, ns, "urgent", "small")
 	budget := &machinistv1.MachineDisruptionBudget{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "none"},

@@ -19,6 +19,7 @@ import (
 
 	subresourcesv1 "github.com/machinist-dev/machinist/api/subresources/v1alpha1"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 // asFrontProxy returns a client that presents the front-proxy client
@@ -82,7 +83,7 @@ func unchanged(g Gomega, ctx context.Context, before *machinistv1.Machine) {
 func TestTheVerbsServerAuthorizesEachRequest(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
-	ns := namespace(t, ctx, "{}")
+	ns := env.NewNamespace(t, "verbs", testenv.Class{Name: testenv.Small.Name, Spec: "{}"})
 	m := running(t, ctx, ns, "m0", "small")
 	const repairer = "carol" // may repair in ns, not reboot
 	g.Expect(env.Client.Create(ctx, &rbacv1.Role{
@@ -127,7 +128,7 @@ func TestTheVerbsServerAuthorizesEachRequest(t *testing.T) {
 func TestRacingRequestsHaveOneWinner(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
-	ns := namespace(t, ctx, `{"rebootLatency":"1m"}`)
+	ns := env.NewNamespace(t, "verbs", testenv.Class{Name: testenv.Small.Name, Spec: `{"rebootLatency":"1m"}`})
 	running(t, ctx, ns, "m0", "small")
 
 	const racers = 8
@@ -177,7 +178,7 @@ func TestRacingRequestsHaveOneWinner(t *testing.T) {
 // request afterwards, so the refusals were the bodies' doing.
 func TestBodiesRefusedBeforeTheMachine(t *testing.T) {
 	ctx := context.Background()
-	ns := namespace(t, ctx, `{"rebootLatency":"1m"}`)
+	ns := env.NewNamespace(t, "verbs", testenv.Class{Name: testenv.Small.Name, Spec: `{"rebootLatency":"1m"}`})
 	m := running(t, ctx, ns, "m0", "small")
 
 	for _, tc := range []struct {

@@ -127,18 +127,6 @@ func running(t *testing.T, ctx context.Context, ns, name, class string) *machini
 	return get(g, ctx, m)
 }
 
-func namespace(t *testing.T, ctx context.Context, classSpec string) string {
-	t.Helper()
-	ns, err := env.Namespace(ctx, "verbs")
-	if err == nil {
-		err = env.InmemoryClass(ctx, ns, "small", classSpec)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ns
-}
-
 func TestDiscoveryAndOpenAPI(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
@@ -174,7 +162,7 @@ func TestDiscoveryAndOpenAPI(t *testing.T) {
 func TestRebootThroughTheAggregator(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
-	ns := namespace(t, ctx, "{}")
+	ns := env.NewNamespace(t, "verbs", testenv.Class{Name: testenv.Small.Name, Spec: "{}"})
 	m := running(t, ctx, ns, "m0", "small")
 
 	code, body := put(ctx, stranger, ns, "m0", "reboot", "")
@@ -213,8 +201,8 @@ func TestRebootThroughTheAggregator(t *testing.T) {
 
 func TestRefusals(t *testing.T) {
 	ctx := context.Background()
-	ns := namespace(t, ctx, `{"rebootLatency":"1m"}`)
-	stuckNS := namespace(t, ctx, `{"neverReady":true}`)
+	ns := env.NewNamespace(t, "verbs", testenv.Class{Name: testenv.Small.Name, Spec: `{"rebootLatency":"1m"}`})
+	stuckNS := env.NewNamespace(t, "verbs", testenv.Class{Name: testenv.Small.Name, Spec: `{"neverReady":true}`})
 	busy := running(t, ctx, ns, "busy", "small")
 	held := running(t, ctx, ns, "held", "small")
 	provisioning := machine(t, ctx, stuckNS, "provisioning", "small")
@@ -273,7 +261,7 @@ func TestRefusals(t *testing.T) {
 func TestForgedIdentityIsRejected(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
-	ns := namespace(t, ctx, "{}")
+	ns := env.NewNamespace(t, "verbs", testenv.Class{Name: testenv.Small.Name, Spec: "{}"})
 	machine(t, ctx, ns, "m0", "small")
 
 	pool := x509.NewCertPool()
@@ -303,7 +291,7 @@ func TestForgedIdentityIsRejected(t *testing.T) {
 func TestRebootCompletesOnceAcrossAManagerRestart(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
-	ns := namespace(t, ctx, `{"rebootLatency":"3s"}`)
+	ns := env.NewNamespace(t, "verbs", testenv.Class{Name: testenv.Small.Name, Spec: `{"rebootLatency":"3s"}`})
 	m := running(t, ctx, ns, "m0", "small")
 
 	code, body := put(ctx, operator, ns, "m0", "reboot", `{"drain":false}`)

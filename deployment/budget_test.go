@@ -14,11 +14,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 var _ = Describe("A rollout under a disruption budget", func() {
 	It("holds a rollout the budget does not allow, says so, and replaces old Machines no faster than it allows once it does", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 		// maxSurge 4 would replace all four at once.
 		md := newDeployment(ns, "pool", 4, rolling(intstr.FromInt32(4), intstr.FromInt32(0)))
 		deploy(ctx, md)
@@ -72,7 +73,7 @@ var _ = Describe("A rollout under a disruption budget", func() {
 	})
 
 	It("holds a rollout outside its budget's window, says until when, and resumes by itself when the window opens", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 		md := newDeployment(ns, "pool", 2, rolling(intstr.FromInt32(1), intstr.FromInt32(0)))
 		deploy(ctx, md)
 		// The calendar reads 25 s before a window opens: a whole minute,
@@ -119,7 +120,7 @@ var _ = Describe("A rollout under a disruption budget", func() {
 	})
 
 	It("keeps a rollout, ten reboot requests and a remediation at once within one budget of 2, across a manager restart", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 		md := newDeployment(ns, "pool", 10, rolling(intstr.FromInt32(3), intstr.FromInt32(0)))
 		deploy(ctx, md)
 		Expect(k8s.Create(ctx, poolBudget(ns, "two", 2))).To(Succeed())
@@ -155,7 +156,7 @@ var _ = Describe("A rollout under a disruption budget", func() {
 			}
 			return ""
 		})
-		old := machines(ctx, ns)
+		old := env.Machines(GinkgoTB(), ns)
 		// One Machine breaks: the health check replaces it.
 		Expect(provider.Break(old[0].Status.ProviderID)).To(Succeed())
 		// Ten reboots asked for by annotation, one per Machine.
@@ -172,14 +173,18 @@ var _ = Describe("A rollout under a disruption budget", func() {
 		upgrade(ctx, md, "v1.37.2")
 		// Mid-way, the manager is restarted: what was admitted is in the
 		// budget's status, so nothing is admitted twice.
-		time.Sleep(3 * time.Second)
+		Eventually(func() []machinistv1.Disruption {
+			var b machinistv1.MachineDisruptionBudget
+			Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "two"}, &b)).To(Succeed())
+			return b.Status.Disruptions
+		}).WithTimeout(time.Minute).ShouldNot(BeEmpty())
 		Expect(controllers.RestartManager()).To(Succeed())
 		waitVersion(ctx, md, "v1.37.2", 10)
 		Expect(mon.bad()).To(BeEmpty())
 	})
 
 	It("holds an InPlace rollout's updates the budget does not allow, and says so in the rollout", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 		md := newDeployment(ns, "pool", 2, inPlace(2, machinistv1.FallbackNever))
 		deploy(ctx, md)
 		budget := poolBudget(ns, "frozen", 0, machinistv1.DisruptionInPlaceUpdate)
@@ -191,7 +196,7 @@ var _ = Describe("A rollout under a disruption budget", func() {
 			g.Expect(c.Reason).To(Equal("DisruptionHeld"))
 			g.Expect(c.Message).To(MatchRegexp(`^Machine \S+'s update is waiting: MachineDisruptionBudget frozen allows no more disruptions`))
 		}).WithTimeout(30 * time.Second).Should(Succeed())
-		for _, m := range machines(ctx, ns) {
+		for _, m := range env.Machines(GinkgoTB(), ns) {
 			Expect(m.Status.Phase).To(Equal(machinistv1.MachineRunning), "nothing drained or updated while held")
 		}
 		patch := client.MergeFrom(budget.DeepCopy())
@@ -200,7 +205,7 @@ var _ = Describe("A rollout under a disruption budget", func() {
 		// What the Nodes run, not what the Machines ask for.
 		Eventually(func() map[string]int {
 			out := map[string]int{}
-			for _, m := range machines(ctx, ns) {
+			for _, m := range env.Machines(GinkgoTB(), ns) {
 				if m.Status.Phase == machinistv1.MachineRunning && m.Status.NodeInfo != nil {
 					out[m.Status.NodeInfo.KubeletVersion]++
 				}
@@ -210,11 +215,11 @@ var _ = Describe("A rollout under a disruption budget", func() {
 	})
 
 	It("replaces Machines past expireAfter one at a time, within the budget", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 		md := newDeployment(ns, "pool", 3, rolling(intstr.FromInt32(1), intstr.FromInt32(0)))
 		deploy(ctx, md)
 		first := map[string]bool{}
-		for _, m := range machines(ctx, ns) {
+		for _, m := range env.Machines(GinkgoTB(), ns) {
 			first[m.Name] = true
 		}
 		budget := poolBudget(ns, "one", 0, machinistv1.DisruptionExpiry)
@@ -248,12 +253,12 @@ var _ = Describe("A rollout under a disruption budget", func() {
 			g.Expect(held).To(HaveLen(1))
 			g.Expect(held[0].Series).To(BeNil(), "the hold said again")
 		}).WithTimeout(12 * time.Second).WithPolling(time.Second).Should(Succeed())
-		Expect(machines(ctx, ns)).To(HaveEach(WithTransform(func(m machinistv1.Machine) bool { return first[m.Name] && m.DeletionTimestamp == nil }, BeTrue())))
+		Expect(env.Machines(GinkgoTB(), ns)).To(HaveEach(WithTransform(func(m machinistv1.Machine) bool { return first[m.Name] && m.DeletionTimestamp == nil }, BeTrue())))
 		patch := client.MergeFrom(budget.DeepCopy())
 		budget.Spec.MaxDisrupted = intstr.FromInt32(1)
 		Expect(k8s.Patch(ctx, budget, patch)).To(Succeed())
 		Eventually(func(g Gomega) {
-			ms := machines(ctx, ns)
+			ms := env.Machines(GinkgoTB(), ns)
 			g.Expect(ms).To(HaveLen(3))
 			for _, m := range ms {
 				g.Expect(first).NotTo(HaveKey(m.Name), "an original Machine is still there")
@@ -270,14 +275,7 @@ var _ = Describe("A rollout under a disruption budget", func() {
 // poolBudget is a budget over the Machines of deployment "pool": max at
 // once, for reasons (all when none).
 func poolBudget(ns, name string, max int32, reasons ...machinistv1.DisruptionReason) *machinistv1.MachineDisruptionBudget {
-	return &machinistv1.MachineDisruptionBudget{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: machinistv1.MachineDisruptionBudgetSpec{
-			Selector:     machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": "pool"}},
-			MaxDisrupted: intstr.FromInt32(max),
-			Reasons:      reasons,
-		},
-	}
+	return testenv.Budget(ns, name, "pool", max, reasons...)
 }
 
 // expectHeld waits until md's rollout says a disruption budget holds it,

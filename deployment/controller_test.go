@@ -20,22 +20,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 func newDeployment(ns, name string, replicas int32, strategy machinistv1.MachineDeploymentStrategy) *machinistv1.MachineDeployment {
-	labels := map[string]string{"pool": name}
-	return &machinistv1.MachineDeployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: machinistv1.MachineDeploymentSpec{
-			Replicas: ptr.To(replicas),
-			Selector: machinistv1.LabelSelector{MatchLabels: labels},
-			Strategy: strategy,
-			Template: machinistv1.MachineTemplateSpec{
-				Metadata: machinistv1.TemplateMetadata{Labels: labels},
-				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}, Version: "v1.37.1"},
-			},
-		},
-	}
+	md := testenv.MachineDeployment(ns, name, replicas)
+	md.Spec.Strategy = strategy
+	md.Spec.Template.Spec.Version = "v1.37.1"
+	return md
 }
 
 func rolling(surge, unavailable intstr.IntOrString) machinistv1.MachineDeploymentStrategy {
@@ -103,7 +95,7 @@ func (m *monitor) follow(ctx context.Context, what string, ch <-chan watch.Event
 
 func watchRollout(ctx context.Context, ns string, check func(map[string]*machinistv1.Machine) string) *monitor {
 	mon := &monitor{machines: map[string]*machinistv1.Machine{}, check: check}
-	for _, m := range machines(ctx, ns) {
+	for _, m := range env.Machines(GinkgoTB(), ns) {
 		mon.machines[m.Name] = m.DeepCopy()
 	}
 	var md machinistv1.MachineDeploymentList
@@ -172,16 +164,10 @@ func boundsReady(replicas, surge, unavailable int, minReady time.Duration) func(
 	}
 }
 
-func machines(ctx context.Context, ns string) []machinistv1.Machine {
-	var list machinistv1.MachineList
-	Expect(k8s.List(ctx, &list, client.InNamespace(ns))).To(Succeed())
-	return list.Items
-}
-
 // versions counts Running Machines by version, and all others as "other".
 func versions(ctx context.Context, ns string) map[string]int {
 	out := map[string]int{}
-	for _, m := range machines(ctx, ns) {
+	for _, m := range env.Machines(GinkgoTB(), ns) {
 		if m.Status.Phase == machinistv1.MachineRunning && m.DeletionTimestamp.IsZero() {
 			out[m.Spec.Version]++
 		} else {
@@ -246,11 +232,11 @@ func sets(ctx context.Context, ns string) []machinistv1.MachineSet {
 var _ = Describe("The MachineDeployment controller", func() {
 	DescribeTable("rolls a node upgrade within its bounds",
 		func(ctx SpecContext, surge, unavailable intstr.IntOrString, wantSurge, wantUnavailable int) {
-			ns := newNamespace(ctx)
+			ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 			md := newDeployment(ns, "pool", 6, rolling(surge, unavailable))
 			deploy(ctx, md)
 			oldNames := []string{}
-			for _, m := range machines(ctx, ns) {
+			for _, m := range env.Machines(GinkgoTB(), ns) {
 				oldNames = append(oldNames, m.Name)
 			}
 			mon := watchRollout(ctx, ns, bounds(6, wantSurge, wantUnavailable))
@@ -274,7 +260,7 @@ var _ = Describe("The MachineDeployment controller", func() {
 	)
 
 	It("recreates: every old Machine is gone before a new one is created", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 		md := newDeployment(ns, "batch", 3, machinistv1.MachineDeploymentStrategy{Type: machinistv1.RecreateStrategy})
 		deploy(ctx, md)
 		mon := watchRollout(ctx, ns, func(ms map[string]*machinistv1.Machine) string {
@@ -297,7 +283,7 @@ var _ = Describe("The MachineDeployment controller", func() {
 	})
 
 	It("on delete: replaces only the Machines someone deletes", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 		md := newDeployment(ns, "manual", 3, machinistv1.MachineDeploymentStrategy{Type: machinistv1.OnDeleteStrategy})
 		deploy(ctx, md)
 		deleted := map[string]bool{} // old Machines seen being deleted
@@ -318,7 +304,7 @@ var _ = Describe("The MachineDeployment controller", func() {
 		})
 		upgrade(ctx, md, "v1.37.2")
 		Consistently(func() map[string]int { return versions(ctx, ns) }, "3s").Should(Equal(map[string]int{"v1.37.1": 3}))
-		victim := machines(ctx, ns)[0]
+		victim := env.Machines(GinkgoTB(), ns)[0]
 		Expect(k8s.Delete(ctx, &victim)).To(Succeed())
 		Eventually(func() map[string]int { return versions(ctx, ns) }).WithTimeout(60 * time.Second).
 			Should(Equal(map[string]int{"v1.37.1": 2, "v1.37.2": 1}))
@@ -327,7 +313,7 @@ var _ = Describe("The MachineDeployment controller", func() {
 	})
 
 	It("freezes a paused rollout and finishes it when resumed", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 		md := newDeployment(ns, "paused", 6, rolling(intstr.FromInt32(1), intstr.FromInt32(0)))
 		deploy(ctx, md)
 		mon := watchRollout(ctx, ns, func(map[string]*machinistv1.Machine) string { return "" })
@@ -359,7 +345,7 @@ var _ = Describe("The MachineDeployment controller", func() {
 	})
 
 	It("resumes a rollout with nothing to replace straight to Stable", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 		md := newDeployment(ns, "idle", 1, rolling(intstr.FromInt32(1), intstr.FromInt32(0)))
 		deploy(ctx, md)
 		patchSpec(ctx, md, `{"paused":true}`)
@@ -374,7 +360,7 @@ var _ = Describe("The MachineDeployment controller", func() {
 	})
 
 	It("scales proportionally when scaled mid-rollout", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 		md := newDeployment(ns, "growing", 6, rolling(intstr.FromInt32(1), intstr.FromInt32(0)))
 		deploy(ctx, md)
 		mon := watchRollout(ctx, ns, bounds(9, 1, 6)) // never above the new size plus surge, never below the old size
@@ -386,7 +372,7 @@ var _ = Describe("The MachineDeployment controller", func() {
 		// let them go so that the whole surge is free to share.
 		Eventually(func() int {
 			deleting := 0
-			for _, m := range machines(ctx, ns) {
+			for _, m := range env.Machines(GinkgoTB(), ns) {
 				if !m.DeletionTimestamp.IsZero() {
 					deleting++
 				}
@@ -431,7 +417,7 @@ var _ = Describe("The MachineDeployment controller", func() {
 	})
 
 	It("stalls when new Machines never become Ready, removing no old Machine", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 		md := newDeployment(ns, "stuck", 3, rolling(intstr.FromInt32(1), intstr.FromInt32(0)))
 		md.Spec.ProgressDeadlineSeconds = ptr.To(int32(5))
 		deploy(ctx, md)
@@ -454,7 +440,7 @@ var _ = Describe("The MachineDeployment controller", func() {
 	})
 
 	It("honors minReadySeconds and revisionHistoryLimit", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 		md := newDeployment(ns, "careful", 2, rolling(intstr.FromInt32(1), intstr.FromInt32(0)))
 		md.Spec.MinReadySeconds = 2
 		md.Spec.RevisionHistoryLimit = ptr.To(int32(1))
@@ -476,7 +462,7 @@ var _ = Describe("The MachineDeployment controller", func() {
 	})
 
 	It("rolls back by reusing the earlier revision's MachineSet", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 		md := newDeployment(ns, "back", 2, rolling(intstr.FromInt32(1), intstr.FromInt32(0)))
 		deploy(ctx, md)
 		first := sets(ctx, ns)

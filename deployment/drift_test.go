@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 // drifted is each Machine's Drifted condition, by name: status, reason
@@ -29,11 +30,11 @@ func drifted(g Gomega, ms []machinistv1.Machine) map[string]metav1.Condition {
 
 var _ = Describe("Drift", func() {
 	It("shows which Machines differ from their MachineDeployment's current template, while a paused rollout waits, and clears as the rollout replaces them", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 		md := newDeployment(ns, "pool", 2, rolling(intstr.FromInt32(1), intstr.FromInt32(0)))
 		deploy(ctx, md)
 		Eventually(func(g Gomega) {
-			for name, c := range drifted(g, machines(ctx, ns)) {
+			for name, c := range drifted(g, env.Machines(GinkgoTB(), ns)) {
 				g.Expect(c.Status).To(Equal(metav1.ConditionFalse), name)
 				g.Expect(c.Reason).To(Equal(machinistv1.ReasonUpToDate))
 				g.Expect(c.Message).To(Equal("the spec is MachineDeployment pool's current template"))
@@ -43,7 +44,7 @@ var _ = Describe("Drift", func() {
 		patchSpec(ctx, md, `{"paused":true}`)
 		upgrade(ctx, md, "v1.37.2")
 		Eventually(func(g Gomega) {
-			for name, c := range drifted(g, machines(ctx, ns)) {
+			for name, c := range drifted(g, env.Machines(GinkgoTB(), ns)) {
 				g.Expect(c.Status).To(Equal(metav1.ConditionTrue), name)
 				g.Expect(c.Reason).To(Equal(machinistv1.ReasonTemplateChanged))
 				g.Expect(c.Message).To(Equal("the spec differs from MachineDeployment pool's current template: version v1.37.1, template v1.37.2"))
@@ -51,12 +52,12 @@ var _ = Describe("Drift", func() {
 		}).WithTimeout(10 * time.Second).Should(Succeed())
 		// Said in one write each, not rewritten while the rollout waits.
 		written := map[string]string{}
-		for _, m := range machines(ctx, ns) {
+		for _, m := range env.Machines(GinkgoTB(), ns) {
 			written[m.Name] = m.ResourceVersion
 		}
 		Consistently(func() map[string]string {
 			now := map[string]string{}
-			for _, m := range machines(ctx, ns) {
+			for _, m := range env.Machines(GinkgoTB(), ns) {
 				now[m.Name] = m.ResourceVersion
 			}
 			return now
@@ -65,26 +66,26 @@ var _ = Describe("Drift", func() {
 		patchSpec(ctx, md, `{"paused":false}`)
 		waitVersion(ctx, md, "v1.37.2", 2)
 		Eventually(func(g Gomega) {
-			for name, c := range drifted(g, machines(ctx, ns)) {
+			for name, c := range drifted(g, env.Machines(GinkgoTB(), ns)) {
 				g.Expect(c.Status).To(Equal(metav1.ConditionFalse), name)
 			}
 		}).WithTimeout(10 * time.Second).Should(Succeed())
 	})
 
 	It("follows an InPlace rollout: drifted when the template changes, up to date once updated", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 		md := newDeployment(ns, "pool", 2, inPlace(2, machinistv1.FallbackNever))
 		deploy(ctx, md)
 		patchSpec(ctx, md, `{"paused":true}`)
 		upgrade(ctx, md, "v1.37.2")
 		Eventually(func(g Gomega) {
-			for name, c := range drifted(g, machines(ctx, ns)) {
+			for name, c := range drifted(g, env.Machines(GinkgoTB(), ns)) {
 				g.Expect(c.Status).To(Equal(metav1.ConditionTrue), name)
 			}
 		}).WithTimeout(10 * time.Second).Should(Succeed())
 		patchSpec(ctx, md, `{"paused":false}`)
 		Eventually(func(g Gomega) {
-			ms := machines(ctx, ns)
+			ms := env.Machines(GinkgoTB(), ns)
 			g.Expect(ms).To(HaveLen(2))
 			for name, c := range drifted(g, ms) {
 				g.Expect(c.Status).To(Equal(metav1.ConditionFalse), name)
@@ -97,7 +98,7 @@ var _ = Describe("Drift", func() {
 	})
 
 	It("compares a MachineSet of no MachineDeployment with its own template", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 		labels := map[string]string{"pool": "lone"}
 		ms := &machinistv1.MachineSet{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "lone"},
@@ -112,7 +113,7 @@ var _ = Describe("Drift", func() {
 		}
 		Expect(k8s.Create(ctx, ms)).To(Succeed())
 		Eventually(func(g Gomega) {
-			got := drifted(g, machines(ctx, ns))
+			got := drifted(g, env.Machines(GinkgoTB(), ns))
 			g.Expect(got).To(HaveLen(1))
 			for _, c := range got {
 				g.Expect(c.Status).To(Equal(metav1.ConditionFalse))
@@ -123,7 +124,7 @@ var _ = Describe("Drift", func() {
 		patch := []byte(`{"spec":{"template":{"spec":{"nodeLabels":{"zone":"b"}}}}}`)
 		Expect(k8s.Patch(ctx, ms, client.RawPatch(types.MergePatchType, patch))).To(Succeed())
 		Eventually(func(g Gomega) {
-			for _, c := range drifted(g, machines(ctx, ns)) {
+			for _, c := range drifted(g, env.Machines(GinkgoTB(), ns)) {
 				g.Expect(c.Status).To(Equal(metav1.ConditionTrue))
 				g.Expect(c.Message).To(Equal("the spec differs from MachineSet lone's template: nodeLabels"))
 			}

@@ -16,6 +16,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/deployment"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 func inPlace(maxUnavailable int32, fallback machinistv1.InPlaceFallback) machinistv1.MachineDeploymentStrategy {
@@ -103,7 +104,7 @@ func settled(ctx context.Context, md *machinistv1.MachineDeployment, replicas in
 var _ = Describe("InPlace rollouts", func() {
 	It("updates every Machine where it stands, never more than maxUnavailable down, each once, and hands it to the new MachineSet", func(ctx SpecContext) {
 		const replicas = 10
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 		md := newDeployment(ns, "ip", replicas, inPlace(2, ""))
 		f := watchFleet(ctx, ns, replicas)
 		Expect(k8s.Create(ctx, md)).To(Succeed())
@@ -151,7 +152,7 @@ var _ = Describe("InPlace rollouts", func() {
 	})
 
 	It("undoes an in-place rollout in place: the same Machines back on the old version, handed back to the old revision's set", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 		md := newDeployment(ns, "undo", 3, inPlace(1, ""))
 		f := watchFleet(ctx, ns, 3)
 		Expect(k8s.Create(ctx, md)).To(Succeed())
@@ -178,7 +179,7 @@ var _ = Describe("InPlace rollouts", func() {
 	})
 
 	It("stalls at the progress deadline when the provider refuses the updates, and replaces nothing", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 		Expect(env.InmemoryClass(ctx, ns, "stale", `{"failUpdate":"no image for v1.38.0"}`)).To(Succeed())
 		md := newDeployment(ns, "stuck", 3, inPlace(1, ""))
 		md.Spec.Template.Spec.ClassRef.Name = "stale"
@@ -210,7 +211,7 @@ var _ = Describe("InPlace rollouts", func() {
 	})
 
 	It("starts nothing new while paused, and finishes once resumed", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 		Expect(env.InmemoryClass(ctx, ns, "slow", `{"rebootLatency":"3s"}`)).To(Succeed())
 		md := newDeployment(ns, "paused", 4, inPlace(1, ""))
 		md.Spec.Template.Spec.ClassRef.Name = "slow"
@@ -237,7 +238,7 @@ var _ = Describe("InPlace rollouts", func() {
 	})
 
 	It("scales up during an in-place rollout: the new Machines come from the new template", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 		Expect(env.InmemoryClass(ctx, ns, "slow", `{"rebootLatency":"2s"}`)).To(Succeed())
 		md := newDeployment(ns, "grow", 3, inPlace(1, ""))
 		md.Spec.Template.Spec.ClassRef.Name = "slow"
@@ -266,7 +267,7 @@ var _ = Describe("InPlace rollouts", func() {
 	})
 
 	It("stops, saying why and replacing nothing, when a change cannot be made in place and the fallback is Never", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 		Expect(env.InmemoryClass(ctx, ns, "big", "")).To(Succeed())
 		md := newDeployment(ns, "never", 3, inPlace(1, machinistv1.FallbackNever))
 		Expect(k8s.Create(ctx, md)).To(Succeed())
@@ -297,7 +298,7 @@ var _ = Describe("InPlace rollouts", func() {
 	})
 
 	It("replaces what cannot change in place, within the in-place bound, when the fallback is Replace", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 		Expect(env.InmemoryClass(ctx, ns, "big", "")).To(Succeed())
 		md := newDeployment(ns, "replace", 3, inPlace(1, machinistv1.FallbackReplace))
 		f := watchFleet(ctx, ns, 3)

@@ -1,7 +1,6 @@
 package deployment_test
 
 import (
-	"context"
 	"sync"
 	"testing"
 	"time"
@@ -66,13 +65,3 @@ var _ = BeforeSuite(func() {
 	DeferCleanup(stop)
 	k8s, provider = env.Client, controllers.Provider
 })
-
-// newNamespace creates a namespace with two MachineClasses: "small", and
-// "sick", whose Nodes never become Ready.
-func newNamespace(ctx context.Context) string {
-	ns, err := env.Namespace(ctx, "deployment")
-	Expect(err).NotTo(HaveOccurred())
-	Expect(env.InmemoryClass(ctx, ns, "small", "")).To(Succeed())
-	Expect(env.InmemoryClass(ctx, ns, "sick", `{"neverReady":true}`)).To(Succeed())
-	return ns
-}

@@ -71,21 +71,12 @@ func newBudget(t *testing.T, ns, name string, selector map[string]string, max in
 	return b
 }
 
-func namespace(t *testing.T) string {
-	t.Helper()
-	ns, err := env.Namespace(context.Background(), "disruption")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ns
-}
-
 func reboot(m *machinistv1.Machine, op string) disruption.Request {
 	return disruption.Request{Machine: m, Reason: machinistv1.DisruptionReboot, OperationID: op, By: "test"}
 }
 
 func TestConcurrentRequestsNeverTakeMoreThanTheBudget(t *testing.T) {
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "disruption")
 	ms := pool(t, ns, "a", 10)
 	newBudget(t, ns, "two", map[string]string{"pool": "a"}, intstr.FromInt32(2))
 	// Ten actors at once, each with a client of its own, as the verbs
@@ -137,7 +128,7 @@ func TestConcurrentRequestsNeverTakeMoreThanTheBudget(t *testing.T) {
 }
 
 func TestTheStricterBudgetWinsAndReasonsArePassedBy(t *testing.T) {
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "disruption")
 	ms := pool(t, ns, "a", 4)
 	newBudget(t, ns, "loose", map[string]string{"pool": "a"}, intstr.FromInt32(3))
 	newBudget(t, ns, "strict", map[string]string{}, intstr.FromInt32(1))
@@ -159,7 +150,7 @@ func TestTheStricterBudgetWinsAndReasonsArePassedBy(t *testing.T) {
 }
 
 func TestAClosedWindowRefusesUntilItOpens(t *testing.T) {
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "disruption")
 	ms := pool(t, ns, "a", 3)
 	newBudget(t, ns, "nightly", map[string]string{"pool": "a"}, intstr.FromInt32(1), func(b *machinistv1.MachineDisruptionBudget) {
 		b.Spec.Windows = []machinistv1.DisruptionWindow{{Schedule: "0 2 * * *", Duration: metav1.Duration{Duration: time.Hour}}}
@@ -176,7 +167,7 @@ func TestAClosedWindowRefusesUntilItOpens(t *testing.T) {
 }
 
 func TestADeadMachineIsNotADisruption(t *testing.T) {
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "disruption")
 	ms := pool(t, ns, "a", 3)
 	newBudget(t, ns, "none", map[string]string{"pool": "a"}, intstr.FromInt32(0))
 	ctx := context.Background()
@@ -201,7 +192,7 @@ func TestADeadMachineIsNotADisruption(t *testing.T) {
 // never showed lapses, a closed window shows its next opening, and a
 // settled budget is not written again.
 func TestTheControllerKeepsTheStatusAndEndsDisruptions(t *testing.T) {
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "disruption")
 	ms := pool(t, ns, "a", 4)
 	newBudget(t, ns, "b", map[string]string{"pool": "a"}, intstr.FromInt32(2))
 	var mu sync.Mutex
@@ -233,13 +224,12 @@ func TestTheControllerKeepsTheStatusAndEndsDisruptions(t *testing.T) {
 	}
 	waitFor := func(what string, cond func(machinistv1.MachineDisruptionBudgetStatus) bool) {
 		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
-		for !cond(status()) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: status %+v", what, status())
+		testenv.WaitFor(t, 20*time.Second, what, func() error {
+			if s := status(); !cond(s) {
+				return fmt.Errorf("status %+v", s)
 			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 	waitFor("counts of a fleet at rest", func(s machinistv1.MachineDisruptionBudgetStatus) bool {
 		return s.SelectedMachines == 4 && s.MaxDisrupted == 2 && s.DisruptionsAllowed == 2 && s.WindowOpen
@@ -274,18 +264,15 @@ func TestTheControllerKeepsTheStatusAndEndsDisruptions(t *testing.T) {
 	// conflict asks to look again, as it would in the manager.
 	reconcileNow := func() ctrl.Result {
 		t.Helper()
-		for range 20 {
-			res, err := r.Reconcile(ctx, key)
-			if err != nil {
+		var res ctrl.Result
+		testenv.WaitFor(t, 5*time.Second, "a reconcile of the budget without a conflict", func() bool {
+			var err error
+			if res, err = r.Reconcile(ctx, key); err != nil {
 				t.Fatal(err)
 			}
-			if !res.Requeue {
-				return res
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		t.Fatal("the budget kept conflicting")
-		return ctrl.Result{}
+			return !res.Requeue
+		})
+		return res
 	}
 	res := reconcileNow()
 	if res.RequeueAfter != disruption.Pending+time.Second {
@@ -323,6 +310,7 @@ func TestTheControllerKeepsTheStatusAndEndsDisruptions(t *testing.T) {
 		return b.ResourceVersion
 	}
 	before := rv()
+	// Nothing is to happen now: three seconds in which a write would show.
 	time.Sleep(3 * time.Second)
 	if after := rv(); after != before {
 		t.Errorf("a settled budget was written: resourceVersion %s -> %s", before, after)
@@ -351,7 +339,7 @@ func (c *countingReader) List(ctx context.Context, list client.ObjectList, opts 
 // that applies: a disruption no budget covers costs no read of the API
 // server, and one a budget covers is decided on the API server's copy.
 func TestACacheSparesTheReadWhenNoBudgetApplies(t *testing.T) {
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "disruption")
 	ms := pool(t, ns, "a", 2)
 	ctx := context.Background()
 	api := &countingReader{Reader: env.Client}
@@ -391,7 +379,7 @@ func (e emptyBudgets) List(ctx context.Context, list client.ObjectList, opts ...
 // admitted and recorded: the askers take turns rather than lose the
 // budget's write to each other.
 func TestManyAtOnceAreAllAdmitted(t *testing.T) {
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "disruption")
 	ms := pool(t, ns, "a", 50)
 	newBudget(t, ns, "all", map[string]string{"pool": "a"}, intstr.FromString("100%"))
 	ctx := context.Background()
@@ -433,7 +421,7 @@ func (conflictingWriter) Update(context.Context, client.Object, ...client.SubRes
 // A request that loses every write to other writers is refused, briefly,
 // not failed: the verbs answer 429, not 500.
 func TestContentionIsARefusal(t *testing.T) {
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "disruption")
 	ms := pool(t, ns, "a", 1)
 	newBudget(t, ns, "all", map[string]string{"pool": "a"}, intstr.FromString("100%"))
 	store := disruption.Store{Budgets: env.Client, Machines: env.Client, Status: conflicting{}}
@@ -447,7 +435,7 @@ func TestContentionIsARefusal(t *testing.T) {
 // server whose write of the operation failed) gives the allowance back at
 // once, rather than holding it until the record lapses.
 func TestReleaseGivesTheAllowanceBack(t *testing.T) {
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "disruption")
 	ms := pool(t, ns, "a", 2)
 	newBudget(t, ns, "one", map[string]string{"pool": "a"}, intstr.FromInt32(1))
 	ctx := context.Background()

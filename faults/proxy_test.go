@@ -48,15 +48,6 @@ func through(t *testing.T, rules ...faults.Rule) (*faults.Proxy, kubernetes.Inte
 	return p, kube
 }
 
-func namespace(t *testing.T) string {
-	t.Helper()
-	ns, err := env.Namespace(context.Background(), "faults")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ns
-}
-
 func configMap(name string) *corev1.ConfigMap {
 	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"k": "v"}}
 }
@@ -74,7 +65,7 @@ func direct(t *testing.T) kubernetes.Interface {
 func TestTheProxyCarriesClientGoOverTLSAndHTTP2(t *testing.T) {
 	p, kube := through(t)
 	ctx := context.Background()
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "faults")
 	w, err := kube.CoreV1().ConfigMaps(ns).Watch(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -146,7 +137,7 @@ func TestTheProxyAdmitsOnlyItsOwnClients(t *testing.T) {
 func TestALostReplyWasStored(t *testing.T) {
 	p, kube := through(t, faults.Rule{Name: "lose", Fault: faults.LoseReply, Verbs: []string{"create"}, Resources: []string{"configmaps"}, Rate: 1, Limit: 1})
 	ctx := context.Background()
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "faults")
 	_, err := kube.CoreV1().ConfigMaps(ns).Create(ctx, configMap("lost"), metav1.CreateOptions{})
 	if err == nil {
 		t.Fatal("the Create's reply was not lost")
@@ -170,7 +161,7 @@ func TestALateCommitIsStoredAfterIts504(t *testing.T) {
 	p, kube := through(t, faults.Rule{Name: "late", Fault: faults.LateCommit, Verbs: []string{"create"}, Resources: []string{"configmaps"}, Rate: 1, Limit: 1,
 		Delay: metav1.Duration{Duration: 2 * time.Second}})
 	ctx := context.Background()
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "faults")
 	_, err := kube.CoreV1().ConfigMaps(ns).Create(ctx, configMap("late"), metav1.CreateOptions{})
 	if !apierrors.IsTimeout(err) {
 		t.Fatalf("got %v, want kube-apiserver's 504 Timeout", err)
@@ -197,7 +188,7 @@ func TestUnavailableStoresNothingAndThrottleIsRetried(t *testing.T) {
 		faults.Rule{Name: "429", Fault: faults.Throttle, Verbs: []string{"create"}, Resources: []string{"configmaps"}, Rate: 1, Limit: 2, Delay: metav1.Duration{Duration: time.Second}},
 	)
 	ctx := context.Background()
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "faults")
 	// Namespaces limit a rule: this one passes the 503 rule by, and
 	// client-go waits out both 429s by itself, as it does API Priority
 	// and Fairness's.
@@ -228,7 +219,7 @@ func TestAWatchIsCutMidStream(t *testing.T) {
 	p, kube := through(t, faults.Rule{Name: "cut", Fault: faults.CutWatch, Resources: []string{"configmaps"}, Rate: 1, Limit: 1,
 		Delay: metav1.Duration{Duration: 500 * time.Millisecond}})
 	ctx := context.Background()
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "faults")
 	w, err := kube.CoreV1().ConfigMaps(ns).Watch(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -329,7 +320,7 @@ func TestALaggingWatchDeliversEveryEventLate(t *testing.T) {
 	_, kube := through(t, faults.Rule{Fault: faults.Latency, Verbs: []string{"watch"}, Resources: []string{"configmaps"}, Rate: 1,
 		Delay: metav1.Duration{Duration: time.Second}})
 	ctx := context.Background()
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "faults")
 	w, err := kube.CoreV1().ConfigMaps(ns).Watch(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -13,17 +13,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
+// budget holds the remediations of pool's Machines to max at once.
 func budget(ns, pool string, max int32) *machinistv1.MachineDisruptionBudget {
-	return &machinistv1.MachineDisruptionBudget{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: pool},
-		Spec: machinistv1.MachineDisruptionBudgetSpec{
-			Selector:     machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": pool}},
-			MaxDisrupted: intstr.FromInt32(max),
-			Reasons:      []machinistv1.DisruptionReason{machinistv1.DisruptionRemediation},
-		},
-	}
+	return testenv.Budget(ns, pool, pool, max, machinistv1.DisruptionRemediation)
 }
 
 // A Machine still in service that a health check would replace waits for
@@ -34,7 +29,7 @@ func TestReplaceWaitsForTheBudgetUnlessTheMachineIsDown(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	ns := setup(t, "budget", "")
-	create(t, machineSet(ns, "workers", 2))
+	create(t, testenv.MachineSet(ns, "workers", 2))
 	ms := running(t, ns, 2)
 	up, dead := ms[0], ms[1]
 	create(t, budget(ns, "workers", 0))
@@ -58,7 +53,7 @@ func TestReplaceWaitsForTheBudgetUnlessTheMachineIsDown(t *testing.T) {
 	if err := env.Client.Status().Update(ctx, node); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the Machine in service held by the budget", func() bool {
+	testenv.WaitFor(t, wait, "the Machine in service held by the budget", func() bool {
 		get(t, &up)
 		rem := up.Status.Remediation
 		return rem != nil && strings.HasPrefix(rem.Message, "waiting: MachineDisruptionBudget workers allows no more disruptions")
@@ -67,8 +62,8 @@ func TestReplaceWaitsForTheBudgetUnlessTheMachineIsDown(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	waitFor(t, "the broken Machine replaced", func() bool {
-		for _, m := range machines(t, ns) {
+	testenv.WaitFor(t, wait, "the broken Machine replaced", func() bool {
+		for _, m := range env.Machines(t, ns) {
 			if m.Name == dead.Name {
 				return false
 			}
@@ -79,8 +74,8 @@ func TestReplaceWaitsForTheBudgetUnlessTheMachineIsDown(t *testing.T) {
 	// budget is spent). Once the replacement runs and nothing changes,
 	// the hold is said no more: no new Event, and no repeat of one (the
 	// Event library writes a repeated Event again as a series).
-	waitFor(t, "the replacement Running and the hold said again", func() bool {
-		ms := machines(t, ns)
+	testenv.WaitFor(t, wait, "the replacement Running and the hold said again", func() bool {
+		ms := env.Machines(t, ns)
 		for _, m := range ms {
 			if m.Status.Phase != machinistv1.MachineRunning {
 				return false
@@ -106,6 +101,8 @@ func TestReplaceWaitsForTheBudgetUnlessTheMachineIsDown(t *testing.T) {
 	if n < 1 {
 		t.Fatal("no DisruptionHeld Event")
 	}
+	// Nothing is to change now: twelve seconds, looked at every second,
+	// in which the hold must not be said again.
 	for deadline := time.Now().Add(12 * time.Second); time.Now().Before(deadline); time.Sleep(time.Second) {
 		if m := said(); m != n {
 			t.Fatalf("the hold said again while nothing changed: %d times, then %d", n, m)
@@ -127,8 +124,8 @@ func TestReplaceWaitsForTheBudgetUnlessTheMachineIsDown(t *testing.T) {
 	if err := env.Client.Patch(ctx, b, patch); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the held Machine replaced once allowed", func() bool {
-		for _, m := range machines(t, ns) {
+	testenv.WaitFor(t, wait, "the held Machine replaced once allowed", func() bool {
+		for _, m := range env.Machines(t, ns) {
 			if m.Name == up.Name {
 				return false
 			}

@@ -2,6 +2,7 @@ package healthcheck_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -17,6 +18,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/operation"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 const (
@@ -32,7 +34,7 @@ func TestLadderClimbsFromRebootToReplace(t *testing.T) {
 	ctx := context.Background()
 	ns := setup(t, "ladder", "")
 	h := record(t, ns)
-	create(t, machineSet(ns, "workers", 1))
+	create(t, testenv.MachineSet(ns, "workers", 1))
 	old := running(t, ns, 1)[0]
 	create(t, healthCheck(ns, "workers", rung(reboot, 4*time.Second), rung(repair, 4*time.Second), rung(replace, 0)))
 	if err := controllers.Provider.Break(old.Status.ProviderID); err != nil {
@@ -40,8 +42,8 @@ func TestLadderClimbsFromRebootToReplace(t *testing.T) {
 	}
 
 	var fresh machinistv1.Machine
-	waitFor(t, "a new Machine replacing the broken one", func() bool {
-		ms := machines(t, ns)
+	testenv.WaitFor(t, wait, "a new Machine replacing the broken one", func() bool {
+		ms := env.Machines(t, ns)
 		if len(ms) != 1 || ms[0].Name == old.Name || ms[0].Status.Phase != machinistv1.MachineRunning {
 			return false
 		}
@@ -95,7 +97,7 @@ func TestMachineWithoutSetIsNeverReplaced(t *testing.T) {
 	if err := controllers.Provider.Break(m.Status.ProviderID); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the ladder exhausted", func() bool {
+	testenv.WaitFor(t, wait, "the ladder exhausted", func() bool {
 		get(t, m)
 		return m.Status.Remediation != nil && m.Status.Remediation.Phase == machinistv1.RemediationExhausted
 	})
@@ -106,6 +108,7 @@ func TestMachineWithoutSetIsNeverReplaced(t *testing.T) {
 	if len(events(t, ns, "RemediationExhausted", 1)) == 0 {
 		t.Error("no RemediationExhausted Event")
 	}
+	// Nothing is to happen now: two seconds in which a deletion would show.
 	time.Sleep(2 * time.Second)
 	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(m), m); err != nil || !m.DeletionTimestamp.IsZero() {
 		t.Errorf("the Machine was deleted (%v)", err)
@@ -123,17 +126,52 @@ func crash(t *testing.T, ms ...machinistv1.Machine) {
 	}
 }
 
+// unreachableFor waits until the Nodes of ms have all been Ready=Unknown
+// for longer than d, by their Ready conditions' transition times: those
+// (at a second's resolution) are what a health check judges by.
+func unreachableFor(t *testing.T, d time.Duration, ms ...machinistv1.Machine) {
+	t.Helper()
+	testenv.WaitFor(t, wait, fmt.Sprintf("%d Nodes unreachable for %s", len(ms), d), func() error {
+		for _, m := range ms {
+			var node corev1.Node
+			if err := env.Client.Get(context.Background(), client.ObjectKey{Name: m.Status.NodeRef.Name}, &node); err != nil {
+				return err
+			}
+			c := readyCondition(&node)
+			if c == nil {
+				return fmt.Errorf("Node %s has no Ready condition", node.Name)
+			}
+			if c.Status != corev1.ConditionUnknown {
+				return fmt.Errorf("Node %s is Ready=%s", node.Name, c.Status)
+			}
+			if since := time.Since(c.LastTransitionTime.Time); since <= d {
+				return fmt.Errorf("Node %s is unreachable for %s only", node.Name, since.Round(time.Millisecond))
+			}
+		}
+		return nil
+	})
+}
+
+func readyCondition(n *corev1.Node) *corev1.NodeCondition {
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == corev1.NodeReady {
+			return &n.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
 // An unreachable Node is rebooted hard, without a drain, and comes back:
 // the same Machine, a new boot ID.
 func TestUnreachableMachineIsRebootedHard(t *testing.T) {
 	t.Parallel()
 	ns := setup(t, "unreachable", "")
 	h := record(t, ns)
-	create(t, machineSet(ns, "workers", 1))
+	create(t, testenv.MachineSet(ns, "workers", 1))
 	m := running(t, ns, 1)[0]
 	create(t, healthCheck(ns, "workers", rung(reboot, 30*time.Second), rung(replace, 0)))
 	crash(t, m)
-	waitFor(t, "the Machine recovered", func() bool {
+	testenv.WaitFor(t, wait, "the Machine recovered", func() bool {
 		get(t, &m)
 		return m.Status.Remediation != nil && m.Status.Remediation.Phase == machinistv1.RemediationRecovered && healthy(&m)
 	})
@@ -177,14 +215,12 @@ func TestUnreachableMachineIsRebootedHard(t *testing.T) {
 		}
 		return mfs[0].Metric[0].GetHistogram().GetSampleCount()
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for testutil.ToFloat64(rungs.WithLabelValues("Reboot", "succeeded")) < 1 || recoveries() < 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("machinist_remediations_total{action=Reboot,outcome=succeeded} is %v and the recovery histogram has %d samples",
-				testutil.ToFloat64(rungs.WithLabelValues("Reboot", "succeeded")), recoveries())
+	testenv.WaitFor(t, 5*time.Second, "a succeeded Reboot rung counted", func() error {
+		if n, r := testutil.ToFloat64(rungs.WithLabelValues("Reboot", "succeeded")), recoveries(); n < 1 || r < 1 {
+			return fmt.Errorf("machinist_remediations_total{action=Reboot,outcome=succeeded} is %v and the recovery histogram has %d samples", n, r)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 	if n := testutil.ToFloat64(rungs.WithLabelValues("Reboot", "started")); n < 1 {
 		t.Errorf("machinist_remediations_total{action=Reboot,outcome=started} is %v", n)
 	}
@@ -198,14 +234,14 @@ func TestShortCircuit(t *testing.T) {
 	ctx := context.Background()
 	ns := setup(t, "short", "")
 	h := record(t, ns)
-	create(t, machineSet(ns, "workers", 5))
+	create(t, testenv.MachineSet(ns, "workers", 5))
 	ms := running(t, ns, 5)
 	// Three at once, as a zone outage would: the check is created once all
 	// three Nodes are unreachable, so that none is judged alone first.
 	crash(t, ms[:3]...)
-	waitFor(t, "three Nodes unreachable", func() bool {
+	testenv.WaitFor(t, wait, "three Nodes unreachable", func() bool {
 		n := 0
-		for _, m := range machines(t, ns) {
+		for _, m := range env.Machines(t, ns) {
 			var node corev1.Node
 			if err := env.Client.Get(ctx, client.ObjectKey{Name: m.Status.NodeRef.Name}, &node); err == nil {
 				for _, c := range node.Status.Conditions {
@@ -219,12 +255,12 @@ func TestShortCircuit(t *testing.T) {
 	})
 	// And for longer than the check's timeout, so that the first pass
 	// finds all three unhealthy.
-	time.Sleep(1500 * time.Millisecond)
+	unreachableFor(t, 1500*time.Millisecond, ms[:3]...)
 	hc := healthCheck(ns, "workers", rung(reboot, 30*time.Second))
 	hc.Spec.MaxUnhealthy = percent("40%")
 	hc.Spec.Remediation.MaxInFlight = percent("100%")
 	create(t, hc)
-	waitFor(t, "the health check short-circuited", func() bool {
+	testenv.WaitFor(t, wait, "the health check short-circuited", func() bool {
 		get(t, hc)
 		c := meta.FindStatusCondition(hc.Status.Conditions, machinistv1.ConditionRemediationAllowed)
 		return hc.Status.UnhealthyMachines == 3 && c != nil && c.Status == "False" && c.Reason == "TooManyUnhealthy"
@@ -232,6 +268,8 @@ func TestShortCircuit(t *testing.T) {
 	if hc.Status.RemediationsAllowed != 0 || hc.Status.ExpectedMachines != 5 {
 		t.Errorf("status %+v", hc.Status)
 	}
+	// Nothing is to happen now: three seconds in which a remediation
+	// would show in the watch.
 	time.Sleep(3 * time.Second)
 	for _, s := range h.all() {
 		if s.ladder == machinistv1.RemediationRebooting {
@@ -266,15 +304,15 @@ func TestMaxInFlight(t *testing.T) {
 	t.Parallel()
 	ns := setup(t, "inflight", "")
 	h := record(t, ns)
-	create(t, machineSet(ns, "workers", 4))
+	create(t, testenv.MachineSet(ns, "workers", 4))
 	ms := running(t, ns, 4)
 	hc := healthCheck(ns, "workers", rung(reboot, 30*time.Second))
 	hc.Spec.Remediation.MaxInFlight = &intstr.IntOrString{IntVal: 1}
 	create(t, hc)
 	crash(t, ms...)
-	waitFor(t, "all four recovered", func() bool {
+	testenv.WaitFor(t, wait, "all four recovered", func() bool {
 		n := 0
-		for _, m := range machines(t, ns) {
+		for _, m := range env.Machines(t, ns) {
 			if m.Status.Remediation != nil && m.Status.Remediation.Phase == machinistv1.RemediationRecovered && healthy(&m) {
 				n++
 			}
@@ -303,7 +341,7 @@ func TestCooldownStartsOnTheNextRung(t *testing.T) {
 	t.Parallel()
 	ns := setup(t, "cooldown", "")
 	h := record(t, ns)
-	create(t, machineSet(ns, "workers", 1))
+	create(t, testenv.MachineSet(ns, "workers", 1))
 	m := running(t, ns, 1)[0]
 	hc := healthCheck(ns, "workers", rung(reboot, 30*time.Second), rung(repair, 30*time.Second))
 	hc.Spec.Remediation.Cooldown = duration(10 * time.Minute)
@@ -316,9 +354,9 @@ func TestCooldownStartsOnTheNextRung(t *testing.T) {
 		}
 	}
 	crash(t, m)
-	waitFor(t, "recovered by the Reboot rung", recovered(0))
+	testenv.WaitFor(t, wait, "recovered by the Reboot rung", recovered(0))
 	crash(t, m)
-	waitFor(t, "recovered by the Repair rung", recovered(1))
+	testenv.WaitFor(t, wait, "recovered by the Repair rung", recovered(1))
 	h.caughtUp(t, m.Name, machinistv1.RemediationRecovered, 1)
 	want := []machinistv1.RemediationPhase{
 		machinistv1.RemediationRebooting, machinistv1.RemediationRecovered,
@@ -333,16 +371,16 @@ func TestCooldownStartsOnTheNextRung(t *testing.T) {
 func TestSettledFleetWritesNothing(t *testing.T) {
 	t.Parallel()
 	ns := setup(t, "settled", "")
-	create(t, machineSet(ns, "workers", 3))
+	create(t, testenv.MachineSet(ns, "workers", 3))
 	running(t, ns, 3)
 	hc := healthCheck(ns, "workers", rung(reboot, 30*time.Second))
 	create(t, hc)
-	waitFor(t, "the health check counted three healthy", func() bool {
+	testenv.WaitFor(t, wait, "the health check counted three healthy", func() bool {
 		get(t, hc)
 		return hc.Status.HealthyMachines == 3
 	})
-	waitFor(t, "every Machine's HealthCheckSucceeded set", func() bool {
-		for _, m := range machines(t, ns) {
+	testenv.WaitFor(t, wait, "every Machine's HealthCheckSucceeded set", func() bool {
+		for _, m := range env.Machines(t, ns) {
 			if c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionHealthCheckSucceeded); c == nil || c.Status != "True" {
 				return false
 			}
@@ -350,13 +388,14 @@ func TestSettledFleetWritesNothing(t *testing.T) {
 		return true
 	})
 	rvs := map[string]string{}
-	for _, m := range machines(t, ns) {
+	for _, m := range env.Machines(t, ns) {
 		rvs[m.Name] = m.ResourceVersion
 	}
 	get(t, hc)
 	hcRV := hc.ResourceVersion
+	// Nothing is to happen now: five seconds in which a write would show.
 	time.Sleep(5 * time.Second)
-	for _, m := range machines(t, ns) {
+	for _, m := range env.Machines(t, ns) {
 		if rvs[m.Name] != m.ResourceVersion {
 			t.Errorf("Machine %s was written at rest", m.Name)
 		}
@@ -373,11 +412,11 @@ func TestSettledFleetWritesNothing(t *testing.T) {
 func TestRestartMidLadderKeepsTheRung(t *testing.T) {
 	ns := setup(t, "restart", `{"rebootLatency": "4s"}`)
 	h := record(t, ns)
-	create(t, machineSet(ns, "workers", 1))
+	create(t, testenv.MachineSet(ns, "workers", 1))
 	m := running(t, ns, 1)[0]
 	create(t, healthCheck(ns, "workers", rung(reboot, time.Minute), rung(replace, 0)))
 	crash(t, m)
-	waitFor(t, "the Reboot rung started", func() bool {
+	testenv.WaitFor(t, wait, "the Reboot rung started", func() bool {
 		get(t, &m)
 		return m.Status.Remediation != nil && m.Status.Remediation.Phase == machinistv1.RemediationRebooting
 	})
@@ -385,7 +424,7 @@ func TestRestartMidLadderKeepsTheRung(t *testing.T) {
 	if err := controllers.RestartManager(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the Machine recovered", func() bool {
+	testenv.WaitFor(t, wait, "the Machine recovered", func() bool {
 		get(t, &m)
 		return m.Status.Remediation.Phase == machinistv1.RemediationRecovered && healthy(&m)
 	})
@@ -428,7 +467,7 @@ func TestFailedMachineSkipsRebootButIsRepaired(t *testing.T) {
 	if err := controllers.Provider.Break(m.Status.ProviderID); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the ladder exhausted", func() bool {
+	testenv.WaitFor(t, wait, "the ladder exhausted", func() bool {
 		get(t, m)
 		return m.Status.Remediation != nil && m.Status.Remediation.Phase == machinistv1.RemediationExhausted
 	})
@@ -457,11 +496,11 @@ func TestRefusedRebootHandsOverToRepair(t *testing.T) {
 	t.Parallel()
 	ns := setup(t, "refused", `{"failReboot": "host locked"}`)
 	h := record(t, ns)
-	create(t, machineSet(ns, "workers", 1))
+	create(t, testenv.MachineSet(ns, "workers", 1))
 	m := running(t, ns, 1)[0]
 	create(t, healthCheck(ns, "workers", rung(reboot, time.Minute), rung(repair, time.Minute), rung(replace, 0)))
 	crash(t, m)
-	waitFor(t, "recovered by the Repair rung", func() bool {
+	testenv.WaitFor(t, wait, "recovered by the Repair rung", func() bool {
 		get(t, &m)
 		r := m.Status.Remediation
 		return r != nil && r.Phase == machinistv1.RemediationRecovered && r.Rung == 1 && healthy(&m)
@@ -491,7 +530,7 @@ func TestNodeStartupTimeoutReplaces(t *testing.T) {
 	hc := healthCheck(ns, "workers", rung(reboot, time.Minute), rung(replace, 0))
 	hc.Spec.NodeStartupTimeout = duration(2 * time.Second)
 	create(t, hc)
-	set := machineSet(ns, "workers", 1)
+	set := testenv.MachineSet(ns, "workers", 1)
 	create(t, set)
 	// Every new Machine fails the same way: stop the churn, which would
 	// load the tests running beside this one.
@@ -500,8 +539,8 @@ func TestNodeStartupTimeoutReplaces(t *testing.T) {
 		_ = env.Client.Delete(context.Background(), set)
 	})
 	var first machinistv1.Machine
-	waitFor(t, "the first Machine", func() bool {
-		ms := machines(t, ns)
+	testenv.WaitFor(t, wait, "the first Machine", func() bool {
+		ms := env.Machines(t, ns)
 		if len(ms) == 0 {
 			return false
 		}
@@ -523,8 +562,8 @@ func TestNodeStartupTimeoutReplaces(t *testing.T) {
 	if len(unhealthy) == 0 || !strings.Contains(unhealthy[0].Note, "nodeStartupTimeout") {
 		t.Errorf("want a MachineUnhealthy Event naming nodeStartupTimeout, got %+v", unhealthy)
 	}
-	waitFor(t, "a new Machine made in its place", func() bool {
-		for _, m := range machines(t, ns) {
+	testenv.WaitFor(t, wait, "a new Machine made in its place", func() bool {
+		for _, m := range env.Machines(t, ns) {
 			if m.Name != first.Name {
 				return true
 			}
@@ -542,7 +581,7 @@ func TestPersonsOperationIsLeftAlone(t *testing.T) {
 	ctx := context.Background()
 	ns := setup(t, "person", "")
 	h := record(t, ns)
-	create(t, machineSet(ns, "workers", 1))
+	create(t, testenv.MachineSet(ns, "workers", 1))
 	m := running(t, ns, 1)[0]
 	hook := machinistv1.PreDrainHookPrefix + "person"
 	if err := env.Client.Patch(ctx, &m, client.RawPatch(types.MergePatchType,
@@ -557,13 +596,16 @@ func TestPersonsOperationIsLeftAlone(t *testing.T) {
 	if err := env.Client.Status().Update(ctx, &m); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the reboot held in Draining", func() bool {
+	testenv.WaitFor(t, wait, "the reboot held in Draining", func() bool {
 		get(t, &m)
 		return m.Status.Phase == machinistv1.MachineDraining
 	})
 	crash(t, m)
 	create(t, healthCheck(ns, "workers", rung(reboot, time.Minute), rung(replace, 0)))
-	time.Sleep(5 * time.Second) // the Node is Unknown for longer than the check's 1s by now
+	// Long enough for the check to have acted, were it going to: its
+	// timeout of 1s, the second by which its recheck comes late, and a
+	// second's margin.
+	unreachableFor(t, 3*time.Second, m)
 	get(t, &m)
 	if r := m.Status.Remediation; r != nil && r.Phase != machinistv1.RemediationHealthy {
 		t.Fatalf("the health check acted while alice's reboot was in flight: %+v", r)
@@ -572,10 +614,12 @@ func TestPersonsOperationIsLeftAlone(t *testing.T) {
 		[]byte(`{"metadata":{"annotations":{"`+hook+`":null}}}`))); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "alice's reboot done and the Machine healthy", func() bool {
+	testenv.WaitFor(t, wait, "alice's reboot done and the Machine healthy", func() bool {
 		get(t, &m)
 		return m.Status.Operation.ID == op.ID && m.Status.Operation.State == machinistv1.OperationSucceeded && healthy(&m)
 	})
+	// Nothing is to happen now: two seconds in which a rung would show in
+	// the watch.
 	time.Sleep(2 * time.Second)
 	for _, s := range h.all() {
 		if s.name == m.Name && (s.ladder == machinistv1.RemediationRebooting || s.ladder == machinistv1.RemediationReplacing) {

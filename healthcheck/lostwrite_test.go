@@ -2,6 +2,7 @@ package healthcheck_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/operation"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 // A Machine controller that called the provider but could not store what
@@ -26,7 +28,7 @@ import (
 func TestRebootDoneBeforeItWasStoredIsNotAwaitedAgain(t *testing.T) {
 	ctx := context.Background()
 	ns := setup(t, "lostwrite", "")
-	create(t, machineSet(ns, "workers", 1))
+	create(t, testenv.MachineSet(ns, "workers", 1))
 	m := running(t, ns, 1)[0]
 	oldBoot := m.Status.BootID
 	var opID string
@@ -48,7 +50,7 @@ func TestRebootDoneBeforeItWasStoredIsNotAwaitedAgain(t *testing.T) {
 		if err := controllers.Provider.Reboot(ctx, m.Status.ProviderID, actuators.Operation{ID: op.ID}); err != nil {
 			return err
 		}
-		waitFor(t, "the Node back with a new boot ID", func() bool {
+		testenv.WaitFor(t, wait, "the Node back with a new boot ID", func() bool {
 			var node corev1.Node
 			if err := env.Client.Get(ctx, client.ObjectKey{Name: m.Status.NodeRef.Name}, &node); err != nil {
 				return false
@@ -62,21 +64,20 @@ func TestRebootDoneBeforeItWasStoredIsNotAwaitedAgain(t *testing.T) {
 	}
 	// Within seconds: the controller looks at the Node as soon as it
 	// starts, not at the operation's 20 s deadline or a Lease recheck.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testenv.WaitFor(t, 5*time.Second, "the reboot, done before it was stored, to end", func() error {
 		get(t, &m)
-		if op := m.Status.Operation; op != nil && op.ID == opID && !operation.InFlight(op) {
+		op := m.Status.Operation
+		if op != nil && op.ID == opID && !operation.InFlight(op) {
 			if op.State != machinistv1.OperationSucceeded || m.Status.Phase != machinistv1.MachineRunning {
 				t.Fatalf("the reboot ended %s with the Machine %s: %s", op.State, m.Status.Phase, op.Message)
 			}
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the reboot, done before it was stored, is still %s with the Machine %s after 5s",
-				m.Status.Operation.State, m.Status.Phase)
+		if op == nil {
+			return fmt.Errorf("no operation, the Machine %s", m.Status.Phase)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return fmt.Errorf("still %s with the Machine %s", op.State, m.Status.Phase)
+	})
 	if restarts, err := controllers.Provider.Restarts(m.Status.ProviderID); err != nil || restarts != 1 {
 		t.Errorf("the machine restarted %d times (%v), want once", restarts, err)
 	}

@@ -14,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/machinist-dev/machinist/actuators"
@@ -40,26 +39,9 @@ func TestMain(m *testing.M) {
 
 const wait = 90 * time.Second
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(wait)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, wait)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 func setup(t *testing.T, prefix, classSpec string) string {
 	t.Helper()
-	ns, err := env.Namespace(context.Background(), prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := env.InmemoryClass(context.Background(), ns, "small", classSpec); err != nil {
-		t.Fatal(err)
-	}
+	ns := env.NewNamespace(t, prefix, testenv.Class{Name: testenv.Small.Name, Spec: classSpec})
 	t.Cleanup(func() {
 		if !t.Failed() {
 			return
@@ -82,20 +64,6 @@ func create(t *testing.T, o client.Object) {
 	t.Helper()
 	if err := env.Client.Create(context.Background(), o); err != nil {
 		t.Fatal(err)
-	}
-}
-
-func machineSet(ns, name string, replicas int32) *machinistv1.MachineSet {
-	return &machinistv1.MachineSet{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: machinistv1.MachineSetSpec{
-			Replicas: ptr.To(replicas),
-			Selector: machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": name}},
-			Template: machinistv1.MachineTemplateSpec{
-				Metadata: machinistv1.TemplateMetadata{Labels: map[string]string{"pool": name}},
-				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}, Version: "v1.37.2"},
-			},
-		},
 	}
 }
 
@@ -127,22 +95,13 @@ func rung(a machinistv1.RemediationAction, timeout time.Duration) machinistv1.Ru
 
 func percent(s string) *intstr.IntOrString { v := intstr.Parse(s); return &v }
 
-func machines(t *testing.T, ns string) []machinistv1.Machine {
-	t.Helper()
-	var list machinistv1.MachineList
-	if err := env.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
-		t.Fatal(err)
-	}
-	return list.Items
-}
-
 // running waits until ns holds n Machines, all Running with a Ready Node
 // and passing their health check, and returns them.
 func running(t *testing.T, ns string, n int) []machinistv1.Machine {
 	t.Helper()
 	var ms []machinistv1.Machine
-	waitFor(t, fmt.Sprintf("%d Machines Running in %s", n, ns), func() bool {
-		ms = machines(t, ns)
+	testenv.WaitFor(t, wait, fmt.Sprintf("%d Machines Running in %s", n, ns), func() bool {
+		ms = env.Machines(t, ns)
 		if len(ms) != n {
 			return false
 		}
@@ -153,18 +112,7 @@ func running(t *testing.T, ns string, n int) []machinistv1.Machine {
 		}
 		return true
 	})
-	slices.SortFunc(ms, func(a, b machinistv1.Machine) int { return compare(a.Name, b.Name) })
 	return ms
-}
-
-func compare(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func healthy(m *machinistv1.Machine) bool {
@@ -242,25 +190,18 @@ func (h *history) all() []seen {
 // on rung, or its deletion when last is empty.
 func (h *history) caughtUp(t *testing.T, name string, last machinistv1.RemediationPhase, rung int32) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	testenv.WaitFor(t, 15*time.Second, fmt.Sprintf("the watch showing Machine %s %s", name, orDeleted(last)), func() bool {
 		var latest *seen
 		for _, s := range h.all() {
 			if s.name == name {
 				if last == "" && s.deleted {
-					return
+					return true
 				}
 				latest = &s
 			}
 		}
-		if last != "" && latest != nil && latest.ladder == last && latest.rung == rung {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the watch never showed Machine %s %s", name, orDeleted(last))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return last != "" && latest != nil && latest.ladder == last && latest.rung == rung
+	})
 }
 
 func orDeleted(p machinistv1.RemediationPhase) string {
@@ -319,23 +260,22 @@ func (h *history) boots(name string) int {
 // that they follow, in the background.
 func events(t *testing.T, ns, reason string, atLeast int) []eventsv1.Event {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	var out []eventsv1.Event
+	// Fewer after 15s is for the caller to judge: the Events so far.
+	_ = testenv.Poll(15*time.Second, func() bool {
 		var list eventsv1.EventList
 		if err := env.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
 			t.Fatal(err)
 		}
-		var out []eventsv1.Event
+		out = out[:0]
 		for _, e := range list.Items {
 			if e.Reason == reason {
 				out = append(out, e)
 			}
 		}
-		if len(out) >= atLeast || time.Now().After(deadline) {
-			return out
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return len(out) >= atLeast
+	})
+	return out
 }
 
 func get(t *testing.T, o client.Object) {

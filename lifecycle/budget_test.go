@@ -15,7 +15,7 @@ import (
 
 var _ = Describe("Disruption budgets", func() {
 	It("holds an operation a budget does not allow, pending, and starts it once the budget allows it", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "small", nil)
 		m := runMachine(ctx, newMachine(ns, "held", "small"))
 		other := runMachine(ctx, newMachine(ns, "other", "small"))

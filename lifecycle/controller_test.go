@@ -268,7 +268,7 @@ func podExists(ctx context.Context, pod *corev1.Pod) func() bool {
 
 var _ = Describe("The Machine controller", func() {
 	It("provisions a Machine through Pending, Provisioning and Running", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "small", nil)
 		// Specs run one at a time and no other Machine is created or left
 		// moving meanwhile, so every change to the counters below is m0's.
@@ -329,7 +329,7 @@ var _ = Describe("The Machine controller", func() {
 	})
 
 	It("counts Machines by phase as the API server stores them", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "small", nil)
 		newClass(ctx, ns, "broken", &inmemorySpec{FailCreate: "quota exceeded"})
 		runMachine(ctx, newMachine(ns, "up", "small"))
@@ -360,7 +360,7 @@ var _ = Describe("The Machine controller", func() {
 	})
 
 	It("drains a Machine before deleting it, holding while a PodDisruptionBudget refuses", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "small", nil)
 		m := runMachine(ctx, newMachine(ns, "m1", "small"))
 		nodeName := m.Status.NodeRef.Name
@@ -449,7 +449,7 @@ var _ = Describe("The Machine controller", func() {
 	})
 
 	It("waits for pre-drain hooks before cordoning", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "small", nil)
 		m := newMachine(ns, "hooked", "small")
 		m.Annotations = map[string]string{machinistv1.PreDrainHookPrefix + "backup": ""}
@@ -469,7 +469,7 @@ var _ = Describe("The Machine controller", func() {
 	})
 
 	It("backs off on transient provider errors and recovers", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "small", nil)
 		provider.FailNext(3)
 		log := watchPhases(ctx, ns, "flaky")
@@ -495,7 +495,7 @@ var _ = Describe("The Machine controller", func() {
 	})
 
 	It("fails a Machine on a permanent provider error", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "broken", &inmemorySpec{FailCreate: "quota exceeded"})
 		m := newMachine(ns, "doomed", "broken")
 		Expect(k8s.Create(ctx, m)).To(Succeed())
@@ -507,7 +507,7 @@ var _ = Describe("The Machine controller", func() {
 	})
 
 	It("fails a Machine whose Node never becomes Ready", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "sick", &inmemorySpec{NeverReady: true})
 		m := newMachine(ns, "sick-0", "sick")
 		Expect(k8s.Create(ctx, m)).To(Succeed())
@@ -523,7 +523,7 @@ var _ = Describe("The Machine controller", func() {
 	})
 
 	It("shows a crashed machine's expired Lease on the Machine's conditions", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "small", nil)
 		m := runMachine(ctx, newMachine(ns, "crashy", "small"))
 		Expect(provider.Crash(m.Status.ProviderID)).To(Succeed())

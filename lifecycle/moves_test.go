@@ -315,7 +315,7 @@ func moves(ms ...string) []string { return append(slices.Clone(upToRunning), ms.
 
 var _ = Describe("Moves of the Machine table", func() {
 	It("deletes a Machine that is still Pending: Pending -> Deleting -> Deleted", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "small", nil)
 		h := observe(ctx, ns)
 		moved := counted(transitionsOf("Pending", "Deleting", "delete"))
@@ -342,7 +342,7 @@ var _ = Describe("Moves of the Machine table", func() {
 	})
 
 	It("deletes a Machine while it is Provisioning: Provisioning -> Deleting -> Deleted", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "sick", &inmemorySpec{NeverReady: true})
 		h := observe(ctx, ns)
 		moved := counted(transitionsOf("Provisioning", "Deleting", "delete"))
@@ -373,7 +373,7 @@ var _ = Describe("Moves of the Machine table", func() {
 	})
 
 	It("deletes a Machine while it is Repairing, failing the repair: Repairing -> Deleting -> Deleted", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "slow", &inmemorySpec{RebootLatency: metav1.Duration{Duration: time.Minute}})
 		h := observe(ctx, ns)
 		moved := counted(transitionsOf("Repairing", "Deleting", "delete"))
@@ -406,7 +406,7 @@ var _ = Describe("Moves of the Machine table", func() {
 	})
 
 	It("fails a repair whose Machine does not come back in time: Repairing -> Failed", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "slow", &inmemorySpec{RebootLatency: metav1.Duration{Duration: time.Minute}})
 		h := observe(ctx, ns)
 		moved := counted(transitionsOf("Repairing", "Failed", "fail"))
@@ -431,7 +431,7 @@ var _ = Describe("Moves of the Machine table", func() {
 	})
 
 	It("repairs a Failed Machine that has an instance, without a drain: Failed -> Repairing -> Running", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		// The machine stays off 3s after a restart: long after the reboot's
 		// timeoutSeconds (1s) fails it, well within the suite's 5s operation
 		// timeout for the repair that follows.
@@ -481,7 +481,7 @@ var _ = Describe("Moves of the Machine table", func() {
 	})
 
 	It("aborts a drain whose operation record is gone: Draining -> Running, uncordoned", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "small", nil)
 		h := observe(ctx, ns)
 		moved := counted(transitionsOf("Draining", "Running", "abort"))
@@ -519,7 +519,7 @@ var _ = Describe("Moves of the Machine table", func() {
 
 var _ = Describe("Reboots and the drain", func() {
 	DescribeTable("reboots anyway once the drain timeout passes while a budget refuses, saying so", func(ctx SpecContext, classTimeout, machineTimeout time.Duration) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		drain := func(d time.Duration) *machinistv1.DrainSettings {
 			if d == 0 {
 				return nil
@@ -570,7 +570,7 @@ var _ = Describe("Reboots and the drain", func() {
 
 	DescribeTable("gives up a drain a pre-drain hook holds past the operation's timeoutSeconds: Draining -> Running, Failed",
 		func(ctx SpecContext, typ machinistv1.OperationType, verb string) {
-			ns := newNamespace(ctx)
+			ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 			newClass(ctx, ns, "small", nil)
 			h := observe(ctx, ns)
 			moved := counted(transitionsOf("Draining", "Running", "abort"))
@@ -620,7 +620,7 @@ var _ = Describe("Reboots and the drain", func() {
 	)
 
 	It("aborts a reboot the provider refuses for good: Draining -> Running, Failed, uncordoned", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "locked", &inmemorySpec{FailReboot: "host locked"})
 		h := observe(ctx, ns)
 		moved := counted(transitionsOf("Draining", "Running", "abort"))

@@ -67,7 +67,7 @@ func eventReasons(ctx context.Context, m *machinistv1.Machine) func() []string {
 
 var _ = Describe("Machine operations", func() {
 	It("reboots a Machine asked for by annotation: drain, reboot, a new boot ID, uncordon", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "small", nil)
 		log := watchPhases(ctx, ns, "r0")
 		m := runMachine(ctx, newMachine(ns, "r0", "small"))
@@ -106,7 +106,7 @@ var _ = Describe("Machine operations", func() {
 		// Machine was still Draining, the retried call moved it to
 		// Rebooting, and nothing woke it again until the operation timed
 		// out and the Machine was Failed.
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "small", nil)
 		m := runMachine(ctx, newMachine(ns, "lost", "small"))
 		boot := m.Status.BootID
@@ -126,7 +126,7 @@ var _ = Describe("Machine operations", func() {
 	})
 
 	It("reboots without a drain when asked, and leaves a Node cordoned by hand cordoned", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "small", nil)
 		log := watchPhases(ctx, ns, "r1")
 		m := runMachine(ctx, newMachine(ns, "r1", "small"))
@@ -150,7 +150,7 @@ var _ = Describe("Machine operations", func() {
 	})
 
 	It("repairs a Machine: a Node registered afresh gets the Machine's labels and taints again", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "small", nil)
 		log := watchPhases(ctx, ns, "p0")
 		m := runMachine(ctx, newMachine(ns, "p0", "small"))
@@ -195,7 +195,7 @@ var _ = Describe("Machine operations", func() {
 	It("believes no requester annotation while no admission policy vouches for it, and removes it with the request", func(ctx SpecContext) {
 		// This suite installs no admission policy: anyone who may patch
 		// a Machine could write any name.
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "small", nil)
 		m := runMachine(ctx, newMachine(ns, "f0", "small"))
 		patch := client.MergeFrom(m.DeepCopy())
@@ -210,7 +210,7 @@ var _ = Describe("Machine operations", func() {
 	})
 
 	It("refuses a request annotation the Machine's phase does not allow, or that names no verb, and removes it", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "stuck", &inmemorySpec{NeverReady: true})
 		m := newMachine(ns, "a0", "stuck")
 		Expect(k8s.Create(ctx, m)).To(Succeed())
@@ -231,7 +231,7 @@ var _ = Describe("Machine operations", func() {
 	})
 
 	It("fails a reboot whose Machine does not come back in time", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "slow", &inmemorySpec{RebootLatency: metav1.Duration{Duration: time.Minute}})
 		m := runMachine(ctx, newMachine(ns, "t0", "slow"))
 		request(ctx, m, machinistv1.OperationReboot, &machinistv1.OperationOptions{Drain: ptr.To(false)})
@@ -243,7 +243,7 @@ var _ = Describe("Machine operations", func() {
 	})
 
 	It("fails a reboot whose Machine does not come back within the operation's timeoutSeconds, well before the controller's timeout", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "slow", &inmemorySpec{RebootLatency: metav1.Duration{Duration: time.Minute}})
 		m := runMachine(ctx, newMachine(ns, "t1", "slow"))
 		op := request(ctx, m, machinistv1.OperationReboot, &machinistv1.OperationOptions{TimeoutSeconds: ptr.To(int64(1))})
@@ -266,7 +266,7 @@ var _ = Describe("Machine operations", func() {
 	})
 
 	It("deletes the pods of a dead boot after a hard reboot without a drain of an unreachable Node", func(ctx SpecContext) {
-		ns, other := newNamespace(ctx), newNamespace(ctx)
+		ns, other := env.NewNamespace(GinkgoTB(), "lifecycle"), env.NewNamespace(GinkgoTB(), "lifecycle")
 		// The machine stays off a second after the reboot, as a real one
 		// would, so that the Node the controller judges is the dead boot's.
 		newClass(ctx, ns, "small", &inmemorySpec{RebootLatency: metav1.Duration{Duration: time.Second}})
@@ -307,7 +307,7 @@ var _ = Describe("Machine operations", func() {
 	})
 
 	It("leaves a healthy Node's pods alone on a hard reboot without a drain", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "small", &inmemorySpec{RebootLatency: metav1.Duration{Duration: time.Second}})
 		h := observe(ctx, ns)
 		m := runMachine(ctx, newMachine(ns, "alive", "small"))
@@ -329,7 +329,7 @@ var _ = Describe("Machine operations", func() {
 	})
 
 	It("fails an operation in flight when its Machine is deleted", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "slow", &inmemorySpec{RebootLatency: metav1.Duration{Duration: time.Minute}})
 		m := runMachine(ctx, newMachine(ns, "d0", "slow"))
 		request(ctx, m, machinistv1.OperationReboot, nil)

@@ -1,7 +1,6 @@
 package lifecycle_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -55,13 +54,6 @@ var _ = BeforeSuite(func() {
 	provider = controllers.Provider
 	metrics = controllers.Manager.Metrics
 })
-
-// newNamespace creates a namespace for one spec.
-func newNamespace(ctx context.Context) string {
-	ns, err := env.Namespace(ctx, "lifecycle")
-	Expect(err).NotTo(HaveOccurred())
-	return ns
-}
 
 // metricsCollector returns the machines-by-phase gauge for inspection.
 func metricsCollector() prometheus.Collector {

@@ -22,7 +22,7 @@ func setVersion(ctx context.Context, m *machinistv1.Machine, version string) {
 
 var _ = Describe("In-place updates", func() {
 	It("updates a Machine whose version changed where it stands: drain, update, the new version and boot ID on the same Node", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "small", nil)
 		log := watchPhases(ctx, ns, "u0")
 		m := runMachine(ctx, newMachine(ns, "u0", "small"))
@@ -62,7 +62,7 @@ var _ = Describe("In-place updates", func() {
 	})
 
 	It("finishes an update across a manager restart without repeating it", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "slow", &inmemorySpec{RebootLatency: metav1.Duration{Duration: 3 * time.Second}})
 		m := runMachine(ctx, newMachine(ns, "u2", "slow"))
 		setVersion(ctx, m, "v1.38.0")
@@ -81,7 +81,7 @@ var _ = Describe("In-place updates", func() {
 	})
 
 	It("gives up an update the provider refuses, returns the Machine to service and does not try that version again", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "stale", &inmemorySpec{FailUpdate: "no image for this version"})
 		m := runMachine(ctx, newMachine(ns, "u1", "stale"))
 		boot := m.Status.BootID

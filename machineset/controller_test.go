@@ -14,32 +14,16 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 func newSet(ns, name string, replicas int32, policy machinistv1.DeletePolicy) *machinistv1.MachineSet {
-	labels := map[string]string{"pool": name}
-	return &machinistv1.MachineSet{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: machinistv1.MachineSetSpec{
-			Replicas:     ptr.To(replicas),
-			DeletePolicy: policy,
-			Selector:     machinistv1.LabelSelector{MatchLabels: labels},
-			Template: machinistv1.MachineTemplateSpec{
-				Metadata: machinistv1.TemplateMetadata{Labels: labels},
-				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}, Version: "v1.37.2"},
-			},
-		},
-	}
-}
-
-func machines(ctx context.Context, ns string) []machinistv1.Machine {
-	var list machinistv1.MachineList
-	Expect(k8s.List(ctx, &list, client.InNamespace(ns))).To(Succeed())
-	return list.Items
+	ms := testenv.MachineSet(ns, name, replicas)
+	ms.Spec.DeletePolicy = policy
+	return ms
 }
 
 func names(ms []machinistv1.Machine) []string {
@@ -54,7 +38,7 @@ func names(ms []machinistv1.Machine) []string {
 // phases returns each Machine's phase, empty counting as Pending.
 func phases(ctx context.Context, ns string) []machinistv1.MachinePhase {
 	var out []machinistv1.MachinePhase
-	for _, m := range machines(ctx, ns) {
+	for _, m := range env.Machines(GinkgoTB(), ns) {
 		p := m.Status.Phase
 		if p == "" {
 			p = machinistv1.MachinePending
@@ -67,7 +51,7 @@ func phases(ctx context.Context, ns string) []machinistv1.MachinePhase {
 func waitRunning(ctx context.Context, ns string, n int) []machinistv1.Machine {
 	Eventually(func() []machinistv1.MachinePhase { return phases(ctx, ns) }).WithTimeout(60 * time.Second).
 		Should(And(HaveLen(n), HaveEach(machinistv1.MachineRunning)))
-	return machines(ctx, ns)
+	return env.Machines(GinkgoTB(), ns)
 }
 
 func scale(ctx context.Context, ns, name string, n int) {
@@ -98,9 +82,9 @@ func transitionReasons(ctx context.Context, ns, machine string) []string {
 // exactly want were removed, each through Draining and Deleting.
 func scaleDownAndCheck(ctx context.Context, ns, name string, keep int, want []string) {
 	scale(ctx, ns, name, keep)
-	Eventually(func() []string { return names(machines(ctx, ns)) }).WithTimeout(30 * time.Second).
+	Eventually(func() []string { return names(env.Machines(GinkgoTB(), ns)) }).WithTimeout(30 * time.Second).
 		Should(HaveLen(keep))
-	left := names(machines(ctx, ns))
+	left := names(env.Machines(GinkgoTB(), ns))
 	for _, gone := range want {
 		Expect(left).NotTo(ContainElement(gone))
 		Eventually(func() []string { return transitionReasons(ctx, ns, gone) }).Should(ContainElements(
@@ -117,13 +101,20 @@ func growOneBySecond(ctx context.Context, ns, name string, n int) []string {
 	var order []string
 	for i := 1; i <= n; i++ {
 		scale(ctx, ns, name, i)
-		Eventually(func() []machinistv1.Machine { return machines(ctx, ns) }).Should(HaveLen(i))
-		for _, m := range machines(ctx, ns) {
+		Eventually(func() []machinistv1.Machine { return env.Machines(GinkgoTB(), ns) }).Should(HaveLen(i))
+		var newest time.Time
+		for _, m := range env.Machines(GinkgoTB(), ns) {
 			if !slices.Contains(order, m.Name) {
 				order = append(order, m.Name)
 			}
+			if t := m.CreationTimestamp.Time; t.After(newest) {
+				newest = t
+			}
 		}
-		time.Sleep(1100 * time.Millisecond)
+		// The next Machine must be created in a later second than this one.
+		testenv.WaitFor(GinkgoTB(), 2*time.Second, "the clock past the newest Machine's second", func() bool {
+			return time.Now().Truncate(time.Second).After(newest)
+		})
 	}
 	waitRunning(ctx, ns, n)
 	return order
@@ -131,7 +122,7 @@ func growOneBySecond(ctx context.Context, ns, name string, n int) []string {
 
 var _ = Describe("The MachineSet controller", func() {
 	It("scales with kubectl from 0 to 5 and back to 2", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "machineset", testenv.Small)
 		Expect(k8s.Create(ctx, newSet(ns, "workers", 0, machinistv1.DeleteRandom))).To(Succeed())
 		scale(ctx, ns, "workers", 5)
 		all := waitRunning(ctx, ns, 5)
@@ -147,11 +138,13 @@ var _ = Describe("The MachineSet controller", func() {
 		}).Should(Equal("workers 5 5 5 5"))
 
 		scale(ctx, ns, "workers", 2)
-		Eventually(func() []string { return names(machines(ctx, ns)) }).WithTimeout(30 * time.Second).Should(HaveLen(2))
+		Eventually(func() []string { return names(env.Machines(GinkgoTB(), ns)) }).WithTimeout(30 * time.Second).Should(HaveLen(2))
 		for _, m := range all {
-			if !slices.Contains(names(machines(ctx, ns)), m.Name) {
-				reasons := transitionReasons(ctx, ns, m.Name)
-				Expect(reasons).To(ContainElements("MachineDraining", "MachineDeleting", "MachineDeleted"))
+			if !slices.Contains(names(env.Machines(GinkgoTB(), ns)), m.Name) {
+				// The recorder sends Events in the background, after the
+				// transitions they report: the Machine can be gone first.
+				Eventually(func() []string { return transitionReasons(ctx, ns, m.Name) }).
+					Should(ContainElements("MachineDraining", "MachineDeleting", "MachineDeleted"))
 			}
 		}
 		Eventually(func() int32 {
@@ -162,29 +155,29 @@ var _ = Describe("The MachineSet controller", func() {
 	})
 
 	It("removes the oldest Machines first under the Oldest policy", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "machineset", testenv.Small)
 		Expect(k8s.Create(ctx, newSet(ns, "old", 0, machinistv1.DeleteOldest))).To(Succeed())
 		order := growOneBySecond(ctx, ns, "old", 4)
 		scaleDownAndCheck(ctx, ns, "old", 2, order[:2])
 	})
 
 	It("removes the newest Machines first under the Newest policy", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "machineset", testenv.Small)
 		Expect(k8s.Create(ctx, newSet(ns, "new", 0, machinistv1.DeleteNewest))).To(Succeed())
 		order := growOneBySecond(ctx, ns, "new", 4)
 		scaleDownAndCheck(ctx, ns, "new", 2, order[2:])
 	})
 
 	It("removes some Machines under the Random policy", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "machineset", testenv.Small)
 		Expect(k8s.Create(ctx, newSet(ns, "rnd", 4, machinistv1.DeleteRandom))).To(Succeed())
 		waitRunning(ctx, ns, 4)
 		scaleDownAndCheck(ctx, ns, "rnd", 1, nil)
-		Consistently(func() []machinistv1.Machine { return machines(ctx, ns) }, "2s").Should(HaveLen(1))
+		Consistently(func() []machinistv1.Machine { return env.Machines(GinkgoTB(), ns) }, "2s").Should(HaveLen(1))
 	})
 
 	It("removes a Machine marked for deletion before the policy's choice", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "machineset", testenv.Small)
 		Expect(k8s.Create(ctx, newSet(ns, "marked", 0, machinistv1.DeleteOldest))).To(Succeed())
 		order := growOneBySecond(ctx, ns, "marked", 3)
 		newest := &machinistv1.Machine{}
@@ -195,7 +188,7 @@ var _ = Describe("The MachineSet controller", func() {
 	})
 
 	It("removes a Failed Machine before the policy's choice", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "machineset", testenv.Small)
 		Expect(k8s.Create(ctx, newSet(ns, "failing", 0, machinistv1.DeleteOldest))).To(Succeed())
 		order := growOneBySecond(ctx, ns, "failing", 2)
 		provider.SetFaults(inmemoryFailCreate)
@@ -203,7 +196,7 @@ var _ = Describe("The MachineSet controller", func() {
 		scale(ctx, ns, "failing", 3)
 		var failed string
 		Eventually(func() string {
-			for _, m := range machines(ctx, ns) {
+			for _, m := range env.Machines(GinkgoTB(), ns) {
 				if m.Status.Phase == machinistv1.MachineFailed {
 					failed = m.Name
 				}
@@ -212,11 +205,11 @@ var _ = Describe("The MachineSet controller", func() {
 		}).ShouldNot(BeEmpty())
 		provider.SetFaults(noFaults)
 		scaleDownAndCheck(ctx, ns, "failing", 2, nil)
-		Expect(names(machines(ctx, ns))).To(ConsistOf(order[0], order[1]), "the Failed Machine went, not the oldest")
+		Expect(names(env.Machines(GinkgoTB(), ns))).To(ConsistOf(order[0], order[1]), "the Failed Machine went, not the oldest")
 	})
 
 	It("adopts matching orphans and releases Machines that stop matching", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "machineset", testenv.Small)
 		orphan := &machinistv1.Machine{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "orphan", Labels: map[string]string{"pool": "adopter"}},
 			Spec:       machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}},
@@ -246,7 +239,7 @@ var _ = Describe("The MachineSet controller", func() {
 	})
 
 	It("never creates more Machines than asked for while scale-ups race its cache", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "machineset", testenv.Small)
 		var mu sync.Mutex
 		target, seen, most := 0, map[string]bool{}, 0
 		violations := []string{}
@@ -285,7 +278,7 @@ var _ = Describe("The MachineSet controller", func() {
 			Expect(k8s.Patch(ctx, ms, client.RawPatch(types.MergePatchType, []byte(patch)))).To(Succeed())
 		}
 		waitRunning(ctx, ns, 50)
-		Consistently(func() int { return len(machines(ctx, ns)) }, "2s").Should(Equal(50))
+		Consistently(func() int { return len(env.Machines(GinkgoTB(), ns)) }, "2s").Should(Equal(50))
 		Eventually(func() int {
 			mu.Lock()
 			defer mu.Unlock()
@@ -298,19 +291,19 @@ var _ = Describe("The MachineSet controller", func() {
 	})
 
 	It("replaces a deleted Machine", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "machineset", testenv.Small)
 		Expect(k8s.Create(ctx, newSet(ns, "healing", 3, machinistv1.DeleteRandom))).To(Succeed())
 		before := waitRunning(ctx, ns, 3)
 		victim := before[0]
 		Expect(k8s.Delete(ctx, &victim)).To(Succeed())
-		Eventually(func() []string { return names(machines(ctx, ns)) }).WithTimeout(30 * time.Second).
+		Eventually(func() []string { return names(env.Machines(GinkgoTB(), ns)) }).WithTimeout(30 * time.Second).
 			ShouldNot(ContainElement(victim.Name))
 		after := waitRunning(ctx, ns, 3)
 		Expect(names(after)).To(ContainElements(before[1].Name, before[2].Name))
 	})
 
 	It("counts a Machine available only after minReadySeconds", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "machineset", testenv.Small)
 		ms := newSet(ns, "patient", 2, machinistv1.DeleteRandom)
 		ms.Spec.MinReadySeconds = 3
 		Expect(k8s.Create(ctx, ms)).To(Succeed())

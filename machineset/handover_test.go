@@ -12,12 +12,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 // uids lists the Machines of ns by UID, owner set and whether deleting.
 func uids(ctx context.Context, ns string) map[types.UID]string {
 	out := map[types.UID]string{}
-	for _, m := range machines(ctx, ns) {
+	for _, m := range env.Machines(GinkgoTB(), ns) {
 		owner := "<none>"
 		if ref := metav1.GetControllerOf(&m); ref != nil {
 			owner = ref.Name
@@ -46,7 +47,7 @@ func setPatch(ctx context.Context, ms *machinistv1.MachineSet, replicas int32, k
 // empty set "to".
 func twoSets(ctx context.Context, n int32) (string, *machinistv1.MachineSet, *machinistv1.MachineSet) {
 	GinkgoHelper()
-	ns := newNamespace(ctx)
+	ns := env.NewNamespace(GinkgoTB(), "machineset", testenv.Small)
 	from, to := newSet(ns, "from", n, machinistv1.DeleteOldest), newSet(ns, "to", 0, machinistv1.DeleteOldest)
 	Expect(k8s.Create(ctx, from)).To(Succeed())
 	Expect(k8s.Create(ctx, to)).To(Succeed())
@@ -60,8 +61,8 @@ var _ = Describe("Handing a Machine over to another MachineSet", func() {
 		before := uids(ctx, ns)
 		unchanged := func(what string) {
 			GinkgoHelper()
-			Consistently(func() int { return len(machines(ctx, ns)) }).WithTimeout(2*time.Second).Should(Equal(3), what)
-			Expect(names(machines(ctx, ns))).To(HaveLen(3))
+			Consistently(func() int { return len(env.Machines(GinkgoTB(), ns)) }).WithTimeout(2*time.Second).Should(Equal(3), what)
+			Expect(names(env.Machines(GinkgoTB(), ns))).To(HaveLen(3))
 			for uid := range uids(ctx, ns) {
 				Expect(before).To(HaveKey(uid), "%s: a Machine was created", what)
 			}

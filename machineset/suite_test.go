@@ -1,7 +1,6 @@
 package machineset_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -38,14 +37,6 @@ var _ = BeforeSuite(func() {
 	DeferCleanup(stop)
 	k8s, provider = env.Client, controllers.Provider
 })
-
-// newNamespace creates a namespace and a MachineClass "small" in it.
-func newNamespace(ctx context.Context) string {
-	ns, err := env.Namespace(ctx, "machineset")
-	Expect(err).NotTo(HaveOccurred())
-	Expect(env.InmemoryClass(ctx, ns, "small", "")).To(Succeed())
-	return ns
-}
 
 var (
 	noFaults           = inmemory.ProviderSpec{}

@@ -25,6 +25,7 @@ import (
 	"github.com/machinist-dev/machinist/internal/pki"
 	"github.com/machinist-dev/machinist/provider"
 	providerv1 "github.com/machinist-dev/machinist/provider/v1"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 // recorder is an Actuator that records what reached it and answers what
@@ -296,17 +297,13 @@ func TestAProviderThatIsNotThereIsUnavailableUntilItComes(t *testing.T) {
 		t.Fatalf("Create with no provider: %v, want Unavailable", err)
 	}
 	serveAt(t, endpoint, &recorder{}, provider.ServeOptions{Name: "test"})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.WaitFor(t, 10*time.Second, "Create to succeed once the provider came", func() error {
 		id, err := c.Create(context.Background(), m, class)
-		if err == nil && id == "test://uid-1" {
-			return
+		if err == nil && id != "test://uid-1" {
+			err = fmt.Errorf("Create returned %q", id)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still failing after the provider came: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 func TestAnEndpointServingAnotherProviderIsNotUsed(t *testing.T) {
@@ -354,15 +351,10 @@ func TestServeStopsWithItsContextAndRemovesTheSocket(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- provider.Serve(ctx, "unix://"+path, &recorder{}, provider.ServeOptions{Name: "test"}) }()
 	c := dial(t, "test", "unix://"+path, provider.DialOptions{})
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if _, err := c.Info(context.Background()); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.WaitFor(t, 5*time.Second, "the provider serving", func() error {
+		_, err := c.Info(context.Background())
+		return err
+	})
 	cancel()
 	select {
 	case err := <-done:
@@ -479,7 +471,9 @@ func TestInPlaceKeepsTheLastAnswerWhileTheProviderIsAway(t *testing.T) {
 		t.Fatal("InPlace(version) is false with the provider there")
 	}
 	srv.Stop()
-	time.Sleep(10 * time.Millisecond) // past the refresh interval
+	// Nothing is to change now: past the refresh interval, a client that
+	// forgot what it learnt would say false.
+	time.Sleep(10 * time.Millisecond)
 	if !c.InPlace(actuators.Change{Version: true}) {
 		t.Error("InPlace(version) turned false while the provider was away")
 	}

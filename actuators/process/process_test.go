@@ -369,8 +369,7 @@ func TestKillNineMakesTheMachineUnhealthy(t *testing.T) {
 		}
 	})
 
-	ns, err := env.Namespace(ctx, "process")
-	g.Expect(err).NotTo(HaveOccurred())
+	ns := env.NewNamespace(t, "process")
 	class := &machinistv1.MachineClass{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "proc"},
 		Spec:       machinistv1.MachineClassSpec{Provider: process.Name},

@@ -29,6 +29,7 @@ func TestHelperProcess(t *testing.T) {
 			os.Exit(4)
 		}
 		os.Stdout.WriteString(strconv.Itoa(child.Process.Pid) + "\n")
+		// On purpose: this helper process lives on until the test kills it.
 		time.Sleep(time.Minute)
 		os.Exit(5)
 	}
@@ -43,6 +44,7 @@ func TestHelperProcess(t *testing.T) {
 		os.Exit(4)
 	}
 	os.Stdout.WriteString(strconv.Itoa(child.Process.Pid) + "\n")
+	// On purpose: this helper process lives on until the test kills it.
 	time.Sleep(time.Minute)
 	os.Exit(5)
 }

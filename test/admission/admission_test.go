@@ -19,15 +19,6 @@ import (
 	"github.com/machinist-dev/machinist/internal/admission"
 )
 
-func newNamespace(t *testing.T, ctx context.Context) string {
-	t.Helper()
-	ns, err := namespace(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ns
-}
-
 func succeeded(m *machinistv1.Machine) bool {
 	op := m.Status.Operation
 	return op != nil && op.State == machinistv1.OperationSucceeded && m.Status.Phase == machinistv1.MachineRunning
@@ -39,7 +30,7 @@ func succeeded(m *machinistv1.Machine) bool {
 func TestPatchAloneCannotRequest(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	ns := newNamespace(t, ctx)
+	ns := peoplesNamespace(t)
 	m := runningMachine(t, ctx, ns, "m1")
 	key := client.ObjectKeyFromObject(m)
 
@@ -78,7 +69,7 @@ func TestPatchAloneCannotRequest(t *testing.T) {
 	if err := as(pat).Patch(ctx, got, client.RawPatch("application/merge-patch+json", []byte(`{"metadata":{"labels":{"rack":"r7"},"annotations":{"note":"disk 3 is slow"}}}`))); err != nil {
 		t.Errorf("pat's edit of a label and an annotation: %v", err)
 	}
-	// ... and starts nothing.
+	// ... and starts nothing: nothing is to happen in these two seconds.
 	time.Sleep(2 * time.Second)
 	if err := env.Client.Get(ctx, key, got); err != nil {
 		t.Fatal(err)
@@ -95,7 +86,7 @@ func TestPatchAloneCannotRequest(t *testing.T) {
 func TestOperatorRequestIsCarriedOutAndSigned(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	ns := newNamespace(t, ctx)
+	ns := peoplesNamespace(t)
 	m := runningMachine(t, ctx, ns, "m1")
 
 	admitted, err := annotate(ctx, olga, client.ObjectKeyFromObject(m), request("reboot", ""))
@@ -136,7 +127,7 @@ func TestOperatorRequestIsCarriedOutAndSigned(t *testing.T) {
 func TestNoOneRequestsInAnothersName(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	ns := newNamespace(t, ctx)
+	ns := peoplesNamespace(t)
 	m := runningMachine(t, ctx, ns, "m1")
 	key := client.ObjectKeyFromObject(m)
 
@@ -221,7 +212,7 @@ func TestControllersRemoveRequestsTheyRefuse(t *testing.T) {
 		t.Fatalf("the manager's ServiceAccount may update machines/reboot: this test would prove nothing")
 	}
 
-	ns := newNamespace(t, ctx)
+	ns := peoplesNamespace(t)
 	m := &machinistv1.Machine{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "waiting"},
 		Spec:       machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "nosuch"}, Version: "v1.37.2"},
@@ -273,7 +264,7 @@ func TestWithoutTheMutatingPolicy(t *testing.T) {
 	if err := awaitPolicies(ctx, false); err != nil {
 		t.Fatal(err)
 	}
-	ns := newNamespace(t, ctx)
+	ns := peoplesNamespace(t)
 	m := runningMachine(t, ctx, ns, "m1")
 	key := client.ObjectKeyFromObject(m)
 
@@ -309,7 +300,7 @@ func TestWithoutTheMutatingPolicy(t *testing.T) {
 func TestVersionChangeNamesItsRequester(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	ns := newNamespace(t, ctx)
+	ns := peoplesNamespace(t)
 	m := runningMachine(t, ctx, ns, "m1")
 	key := client.ObjectKeyFromObject(m)
 

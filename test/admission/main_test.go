@@ -107,8 +107,11 @@ func setup(ctx context.Context) error {
 		return err
 	}
 
-	ns, err := namespace(ctx)
+	ns, err := env.Namespace(ctx, "admission")
 	if err != nil {
+		return err
+	}
+	if err := grant(ctx, ns); err != nil {
 		return err
 	}
 	m := &machinistv1.Machine{
@@ -134,13 +137,20 @@ func createClusterRole(ctx context.Context, file string) error {
 	return env.Client.Create(ctx, role)
 }
 
-// namespace creates a namespace where pat and olga may edit Machines and
-// olga is an operator.
-func namespace(ctx context.Context) (string, error) {
-	ns, err := env.Namespace(ctx, "admission")
-	if err != nil {
-		return "", err
+// peoplesNamespace creates a namespace for one test, with what grant
+// gives in it.
+func peoplesNamespace(t *testing.T) string {
+	t.Helper()
+	ns := env.NewNamespace(t, "admission")
+	if err := grant(context.Background(), ns); err != nil {
+		t.Fatal(err)
 	}
+	return ns
+}
+
+// grant lets pat and olga edit the Machines of ns, makes olga an operator
+// there, and creates the MachineClass class.
+func grant(ctx context.Context, ns string) error {
 	objs := []client.Object{
 		&rbacv1.Role{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: editor},
@@ -165,13 +175,13 @@ func namespace(ctx context.Context) (string, error) {
 	}
 	for _, o := range objs {
 		if err := env.Client.Create(ctx, o); err != nil {
-			return "", err
+			return err
 		}
 	}
 	if err := env.InmemoryClass(ctx, ns, class, ""); err != nil {
-		return "", err
+		return err
 	}
-	return ns, nil
+	return nil
 }
 
 // as is a client that acts as user.
@@ -263,19 +273,16 @@ func runningMachine(t *testing.T, ctx context.Context, ns, name string) *machini
 // await polls the Machine until done says so, for at most 30s.
 func await(t *testing.T, ctx context.Context, m *machinistv1.Machine, what string, done func(*machinistv1.Machine) bool) *machinistv1.Machine {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		got := &machinistv1.Machine{}
-		err := env.Client.Get(ctx, client.ObjectKeyFromObject(m), got)
-		if err == nil && done(got) {
-			return got
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Machine %s/%s is not %s after 30s (%v): phase %s, annotations %v, operation %+v",
-				m.Namespace, m.Name, what, err, got.Status.Phase, got.Annotations, got.Status.Operation)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	got := &machinistv1.Machine{}
+	got.Namespace, got.Name = m.Namespace, m.Name
+	testenv.WaitForObject(t, env.Client, 30*time.Second, fmt.Sprintf("Machine %s/%s %s", m.Namespace, m.Name, what), got,
+		func(got *machinistv1.Machine) error {
+			if !done(got) {
+				return fmt.Errorf("phase %s, annotations %v, operation %+v", got.Status.Phase, got.Annotations, got.Status.Operation)
+			}
+			return nil
+		})
+	return got
 }
 
 // events lists the messages of the Events about the Machine with reason.

@@ -8,22 +8,16 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/faults"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 func budget(ns, name string, max int32) *machinistv1.MachineDisruptionBudget {
-	return &machinistv1.MachineDisruptionBudget{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: machinistv1.MachineDisruptionBudgetSpec{
-			Selector:     machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": "pool"}},
-			MaxDisrupted: intstr.FromInt32(max),
-		},
-	}
+	return testenv.Budget(ns, name, "pool", max)
 }
 
 // running creates a Machine of the pool and waits until it is Running.
@@ -38,7 +32,7 @@ func running(t *testing.T, ns, name string) *machinistv1.Machine {
 	if err := env.Client.Create(ctx, m); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, time.Minute, name+" Running", func() bool {
+	testenv.WaitFor(t, time.Minute, name+" Running", func() bool {
 		return env.Client.Get(ctx, client.ObjectKeyFromObject(m), m) == nil && m.Status.Phase == machinistv1.MachineRunning
 	})
 	return m
@@ -57,18 +51,18 @@ func reboot(m *machinistv1.Machine, id string) disruption.Request {
 // none if it has, and the budget's record of the first never ends.
 func TestAFailedWriteDuringAnUpdateLeavesNoDisruptionCounted(t *testing.T) {
 	c := start(t, 21)
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "apifaults", testenv.Small)
 	ctx := context.Background()
 	m1, m2 := running(t, ns, "m1"), running(t, ns, "m2")
 	if err := env.Client.Create(ctx, budget(ns, "one", 1)); err != nil {
 		t.Fatal(err)
 	}
 	// m1 at rest: its next status write is the update's.
-	waitFor(t, 30*time.Second, "m1 Ready", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "m1 Ready", func() bool {
 		return env.Client.Get(ctx, client.ObjectKeyFromObject(m1), m1) == nil &&
 			meta.IsStatusConditionTrue(m1.Status.Conditions, machinistv1.ConditionReady)
 	})
-	time.Sleep(time.Second)
+	testenv.WaitQuiet(t, env.Client, 30*time.Second, time.Second, "m1", m1)
 	// The first status write of m1 once its version changes loses a
 	// race to another writer (as to a health check's condition).
 	arm(t, 21, faults.Rule{Name: "refused", Fault: faults.Conflict, Verbs: []string{"update", "patch"}, Resources: []string{"machines/status"},
@@ -77,7 +71,7 @@ func TestAFailedWriteDuringAnUpdateLeavesNoDisruptionCounted(t *testing.T) {
 	if err := env.Client.Patch(ctx, m1, patch); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, time.Minute, "m1 updated and Running", func() bool {
+	testenv.WaitFor(t, time.Minute, "m1 updated and Running", func() bool {
 		if env.Client.Get(ctx, client.ObjectKeyFromObject(m1), m1) != nil {
 			return false
 		}
@@ -113,7 +107,7 @@ func isInFlight(op *machinistv1.Operation) bool {
 // admitting the same disruption again must count it once.
 func TestALostAdmissionReplyHoldsNoSlotAndCountsOnce(t *testing.T) {
 	start(t, 22)
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "apifaults", testenv.Small)
 	ctx := context.Background()
 	m1, m2 := running(t, ns, "m1"), running(t, ns, "m2")
 	if err := env.Client.Create(ctx, budget(ns, "one", 1)); err != nil {
@@ -121,12 +115,13 @@ func TestALostAdmissionReplyHoldsNoSlotAndCountsOnce(t *testing.T) {
 	}
 	// The budget controller has written the budget's counts: the next
 	// write of its status is the admission's.
-	waitFor(t, 30*time.Second, "the budget's counts", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the budget's counts", func() bool {
 		var b machinistv1.MachineDisruptionBudget
 		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "one"}, &b) == nil &&
 			b.Status.ObservedGeneration == b.Generation && b.Status.SelectedMachines == 2 && b.Status.DisruptionsAllowed == 1
 	})
-	time.Sleep(time.Second)
+	testenv.WaitQuiet(t, env.Client, 30*time.Second, time.Second, "the budget",
+		&machinistv1.MachineDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "one"}})
 	arm(t, 22, faults.Rule{Name: "lost-admission", Fault: faults.LoseReply, Verbs: []string{"update"}, Resources: []string{"machinedisruptionbudgets/status"},
 		Rate: 1, Limit: 1})
 	through, err := client.New(proxy.Config(), client.Options{Scheme: env.Scheme})

@@ -15,6 +15,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/faults"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 // reconcileErrors is how many reconciles of the Machine controller have
@@ -45,7 +46,7 @@ func reconcileErrors(t *testing.T) float64 {
 func TestLostEvictionRepliesAreNoDrainError(t *testing.T) {
 	const pods = 4
 	start(t, 31)
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "apifaults", testenv.Small)
 	ctx := context.Background()
 	m := running(t, ns, "m1")
 	for i := range pods {
@@ -65,7 +66,7 @@ func TestLostEvictionRepliesAreNoDrainError(t *testing.T) {
 	if err := env.Client.Delete(ctx, m); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, time.Minute, "the Machine drained and deleted", func() bool {
+	testenv.WaitFor(t, time.Minute, "the Machine drained and deleted", func() bool {
 		return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(m), &machinistv1.Machine{}))
 	})
 	var left corev1.PodList

@@ -13,6 +13,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/faults"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 // An in-place rollout hands each updated Machine from the old set to the
@@ -26,7 +27,7 @@ func TestAnInPlaceHandOverSeenOutOfOrderCreatesNothing(t *testing.T) {
 	const n = 4
 	start(t, 43, faults.Rule{Name: "lagging-sets", Fault: faults.Latency, Verbs: []string{"watch"}, Resources: []string{"machinesets"},
 		Rate: 1, Delay: metav1.Duration{Duration: 2 * time.Second}})
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "apifaults", testenv.Small)
 	ctx := context.Background()
 	seen := watchMachines(t, ns)
 	md := deployment(ns, n, machinistv1.MachineDeploymentStrategy{Type: machinistv1.InPlaceStrategy, InPlace: &machinistv1.InPlaceUpdate{
@@ -39,7 +40,7 @@ func TestAnInPlaceHandOverSeenOutOfOrderCreatesNothing(t *testing.T) {
 	if err := env.Client.Patch(ctx, md, p); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 2*time.Minute, "every Machine updated in place and handed over", func() bool {
+	testenv.WaitFor(t, 2*time.Minute, "every Machine updated in place and handed over", func() bool {
 		var sets machinistv1.MachineSetList
 		if err := env.Client.List(ctx, &sets, client.InNamespace(ns)); err != nil {
 			return false
@@ -62,7 +63,8 @@ func TestAnInPlaceHandOverSeenOutOfOrderCreatesNothing(t *testing.T) {
 		}
 		return true
 	})
-	// Long enough for a set that had counted itself short to show it.
+	// Nothing is to happen now: long enough for a set that had counted
+	// itself short to show it.
 	time.Sleep(3 * time.Second)
 	settled(t, ns, n, time.Minute)
 	if created, deleting := seen.counts(); created != n || deleting != 0 {

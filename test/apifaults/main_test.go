@@ -20,7 +20,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -87,34 +86,6 @@ func arm(t *testing.T, seed uint64, rules ...faults.Rule) {
 	}
 }
 
-func namespace(t *testing.T) string {
-	t.Helper()
-	ctx := context.Background()
-	ns, err := env.Namespace(ctx, "apifaults")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := env.InmemoryClass(ctx, ns, "small", ""); err != nil {
-		t.Fatal(err)
-	}
-	return ns
-}
-
-func machineSet(ns, name string, replicas int32) *machinistv1.MachineSet {
-	labels := map[string]string{"pool": name}
-	return &machinistv1.MachineSet{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: machinistv1.MachineSetSpec{
-			Replicas: ptr.To(replicas),
-			Selector: machinistv1.LabelSelector{MatchLabels: labels},
-			Template: machinistv1.MachineTemplateSpec{
-				Metadata: machinistv1.TemplateMetadata{Labels: labels},
-				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}, Version: "v1.37.2"},
-			},
-		},
-	}
-}
-
 func scale(t *testing.T, ms *machinistv1.MachineSet, replicas int32) {
 	t.Helper()
 	patch := client.RawPatch(types.MergePatchType, []byte(fmt.Sprintf(`{"spec":{"replicas":%d}}`, replicas)))
@@ -134,28 +105,19 @@ type tally struct {
 // deployment is the MachineDeployment pool of ns, of the class small, at
 // version.
 func deployment(ns string, replicas int32, strategy machinistv1.MachineDeploymentStrategy, version string) *machinistv1.MachineDeployment {
-	labels := map[string]string{"pool": "pool"}
-	return &machinistv1.MachineDeployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pool"},
-		Spec: machinistv1.MachineDeploymentSpec{
-			Replicas: ptr.To(replicas),
-			Selector: machinistv1.LabelSelector{MatchLabels: labels},
-			Strategy: strategy,
-			Template: machinistv1.MachineTemplateSpec{
-				Metadata: machinistv1.TemplateMetadata{Labels: labels},
-				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}, Version: version},
-			},
-		},
-	}
+	md := testenv.MachineDeployment(ns, "pool", replicas)
+	md.Spec.Strategy = strategy
+	md.Spec.Template.Spec.Version = version
+	return md
 }
 
 // emptySet creates a namespace, a watch counting its Machines, and in it
 // the MachineSet pool of no replicas.
 func emptySet(t *testing.T) (string, *machinistv1.MachineSet, *tally) {
 	t.Helper()
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "apifaults", testenv.Small)
 	seen := watchMachines(t, ns)
-	ms := machineSet(ns, "pool", 0)
+	ms := testenv.MachineSet(ns, "pool", 0)
 	if err := env.Client.Create(context.Background(), ms); err != nil {
 		t.Fatal(err)
 	}
@@ -197,12 +159,8 @@ func (w *tally) counts() (created, deleting int) {
 // live lists the namespace's Machines not being deleted.
 func live(t *testing.T, ns string) []machinistv1.Machine {
 	t.Helper()
-	var list machinistv1.MachineList
-	if err := env.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
-		t.Fatal(err)
-	}
 	var out []machinistv1.Machine
-	for _, m := range list.Items {
+	for _, m := range env.Machines(t, ns) {
 		if m.DeletionTimestamp.IsZero() {
 			out = append(out, m)
 		}
@@ -214,7 +172,7 @@ func live(t *testing.T, ns string) []machinistv1.Machine {
 // Running and Ready.
 func settled(t *testing.T, ns string, n int, timeout time.Duration) {
 	t.Helper()
-	waitFor(t, timeout, "the set to settle", func() bool {
+	testenv.WaitFor(t, timeout, "the set to settle", func() bool {
 		var list machinistv1.MachineList
 		if err := env.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
 			return false
@@ -230,16 +188,4 @@ func settled(t *testing.T, ns string, n int, timeout time.Duration) {
 		}
 		return true
 	})
-}
-
-// waitFor polls cond every 100ms until it holds or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, timeout)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }

@@ -16,6 +16,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/faults"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 // The Machine controller sets its taints on the Node from a cached copy,
@@ -26,10 +27,10 @@ func TestATaintAddedByAnotherWriterSurvives(t *testing.T) {
 	// The manager sees Nodes two seconds late.
 	start(t, 41, faults.Rule{Name: "lagging-nodes", Fault: faults.Latency, Verbs: []string{"watch"}, Resources: []string{"nodes"},
 		Rate: 1, Delay: metav1.Duration{Duration: 2 * time.Second}})
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "apifaults", testenv.Small)
 	ctx := context.Background()
 	m := running(t, ns, "m1")
-	waitFor(t, 30*time.Second, "m1's Node", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "m1's Node", func() bool {
 		return env.Client.Get(ctx, client.ObjectKeyFromObject(m), m) == nil && m.Status.NodeRef != nil
 	})
 	nodeKey := client.ObjectKey{Name: m.Status.NodeRef.Name}
@@ -50,13 +51,14 @@ func TestATaintAddedByAnotherWriterSurvives(t *testing.T) {
 	has := func(n *corev1.Node, key string) bool {
 		return slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == key })
 	}
-	waitFor(t, 30*time.Second, "the Machine's taint on the Node", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the Machine's taint on the Node", func() bool {
 		return env.Client.Get(ctx, nodeKey, &node) == nil && has(&node, "machinist.dev/mine")
 	})
 	if !has(&node, "example.com/theirs") {
 		t.Fatalf("the Node's taints became %v: another writer's taint was written over from a stale copy", node.Spec.Taints)
 	}
-	// And after the lagging cache has caught up.
+	// And after the lagging cache has caught up: nothing is to change in
+	// three seconds, in which a write from a stale copy would show.
 	time.Sleep(3 * time.Second)
 	if err := env.Client.Get(ctx, nodeKey, &node); err != nil {
 		t.Fatal(err)
@@ -72,7 +74,7 @@ func TestATaintAddedByAnotherWriterSurvives(t *testing.T) {
 func TestALateResizeDoesNotUndoANewerOne(t *testing.T) {
 	start(t, 42, faults.Rule{Name: "late-resize", Fault: faults.LateCommit, Verbs: []string{"patch"}, Resources: []string{"machinesets"},
 		Rate: 1, Limit: 1, Delay: metav1.Duration{Duration: 4 * time.Second}})
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "apifaults", testenv.Small)
 	ctx := context.Background()
 	seen := watchMachines(t, ns)
 	md := deployment(ns, 2, machinistv1.MachineDeploymentStrategy{Type: machinistv1.RollingUpdateStrategy, RollingUpdate: &machinistv1.RollingUpdate{
@@ -92,9 +94,9 @@ func TestALateResizeDoesNotUndoANewerOne(t *testing.T) {
 	}
 	scaleTo(5)
 	// The resize to 5 is answered 504; the deployment writes it again.
-	waitFor(t, 30*time.Second, "the set resized to 5", func() bool { return setSize(t, ns) == 5 })
+	testenv.WaitFor(t, 30*time.Second, "the set resized to 5", func() bool { return setSize(t, ns) == 5 })
 	scaleTo(2)
-	waitFor(t, 30*time.Second, "the set resized to 2", func() bool { return setSize(t, ns) == 2 })
+	testenv.WaitFor(t, 30*time.Second, "the set resized to 2", func() bool { return setSize(t, ns) == 2 })
 	settle, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if err := proxy.Settle(settle); err != nil {
@@ -102,6 +104,8 @@ func TestALateResizeDoesNotUndoANewerOne(t *testing.T) {
 	}
 	stored, refused := proxy.Late()
 	settled(t, ns, 2, time.Minute)
+	// Nothing is to happen now: what a late resize stored after the set
+	// had settled would show within twice the watch's lag.
 	time.Sleep(2 * watchLag)
 	settled(t, ns, 2, time.Minute)
 	created, _ := seen.counts()

@@ -12,6 +12,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/faults"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 // A Create whose reply is lost was stored: the set must not count it as
@@ -49,7 +50,7 @@ func TestACreateReplyLostAfterTheWatchShowedItIsNotCountedTwice(t *testing.T) {
 	}
 	// Long after the set's last status write, so that the write the
 	// growth makes is not put off (which would look again a second later).
-	time.Sleep(2 * time.Second)
+	testenv.WaitQuiet(t, env.Client, 30*time.Second, 2*time.Second, "the set", ms)
 	scale(t, ms, 2)
 	settled(t, ns, 2, 30*time.Second)
 	if created, deleting := seen.counts(); created != 2 || deleting != 0 {
@@ -71,7 +72,8 @@ func TestLateCreatesCreateNoExtraMachine(t *testing.T) {
 	if err := proxy.Settle(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// What a late Create stored after the set had settled would show now.
+	// Nothing is to happen now: what a late Create stored after the set
+	// had settled would show within twice the watch's lag.
 	time.Sleep(2 * watchLag)
 	settled(t, ns, n, time.Minute)
 	created, deleting := seen.counts()
@@ -92,16 +94,16 @@ func TestLateCreatesCreateNoExtraMachine(t *testing.T) {
 func TestLostDeleteRepliesDeleteNoExtraMachine(t *testing.T) {
 	const from, to = 12, 4
 	start(t, 13, faults.Rule{Name: "lost-deletes", Fault: faults.LoseReply, Verbs: []string{"delete"}, Resources: []string{"machines"}, Rate: 0.5})
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "apifaults", testenv.Small)
 	seen := watchMachines(t, ns)
-	ms := machineSet(ns, "pool", from)
+	ms := testenv.MachineSet(ns, "pool", from)
 	if err := env.Client.Create(context.Background(), ms); err != nil {
 		t.Fatal(err)
 	}
 	settled(t, ns, from, 2*time.Minute)
 	for n := from - 1; n >= to; n-- {
 		scale(t, ms, int32(n))
-		waitFor(t, time.Minute, "the set to shrink", func() bool { return len(live(t, ns)) <= n })
+		testenv.WaitFor(t, time.Minute, "the set to shrink", func() bool { return len(live(t, ns)) <= n })
 	}
 	settled(t, ns, to, 2*time.Minute)
 	created, deleting := seen.counts()
@@ -121,14 +123,14 @@ func TestLostDeleteRepliesDeleteNoExtraMachine(t *testing.T) {
 func TestALateStatusWriteLeavesTheStatusTrue(t *testing.T) {
 	const n = 3
 	start(t, 14)
-	ns := namespace(t)
-	ms := machineSet(ns, "pool", 0)
+	ns := env.NewNamespace(t, "apifaults", testenv.Small)
+	ms := testenv.MachineSet(ns, "pool", 0)
 	ctx := context.Background()
 	if err := env.Client.Create(ctx, ms); err != nil {
 		t.Fatal(err)
 	}
 	got := &machinistv1.MachineSet{}
-	waitFor(t, 10*time.Second, "the set's first status", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the set's first status", func() bool {
 		return env.Client.Get(ctx, client.ObjectKeyFromObject(ms), got) == nil && got.Status.ObservedGeneration == got.Generation
 	})
 	// The first status write of the scale-up comes late.
@@ -151,9 +153,10 @@ func TestALateStatusWriteLeavesTheStatusTrue(t *testing.T) {
 		c := meta.FindStatusCondition(st.Conditions, machinistv1.ConditionReady)
 		return st.Replicas == n && st.ReadyReplicas == n && st.AvailableReplicas == n && c != nil && c.Status == metav1.ConditionTrue
 	}
-	waitFor(t, 10*time.Second, "the status to say 3 Ready", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the status to say 3 Ready", func() bool {
 		return env.Client.Get(ctx, client.ObjectKeyFromObject(ms), got) == nil && true3(got.Status)
 	})
+	// Nothing is to change now: three seconds, looked at every 100ms.
 	for range 30 {
 		time.Sleep(100 * time.Millisecond)
 		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(ms), got); err != nil {
@@ -171,22 +174,22 @@ func TestALateStatusWriteLeavesTheStatusTrue(t *testing.T) {
 func TestAStatusWrittenByAnotherIsSetRight(t *testing.T) {
 	const n = 2
 	start(t, 15)
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "apifaults", testenv.Small)
 	ctx := context.Background()
-	ms := machineSet(ns, "pool", n)
+	ms := testenv.MachineSet(ns, "pool", n)
 	if err := env.Client.Create(ctx, ms); err != nil {
 		t.Fatal(err)
 	}
 	settled(t, ns, n, time.Minute)
 	got := &machinistv1.MachineSet{}
-	waitFor(t, 10*time.Second, "the status to say 2 Ready", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the status to say 2 Ready", func() bool {
 		return env.Client.Get(ctx, client.ObjectKeyFromObject(ms), got) == nil && got.Status.ReadyReplicas == n
 	})
 	wrong := client.RawPatch(types.MergePatchType, []byte(`{"status":{"readyReplicas":7,"availableReplicas":7}}`))
 	if err := env.Client.Status().Patch(ctx, got, wrong); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the status set right", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the status set right", func() bool {
 		return env.Client.Get(ctx, client.ObjectKeyFromObject(ms), got) == nil && got.Status.ReadyReplicas == n && got.Status.AvailableReplicas == n
 	})
 }

@@ -13,6 +13,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/faults"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 // A reboot whose operation was stored although the verbs server's write
@@ -33,14 +34,14 @@ func TestAVerbWhoseWriteLostItsReplyIsAccepted(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = verbs.Stop() })
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "apifaults", testenv.Small)
 	ctx := context.Background()
 	m := running(t, ns, "m1")
-	waitFor(t, 30*time.Second, "m1 Ready", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "m1 Ready", func() bool {
 		return env.Client.Get(ctx, client.ObjectKeyFromObject(m), m) == nil &&
 			meta.IsStatusConditionTrue(m.Status.Conditions, machinistv1.ConditionReady)
 	})
-	time.Sleep(time.Second)
+	testenv.WaitQuiet(t, env.Client, 30*time.Second, time.Second, "m1", m)
 	arm(t, 51, faults.Rule{Name: "lost-operation", Fault: faults.LoseReply, Verbs: []string{"update"}, Resources: []string{"machines/status"},
 		Names: []string{m.Name}, Rate: 1, Limit: 1})
 	kube, err := kubernetes.NewForConfig(env.Config)
@@ -57,7 +58,7 @@ func TestAVerbWhoseWriteLostItsReplyIsAccepted(t *testing.T) {
 	if err != nil || code != 202 {
 		t.Fatalf("a reboot that was stored was answered %d: %v", code, err)
 	}
-	waitFor(t, time.Minute, "the reboot done", func() bool {
+	testenv.WaitFor(t, time.Minute, "the reboot done", func() bool {
 		return env.Client.Get(ctx, client.ObjectKeyFromObject(m), m) == nil && m.Status.Operation != nil &&
 			m.Status.Operation.State == machinistv1.OperationSucceeded
 	})

@@ -35,7 +35,7 @@ func BenchmarkRequestAdmission(b *testing.B) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	e := freshEnv(b, testenv.Options{})
-	ns := namespace(ctx, b, "admission")
+	ns := env.NewNamespace(b, "admission")
 	operator := operatorClient(ctx, b, e, ns)
 	keys := make([]types.NamespacedName, machines)
 	for i := range keys {

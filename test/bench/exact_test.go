@@ -142,6 +142,7 @@ func scaleUpThrough(b *testing.B, n int, rules faults.Config) {
 	took := time.Since(start)
 	b.StopTimer()
 	// Long enough for a Machine created twice to have shown.
+	// Nothing is to happen now.
 	time.Sleep(5 * time.Second)
 	f.stop(b)
 	b.ReportMetric(took.Seconds(), "s-to-running")
@@ -157,7 +158,7 @@ func scaleUpThrough(b *testing.B, n int, rules faults.Config) {
 func (f *fleet) scaleNamespace(ctx context.Context, b *testing.B, n int) (string, *created, <-chan struct{}) {
 	f.start(b)
 	f.warm(ctx, b)
-	ns := namespace(ctx, b, "scale")
+	ns := env.NewNamespace(b, "scale")
 	if err := f.e.InmemoryClass(ctx, ns, "small", ""); err != nil {
 		b.Fatal(err)
 	}

@@ -333,7 +333,7 @@ func freePort(b *testing.B) string {
 // warm brings one Machine up first, so that the manager's start (cache
 // sync, the first connection to the provider) is not timed.
 func (f *fleet) warm(ctx context.Context, b *testing.B) {
-	ns := namespace(ctx, b, "warm")
+	ns := env.NewNamespace(b, "warm")
 	if err := f.e.InmemoryClass(ctx, ns, "small", ""); err != nil {
 		b.Fatal(err)
 	}

@@ -43,7 +43,7 @@ type prepare func(ctx context.Context, c client.Client, ns string) error
 // and the writes it replayed, which match the engine's by resource.
 func mixFloor(ctx context.Context, b *testing.B, n int, prepare prepare, work unit, own, engine testenv.Writes) (time.Duration, testenv.Writes) {
 	c := floorClient(b)
-	ns := namespace(ctx, b, "mix")
+	ns := env.NewNamespace(b, "mix")
 	extra := testenv.Writes{}
 	for _, r := range mixed {
 		if d := engine[r] - own[r]; d > 0 {

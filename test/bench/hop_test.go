@@ -36,7 +36,7 @@ func hop(b *testing.B, n int, served bool) {
 	f := newFleet(b, served)
 	f.start(b)
 	f.warm(ctx, b)
-	ns := namespace(ctx, b, "hop")
+	ns := env.NewNamespace(b, "hop")
 	if err := f.e.InmemoryClass(ctx, ns, "small", ""); err != nil {
 		b.Fatal(err)
 	}

@@ -82,6 +82,8 @@ func rebootAll(b *testing.B, n int, budget bool) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	// A quiet spell for trailing writes to land before counting: nothing
+	// shows when they are over.
 	time.Sleep(time.Second)
 	before, err := testenv.ReadWrites(ctx, kube)
 	if err != nil {

@@ -80,6 +80,7 @@ func remediate(b *testing.B, n, crash int) {
 		b.Fatal(err)
 	}
 	// Let any trailing status write land before counting.
+	// A quiet spell: nothing shows when the trailing writes are over.
 	time.Sleep(3 * time.Second)
 	before, err := testenv.ReadWrites(ctx, kube)
 	if err != nil {
@@ -166,6 +167,7 @@ func settle(ctx context.Context, b *testing.B, kube kubernetes.Interface) time.D
 			return time.Since(start)
 		}
 		last = n
+		// A measurement: the writes stopped when five seconds add none.
 		time.Sleep(5 * time.Second)
 	}
 	b.Fatalf("Nodes or Events still written after %s", time.Since(start).Round(time.Second))

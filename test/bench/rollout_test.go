@@ -53,7 +53,7 @@ func rollingUpgrade(b *testing.B, n int, budget bool) {
 	defer cancel()
 	f := newFleet(b, true)
 	f.start(b)
-	ns := namespace(ctx, b, "rollout")
+	ns := env.NewNamespace(b, "rollout")
 	if err := f.e.InmemoryClass(ctx, ns, "small", ""); err != nil {
 		b.Fatal(err)
 	}
@@ -252,7 +252,7 @@ func replaceFloor(ctx context.Context, b *testing.B, n int, engine testenv.Write
 		return replaceOne(ctx, c, newMachine(ns, "new-"), old[i], i)
 	}
 	if engine == nil {
-		ns := namespace(ctx, b, "floor")
+		ns := env.NewNamespace(b, "floor")
 		if err := prepare(ctx, c, ns); err != nil {
 			b.Fatal(err)
 		}

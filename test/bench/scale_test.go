@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
@@ -92,7 +91,7 @@ func startControllers(ctx context.Context, b *testing.B, e *testenv.Env, prefix 
 	if err != nil {
 		b.Fatal(err)
 	}
-	ns := namespace(ctx, b, prefix)
+	ns := env.NewNamespace(b, prefix)
 	if err := e.InmemoryClass(ctx, ns, "small", ""); err != nil {
 		b.Fatal(err)
 	}
@@ -157,7 +156,7 @@ func scaleUp(b *testing.B, n int) {
 	kubectl := timeKubectl(ctx, b, f, ns, md.Name)
 	f.stop(b)
 
-	floor := runUnits(ctx, b, floorClient(b), namespace(ctx, b, "floor"), n, createUnit)
+	floor := runUnits(ctx, b, floorClient(b), env.NewNamespace(b, "floor"), n, createUnit)
 	mix, replayed := mixFloor(ctx, b, n, nil, createUnit, createWrites(n), w)
 
 	b.ReportMetric(engine.Seconds(), "s-to-running")
@@ -221,6 +220,8 @@ func (f *fleet) restart(ctx context.Context, b *testing.B, machines int, during 
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	// A quiet spell for the restart's trailing writes to land before
+	// counting: nothing shows when they are over.
 	time.Sleep(5 * time.Second)
 	after, err := testenv.ReadWrites(ctx, f.kube)
 	if err != nil {
@@ -336,18 +337,11 @@ func watchRunning(ctx context.Context, ns string, n int) (<-chan struct{}, error
 	return done, nil
 }
 
-func namespace(ctx context.Context, b *testing.B, prefix string) string {
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}
-	if err := env.Client.Create(ctx, ns); err != nil {
-		b.Fatal(err)
-	}
-	return ns.Name
-}
-
 // finalWrites stops the benchmark's timer and reads the API server's
 // write counts once the trailing status writes and Events have landed.
 func finalWrites(ctx context.Context, b *testing.B, kube kubernetes.Interface) testenv.Counts {
 	b.StopTimer()
+	// A quiet spell: nothing shows when the trailing writes are over.
 	time.Sleep(3 * time.Second)
 	after, err := testenv.ReadWrites(ctx, kube)
 	if err != nil {

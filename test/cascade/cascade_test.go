@@ -18,7 +18,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -38,17 +37,6 @@ func TestMain(m *testing.M) {
 
 const wait = time.Minute
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(wait)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, wait)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
 func kubectl(t *testing.T, args ...string) string {
 	t.Helper()
 	out, err := env.Kubectl(context.Background(), args...)
@@ -58,62 +46,21 @@ func kubectl(t *testing.T, args ...string) string {
 	return out
 }
 
-func setup(t *testing.T, prefix string) string {
-	t.Helper()
-	ns, err := env.Namespace(context.Background(), prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := env.InmemoryClass(context.Background(), ns, "small", ""); err != nil {
-		t.Fatal(err)
-	}
-	return ns
-}
-
-func template(pool string) machinistv1.MachineTemplateSpec {
-	return machinistv1.MachineTemplateSpec{
-		Metadata: machinistv1.TemplateMetadata{Labels: map[string]string{"pool": pool}},
-		Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}, Version: "v1.37.2"},
-	}
-}
-
+// machineSet is a MachineSet name whose Machines are labelled and
+// selected by pool=pool, not pool=name.
 func machineSet(ns, name, pool string, replicas int32) *machinistv1.MachineSet {
-	return &machinistv1.MachineSet{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: machinistv1.MachineSetSpec{
-			Replicas: ptr.To(replicas),
-			Selector: machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": pool}},
-			Template: template(pool),
-		},
-	}
-}
-
-func machineDeployment(ns, name string, replicas int32) *machinistv1.MachineDeployment {
-	return &machinistv1.MachineDeployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: machinistv1.MachineDeploymentSpec{
-			Replicas: ptr.To(replicas),
-			Selector: machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": name}},
-			Template: template(name),
-		},
-	}
-}
-
-func machines(t *testing.T, ns string) []machinistv1.Machine {
-	t.Helper()
-	var list machinistv1.MachineList
-	if err := env.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
-		t.Fatal(err)
-	}
-	return list.Items
+	ms := testenv.MachineSet(ns, name, replicas)
+	ms.Spec.Selector.MatchLabels = map[string]string{"pool": pool}
+	ms.Spec.Template = testenv.Template(pool, testenv.Small.Name, testenv.Version)
+	return ms
 }
 
 // running waits until ns holds n Machines, all Running, and returns them.
 func running(t *testing.T, ns string, n int) []machinistv1.Machine {
 	t.Helper()
 	var ms []machinistv1.Machine
-	waitFor(t, "Machines Running", func() bool {
-		ms = machines(t, ns)
+	testenv.WaitFor(t, wait, "Machines Running", func() bool {
+		ms = env.Machines(t, ns)
 		if len(ms) != n {
 			return false
 		}
@@ -167,16 +114,16 @@ func notFound(o client.Object) func() bool {
 
 func TestDeletingAMachineDeploymentDeletesItsMachines(t *testing.T) {
 	t.Parallel()
-	ns := setup(t, "md-background")
-	md := machineDeployment(ns, "workers", 3)
+	ns := env.NewNamespace(t, "md-background", testenv.Small)
+	md := testenv.MachineDeployment(ns, "workers", 3)
 	if err := env.Client.Create(context.Background(), md); err != nil {
 		t.Fatal(err)
 	}
 	ms := running(t, ns, 3)
 	left := instances(ms)
 	kubectl(t, "-n", ns, "delete", "machinedeployment", "workers")
-	waitFor(t, "the MachineSets and Machines deleted by the garbage collector", func() bool {
-		return len(sets(t, ns)) == 0 && len(machines(t, ns)) == 0
+	testenv.WaitFor(t, wait, "the MachineSets and Machines deleted by the garbage collector", func() bool {
+		return len(sets(t, ns)) == 0 && len(env.Machines(t, ns)) == 0
 	})
 	gone(t, left)
 	// Each went through its lifecycle: drained, then deleted.
@@ -190,7 +137,7 @@ func TestDeletingAMachineDeploymentDeletesItsMachines(t *testing.T) {
 func drained(t *testing.T, ns, name string) {
 	t.Helper()
 	want := []string{"MachineDraining", "MachineDeleting", "MachineDeleted"}
-	waitFor(t, "the lifecycle Events of "+name, func() bool {
+	testenv.WaitFor(t, wait, "the lifecycle Events of "+name, func() bool {
 		var list eventsv1.EventList
 		if err := env.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
 			t.Fatal(err)
@@ -224,15 +171,15 @@ func sets(t *testing.T, ns string) []machinistv1.MachineSet {
 func TestOrphaningAMachineDeploymentKeepsItsMachines(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	ns := setup(t, "md-orphan")
-	md := machineDeployment(ns, "workers", 2)
+	ns := env.NewNamespace(t, "md-orphan", testenv.Small)
+	md := testenv.MachineDeployment(ns, "workers", 2)
 	if err := env.Client.Create(ctx, md); err != nil {
 		t.Fatal(err)
 	}
 	before := running(t, ns, 2)
 	kubectl(t, "-n", ns, "delete", "machinedeployment", "workers", "--cascade=orphan")
-	waitFor(t, "the MachineDeployment gone", notFound(md))
-	waitFor(t, "its MachineSet orphaned", func() bool {
+	testenv.WaitFor(t, wait, "the MachineDeployment gone", notFound(md))
+	testenv.WaitFor(t, wait, "its MachineSet orphaned", func() bool {
 		s := sets(t, ns)
 		return len(s) == 1 && metav1.GetControllerOf(&s[0]) == nil
 	})
@@ -250,21 +197,21 @@ func TestOrphaningAMachineDeploymentKeepsItsMachines(t *testing.T) {
 func TestForegroundDeletionWaitsForTheMachines(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	ns := setup(t, "md-foreground")
-	md := machineDeployment(ns, "workers", 2)
+	ns := env.NewNamespace(t, "md-foreground", testenv.Small)
+	md := testenv.MachineDeployment(ns, "workers", 2)
 	if err := env.Client.Create(ctx, md); err != nil {
 		t.Fatal(err)
 	}
 	left := instances(running(t, ns, 2))
 	// A pre-drain hook holds one Machine, so the deployment can be seen
 	// waiting for it.
-	held := machines(t, ns)[0]
+	held := env.Machines(t, ns)[0]
 	held.Annotations = map[string]string{machinistv1.PreDrainHookPrefix + "test": "hold"}
 	if err := env.Client.Update(ctx, &held); err != nil {
 		t.Fatal(err)
 	}
 	kubectl(t, "-n", ns, "delete", "machinedeployment", "workers", "--cascade=foreground", "--wait=false")
-	waitFor(t, "the held Machine marked for deletion", func() bool {
+	testenv.WaitFor(t, wait, "the held Machine marked for deletion", func() bool {
 		m := &machinistv1.Machine{}
 		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(&held), m); err != nil {
 			t.Fatal(err)
@@ -286,8 +233,8 @@ func TestForegroundDeletionWaitsForTheMachines(t *testing.T) {
 	if err := env.Client.Update(ctx, m); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the MachineDeployment gone", notFound(md))
-	if n := len(machines(t, ns)); n != 0 {
+	testenv.WaitFor(t, wait, "the MachineDeployment gone", notFound(md))
+	if n := len(env.Machines(t, ns)); n != 0 {
 		t.Fatalf("%d Machines left after their MachineDeployment", n)
 	}
 	gone(t, left)
@@ -298,16 +245,16 @@ func TestForegroundDeletionWaitsForTheMachines(t *testing.T) {
 func TestOrphanedMachinesAreAdopted(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	ns := setup(t, "ms-orphan")
+	ns := env.NewNamespace(t, "ms-orphan", testenv.Small)
 	old := machineSet(ns, "old", "blue", 2)
 	if err := env.Client.Create(ctx, old); err != nil {
 		t.Fatal(err)
 	}
 	before := running(t, ns, 2)
 	kubectl(t, "-n", ns, "delete", "machineset", "old", "--cascade=orphan")
-	waitFor(t, "the old MachineSet gone", notFound(old))
-	waitFor(t, "the Machines orphaned", func() bool {
-		for _, m := range machines(t, ns) {
+	testenv.WaitFor(t, wait, "the old MachineSet gone", notFound(old))
+	testenv.WaitFor(t, wait, "the Machines orphaned", func() bool {
+		for _, m := range env.Machines(t, ns) {
 			if metav1.GetControllerOf(&m) != nil {
 				return false
 			}
@@ -318,8 +265,8 @@ func TestOrphanedMachinesAreAdopted(t *testing.T) {
 	if err := env.Client.Create(ctx, adopter); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the Machines adopted", func() bool {
-		for _, m := range machines(t, ns) {
+	testenv.WaitFor(t, wait, "the Machines adopted", func() bool {
+		for _, m := range env.Machines(t, ns) {
 			if ref := metav1.GetControllerOf(&m); ref == nil || ref.UID != adopter.UID {
 				return false
 			}
@@ -335,7 +282,7 @@ func TestOrphanedMachinesAreAdopted(t *testing.T) {
 
 	// And deleting a MachineSet the ordinary way deletes its Machines.
 	kubectl(t, "-n", ns, "delete", "machineset", "new")
-	waitFor(t, "the adopted Machines deleted", func() bool { return len(machines(t, ns)) == 0 })
+	testenv.WaitFor(t, wait, "the adopted Machines deleted", func() bool { return len(env.Machines(t, ns)) == 0 })
 	gone(t, instances(after))
 }
 
@@ -344,12 +291,12 @@ func TestOrphanedMachinesAreAdopted(t *testing.T) {
 func TestDeletingANamespaceDeletesItsMachines(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	ns := setup(t, "namespace")
+	ns := env.NewNamespace(t, "namespace", testenv.Small)
 	if err := env.Client.Create(ctx, machineSet(ns, "pool", "pool", 2)); err != nil {
 		t.Fatal(err)
 	}
 	left := instances(running(t, ns, 2))
 	kubectl(t, "delete", "namespace", ns, "--wait=false")
-	waitFor(t, "the namespace gone", notFound(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
+	testenv.WaitFor(t, wait, "the namespace gone", notFound(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
 	gone(t, left)
 }

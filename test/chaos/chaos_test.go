@@ -49,6 +49,7 @@ func TestKill(t *testing.T) {
 		} else {
 			for i := range kills {
 				d := r.between(0, window/time.Duration(kills))
+				// On purpose: the kills land at random moments of the window.
 				time.Sleep(d)
 				rep.kill()
 				at = append(at, time.Now())
@@ -248,6 +249,7 @@ func TestAPIServerRestart(t *testing.T) {
 		r.monitor.awaitProgress(began, 1+r.rng.IntN(50), 3*time.Second)
 		r.must(env.StopAPIServer())
 		down := time.Now()
+		// On purpose: kube-apiserver stays down for twenty seconds.
 		time.Sleep(20 * time.Second)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()

@@ -224,6 +224,7 @@ func TestKillDuringRemediation(t *testing.T) {
 		// notice; then every seed kills once the ladder's rung is under way.
 		if r.rng.IntN(2) == 0 {
 			d := r.between(0, 30*time.Second)
+			// On purpose: the kill lands at a random moment.
 			time.Sleep(d)
 			rep.kill()
 			r.note("crashed %s; killed the manager %v later, %s", victim.Name, d.Round(time.Millisecond), r.remediationOf(victim))
@@ -244,6 +245,7 @@ func TestKillDuringRemediation(t *testing.T) {
 		if !r.monitor.awaitVersion(crashed, climbing, 3*time.Minute) {
 			t.Fatalf("no rung of the ladder started for %s: %s", victim.Name, r.remediationOf(victim))
 		}
+		// On purpose: a random moment into the rung.
 		time.Sleep(r.between(0, 300*time.Millisecond))
 		at := r.remediationOf(victim)
 		rep.kill()

@@ -131,6 +131,7 @@ func (rep *replica) supervise(started chan struct{}) {
 		if held != nil {
 			<-held
 		}
+		// On purpose: a restart takes this long, as a real one would.
 		time.Sleep(restartDelay)
 	}
 }

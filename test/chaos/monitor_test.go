@@ -96,6 +96,7 @@ func (m *monitor) watch(ctx context.Context, w client.WithWatch, kind, ns string
 		if relist {
 			list := newList()
 			if err := w.List(ctx, list, client.InNamespace(ns)); err != nil {
+				// A pause before listing again, not to hammer a failing server.
 				time.Sleep(200 * time.Millisecond)
 				continue
 			}
@@ -112,6 +113,7 @@ func (m *monitor) watch(ctx context.Context, w client.WithWatch, kind, ns string
 			ResourceVersion: rv, AllowWatchBookmarks: true}})
 		if err != nil {
 			relist = apierrors.IsResourceExpired(err) || apierrors.IsGone(err)
+			// A pause before watching again, not to hammer a failing server.
 			time.Sleep(200 * time.Millisecond)
 			continue
 		}

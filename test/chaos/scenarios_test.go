@@ -146,6 +146,7 @@ var scenarios = []scenario{
 			r.scaleSet(2)
 			window := r.between(2*time.Second, 10*time.Second)
 			go func() {
+				// On purpose: the fault lasts this random window.
 				time.Sleep(window)
 				r.relaxDrains()
 			}()

@@ -114,8 +114,7 @@ func TestManagerCommand(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	metrics, health := freePort(t), freePort(t)
-	ns, err := env.Namespace(ctx, "manager")
-	g.Expect(err).NotTo(HaveOccurred())
+	ns := env.NewNamespace(t, "manager")
 	p := machinist(t, "manager", "--kubeconfig", env.Kubeconfig, "--leader-elect", "--leader-election-namespace", ns,
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metrics), fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", health),
 		"--machine-workers=2", "--set-workers=1", "--log-format=json")

@@ -22,6 +22,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/internal/pki"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 // TestProviderSidecar renders config/provider-sidecar, checks that the
@@ -96,9 +97,7 @@ func TestProviderSidecar(t *testing.T) {
 	g.Expect(slices.Contains(managerArgs, "--provider=inmemory=unix://"+local+"/inmemory.sock")).To(BeTrue(), "%q", managerArgs)
 	mgr := machinist(t, append(managerArgs, "--metrics-bind-address=0", "--health-probe-bind-address=0")...)
 
-	ns, err := env.Namespace(ctx, "sidecar")
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(env.InmemoryClass(ctx, ns, "small", "")).To(Succeed())
+	ns := env.NewNamespace(t, "sidecar", testenv.Small)
 	machine := func(name string) *machinistv1.Machine {
 		m := &machinistv1.Machine{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
@@ -167,9 +166,7 @@ func TestProviderOverTCPWithMutualTLS(t *testing.T) {
 	g.Eventually(func() string { return address.FindString(served.output()) }).WithTimeout(30*time.Second).ShouldNot(BeEmpty(), served.output)
 	endpoint := "tcp://" + address.FindStringSubmatch(served.output())[1]
 
-	ns, err := env.Namespace(ctx, "tcp")
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(env.InmemoryClass(ctx, ns, "small", "")).To(Succeed())
+	ns := env.NewNamespace(t, "tcp", testenv.Small)
 	run := func(cert, key, name string) (*process, *machinistv1.Machine) {
 		p := machinist(t, "manager", "--kubeconfig", env.Kubeconfig, "--metrics-bind-address=0", "--health-probe-bind-address=0",
 			"--provider=inmemory="+endpoint, "--provider-tls-ca", caFile, "--provider-tls-cert", cert, "--provider-tls-key", key)

@@ -4,7 +4,6 @@
 package e2e
 
 import (
-	"context"
 	"testing"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -36,10 +35,3 @@ var _ = AfterSuite(func() {
 		Expect(env.Stop()).To(Succeed())
 	}
 })
-
-// newNamespace creates a namespace for one spec.
-func newNamespace(ctx context.Context) string {
-	ns, err := env.Namespace(ctx, "e2e")
-	Expect(err).NotTo(HaveOccurred())
-	return ns
-}

@@ -38,7 +38,7 @@ func defaultedSpec(selector metav1.LabelSelector) machinistv1.MachineHealthCheck
 
 var _ = Describe("MachineHealthCheck defaults", func() {
 	It("fills in everything a health check written with only a selector leaves out", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "e2e")
 		// As YAML would be: no remediation at all, so the server must
 		// default it to {} before it can default the fields inside.
 		Expect(k8s.Create(ctx, healthCheckYAML(ns, "minimal", nil))).To(Succeed())
@@ -55,7 +55,7 @@ var _ = Describe("MachineHealthCheck defaults", func() {
 	})
 
 	It("keeps every field a health check sets", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "e2e")
 		hc := fullMachineHealthCheck(ns, "full")
 		want := hc.Spec.DeepCopy()
 		Expect(k8s.Create(ctx, hc)).To(Succeed())
@@ -64,7 +64,7 @@ var _ = Describe("MachineHealthCheck defaults", func() {
 	})
 
 	It("defaults only the fields left out, one by one", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "e2e")
 		hc := validMachineHealthCheck(ns, "partial")
 		hc.Spec.Remediation.MaxInFlight = ptr.To(intstr.FromString("20%"))
 		Expect(k8s.Create(ctx, hc)).To(Succeed())

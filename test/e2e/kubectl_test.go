@@ -32,7 +32,7 @@ func table(out string) [][][]string {
 
 var _ = Describe("kubectl", func() {
 	It("scales a MachineSet and a MachineDeployment through the scale subresource", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "e2e")
 		ms := validMachineSet(ns, "workers", 1)
 		md := validMachineDeployment(ns, "pool")
 		Expect(k8s.Create(ctx, ms)).To(Succeed())
@@ -54,7 +54,7 @@ var _ = Describe("kubectl", func() {
 	// written to the scale subresource directly: what any other client, such
 	// as an autoscaler, can send.
 	It("refuses a negative count sent to the scale subresource without changing anything", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "e2e")
 		ms := validMachineSet(ns, "workers", 2)
 		md := validMachineDeployment(ns, "pool")
 		for _, o := range []client.Object{ms, md} {
@@ -84,7 +84,7 @@ var _ = Describe("kubectl", func() {
 	})
 
 	It("prints each kind's columns", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "e2e")
 		m := validMachine(ns, "worker-0")
 		ms := validMachineSet(ns, "workers", 3)
 		md := validMachineDeployment(ns, "pool")
@@ -133,7 +133,7 @@ var _ = Describe("kubectl", func() {
 	})
 
 	It("prints a MachineHealthCheck's counts, and its reason with -o wide", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "e2e")
 		hc := validMachineHealthCheck(ns, "workers")
 		Expect(k8s.Create(ctx, hc)).To(Succeed())
 		hc.Status = machinistv1.MachineHealthCheckStatus{
@@ -162,7 +162,7 @@ var _ = Describe("kubectl", func() {
 	})
 
 	It("prints a MachineDisruptionBudget's limit and counts", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "e2e")
 		count := validMachineDisruptionBudget(ns, "count")
 		percent := validMachineDisruptionBudget(ns, "percent")
 		percent.Spec.MaxDisrupted = intstr.FromString("25%")
@@ -190,7 +190,7 @@ var _ = Describe("kubectl", func() {
 	})
 
 	It("lists every kind under the machinist category", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "e2e")
 		for _, o := range []client.Object{
 			validMachineClass(ns, "small"),
 			validMachine(ns, "worker-0"),
@@ -217,7 +217,7 @@ var _ = Describe("kubectl", func() {
 	})
 
 	It("applies the samples in config/samples cleanly", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "e2e")
 		samples := filepath.Join(env.Root, "config", "samples")
 		out, err := env.Kubectl(ctx, "-n", ns, "apply", "--server-side", "-f", samples)
 		Expect(err).NotTo(HaveOccurred())

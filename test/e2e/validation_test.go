@@ -1933,7 +1933,7 @@ func invalidMessage(obj client.Object, want string) string {
 
 var _ = Describe("API validation", func() {
 	It("accepts the valid objects every invalid case starts from", func(ctx SpecContext) {
-		ns := newNamespace(ctx)
+		ns := env.NewNamespace(GinkgoTB(), "e2e")
 		for _, o := range []client.Object{
 			validMachineClass(ns, "small"),
 			validMachine(ns, "m"),
@@ -1975,7 +1975,7 @@ var _ = Describe("API validation", func() {
 	}
 	DescribeTable("rejects an invalid object with a message a person understands",
 		func(ctx SpecContext, c invalidCase) {
-			ns := newNamespace(ctx)
+			ns := env.NewNamespace(GinkgoTB(), "e2e")
 			obj := c.build(ns)
 			var err error
 			var stored string
@@ -2011,7 +2011,7 @@ var _ = Describe("API validation", func() {
 	}
 	DescribeTable("accepts an object on the edge of a rule",
 		func(ctx SpecContext, c validCase) {
-			ns := newNamespace(ctx)
+			ns := env.NewNamespace(GinkgoTB(), "e2e")
 			obj := c.build(ns)
 			Expect(k8s.Create(ctx, obj)).To(Succeed())
 			Expect(k8s.Get(ctx, client.ObjectKeyFromObject(obj), obj.DeepCopyObject().(client.Object))).To(Succeed())

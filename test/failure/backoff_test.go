@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 // The default backoff retries at 0, 1, 3, 7, 15 and 31 s: within 30 s a
@@ -30,9 +31,9 @@ func TestUnknownProviderBacksOff(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	c := env.Client
-	ns := namespace(t, "unknown-provider")
+	ns := env.NewNamespace(t, "unknown-provider")
 	mc := class(t, c, ns, "bogus", "nosuchcloud", "")
-	writes := countWrites(t, env, ns, machines)
+	writes := countWrites(t, env, ns, testenv.NewMachineList)
 	ms := &machinistv1.MachineSet{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bogus"},
 		Spec: machinistv1.MachineSetSpec{
@@ -48,7 +49,7 @@ func TestUnknownProviderBacksOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	var m *machinistv1.Machine
-	waitFor(t, 10*time.Second, "the MachineSet's Machine", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the MachineSet's Machine", func() bool {
 		var list machinistv1.MachineList
 		if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
 			t.Fatal(err)
@@ -59,6 +60,7 @@ func TestUnknownProviderBacksOff(t *testing.T) {
 		return m != nil
 	})
 	created := m.CreationTimestamp.Time
+	// A measurement: the writes in the window from the Machine's creation.
 	time.Sleep(time.Until(created.Add(window)))
 
 	n := writes.of(m.Name)
@@ -95,12 +97,12 @@ func TestUnknownProviderBacksOff(t *testing.T) {
 	// Fixed just after a retry, the next is 32 s away: provisioning within
 	// a few seconds proves the fix woke the Machine, not the backoff.
 	count := m.Status.ErrorCount
-	waitFor(t, 40*time.Second, "the next retry", func() bool { return get(t, c, m).Status.ErrorCount > count })
+	testenv.WaitFor(t, 40*time.Second, "the next retry", func() bool { return get(t, c, m).Status.ErrorCount > count })
 	mc.Spec.Provider = "inmemory"
 	if err := c.Update(ctx, mc); err != nil {
 		t.Fatal(err)
 	}
-	took := waitFor(t, provisionsIn, "provisioning once the class names a provider that runs", func() bool {
+	took := testenv.WaitFor(t, provisionsIn, "provisioning once the class names a provider that runs", func() bool {
 		p := get(t, c, m).Status.Phase
 		return p == machinistv1.MachineProvisioning || p == machinistv1.MachineRunning
 	})
@@ -112,10 +114,10 @@ func TestUnknownProviderBacksOff(t *testing.T) {
 func TestMissingClassAppears(t *testing.T) {
 	t.Parallel()
 	c := env.Client
-	ns := namespace(t, "missing-class")
+	ns := env.NewNamespace(t, "missing-class")
 	m := machine(t, c, ns, "early", "later")
 	// After the fifth attempt (15 s), the next is 16 s away.
-	waitFor(t, 30*time.Second, "five attempts", func() bool { return get(t, c, m).Status.ErrorCount >= 5 })
+	testenv.WaitFor(t, 30*time.Second, "five attempts", func() bool { return get(t, c, m).Status.ErrorCount >= 5 })
 	got := get(t, c, m)
 	cond := ready(got)
 	if got.Status.Phase != machinistv1.MachinePending || cond == nil || cond.Reason != machinistv1.ReasonMachineClassNotFound ||
@@ -124,7 +126,7 @@ func TestMissingClassAppears(t *testing.T) {
 	}
 	oneWarning(t, c, ns, m.Name, machinistv1.ReasonMachineClassNotFound)
 	class(t, c, ns, "later", "inmemory", "")
-	took := waitFor(t, provisionsIn, "provisioning once the class exists", func() bool {
+	took := testenv.WaitFor(t, provisionsIn, "provisioning once the class exists", func() bool {
 		return get(t, c, m).Status.Phase == machinistv1.MachineRunning
 	})
 	t.Logf("Running %s after the class was created", took)
@@ -135,11 +137,12 @@ func TestMissingClassAppears(t *testing.T) {
 func TestFailingCreateBacksOff(t *testing.T) {
 	t.Parallel()
 	c := env.Client
-	ns := namespace(t, "failing-create")
+	ns := env.NewNamespace(t, "failing-create")
 	class(t, c, ns, "flaky", "inmemory", `{"errorRate": 1}`)
-	writes := countWrites(t, env, ns, machines)
+	writes := countWrites(t, env, ns, testenv.NewMachineList)
 	m := machine(t, c, ns, "flaky", "flaky")
 	const window = 15 * time.Second // attempts at 0, 1, 3, 7, 15 s
+	// A measurement: the writes in the window.
 	time.Sleep(window)
 	n := writes.of(m.Name)
 	got := get(t, c, m)
@@ -160,17 +163,18 @@ func TestFailingCreateBacksOff(t *testing.T) {
 func TestFailingDeleteBacksOff(t *testing.T) {
 	ctx := context.Background()
 	c := env.Client
-	ns := namespace(t, "failing-delete")
+	ns := env.NewNamespace(t, "failing-delete")
 	class(t, c, ns, "small", "inmemory", "")
 	m := machine(t, c, ns, "doomed", "small")
-	waitFor(t, 30*time.Second, "Running", func() bool { return get(t, c, m).Status.Phase == machinistv1.MachineRunning })
-	writes := countWrites(t, env, ns, machines)
+	testenv.WaitFor(t, 30*time.Second, "Running", func() bool { return get(t, c, m).Status.Phase == machinistv1.MachineRunning })
+	writes := countWrites(t, env, ns, testenv.NewMachineList)
 	controllers.Provider.FailNext(1 << 30)
 	defer controllers.Provider.FailNext(0)
 	if err := c.Delete(ctx, m); err != nil {
 		t.Fatal(err)
 	}
 	const window = 15 * time.Second
+	// A measurement: the writes in the window.
 	time.Sleep(window)
 	got := get(t, c, m)
 	n := writes.of(m.Name)
@@ -189,7 +193,7 @@ func TestFailingDeleteBacksOff(t *testing.T) {
 	if err := c.Update(ctx, got); err != nil {
 		t.Fatal(err)
 	}
-	took := waitFor(t, provisionsIn, "the Machine gone after a person's change", func() bool {
+	took := testenv.WaitFor(t, provisionsIn, "the Machine gone after a person's change", func() bool {
 		err := c.Get(ctx, client.ObjectKeyFromObject(m), &machinistv1.Machine{})
 		return err != nil
 	})

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 // refuseLabel marks the Machines whose status may not record a providerID.
@@ -88,7 +89,7 @@ func refuse(t *testing.T, c client.Client, ns, name, resource, allowed string,
 	if err := c.Create(ctx, probe); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the admission policy in force", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the admission policy in force", func() bool {
 		p := &machinistv1.Machine{}
 		if err := c.Get(ctx, client.ObjectKeyFromObject(probe), p); err != nil {
 			t.Fatal(err)
@@ -110,7 +111,7 @@ func TestNoInstanceLeaksWhenItsProviderIDWasNeverStored(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	c := env.Client
-	ns := namespace(t, "leak")
+	ns := env.NewNamespace(t, "leak")
 	class(t, c, ns, "small", "inmemory", "")
 	refuseProviderIDs(t, c, ns)
 
@@ -123,7 +124,7 @@ func TestNoInstanceLeaksWhenItsProviderIDWasNeverStored(t *testing.T) {
 		t.Fatal(err)
 	}
 	var id string
-	waitFor(t, 30*time.Second, "the provider's instance", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the provider's instance", func() bool {
 		var err error
 		id, err = controllers.Provider.FindByUID(ctx, m.UID)
 		if err != nil {
@@ -144,7 +145,7 @@ func TestNoInstanceLeaksWhenItsProviderIDWasNeverStored(t *testing.T) {
 		}
 		return out
 	}
-	waitFor(t, 30*time.Second, "the instance's Node", func() bool { return len(nodeOf()) == 1 })
+	testenv.WaitFor(t, 30*time.Second, "the instance's Node", func() bool { return len(nodeOf()) == 1 })
 	if got := get(t, c, m); got.Status.ProviderID != "" || got.Status.Phase == machinistv1.MachineProvisioning {
 		t.Fatalf("the status write was not refused: phase %s, providerID %q", got.Status.Phase, got.Status.ProviderID)
 	}
@@ -152,7 +153,7 @@ func TestNoInstanceLeaksWhenItsProviderIDWasNeverStored(t *testing.T) {
 	if err := c.Delete(ctx, m); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the Machine gone", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the Machine gone", func() bool {
 		return apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(m), &machinistv1.Machine{}))
 	})
 	if left, err := controllers.Provider.FindByUID(ctx, m.UID); err != nil || left != "" {
@@ -173,7 +174,7 @@ func TestAFailedFinalizerRemovalLeavesTheMachineDeleting(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	c := env.Client
-	ns := namespace(t, "finalizer")
+	ns := env.NewNamespace(t, "finalizer")
 	class(t, c, ns, "small", "inmemory", "")
 	allow := refuse(t, c, ns, "keep-finalizer", "machines",
 		`!has(oldObject.metadata.finalizers) || !('`+machinistv1.MachineFinalizer+`' in oldObject.metadata.finalizers) || `+
@@ -189,21 +190,22 @@ func TestAFailedFinalizerRemovalLeavesTheMachineDeleting(t *testing.T) {
 	if err := c.Create(ctx, m); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "Running", func() bool { return get(t, c, m).Status.Phase == machinistv1.MachineRunning })
+	testenv.WaitFor(t, 30*time.Second, "Running", func() bool { return get(t, c, m).Status.Phase == machinistv1.MachineRunning })
 	if err := c.Delete(ctx, m); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the instance deleted", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the instance deleted", func() bool {
 		id, err := controllers.Provider.FindByUID(ctx, m.UID)
 		return err == nil && id == ""
 	})
-	// Several refused removals later, the Machine is still Deleting.
+	// Several refused removals later, the Machine is still Deleting:
+	// nothing is to happen in these three seconds.
 	time.Sleep(3 * time.Second)
 	if got := get(t, c, m); got.Status.Phase != machinistv1.MachineDeleting {
 		t.Fatalf("phase %q after a refused finalizer removal; want Deleting", got.Status.Phase)
 	}
 	allow()
-	waitFor(t, 30*time.Second, "the Machine gone once its finalizer may go", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the Machine gone once its finalizer may go", func() bool {
 		return apierrors.IsNotFound(c.Get(ctx, client.ObjectKeyFromObject(m), &machinistv1.Machine{}))
 	})
 }

@@ -38,15 +38,6 @@ func TestMain(m *testing.M) {
 		func(e *testenv.Env, c *testenv.Controllers) { env, controllers = e, c }))
 }
 
-func namespace(t *testing.T, prefix string) string {
-	t.Helper()
-	ns, err := env.Namespace(context.Background(), prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ns
-}
-
 func class(t *testing.T, c client.Client, ns, name, provider, providerSpec string) *machinistv1.MachineClass {
 	t.Helper()
 	mc := &machinistv1.MachineClass{
@@ -84,20 +75,6 @@ func get(t *testing.T, c client.Client, m *machinistv1.Machine) *machinistv1.Mac
 		t.Fatal(err)
 	}
 	return out
-}
-
-// waitFor polls cond every 100ms until it holds or timeout passes, and
-// returns how long it took.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			t.Fatalf("%s: not within %s", what, timeout)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return time.Since(start)
 }
 
 func ready(m *machinistv1.Machine) *metav1.Condition {
@@ -152,8 +129,6 @@ func countWrites(t *testing.T, e *testenv.Env, ns string, newList func() client.
 	return w
 }
 
-func machines() client.ObjectList { return &machinistv1.MachineList{} }
-
 // warnings returns the Warning Events about the named object in ns.
 func warnings(t *testing.T, c client.Client, ns, name string) []eventsv1.Event {
 	t.Helper()
@@ -192,7 +167,7 @@ func oneWarning(t *testing.T, c client.Client, ns, name, reason string) {
 	var es []eventsv1.Event
 	// Events are written in the background after the status that
 	// explains them.
-	waitFor(t, 10*time.Second, "a Warning Event "+reason, func() bool {
+	testenv.WaitFor(t, 10*time.Second, "a Warning Event "+reason, func() bool {
 		es = warnings(t, c, ns, name)
 		return len(es) > 0
 	})

@@ -40,7 +40,7 @@ func TestARollingUpgradeIsRefusedAlmostNoWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	class(t, c, ns, "small", "inmemory", "")
-	md := deployment(ns, "pool", n)
+	md := testenv.MachineDeployment(ns, "pool", n)
 	md.Spec.Template.Spec.Version = "v1.37.1"
 	// Five at a time: many resizes of both sets, as in a large rollout.
 	surge, unavailable := intstr.FromInt32(5), intstr.FromInt32(0)
@@ -63,7 +63,7 @@ func TestARollingUpgradeIsRefusedAlmostNoWrite(t *testing.T) {
 			return true
 		}
 	}
-	waitFor(t, 2*time.Minute, "the first version running", atVersion("v1.37.1"))
+	testenv.WaitFor(t, 2*time.Minute, "the first version running", atVersion("v1.37.1"))
 
 	kube, err := kubernetes.NewForConfig(e.Config)
 	if err != nil {
@@ -77,8 +77,9 @@ func TestARollingUpgradeIsRefusedAlmostNoWrite(t *testing.T) {
 	if err := c.Patch(ctx, md, patch); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 3*time.Minute, "every Machine replaced", atVersion("v1.37.2"))
-	// The last deletions' trailing writes.
+	testenv.WaitFor(t, 3*time.Minute, "every Machine replaced", atVersion("v1.37.2"))
+	// The last deletions' trailing writes: nothing shows when they are
+	// over, so a quiet spell of two seconds is waited out.
 	time.Sleep(2 * time.Second)
 	after, err := testenv.ReadWrites(ctx, kube)
 	if err != nil {

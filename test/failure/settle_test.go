@@ -7,10 +7,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -51,8 +49,8 @@ func TestSettledFleetWritesNothing(t *testing.T) {
 	class(t, c, ns, "small", "inmemory", "")
 	class(t, c, ns, "broken", "inmemory", `{"failCreate": "quota exceeded"}`)
 
-	steady := deployment(ns, "steady", 3)
-	paused := deployment(ns, "paused", 2)
+	steady := testenv.MachineDeployment(ns, "steady", 3)
+	paused := testenv.MachineDeployment(ns, "paused", 2)
 	for _, md := range []*machinistv1.MachineDeployment{steady, paused} {
 		if err := c.Create(ctx, md); err != nil {
 			t.Fatal(err)
@@ -69,7 +67,7 @@ func TestSettledFleetWritesNothing(t *testing.T) {
 		}
 		return got.Status.Phase
 	}
-	waitFor(t, time.Minute, "both deployments Stable", func() bool {
+	testenv.WaitFor(t, time.Minute, "both deployments Stable", func() bool {
 		return phaseOf(steady) == machinistv1.RolloutStable && phaseOf(paused) == machinistv1.RolloutStable
 	})
 	// Paused with a template change waiting: the rollout must not start.
@@ -81,8 +79,8 @@ func TestSettledFleetWritesNothing(t *testing.T) {
 	if err := c.Update(ctx, paused); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the paused deployment Paused", func() bool { return phaseOf(paused) == machinistv1.RolloutPaused })
-	waitFor(t, 30*time.Second, "the paused deployment's Machines Drifted", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the paused deployment Paused", func() bool { return phaseOf(paused) == machinistv1.RolloutPaused })
+	testenv.WaitFor(t, 30*time.Second, "the paused deployment's Machines Drifted", func() bool {
 		var list machinistv1.MachineList
 		if err := c.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels(paused.Spec.Selector.MatchLabels)); err != nil {
 			t.Fatal(err)
@@ -94,24 +92,25 @@ func TestSettledFleetWritesNothing(t *testing.T) {
 		}
 		return len(list.Items) == 2
 	})
-	waitFor(t, 30*time.Second, "the failed Machine Failed", func() bool { return get(t, c, failed).Status.Phase == machinistv1.MachineFailed })
+	testenv.WaitFor(t, 30*time.Second, "the failed Machine Failed", func() bool { return get(t, c, failed).Status.Phase == machinistv1.MachineFailed })
 
 	// A drain held by a PodDisruptionBudget: a pod on the held Machine's
 	// Node that the budget will not let go.
-	waitFor(t, 30*time.Second, "the held Machine Running", func() bool { return get(t, c, held).Status.Phase == machinistv1.MachineRunning })
+	testenv.WaitFor(t, 30*time.Second, "the held Machine Running", func() bool { return get(t, c, held).Status.Phase == machinistv1.MachineRunning })
 	if err := e.HoldDrains(ctx, ns, "db", get(t, c, held).Status.NodeRef.Name); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Delete(ctx, held); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the held Machine's drain blocked", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the held Machine's drain blocked", func() bool {
 		h := get(t, c, held)
 		d := meta.FindStatusCondition(h.Status.Conditions, machinistv1.ConditionDrained)
 		return h.Status.Phase == machinistv1.MachineDraining && d != nil && d.Reason == "DisruptionBudget"
 	})
 	// Let what is still settling (the last status writes of the sets, the
-	// Events) end before the measurement starts.
+	// Events) end before the measurement starts: writes of several kinds,
+	// with nothing to show they are over, so a quiet spell is waited out.
 	time.Sleep(5 * time.Second)
 
 	kube, err := kubernetes.NewForConfig(e.Config)
@@ -138,13 +137,14 @@ func TestSettledFleetWritesNothing(t *testing.T) {
 		}
 		return out
 	}
-	waitingWrites := countWrites(t, e, ns, machines)
+	waitingWrites := countWrites(t, e, ns, testenv.NewMachineList)
 	before, err := testenv.ReadWrites(ctx, kube)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rvBefore := versions()
 	retriesBefore := get(t, c, waiting).Status.ErrorCount
+	// A measurement: what is written at rest over this spell.
 	time.Sleep(rest)
 	after, err := testenv.ReadWrites(ctx, kube)
 	if err != nil {
@@ -189,20 +189,5 @@ func backoffSteps(done int32, d time.Duration) int {
 			return steps
 		}
 		steps++
-	}
-}
-
-func deployment(ns, name string, replicas int32) *machinistv1.MachineDeployment {
-	labels := map[string]string{"pool": name}
-	return &machinistv1.MachineDeployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: machinistv1.MachineDeploymentSpec{
-			Replicas: ptr.To(replicas),
-			Selector: machinistv1.LabelSelector{MatchLabels: labels},
-			Template: machinistv1.MachineTemplateSpec{
-				Metadata: machinistv1.TemplateMetadata{Labels: labels},
-				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}, Version: "v1.37.2"},
-			},
-		},
 	}
 }

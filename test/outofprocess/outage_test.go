@@ -86,30 +86,6 @@ func TestMain(m *testing.M) {
 	}))
 }
 
-func machines(t *testing.T, ns string) []machinistv1.Machine {
-	t.Helper()
-	var list machinistv1.MachineList
-	if err := env.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
-		t.Fatal(err)
-	}
-	return list.Items
-}
-
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after %s: %v", what, timeout, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
 func reason(m *machinistv1.Machine) string {
 	if c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionReady); c != nil {
 		return c.Reason
@@ -123,10 +99,7 @@ func reason(m *machinistv1.Machine) string {
 // nothing is failed; once the provider is back, both complete.
 func TestAProviderThatGoesAwayMakesMachinesWait(t *testing.T) {
 	ctx := context.Background()
-	ns, err := env.Namespace(ctx, "outage")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns := env.NewNamespace(t, "outage")
 	class := &machinistv1.MachineClass{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "local"},
 		Spec:       machinistv1.MachineClassSpec{Provider: process.Name},
@@ -152,7 +125,7 @@ func TestAProviderThatGoesAwayMakesMachinesWait(t *testing.T) {
 	running := func(n int) func() error {
 		return func() error {
 			got := 0
-			for _, m := range machines(t, ns) {
+			for _, m := range env.Machines(t, ns) {
 				if m.Status.Phase == machinistv1.MachineRunning && meta.IsStatusConditionTrue(m.Status.Conditions, machinistv1.ConditionReady) {
 					got++
 				}
@@ -163,8 +136,8 @@ func TestAProviderThatGoesAwayMakesMachinesWait(t *testing.T) {
 			return nil
 		}
 	}
-	waitFor(t, 2*time.Minute, "two Machines Running", running(2))
-	first := machines(t, ns)[0]
+	testenv.WaitFor(t, 2*time.Minute, "two Machines Running", running(2))
+	first := env.Machines(t, ns)[0]
 	if first.Status.NodeInfo == nil {
 		t.Fatalf("Machine %s is Running with no Node info", first.Name)
 	}
@@ -183,8 +156,8 @@ func TestAProviderThatGoesAwayMakesMachinesWait(t *testing.T) {
 	if err := env.Client.Patch(ctx, rebooted, client.MergeFrom(&first)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, time.Minute, "the new Machine and the reboot wait for the provider", func() error {
-		ms := machines(t, ns)
+	testenv.WaitFor(t, time.Minute, "the new Machine and the reboot wait for the provider", func() error {
+		ms := env.Machines(t, ns)
 		if len(ms) != 3 {
 			return fmt.Errorf("%d Machines", len(ms))
 		}
@@ -196,15 +169,16 @@ func TestAProviderThatGoesAwayMakesMachinesWait(t *testing.T) {
 		}
 		return nil
 	})
-	for _, m := range machines(t, ns) {
+	for _, m := range env.Machines(t, ns) {
 		if c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionReady); c != nil && c.Reason == machinistv1.ReasonProviderUnavailable {
 			t.Logf("Machine %s (%s): %s", m.Name, m.Status.Phase, c.Message)
 		}
 	}
-	// However long it lasts, an outage fails nothing.
+	// However long it lasts, an outage fails nothing: nothing is to fail
+	// in these ten seconds, looked at twice a second.
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		for _, m := range machines(t, ns) {
+		for _, m := range env.Machines(t, ns) {
 			if m.Status.Phase == machinistv1.MachineFailed {
 				t.Fatalf("Machine %s Failed while its provider was away: %s", m.Name, m.Status.FailureMessage)
 			}
@@ -215,8 +189,8 @@ func TestAProviderThatGoesAwayMakesMachinesWait(t *testing.T) {
 	if err := served.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 2*time.Minute, "three Machines Running once the provider is back", running(3))
-	waitFor(t, time.Minute, "the reboot done", func() error {
+	testenv.WaitFor(t, 2*time.Minute, "three Machines Running once the provider is back", running(3))
+	testenv.WaitFor(t, time.Minute, "the reboot done", func() error {
 		var m machinistv1.Machine
 		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(&first), &m); err != nil {
 			return err
@@ -238,10 +212,7 @@ func TestAProviderThatGoesAwayMakesMachinesWait(t *testing.T) {
 // with no call from anyone, since over a settled fleet none may come.
 func TestAServedProviderBootsItsMachinesAsItStarts(t *testing.T) {
 	ctx := context.Background()
-	ns, err := env.Namespace(ctx, "takeover")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns := env.NewNamespace(t, "takeover")
 	own, err := env.ServeProvider(process.Name, "--process-state-dir", t.TempDir(), "--process-exit-with-parent",
 		"--lease-duration-seconds", "10", "--renew-interval", "2s")
 	if err != nil {
@@ -280,7 +251,7 @@ func TestAServedProviderBootsItsMachinesAsItStarts(t *testing.T) {
 		return "", fmt.Errorf("no Node with providerID %s", id)
 	}
 	var first string
-	waitFor(t, time.Minute, "the machine's Node Ready", func() (err error) {
+	testenv.WaitFor(t, time.Minute, "the machine's Node Ready", func() (err error) {
 		first, err = booted()
 		return err
 	})
@@ -293,7 +264,7 @@ func TestAServedProviderBootsItsMachinesAsItStarts(t *testing.T) {
 	if err := own.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the machine booted again with no call", func() error {
+	testenv.WaitFor(t, 30*time.Second, "the machine booted again with no call", func() error {
 		boot, err := booted()
 		if err == nil && boot == first {
 			err = fmt.Errorf("boot ID still %s", first)

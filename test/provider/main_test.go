@@ -107,25 +107,19 @@ func serveInProcess(t *testing.T, a actuators.Actuator, opts provider.ServeOptio
 	})
 	deadline := time.Now().Add(10 * time.Second)
 	// Dialled before the socket is there, gRPC logs every refused attempt.
-	for {
+	testenv.WaitFor(t, time.Until(deadline), "a socket at "+endpoint, func() error {
 		_, err := os.Stat(sock)
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no socket at %s: %v", endpoint, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return err
+	})
 	c, err := provider.Dial(opts.Name, endpoint, provider.DialOptions{Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = c.Close() }()
-	for {
+	testenv.WaitFor(t, time.Until(deadline), "the provider at "+endpoint+" ready", func() error {
 		probe, err := c.Probe(context.Background())
 		if err == nil && probe.GetReady() {
-			return endpoint
+			return nil
 		}
 		select {
 		case err := <-served:
@@ -133,11 +127,12 @@ func serveInProcess(t *testing.T, a actuators.Actuator, opts provider.ServeOptio
 			t.Fatalf("provider.Serve returned early: %v", err)
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the provider at %s is not ready: %v", endpoint, err)
+		if err == nil {
+			err = errors.New("its probe says not ready")
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err
+	})
+	return endpoint
 }
 
 // noNodesLeft checks that the suite deleted the Nodes of every instance

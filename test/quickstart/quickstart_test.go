@@ -280,10 +280,12 @@ func sampleHealthCheck(t *testing.T) *machinistv1.MachineHealthCheck {
 	return hc
 }
 
+// machines lists the pool's Machines in the quick start's own cluster,
+// failing g: it runs inside Eventually.
 func machines(g Gomega, c client.Client, pool string) []machinistv1.Machine {
-	var list machinistv1.MachineList
-	g.Expect(c.List(context.Background(), &list, client.InNamespace("default"), client.MatchingLabels{"pool": pool})).To(Succeed())
-	return list.Items
+	ms, err := testenv.ListMachines(context.Background(), c, "default", client.MatchingLabels{"pool": pool})
+	g.Expect(err).To(Succeed())
+	return ms
 }
 
 func TestQuickStart(t *testing.T) {

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 // TestMachine makes a Machine Running with the real controllers, then
@@ -28,7 +29,7 @@ import (
 // TestVerbs runs the real verbs server and controllers end to end.
 func TestMachine(t *testing.T) {
 	ctx := context.Background()
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "kubectl-machine", testenv.Small, testenv.Sick)
 	stop := startControllers(t)
 	key := client.ObjectKey{Namespace: ns, Name: "m1"}
 	m := &machinistv1.Machine{
@@ -38,7 +39,7 @@ func TestMachine(t *testing.T) {
 	if err := env.Client.Create(ctx, m); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Minute, func() error {
+	testenv.WaitFor(t, time.Minute, "the Machine Running with a Node", func() error {
 		if err := env.Client.Get(ctx, key, m); err != nil {
 			return err
 		}

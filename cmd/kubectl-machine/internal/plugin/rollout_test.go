@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 func newDeployment(ns, name, class string, replicas int32) *machinistv1.MachineDeployment {
@@ -45,7 +46,7 @@ func TestRollout(t *testing.T) {
 	t.Run("undo restores the previous template", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		ns := namespace(t)
+		ns := env.NewNamespace(t, "kubectl-machine", testenv.Small, testenv.Sick)
 		md := newDeployment(ns, "pool", "small", 2)
 		if err := env.Client.Create(ctx, md); err != nil {
 			t.Fatal(err)
@@ -89,7 +90,7 @@ func TestRollout(t *testing.T) {
 		if r.code != ExitOK || !strings.HasSuffix(r.stdout, "machinedeployment \"pool\" successfully rolled out\n") {
 			t.Fatalf("rollout status after undo:\n%s", r)
 		}
-		for _, m := range machines(t, ns) {
+		for _, m := range env.Machines(t, ns) {
 			if m.DeletionTimestamp.IsZero() && m.Spec.Version != "v1.37.1" {
 				t.Errorf("machine %s runs %s after the undo", m.Name, m.Spec.Version)
 			}
@@ -111,7 +112,7 @@ func TestRollout(t *testing.T) {
 	t.Run("pause and resume flip spec.paused", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		ns := namespace(t)
+		ns := env.NewNamespace(t, "kubectl-machine", testenv.Small, testenv.Sick)
 		md := newDeployment(ns, "frozen", "small", 1)
 		if err := env.Client.Create(ctx, md); err != nil {
 			t.Fatal(err)
@@ -136,7 +137,7 @@ func TestRollout(t *testing.T) {
 		}
 		plugin(ns, "rollout", "pause", "md/frozen")
 		patch(t, md, `{"metadata":{"annotations":{"kubernetes.io/change-cause":"upgrade to v1.37.2"}},"spec":{"template":{"spec":{"version":"v1.37.2"}}}}`)
-		eventually(t, 30*time.Second, func() error {
+		testenv.WaitFor(t, 30*time.Second, "the paused rollout's status", func() error {
 			r := plugin(ns, "rollout", "status", "md/frozen", "--watch=false")
 			want := `Waiting for machinedeployment "frozen" rollout to finish: 0 out of 1 new machines have been updated... (the rollout is paused: 'kubectl machine rollout resume md/frozen' lets it finish)` + "\n"
 			if r.code != ExitOK || r.stdout != want {
@@ -158,7 +159,7 @@ func TestRollout(t *testing.T) {
 	t.Run("status fails when the rollout exceeds its progress deadline", func(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
-		ns := namespace(t)
+		ns := env.NewNamespace(t, "kubectl-machine", testenv.Small, testenv.Sick)
 		md := newDeployment(ns, "stuck", "sick", 1)
 		md.Spec.ProgressDeadlineSeconds = ptr.To(int32(5))
 		if err := env.Client.Create(ctx, md); err != nil {
@@ -193,15 +194,6 @@ func patch(t *testing.T, md *machinistv1.MachineDeployment, patch string) {
 	if err := env.Client.Patch(context.Background(), md.DeepCopy(), client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func machines(t *testing.T, ns string) []machinistv1.Machine {
-	t.Helper()
-	var list machinistv1.MachineList
-	if err := env.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
-		t.Fatal(err)
-	}
-	return list.Items
 }
 
 // TestRolloutStatusSaysWhatHoldsIt: a rollout a disruption budget holds

@@ -98,24 +98,6 @@ func kubectl(t *testing.T, ns string, args ...string) result {
 	return r
 }
 
-// namespace makes a namespace for one test with an inmemory MachineClass
-// "small", and one "sick" whose Nodes never become Ready.
-func namespace(t *testing.T) string {
-	t.Helper()
-	ctx := context.Background()
-	ns, err := env.Namespace(ctx, "kubectl-machine")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := env.InmemoryClass(ctx, ns, "small", ""); err != nil {
-		t.Fatal(err)
-	}
-	if err := env.InmemoryClass(ctx, ns, "sick", `{"neverReady":true}`); err != nil {
-		t.Fatal(err)
-	}
-	return ns
-}
-
 // startControllers runs Machinist's controllers until the returned stop is
 // called or the test ends.
 func startControllers(t *testing.T) (stop func()) {
@@ -135,23 +117,6 @@ func startControllers(t *testing.T) (stop func()) {
 	}
 	t.Cleanup(stop)
 	return stop
-}
-
-// eventually polls check every 100ms until it returns nil, failing the
-// test with check's last error after timeout.
-func eventually(t *testing.T, timeout time.Duration, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", timeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 // watchClient is a client that can watch, as the plugin's is.

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 // TestVerbs sends reboot and repair through the real kubectl and
@@ -22,7 +23,7 @@ import (
 // real one, with the controllers carrying the operations out.
 func TestVerbs(t *testing.T) {
 	ctx := context.Background()
-	ns := namespace(t)
+	ns := env.NewNamespace(t, "kubectl-machine", testenv.Small, testenv.Sick)
 
 	t.Run("without a verbs server kube-apiserver answers 404", func(t *testing.T) {
 		r := kubectl(t, ns, "reboot", "m1", "--mode", "hard")
@@ -87,7 +88,7 @@ func TestVerbs(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	waitFor(t, key, func(m *machinistv1.Machine) error {
+	testenv.WaitForObject(t, env.Client, time.Minute, "the Machine Running", machineAt(key), func(m *machinistv1.Machine) error {
 		if m.Status.Phase != machinistv1.MachineRunning || m.Status.BootID == "" {
 			return fmt.Errorf("machine is %q with boot ID %q", m.Status.Phase, m.Status.BootID)
 		}
@@ -132,7 +133,7 @@ func TestVerbs(t *testing.T) {
 		if want := `error: machine "m1" cannot be repaired now: `; r.code != ExitRefused || !strings.HasPrefix(r.stderr, want) || !strings.Contains(r.stderr, "in flight") {
 			t.Errorf("want exit code %d and stderr starting %q, naming the operation in flight:\n%s", ExitRefused, want, r)
 		}
-		waitFor(t, key, func(m *machinistv1.Machine) error {
+		testenv.WaitForObject(t, env.Client, time.Minute, "the reboot done", machineAt(key), func(m *machinistv1.Machine) error {
 			if op := m.Status.Operation; op.State != machinistv1.OperationSucceeded {
 				return fmt.Errorf("the reboot is %s: %s", op.State, op.Message)
 			}
@@ -207,6 +208,13 @@ func TestConflictReason(t *testing.T) {
 	}
 }
 
+// machineAt is an empty Machine with key's namespace and name.
+func machineAt(key client.ObjectKey) *machinistv1.Machine {
+	m := &machinistv1.Machine{}
+	m.Namespace, m.Name = key.Namespace, key.Name
+	return m
+}
+
 func get(t *testing.T, key client.ObjectKey) *machinistv1.Machine {
 	t.Helper()
 	m := &machinistv1.Machine{}
@@ -214,16 +222,4 @@ func get(t *testing.T, key client.ObjectKey) *machinistv1.Machine {
 		t.Fatal(err)
 	}
 	return m
-}
-
-// waitFor polls the Machine until check accepts it.
-func waitFor(t *testing.T, key client.ObjectKey, check func(*machinistv1.Machine) error) {
-	t.Helper()
-	eventually(t, time.Minute, func() error {
-		m := &machinistv1.Machine{}
-		if err := env.Client.Get(context.Background(), key, m); err != nil {
-			return err
-		}
-		return check(m)
-	})
 }

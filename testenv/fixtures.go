@@ -1,0 +1,93 @@
+package testenv
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+)
+
+// Version is the Kubernetes version of the fixtures' Machines.
+const Version = "v1.37.2"
+
+// Template is a Machine template of class at version, labelled pool=pool.
+func Template(pool, class, version string) machinistv1.MachineTemplateSpec {
+	return machinistv1.MachineTemplateSpec{
+		Metadata: machinistv1.TemplateMetadata{Labels: map[string]string{"pool": pool}},
+		Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: class}, Version: version},
+	}
+}
+
+// MachineSet is a MachineSet of replicas Machines of class small at
+// Version, which it labels and selects by pool=name.
+func MachineSet(ns, name string, replicas int32) *machinistv1.MachineSet {
+	return &machinistv1.MachineSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: machinistv1.MachineSetSpec{
+			Replicas: ptr.To(replicas),
+			Selector: machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": name}},
+			Template: Template(name, Small.Name, Version),
+		},
+	}
+}
+
+// MachineDeployment is a MachineDeployment of replicas Machines of class
+// small at Version, with the default strategy, which it labels and
+// selects by pool=name.
+func MachineDeployment(ns, name string, replicas int32) *machinistv1.MachineDeployment {
+	return &machinistv1.MachineDeployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: machinistv1.MachineDeploymentSpec{
+			Replicas: ptr.To(replicas),
+			Selector: machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": name}},
+			Template: Template(name, Small.Name, Version),
+		},
+	}
+}
+
+// Budget is a MachineDisruptionBudget over the Machines labelled
+// pool=pool: at most max out of service at once, for reasons (all when
+// none are given).
+func Budget(ns, name, pool string, max int32, reasons ...machinistv1.DisruptionReason) *machinistv1.MachineDisruptionBudget {
+	return &machinistv1.MachineDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: machinistv1.MachineDisruptionBudgetSpec{
+			Selector:     machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": pool}},
+			MaxDisrupted: intstr.FromInt32(max),
+			Reasons:      reasons,
+		},
+	}
+}
+
+// ListMachines lists through c the Machines of ns that match opts, sorted
+// by name: as kube-apiserver lists them, and as a cached client need not.
+func ListMachines(ctx context.Context, c client.Reader, ns string, opts ...client.ListOption) ([]machinistv1.Machine, error) {
+	var list machinistv1.MachineList
+	if err := c.List(ctx, &list, append([]client.ListOption{client.InNamespace(ns)}, opts...)...); err != nil {
+		return nil, err
+	}
+	slices.SortFunc(list.Items, func(a, b machinistv1.Machine) int { return cmp.Compare(a.Name, b.Name) })
+	return list.Items, nil
+}
+
+// Machines lists the Machines of ns that match opts, sorted by name, and
+// fails t if it cannot.
+func (e *Env) Machines(t testing.TB, ns string, opts ...client.ListOption) []machinistv1.Machine {
+	t.Helper()
+	ms, err := ListMachines(context.Background(), e.Client, ns, opts...)
+	if err != nil {
+		t.Fatalf("listing the Machines of %s: %v", ns, err)
+	}
+	return ms
+}
+
+// NewMachineList makes an empty MachineList: the newList of Watch for
+// Machines.
+func NewMachineList() client.ObjectList { return &machinistv1.MachineList{} }
