@@ -23,6 +23,7 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/healthcheck"
 	"github.com/machinist-dev/machinist/manager"
+	nodeside "github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -538,7 +539,7 @@ func trackNodes(ctx context.Context) (*nodes, error) {
 				continue
 			}
 			ready := "-"
-			if c := condition(node, corev1.NodeReady); c != nil {
+			if c := nodeside.Condition(node, corev1.NodeReady); c != nil {
 				ready = string(c.Status)
 			}
 			var taints []string
@@ -555,15 +556,6 @@ func trackNodes(ctx context.Context) (*nodes, error) {
 		}
 	}()
 	return n, nil
-}
-
-func condition(node *corev1.Node, t corev1.NodeConditionType) *corev1.NodeCondition {
-	for i := range node.Status.Conditions {
-		if node.Status.Conditions[i].Type == t {
-			return &node.Status.Conditions[i]
-		}
-	}
-	return nil
 }
 
 func (n *nodes) setStart(start time.Time) {
