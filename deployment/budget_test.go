@@ -3,6 +3,8 @@ package deployment_test
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -139,7 +141,7 @@ var _ = Describe("A rollout under a disruption budget", func() {
 		// out of service, on purpose or not. Machines still coming up
 		// count for nothing.
 		mon := watchRollout(ctx, ns, func(ms map[string]*machinistv1.Machine) string {
-			out := 0
+			var out []string
 			for _, m := range ms {
 				switch m.Status.Phase {
 				case "", machinistv1.MachinePending, machinistv1.MachineProvisioning:
@@ -149,10 +151,12 @@ var _ = Describe("A rollout under a disruption budget", func() {
 						continue
 					}
 				}
-				out++
+				out = append(out, fmt.Sprintf("%s %s deleting=%v ready=%v", m.Name, m.Status.Phase, m.DeletionTimestamp != nil,
+					meta.IsStatusConditionTrue(m.Status.Conditions, machinistv1.ConditionReady)))
 			}
-			if out > 2 {
-				return fmt.Sprintf("%d Machines disrupted at once, the budget allows 2", out)
+			if len(out) > 2 {
+				slices.Sort(out)
+				return fmt.Sprintf("%d Machines disrupted at once, the budget allows 2: %s", len(out), strings.Join(out, "; "))
 			}
 			return ""
 		})
