@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/operation"
 	"github.com/machinist-dev/machinist/testenv"
 )
@@ -137,7 +138,7 @@ func unreachableFor(t *testing.T, d time.Duration, ms ...machinistv1.Machine) {
 			if err := env.Client.Get(context.Background(), client.ObjectKey{Name: m.Status.NodeRef.Name}, &node); err != nil {
 				return err
 			}
-			c := readyCondition(&node)
+			c := nodes.Condition(&node, corev1.NodeReady)
 			if c == nil {
 				return fmt.Errorf("Node %s has no Ready condition", node.Name)
 			}
@@ -150,15 +151,6 @@ func unreachableFor(t *testing.T, d time.Duration, ms ...machinistv1.Machine) {
 		}
 		return nil
 	})
-}
-
-func readyCondition(n *corev1.Node) *corev1.NodeCondition {
-	for i := range n.Status.Conditions {
-		if n.Status.Conditions[i].Type == corev1.NodeReady {
-			return &n.Status.Conditions[i]
-		}
-	}
-	return nil
 }
 
 // An unreachable Node is rebooted hard, without a drain, and comes back:

@@ -212,8 +212,8 @@ func (r *Reconciler) drive(ctx context.Context, s *step, hs handlers) error {
 			return o.err
 		}
 		if o.event == "" {
-			if o.reason != "" {
-				log.FromContext(ctx).V(1).Info("waiting", "phase", phase, "reason", o.reason)
+			if l := log.FromContext(ctx).V(1); o.reason != "" && l.Enabled() {
+				l.Info("waiting", "phase", phase, "reason", o.reason)
 			}
 			return nil
 		}

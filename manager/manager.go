@@ -185,7 +185,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	}
 	// Where every Machine's Node lives, for the Machine controller and the
 	// health checks alike: today, this cluster.
-	nodeSide := nodes.Local{Client: mgr.GetClient(), Kube: kube}
+	nodeSide := &nodes.Local{Client: mgr.GetClient(), Kube: kube}
 	machines := &lifecycle.Reconciler{
 		Client:           mgr.GetClient(),
 		Nodes:            nodeSide,

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/machinist-dev/machinist/nodeagent"
+	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -93,15 +94,6 @@ func getNode(g Gomega, name string) *corev1.Node {
 	return n
 }
 
-func ready(n *corev1.Node) *corev1.NodeCondition {
-	for i := range n.Status.Conditions {
-		if n.Status.Conditions[i].Type == corev1.NodeReady {
-			return &n.Status.Conditions[i]
-		}
-	}
-	return nil
-}
-
 func renewTime(g Gomega, name string) time.Time {
 	l, err := clientset.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(context.Background(), name, metav1.GetOptions{})
 	g.Expect(err).NotTo(HaveOccurred())
@@ -123,15 +115,15 @@ func TestRegistersNodeAndRenewsLeaseUntilCrash(t *testing.T) {
 	var node *corev1.Node
 	g.Eventually(func(g Gomega) {
 		node = getNode(g, name)
-		g.Expect(ready(node)).NotTo(BeNil())
+		g.Expect(readyOf(node)).NotTo(BeNil())
 	}).WithTimeout(wait).Should(Succeed())
 	g.Expect(node.Spec.ProviderID).To(Equal("test:///register-1"))
 	g.Expect(node.Labels).To(HaveKeyWithValue(corev1.LabelHostname, name))
 	g.Expect(node.Status.NodeInfo.KubeletVersion).To(Equal("v1.37.2"))
 	g.Expect(node.Status.NodeInfo.BootID).NotTo(BeEmpty())
 	g.Expect(node.Status.NodeInfo.BootID).To(Equal(agent.BootID()))
-	g.Expect(ready(node).Status).To(Equal(corev1.ConditionTrue))
-	g.Expect(ready(node).Reason).To(Equal(nodeagent.ReasonReady))
+	g.Expect(readyOf(node).Status).To(Equal(corev1.ConditionTrue))
+	g.Expect(readyOf(node).Reason).To(Equal(nodeagent.ReasonReady))
 	cpu, mem, pods := node.Status.Capacity[corev1.ResourceCPU], node.Status.Capacity[corev1.ResourceMemory], node.Status.Allocatable[corev1.ResourcePods]
 	g.Expect(cpu.String()).To(Equal("8"), "the caller's capacity wins")
 	g.Expect(mem.String()).To(Equal("4Gi"), "defaults fill what the caller left out")
@@ -221,7 +213,7 @@ func TestNeverReady(t *testing.T) {
 	const name = "never-ready-1"
 	start(t, nodeagent.Config{NodeName: name, ProviderID: "test:///" + name, Version: "v1.37.2", NeverReady: true})
 	g.Eventually(func(g Gomega) {
-		r := ready(getNode(g, name))
+		r := readyOf(getNode(g, name))
 		g.Expect(r).NotTo(BeNil())
 		g.Expect(r.Status).To(Equal(corev1.ConditionFalse))
 		g.Expect(r.Reason).To(Equal(nodeagent.ReasonNotReady))
@@ -240,7 +232,7 @@ func TestRestartKeepsOthersFieldsAndChangesBootID(t *testing.T) {
 	const name = "restart-1"
 	cfg := nodeagent.Config{NodeName: name, ProviderID: "test:///" + name, Version: "v1.37.2"}
 	agent, crash := start(t, cfg)
-	g.Eventually(func(g Gomega) { g.Expect(ready(getNode(g, name))).NotTo(BeNil()) }).WithTimeout(wait).Should(Succeed())
+	g.Eventually(func(g Gomega) { g.Expect(readyOf(getNode(g, name))).NotTo(BeNil()) }).WithTimeout(wait).Should(Succeed())
 	oldBoot := getNode(g, name).Status.NodeInfo.BootID
 
 	// The controller's part of the Node: labels, taints, cordon.
@@ -267,7 +259,7 @@ func TestRestartKeepsOthersFieldsAndChangesBootID(t *testing.T) {
 	g.Expect(node.Labels).To(HaveKeyWithValue(corev1.LabelHostname, name))
 	g.Expect(node.Spec.Taints).To(ConsistOf(HaveField("Key", "machinist.dev/draining")))
 	g.Expect(node.Spec.Unschedulable).To(BeTrue())
-	g.Expect(ready(node).Status).To(Equal(corev1.ConditionTrue))
+	g.Expect(readyOf(node).Status).To(Equal(corev1.ConditionTrue))
 
 	first := renewTime(g, name)
 	g.Eventually(func(g Gomega) {
@@ -403,3 +395,5 @@ func TestLateRenewalPostsReadyAgain(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Eventually(readyStatus).WithTimeout(wait).Should(Equal(corev1.ConditionTrue))
 }
+
+func readyOf(n *corev1.Node) *corev1.NodeCondition { return nodes.Condition(n, corev1.NodeReady) }

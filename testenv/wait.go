@@ -74,32 +74,6 @@ func WaitFor[C Condition](t testing.TB, timeout time.Duration, what string, cond
 	return time.Since(start)
 }
 
-// Await receives from ch, typically a watch's result channel, until match
-// accepts a value, and returns that value. It fails t, saying what it
-// waited for, if timeout passes first or ch closes.
-func Await[T any](t testing.TB, ch <-chan T, timeout time.Duration, what string, match func(T) bool) T {
-	t.Helper()
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
-	for {
-		select {
-		case v, ok := <-ch:
-			if !ok {
-				t.Fatalf("%s: the channel closed first", what)
-				var zero T
-				return zero
-			}
-			if match(v) {
-				return v
-			}
-		case <-timer.C:
-			t.Fatalf("%s: not within %s", what, timeout)
-			var zero T
-			return zero
-		}
-	}
-}
-
 // WaitForObject reads the object of obj's namespace and name through c
 // until check accepts it, and leaves that last read in obj. If timeout
 // passes first it fails t with what it waited for and check's, or the

@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -16,21 +17,18 @@ import (
 	"github.com/machinist-dev/machinist/testenv"
 )
 
-// An uncordon that kube-apiserver refuses at the end of a reboot must be
-// tried again: the Machine stays Rebooting until its Node is schedulable,
-// and never runs on a Node left cordoned, which no later look would undo
-// (a Running Machine's Node is only uncordoned by the operation that
-// cordoned it). Before, the Machine moved to Running in the same write as
-// the failed uncordon, and its Node stayed cordoned for good.
-func TestARefusedUncordonAfterARebootIsTriedAgain(t *testing.T) {
-	start(t, 41)
+// uncordonRefused brings a Machine to Draining for a reboot with opts,
+// its Node cordoned and its drain held by a pod no eviction may take, then
+// arms the proxy to refuse (503) the next two patches of the Node: the
+// uncordon that ends the operation, whichever way it ends. It returns the
+// Machine and its Node's name.
+func uncordonRefused(t *testing.T, seed uint64, opts *machinistv1.OperationOptions) (*machinistv1.Machine, string) {
+	t.Helper()
+	start(t, seed)
 	ns := env.NewNamespace(t, "apifaults", testenv.Small)
 	ctx := context.Background()
 	m := running(t, ns, "m1")
 	nodeName := m.Status.NodeRef.Name
-	// A pod no eviction may take keeps the Machine Draining, its Node
-	// cordoned, until the fault is armed: the next patch of the Node is
-	// then the uncordon.
 	if err := env.HoldDrains(ctx, ns, "held", nodeName); err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +36,7 @@ func TestARefusedUncordonAfterARebootIsTriedAgain(t *testing.T) {
 		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(m), m); err != nil {
 			return err
 		}
-		if _, err := operation.Request(m, machinistv1.OperationReboot, nil, machinistv1.SourceAPI, "test", time.Now()); err != nil {
+		if _, err := operation.Request(m, machinistv1.OperationReboot, opts, machinistv1.SourceAPI, "test", time.Now()); err != nil {
 			return err
 		}
 		return env.Client.Status().Update(ctx, m)
@@ -58,20 +56,27 @@ func TestARefusedUncordonAfterARebootIsTriedAgain(t *testing.T) {
 		}
 		return nil
 	})
-	arm(t, 41, faults.Rule{Name: "refused-uncordon", Fault: faults.Unavailable, Verbs: []string{"patch"},
+	arm(t, seed, faults.Rule{Name: "refused-uncordon", Fault: faults.Unavailable, Verbs: []string{"patch"},
 		Resources: []string{"nodes"}, Names: []string{nodeName}, Rate: 1, Limit: 2})
-	if err := env.AllowDisruptions(ctx, ns, "held", 1); err != nil {
-		t.Fatal(err)
-	}
-	testenv.WaitFor(t, 2*time.Minute, "the reboot to succeed", func() error {
+	return m, nodeName
+}
+
+// runningOnASchedulableNode waits until m is Running with its operation
+// ended in state, then fails t if the uncordon was never refused (the test
+// proved nothing) or if the Node is still cordoned.
+func runningOnASchedulableNode(t *testing.T, m *machinistv1.Machine, nodeName string, state machinistv1.OperationState) {
+	t.Helper()
+	ctx := context.Background()
+	testenv.WaitFor(t, 2*time.Minute, "the operation to end "+string(state)+" with the Machine Running", func() error {
 		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(m), m); err != nil {
 			return err
 		}
-		if op := m.Status.Operation; m.Status.Phase != machinistv1.MachineRunning || op == nil || op.State != machinistv1.OperationSucceeded {
+		if op := m.Status.Operation; m.Status.Phase != machinistv1.MachineRunning || op == nil || op.State != state {
 			return fmt.Errorf("the Machine is %s, its operation %+v", m.Status.Phase, op)
 		}
 		return nil
 	})
+	node := &corev1.Node{}
 	if err := env.Client.Get(ctx, client.ObjectKey{Name: nodeName}, node); err != nil {
 		t.Fatal(err)
 	}
@@ -83,4 +88,26 @@ func TestARefusedUncordonAfterARebootIsTriedAgain(t *testing.T) {
 	if node.Spec.Unschedulable {
 		t.Fatal("the Machine is Running on a Node left cordoned")
 	}
+}
+
+// An uncordon that kube-apiserver refuses at the end of a reboot must be
+// tried again: the Machine stays Rebooting until its Node is schedulable,
+// and never runs on a Node left cordoned, which no later look would undo
+// (a Running Machine's Node is only uncordoned by the operation that
+// cordoned it). Before, the Machine moved to Running in the same write as
+// the failed uncordon, and its Node stayed cordoned for good.
+func TestARefusedUncordonAfterARebootIsTriedAgain(t *testing.T) {
+	m, nodeName := uncordonRefused(t, 41, nil)
+	if err := env.AllowDisruptions(context.Background(), m.Namespace, "held", 1); err != nil {
+		t.Fatal(err)
+	}
+	runningOnASchedulableNode(t, m, nodeName, machinistv1.OperationSucceeded)
+}
+
+// The same for an operation given up while draining (its timeoutSeconds
+// passed with the drain still held): the abort's uncordon, refused, is
+// tried again before the Machine returns to service.
+func TestARefusedUncordonOfAnAbortIsTriedAgain(t *testing.T) {
+	m, nodeName := uncordonRefused(t, 43, &machinistv1.OperationOptions{TimeoutSeconds: ptr.To(int64(3))})
+	runningOnASchedulableNode(t, m, nodeName, machinistv1.OperationFailed)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/machinist-dev/machinist/testenv"
 	"slices"
 	"strings"
 	"testing"
@@ -99,7 +100,7 @@ func (r *run) verify(want func(*run) error) {
 // waitLeader waits until rep holds the leader Lease.
 func (r *run) waitLeader(rep *replica) {
 	r.t.Helper()
-	if err := poll(time.Minute, func() error {
+	if err := testenv.Poll(time.Minute, func() error {
 		if !rep.leading() {
 			return errLeader
 		}
@@ -133,7 +134,7 @@ func TestFailover(t *testing.T) {
 		lease, took := r.awaitNewHolder(killed)
 		// The killed leader is held back, so the new holder can only be
 		// the standby; it logs so just after its write.
-		if err := poll(10*time.Second, func() error {
+		if err := testenv.Poll(10*time.Second, func() error {
 			if !standby.leading() {
 				return errLeader
 			}
@@ -185,7 +186,7 @@ func (r *run) remediated() []string {
 // whichLeads waits until one of two replicas leads and returns it first.
 func (r *run) whichLeads(a, b *replica) (leader, standby *replica) {
 	r.t.Helper()
-	err := poll(time.Minute, func() error {
+	err := testenv.Poll(time.Minute, func() error {
 		switch {
 		case a.leading():
 			leader, standby = a, b

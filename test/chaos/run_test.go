@@ -3,6 +3,7 @@ package chaos_test
 import (
 	"context"
 	"fmt"
+	"github.com/machinist-dev/machinist/testenv"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -149,7 +150,7 @@ func (r *run) teardown() {
 			}
 		}
 	}
-	err := poll(2*time.Minute, func() error {
+	err := testenv.Poll(2*time.Minute, func() error {
 		ms := &machinistv1.MachineList{}
 		if err := c.List(ctx, ms, client.InNamespace(r.ns)); err != nil {
 			return err
@@ -193,22 +194,6 @@ func (r *run) note(format string, args ...any) {
 // between returns a random duration in [lo, hi).
 func (r *run) between(lo, hi time.Duration) time.Duration {
 	return lo + time.Duration(r.rng.Int64N(int64(hi-lo)))
-}
-
-// poll calls f until it returns nil or timeout passes, and returns its last
-// error.
-func poll(timeout time.Duration, f func() error) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("after %v: %w", timeout, err)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
 }
 
 // objects lists the items of a list as client.Objects.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/machinist-dev/machinist/testenv"
 	"net/http"
 	"slices"
 	"strings"
@@ -230,7 +231,7 @@ func (r *run) must(err error) {
 // with what the sets and deployments say.
 func (r *run) wait(what string, f func() error) {
 	r.t.Helper()
-	if err := poll(convergeLimit, f); err != nil {
+	if err := testenv.Poll(convergeLimit, f); err != nil {
 		r.t.Fatalf("waiting for %s: %v%s", what, err, r.sets())
 	}
 }
