@@ -71,6 +71,15 @@ type MachineSpec struct {
 	// +optional
 	ProviderID string `json:"providerID,omitempty"`
 
+	// ClusterName names the WorkloadCluster, in this Machine's own
+	// namespace, whose Node this Machine becomes. Empty means the cluster
+	// Machinist itself runs in. A Machine serves one cluster for life: to
+	// move capacity to another cluster, make new Machines there.
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",message="clusterName must be the name of a WorkloadCluster in the Machine's own namespace (lower-case letters, digits, '-' and '.'): a cluster in another namespace cannot be named"
+	// +optional
+	ClusterName string `json:"clusterName,omitempty"`
+
 	// NodeLabels are put on this Machine's Node, in addition to the class's.
 	// +optional
 	NodeLabels map[string]string `json:"nodeLabels,omitempty"`
@@ -430,6 +439,7 @@ type MachineStatus struct {
 // Machine is one machine (and so one Node), driven through its lifecycle
 // by the Machine controller.
 //
+// +kubebuilder:validation:XValidation:rule="(has(self.spec.clusterName) ? self.spec.clusterName : '') == (has(oldSelf.spec.clusterName) ? oldSelf.spec.clusterName : '')",message="spec.clusterName cannot change: a Machine serves one cluster for life; make a new Machine in the other cluster"
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=ma,categories=machinist
@@ -437,6 +447,7 @@ type MachineStatus struct {
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.nodeRef.name`
+// +kubebuilder:printcolumn:name="Cluster",type=string,JSONPath=`.spec.clusterName`
 // +kubebuilder:printcolumn:name="Version",type=string,JSONPath=`.spec.version`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:printcolumn:name="ProviderID",type=string,JSONPath=`.status.providerID`,priority=1
