@@ -22,7 +22,7 @@ func layer(pkg string) (int, string) {
 		return 1, "helpers"
 	case slices.Contains([]string{"phases", "operation", "nodes", "actuators", "nodeagent", "disruption", "faults", "provider"}, first):
 		return 2, "domain"
-	case slices.Contains([]string{"lifecycle", "machineset", "deployment", "healthcheck", "apiserver"}, first):
+	case slices.Contains([]string{"lifecycle", "machineset", "deployment", "healthcheck", "clusters", "apiserver"}, first):
 		return 3, "controllers and the verbs server"
 	case slices.Contains([]string{"manager", "local", "testenv", "controllermanager"}, first):
 		return 4, "wiring"

@@ -40,6 +40,14 @@ func change(from, to machinistv1.MachineSpec) actuators.Change {
 	}
 }
 
+// clusterOrOwn names a Machine's cluster for a message.
+func clusterOrOwn(name string) string {
+	if name == "" {
+		return "the manager's own cluster"
+	}
+	return "cluster " + name
+}
+
 // mode decides whether the old sets' Machines can be updated in place to
 // md's template.
 func (r *Reconciler) mode(ctx context.Context, md *machinistv1.MachineDeployment, old []*machinistv1.MachineSet) (inPlaceMode, error) {
@@ -52,12 +60,21 @@ func (r *Reconciler) mode(ctx context.Context, md *machinistv1.MachineDeployment
 			continue
 		}
 		c := change(ms.Spec.Template.Spec, md.Spec.Template.Spec)
-		if c.Empty() {
+		from, to := ms.Spec.Template.Spec.ClusterName, md.Spec.Template.Spec.ClusterName
+		ok, why := true, ""
+		switch {
+		case from != to:
+			// A Machine serves one cluster for life: nothing moves in
+			// place, whatever the provider.
+			ok, why = false, fmt.Sprintf("moves them from %s to %s, and a Machine never changes cluster", clusterOrOwn(from), clusterOrOwn(to))
+			c = actuators.Change{}
+		case c.Empty():
 			continue
-		}
-		ok, why, err := r.inPlaceable(ctx, ms, c)
-		if err != nil {
-			return inPlaceMode{}, err
+		default:
+			var err error
+			if ok, why, err = r.inPlaceable(ctx, ms, c); err != nil {
+				return inPlaceMode{}, err
+			}
 		}
 		if ok {
 			continue
@@ -65,8 +82,12 @@ func (r *Reconciler) mode(ctx context.Context, md *machinistv1.MachineDeployment
 		if fallback == machinistv1.FallbackReplace {
 			return inPlaceMode{replace: true}, nil
 		}
-		return inPlaceMode{blocked: fmt.Sprintf("the Machines of MachineSet %s need a change of %s that %s; nothing is replaced with fallback Never (set strategy.inPlace.fallback to Replace to replace them)",
-			ms.Name, c, why)}, nil
+		what := "a change of " + c.String() + " that " + why
+		if c.Empty() {
+			what = "a change that " + why
+		}
+		return inPlaceMode{blocked: fmt.Sprintf("the Machines of MachineSet %s need %s; nothing is replaced with fallback Never (set strategy.inPlace.fallback to Replace to replace them)",
+			ms.Name, what)}, nil
 	}
 	return inPlaceMode{}, nil
 }

@@ -13,15 +13,18 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/disruption"
@@ -43,6 +46,9 @@ type Reconciler struct {
 	// Nodes is where a Machine's Node is read: the same seam the Machine
 	// controller reaches every Node through.
 	Nodes nodes.Clusters
+	// Connections announces workload clusters as the manager connects to
+	// them, so that their Nodes are watched; nil when there are none.
+	Connections nodes.Connections
 	// APIReader reads past the cache: the disruption budgets a Replace
 	// rung asks before it deletes a Machine. Nil asks none.
 	APIReader client.Reader
@@ -77,7 +83,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		return err
 	}
 	r.sawAPI(r.now())
-	return ctrl.NewControllerManagedBy(mgr).
+	c, err := ctrl.NewControllerManagedBy(mgr).
 		For(&machinistv1.MachineHealthCheck{}, builder.WithPredicates(wake.OnChangeByOthers())).
 		Watches(&machinistv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.checksForMachine),
 			builder.WithPredicates(machineChanged())).
@@ -85,7 +91,18 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 			builder.WithPredicates(nodeChanged())).
 		WithOptions(opts).
 		Named("machinehealthcheck").
-		Complete(r)
+		Build(r)
+	if err != nil {
+		return err
+	}
+	if r.Connections != nil {
+		// Nodes are judged in each Machine's own cluster.
+		r.Connections.OnConnect(func(_ context.Context, _ types.NamespacedName, nodeCache cache.Cache) error {
+			return c.Watch(source.Kind[client.Object](nodeCache, &corev1.Node{},
+				handler.EnqueueRequestsFromMapFunc(r.checksForNode), nodeChanged()))
+		})
+	}
+	return nil
 }
 
 // WatchError is a cache's watch error handler: a watch that failed means
@@ -145,6 +162,9 @@ type target struct {
 	m      *machinistv1.Machine
 	before *machinistv1.MachineStatus
 	node   *corev1.Node
+	// unseen: the Machine's cluster cannot be reached, so its Node is
+	// not judged.
+	unseen bool
 	v      verdict
 	fsm    *ladder
 	notes  []note
@@ -212,14 +232,20 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		t := &target{m: m, before: m.Status.DeepCopy(), fsm: newFSM(m)}
 		if m.Status.Phase == machinistv1.MachineRunning {
 			cluster, err := r.Nodes.For(ctx, m)
-			if err != nil {
+			if _, ok := nodes.NotConnected(err); ok {
+				// Its Node cannot be seen: nothing is known of its
+				// health, and nothing is held against it.
+				cluster, t.unseen = nil, true
+			} else if err != nil {
 				return reconcile.Result{}, err
 			}
-			if t.node, err = cluster.Node(ctx, m.Status.ProviderID); err != nil {
-				return reconcile.Result{}, err
+			if cluster != nil {
+				if t.node, err = cluster.Node(ctx, m.Status.ProviderID); err != nil {
+					return reconcile.Result{}, err
+				}
 			}
 		}
-		if operation.InFlight(m.Status.Operation) {
+		if operation.InFlight(m.Status.Operation) || t.unseen {
 			// Not judged until the operation ends: a Machine whose
 			// reboot is recorded but not yet begun still looks as it did,
 			// and a verdict written now would only race the Machine

@@ -36,6 +36,9 @@ type Reconciler struct {
 	// Nodes is where every Machine's Node side is reached: its Node, its
 	// kubelet's Lease, its pods and the drain.
 	Nodes nodes.Clusters
+	// Connections announces workload clusters as the manager connects to
+	// them, so that their Nodes are watched; nil when there are none.
+	Connections nodes.Connections
 	// Recorder emits a Kubernetes Event per transition.
 	Recorder events.EventRecorder
 	// Actuators maps MachineClass.spec.provider to a provider.
@@ -172,6 +175,16 @@ func (r *Reconciler) prepare(ctx context.Context, s *step) (bool, error) {
 		return false, err
 	}
 	s.nodes, err = r.Nodes.For(ctx, m)
+	if nc, ok := nodes.NotConnected(err); ok {
+		if nc.Err == nil {
+			// The first connection is being made: the WorkloadCluster's
+			// Reachable condition wakes the Machine when it is.
+			s.wait("connecting to its cluster", connectingPoll)
+			return false, nil
+		}
+		r.retry(s, machinistv1.ReasonClusterUnreachable, err)
+		return false, nil
+	}
 	return err == nil, err
 }
 

@@ -2,11 +2,15 @@ package lifecycle
 
 import (
 	"context"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -14,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/disruption"
@@ -32,7 +37,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	}); err != nil {
 		return err
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	c, err := ctrl.NewControllerManagedBy(mgr).
 		For(&machinistv1.Machine{}, builder.WithPredicates(machineChanged())).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.machinesForNode),
 			builder.WithPredicates(nodeChanged())).
@@ -42,9 +47,44 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		Watches(&machinistv1.MachineDisruptionBudget{}, handler.EnqueueRequestsFromMapFunc(r.heldMachines),
 			builder.WithPredicates(disruption.Freed())).
 		Watches(&machinistv1.MachineDeployment{}, r.templateChanged()).
+		Watches(&machinistv1.WorkloadCluster{}, handler.EnqueueRequestsFromMapFunc(r.machinesOfCluster),
+			builder.WithPredicates(reachabilityChanged())).
 		WithOptions(opts).
 		Named("machine").
-		Complete(r)
+		Build(r)
+	if err != nil {
+		return err
+	}
+	if r.Connections != nil {
+		// Each workload cluster's Nodes wake their Machines as the
+		// manager's own Nodes do.
+		r.Connections.OnConnect(func(_ context.Context, _ types.NamespacedName, nodeCache cache.Cache) error {
+			return c.Watch(source.Kind[client.Object](nodeCache, &corev1.Node{},
+				handler.EnqueueRequestsFromMapFunc(r.machinesForNode), nodeChanged()))
+		})
+	}
+	return nil
+}
+
+// connectingPoll is how often a Machine whose cluster is being connected
+// for the first time looks again, should the WorkloadCluster's change be
+// missed.
+const connectingPoll = 5 * time.Second
+
+// reachabilityChanged passes a WorkloadCluster whose Reachable condition
+// changed: its Machines may go on, or must wait.
+func reachabilityChanged() predicate.Funcs {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld.(*machinistv1.WorkloadCluster), e.ObjectNew.(*machinistv1.WorkloadCluster)
+		oc := meta.FindStatusCondition(o.Status.Conditions, machinistv1.WorkloadClusterReachable)
+		nc := meta.FindStatusCondition(n.Status.Conditions, machinistv1.WorkloadClusterReachable)
+		return (oc == nil) != (nc == nil) || (nc != nil && (oc.Status != nc.Status || oc.Reason != nc.Reason))
+	}}
+}
+
+func (r *Reconciler) machinesOfCluster(ctx context.Context, o client.Object) []reconcile.Request {
+	return r.machinesMatching(ctx, "WorkloadCluster "+o.GetName(), client.InNamespace(o.GetNamespace()),
+		client.MatchingFields{index.MachineByCluster: o.GetName()})
 }
 
 // nodeChanged passes Node events that can change a Machine's conclusions;

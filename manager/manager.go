@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,6 +29,7 @@ import (
 
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/clusters"
 	"github.com/machinist-dev/machinist/deployment"
 	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/healthcheck"
@@ -90,6 +92,14 @@ type Options struct {
 	// Drifted conditions are brought up to date; zero means
 	// lifecycle.DefaultDriftDelay.
 	DriftDelay time.Duration
+	// ClusterQPS and ClusterBurst bound the requests to each workload
+	// cluster, apart from QPS and Burst; zero takes the clusters
+	// package's defaults.
+	ClusterQPS   float32
+	ClusterBurst int
+	// ClusterProbePeriod is how often each workload cluster is probed;
+	// zero takes clusters.DefaultProbePeriod.
+	ClusterProbePeriod time.Duration
 	// Now is the calendar: the clock the disruption budgets' windows
 	// open and close on, for every controller that asks them and for the
 	// budgets' own status. time.Now when nil. Tests move it to open a
@@ -185,10 +195,29 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	}
 	// Where every Machine's Node lives, for the Machine controller and the
 	// health checks alike: today, this cluster.
-	nodeSide := &nodes.Local{Client: mgr.GetClient(), Kube: kube}
+	caData, err := caBundle(cfg)
+	if err != nil {
+		return nil, err
+	}
+	local := &nodes.API{Client: mgr.GetClient(), Kube: kube, Server: cfg.Host, CAData: caData}
+	nodeSide, err := clusters.NewRegistry(clusters.Options{
+		Local: local, QPS: opts.ClusterQPS, Burst: opts.ClusterBurst,
+		WatchError: checks.WatchError, TrimNode: trimNode,
+	})
+	if err != nil {
+		return nil, err
+	}
+	workload := &clusters.Reconciler{
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Registry: nodeSide,
+		Recorder: mgr.GetEventRecorder("machinist-workloadcluster"), ProbePeriod: opts.ClusterProbePeriod,
+	}
+	if err := workload.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
+		return nil, err
+	}
 	machines := &lifecycle.Reconciler{
 		Client:           mgr.GetClient(),
 		Nodes:            nodeSide,
+		Connections:      nodeSide,
 		Recorder:         mgr.GetEventRecorder("machinist-machine"),
 		Actuators:        opts.Actuators,
 		Metrics:          metrics,
@@ -231,6 +260,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	if err := remediations.Register(reg); err != nil {
 		return nil, err
 	}
+	checks.Connections = nodeSide
 	checks.Client, checks.Nodes, checks.APIReader, checks.Recorder, checks.Metrics = mgr.GetClient(), nodeSide, mgr.GetAPIReader(), mgr.GetEventRecorder("machinist-machinehealthcheck"), remediations
 	if err := checks.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err
@@ -332,4 +362,13 @@ func trimNode(o any) (any, error) {
 		NodeInfo:   node.Status.NodeInfo,
 	}
 	return node, nil
+}
+
+// caBundle is the PEM that verifies the manager's own API server: what a
+// machine of the self-managed cluster is given to join with.
+func caBundle(cfg *rest.Config) ([]byte, error) {
+	if len(cfg.CAData) > 0 || cfg.CAFile == "" {
+		return cfg.CAData, nil
+	}
+	return os.ReadFile(cfg.CAFile)
 }

@@ -2,19 +2,23 @@
 // Machine: its Node, its kubelet's Lease, the pods bound to the Node, their
 // eviction and the drain. Every such read and write goes through a Cluster,
 // obtained per Machine from Clusters, so that where a Machine's Node lives
-// is decided in one place. Today that is the manager's own cluster (Local).
+// is decided in one place: the manager's own cluster for a Machine without
+// spec.clusterName, its WorkloadCluster's otherwise.
 package nodes
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -23,7 +27,45 @@ import (
 
 // Clusters finds the cluster that holds a Machine's Node.
 type Clusters interface {
+	// For returns the cluster of m's Node, or a *NotConnectedError when
+	// the manager has no working connection to it (yet).
 	For(ctx context.Context, m *machinistv1.Machine) (Cluster, error)
+}
+
+// Connections announces each workload cluster's cache as it starts, so that
+// controllers can watch the Nodes there as they watch their own cluster's.
+type Connections interface {
+	// OnConnect has fn called for every cluster connected from now on
+	// (and for those connected already); cluster is the WorkloadCluster.
+	OnConnect(fn func(ctx context.Context, cluster types.NamespacedName, c cache.Cache) error)
+}
+
+// NotConnectedError says that the Machine's cluster cannot be reached
+// through the manager now, and why.
+type NotConnectedError struct {
+	// Cluster is the WorkloadCluster.
+	Cluster types.NamespacedName
+	// Reason is one of the WorkloadCluster's Reachable reasons, such as
+	// machinistv1.ReasonClusterConnecting.
+	Reason string
+	// Err is what went wrong; nil while connecting.
+	Err error
+}
+
+func (e *NotConnectedError) Error() string {
+	if e.Err == nil {
+		return fmt.Sprintf("workload cluster %s: %s", e.Cluster.Name, e.Reason)
+	}
+	return fmt.Sprintf("workload cluster %s is not reachable (%s): %v", e.Cluster.Name, e.Reason, e.Err)
+}
+
+func (e *NotConnectedError) Unwrap() error { return e.Err }
+
+// NotConnected returns the *NotConnectedError in err's chain, if any.
+func NotConnected(err error) (*NotConnectedError, bool) {
+	var nc *NotConnectedError
+	ok := errors.As(err, &nc)
+	return nc, ok
 }
 
 // Cluster is what the controllers do on the Node side of a Machine.
@@ -46,25 +88,30 @@ type Cluster interface {
 	DeletePods(ctx context.Context, node *corev1.Node) (int, error)
 }
 
-// Local is the manager's own cluster: reads come from the manager's cache
-// (whose Node index by providerID package index registers), writes go to
-// its API server, and the drain speaks client-go.
-type Local struct {
+// API is one cluster reached through its API server: reads come from a
+// cache (whose Node index by providerID package index registers), writes
+// go to the API server, and the drain speaks client-go.
+type API struct {
 	Client client.Client
 	Kube   kubernetes.Interface
+	// Server and CAData are how a new machine reaches this API server:
+	// what goes into the Join its bootstrap token is handed out with.
+	Server string
+	CAData []byte
 }
 
-// For returns l itself: every Machine's Node lives in the manager's own
-// cluster. (A pointer, so that asking costs no allocation per reconcile.)
-func (l *Local) For(context.Context, *machinistv1.Machine) (Cluster, error) { return l, nil }
+// For returns l itself: every Machine's Node lives in this one cluster, as
+// for a self-managed cluster. (A pointer, so that asking costs no
+// allocation per reconcile.)
+func (l *API) For(context.Context, *machinistv1.Machine) (Cluster, error) { return l, nil }
 
 // Node implements Cluster.
-func (l *Local) Node(ctx context.Context, providerID string) (*corev1.Node, error) {
+func (l *API) Node(ctx context.Context, providerID string) (*corev1.Node, error) {
 	return index.NodeFor(ctx, l.Client, providerID)
 }
 
 // Lease implements Cluster.
-func (l *Local) Lease(ctx context.Context, node string) (*coordinationv1.Lease, error) {
+func (l *API) Lease(ctx context.Context, node string) (*coordinationv1.Lease, error) {
 	var lease coordinationv1.Lease
 	err := l.Client.Get(ctx, client.ObjectKey{Namespace: corev1.NamespaceNodeLease, Name: node}, &lease)
 	if apierrors.IsNotFound(err) {
@@ -77,12 +124,12 @@ func (l *Local) Lease(ctx context.Context, node string) (*coordinationv1.Lease, 
 }
 
 // Patch implements Cluster.
-func (l *Local) Patch(ctx context.Context, node *corev1.Node, p client.Patch) error {
+func (l *API) Patch(ctx context.Context, node *corev1.Node, p client.Patch) error {
 	return l.Client.Patch(ctx, node, p)
 }
 
 // Delete implements Cluster.
-func (l *Local) Delete(ctx context.Context, node *corev1.Node) error {
+func (l *API) Delete(ctx context.Context, node *corev1.Node) error {
 	if err := l.Client.Delete(ctx, node); client.IgnoreNotFound(err) != nil {
 		return fmt.Errorf("deleting node %s: %w", node.Name, err)
 	}
@@ -93,12 +140,12 @@ func (l *Local) Delete(ctx context.Context, node *corev1.Node) error {
 }
 
 // Drain implements Cluster.
-func (l *Local) Drain(ctx context.Context, node *corev1.Node, settings machinistv1.DrainSettings, healthy bool) (DrainOutcome, error) {
+func (l *API) Drain(ctx context.Context, node *corev1.Node, settings machinistv1.DrainSettings, healthy bool) (DrainOutcome, error) {
 	return DrainRound(ctx, l.Kube, node, settings, healthy)
 }
 
 // DeletePods implements Cluster.
-func (l *Local) DeletePods(ctx context.Context, node *corev1.Node) (int, error) {
+func (l *API) DeletePods(ctx context.Context, node *corev1.Node) (int, error) {
 	pods, err := l.Kube.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node.Name})
 	if err != nil {
 		return 0, fmt.Errorf("listing the pods of node %s: %w", node.Name, err)

@@ -189,6 +189,10 @@ const (
 	// ReasonProviderUnavailable: the provider runs out of process and
 	// does not answer. Whatever the Machine was doing waits for it.
 	ReasonProviderUnavailable = "ProviderUnavailable"
+	// ReasonClusterUnreachable: the Machine's WorkloadCluster cannot be
+	// reached (its Reachable condition says why). Whatever the Machine was
+	// doing on the Node side waits for it.
+	ReasonClusterUnreachable = "ClusterUnreachable"
 	// ReasonInvalidProviderID: status.providerID does not start with
 	// <provider>://.
 	ReasonInvalidProviderID = "InvalidProviderID"

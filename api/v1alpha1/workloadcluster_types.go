@@ -89,6 +89,9 @@ const (
 
 	// ReasonClusterConnected: the manager reads the cluster's API.
 	ReasonClusterConnected = "Connected"
+	// ReasonNoMachines: no Machine serves the cluster yet, so the manager
+	// has not connected to it.
+	ReasonNoMachines = "NoMachines"
 	// ReasonClusterConnecting: the manager is starting its connection.
 	ReasonClusterConnecting = "Connecting"
 	// ReasonKubeconfigSecretMissing: the named Secret, or its key, is not
@@ -96,9 +99,9 @@ const (
 	ReasonKubeconfigSecretMissing = "KubeconfigSecretMissing"
 	// ReasonKubeconfigInvalid: the Secret's kubeconfig cannot be used.
 	ReasonKubeconfigInvalid = "KubeconfigInvalid"
-	// ReasonClusterUnreachable: the cluster's API server did not answer,
+	// ReasonUnreachable: the cluster's API server did not answer,
 	// or refused the manager.
-	ReasonClusterUnreachable = "Unreachable"
+	ReasonUnreachable = "Unreachable"
 )
 
 // WorkloadClusterFinalizer holds a deleted WorkloadCluster until no Machine

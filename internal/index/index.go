@@ -29,6 +29,9 @@ const (
 	// Orphan is the MachineByController value of a Machine no set
 	// controls.
 	Orphan = "-"
+	// MachineByCluster finds the Machines of a WorkloadCluster, by its
+	// name (they share its namespace); a self-managed Machine has none.
+	MachineByCluster = "spec.clusterName"
 )
 
 var registered sync.Map // client.FieldIndexer -> *sync.Once result
@@ -43,9 +46,12 @@ func Register(ctx context.Context, idx client.FieldIndexer) error {
 	v, _ := registered.LoadOrStore(idx, &once{})
 	o := v.(*once)
 	o.Do(func() {
-		if o.err = idx.IndexField(ctx, &corev1.Node{}, NodeByProviderID, func(obj client.Object) []string {
-			if id := obj.(*corev1.Node).Spec.ProviderID; id != "" {
-				return []string{id}
+		if o.err = RegisterNodes(ctx, idx); o.err != nil {
+			return
+		}
+		if o.err = idx.IndexField(ctx, &machinistv1.Machine{}, MachineByCluster, func(obj client.Object) []string {
+			if name := obj.(*machinistv1.Machine).Spec.ClusterName; name != "" {
+				return []string{name}
 			}
 			return nil
 		}); o.err != nil {
@@ -64,6 +70,18 @@ func Register(ctx context.Context, idx client.FieldIndexer) error {
 		})
 	})
 	return o.err
+}
+
+// RegisterNodes adds the Node index alone, to the cache of a workload
+// cluster, which holds no Machines. Each such cache is new, so nothing
+// needs remembering.
+func RegisterNodes(ctx context.Context, idx client.FieldIndexer) error {
+	return idx.IndexField(ctx, &corev1.Node{}, NodeByProviderID, func(obj client.Object) []string {
+		if id := obj.(*corev1.Node).Spec.ProviderID; id != "" {
+			return []string{id}
+		}
+		return nil
+	})
 }
 
 // Machines returns the Machines of namespace ns whose MachineByController

@@ -1,0 +1,359 @@
+package clusters
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/index"
+	"github.com/machinist-dev/machinist/nodes"
+)
+
+// DefaultProbePeriod is how often a connected cluster is asked its version
+// and counted, and its Secret read again (a rotated kubeconfig is picked
+// up then). It also bounds how often a WorkloadCluster's status changes
+// for counts alone: at most one write per period.
+const DefaultProbePeriod = 30 * time.Second
+
+// Backoff after a failed connection: the first retry after
+// retryBase, doubling to retryCap.
+const (
+	retryBase = 2 * time.Second
+	retryCap  = 5 * time.Minute
+)
+
+// listedMachines is how many Machine names a Deleting message names.
+const listedMachines = 3
+
+// Reconciler reconciles WorkloadClusters.
+type Reconciler struct {
+	// Client reads WorkloadClusters and Machines from the manager's cache
+	// and writes their status.
+	Client client.Client
+	// APIReader reads kubeconfig Secrets straight from the API server:
+	// caching every Secret of the management cluster to read a few would
+	// cost more than the reads.
+	APIReader client.Reader
+	// Registry holds the connections.
+	Registry *Registry
+	// Recorder emits Events; nil emits none.
+	Recorder events.EventRecorder
+	// ProbePeriod: zero means DefaultProbePeriod.
+	ProbePeriod time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+
+	mu sync.Mutex
+	// probed is when each cluster was last probed; failures counts the
+	// connection failures in a row, for the backoff.
+	probed   map[types.NamespacedName]time.Time
+	failures map[types.NamespacedName]int
+}
+
+// SetupWithManager registers the controller and the registry (which runs
+// the connections) with mgr.
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts controller.Options) error {
+	if err := index.Register(ctx, mgr.GetFieldIndexer()); err != nil {
+		return err
+	}
+	if err := mgr.Add(r.Registry); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&machinistv1.WorkloadCluster{}, builder.WithPredicates(predicate.GenerationChangedPredicate{}, deletedOrNew())).
+		// A Machine's arrival may be the first need of a connection, and
+		// its going what a deleted cluster waits for; its updates are
+		// none of this controller's business.
+		Watches(&machinistv1.Machine{}, handler.EnqueueRequestsFromMapFunc(clusterOf),
+			builder.WithPredicates(predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }})).
+		WithOptions(opts).
+		Named("workloadcluster").
+		Complete(r)
+}
+
+// deletedOrNew passes the update that marks a WorkloadCluster deleted,
+// which changes no generation.
+func deletedOrNew() predicate.Funcs {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		return e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero() ||
+			e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration()
+	}}
+}
+
+func clusterOf(_ context.Context, o client.Object) []reconcile.Request {
+	m := o.(*machinistv1.Machine)
+	if m.Spec.ClusterName == "" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: m.Namespace, Name: m.Spec.ClusterName}}}
+}
+
+// Reconcile implements reconcile.Reconciler.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	key := req.NamespacedName
+	wc := &machinistv1.WorkloadCluster{}
+	if err := r.Client.Get(ctx, key, wc); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.Registry.Disconnect(key)
+			r.forget(key)
+		}
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	machines, err := r.machines(ctx, wc)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if !wc.DeletionTimestamp.IsZero() {
+		return r.deleting(ctx, wc, machines)
+	}
+	if !controllerutil.ContainsFinalizer(wc, machinistv1.WorkloadClusterFinalizer) {
+		controllerutil.AddFinalizer(wc, machinistv1.WorkloadClusterFinalizer)
+		if err := r.Client.Update(ctx, wc); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+	before := wc.Status.DeepCopy()
+	result := r.connect(ctx, wc, len(machines) > 0)
+	wc.Status.ObservedGeneration = wc.Generation
+	return result, r.writeStatus(ctx, wc, before)
+}
+
+// connect brings the cluster's connection and status up to date: it
+// connects once a Machine needs the cluster, probes a connected one each
+// probe period, and backs off after a failure.
+func (r *Reconciler) connect(ctx context.Context, wc *machinistv1.WorkloadCluster, needed bool) reconcile.Result {
+	key := client.ObjectKeyFromObject(wc)
+	now := r.now()
+	kubeconfig, readErr := r.kubeconfig(ctx, wc)
+	connected := readErr == nil && r.Registry.Connected(key, kubeconfig)
+	if !needed && !connected {
+		setReachable(wc, metav1.ConditionUnknown, machinistv1.ReasonNoMachines,
+			"no Machine serves this cluster yet; the manager connects when one does")
+		return reconcile.Result{}
+	}
+	if connected && !r.due(key, now) {
+		// Woken by a Machine: nothing to do before the next probe.
+		return reconcile.Result{RequeueAfter: r.untilProbe(key, now)}
+	}
+	r.mu.Lock()
+	if r.probed == nil {
+		r.probed = map[types.NamespacedName]time.Time{}
+	}
+	r.probed[key] = now
+	r.mu.Unlock()
+	fail := func(reason string, err error) reconcile.Result {
+		r.Registry.Fail(key, reason, err)
+		was := meta.FindStatusCondition(wc.Status.Conditions, machinistv1.WorkloadClusterReachable)
+		if was == nil || was.Reason != reason {
+			r.event(wc, corev1.EventTypeWarning, reason, "Connect", err.Error())
+		}
+		setReachable(wc, metav1.ConditionFalse, reason, err.Error())
+		return reconcile.Result{RequeueAfter: r.backoff(key)}
+	}
+	if readErr != nil {
+		return fail(machinistv1.ReasonKubeconfigSecretMissing, readErr)
+	}
+	if err := r.Registry.Connect(ctx, key, kubeconfig); err != nil {
+		nc, _ := nodes.NotConnected(err)
+		return fail(nc.Reason, nc.Err)
+	}
+	p, err := r.Registry.Probe(ctx, key)
+	if err != nil {
+		if nc, ok := nodes.NotConnected(err); ok && nc.Err != nil {
+			return fail(nc.Reason, nc.Err)
+		}
+		return fail(machinistv1.ReasonUnreachable, err)
+	}
+	r.mu.Lock()
+	delete(r.failures, key)
+	r.mu.Unlock()
+	if was := meta.FindStatusCondition(wc.Status.Conditions, machinistv1.WorkloadClusterReachable); was == nil || was.Status != metav1.ConditionTrue {
+		r.event(wc, corev1.EventTypeNormal, machinistv1.ReasonClusterConnected, "Connect", "connected to "+p.Server+", "+p.Version)
+	}
+	setReachable(wc, metav1.ConditionTrue, machinistv1.ReasonClusterConnected, "the manager reads the cluster's API")
+	wc.Status.Server, wc.Status.Version, wc.Status.Nodes = p.Server, p.Version, ptr.To(int32(p.Nodes))
+	machines, err := r.machines(ctx, wc)
+	if err == nil {
+		wc.Status.Machines = ptr.To(int32(len(machines)))
+	}
+	return reconcile.Result{RequeueAfter: r.probePeriod()}
+}
+
+// deleting holds a deleted WorkloadCluster until no Machine serves it:
+// their drains, Node deletions and tokens all need its API.
+func (r *Reconciler) deleting(ctx context.Context, wc *machinistv1.WorkloadCluster, machines []string) (reconcile.Result, error) {
+	key := client.ObjectKeyFromObject(wc)
+	if !controllerutil.ContainsFinalizer(wc, machinistv1.WorkloadClusterFinalizer) {
+		return reconcile.Result{}, nil
+	}
+	if len(machines) == 0 {
+		r.Registry.Disconnect(key)
+		r.forget(key)
+		controllerutil.RemoveFinalizer(wc, machinistv1.WorkloadClusterFinalizer)
+		return reconcile.Result{}, client.IgnoreNotFound(r.Client.Update(ctx, wc))
+	}
+	before := wc.Status.DeepCopy()
+	now := r.now()
+	c := meta.FindStatusCondition(wc.Status.Conditions, machinistv1.WorkloadClusterDeleting)
+	// Each Machine that goes wakes this reconcile; its count is brought
+	// up to date once a probe period, not at each.
+	if c == nil || c.Status != metav1.ConditionTrue || r.due(key, now) {
+		if c == nil || c.Status != metav1.ConditionTrue {
+			r.event(wc, corev1.EventTypeNormal, machinistv1.ReasonWaitingForMachines, "Delete",
+				fmt.Sprintf("deletion waits for the %d Machines that serve this cluster", len(machines)))
+		}
+		r.mu.Lock()
+		if r.probed == nil {
+			r.probed = map[types.NamespacedName]time.Time{}
+		}
+		r.probed[key] = now
+		r.mu.Unlock()
+		meta.SetStatusCondition(&wc.Status.Conditions, metav1.Condition{
+			Type: machinistv1.WorkloadClusterDeleting, Status: metav1.ConditionTrue, Reason: machinistv1.ReasonWaitingForMachines,
+			Message:            waitingFor(machines),
+			ObservedGeneration: wc.Generation,
+		})
+		wc.Status.Machines = ptr.To(int32(len(machines)))
+	}
+	return reconcile.Result{RequeueAfter: r.probePeriod()}, r.writeStatus(ctx, wc, before)
+}
+
+func waitingFor(machines []string) string {
+	sort.Strings(machines)
+	names := strings.Join(machines[:min(len(machines), listedMachines)], ", ")
+	if len(machines) > listedMachines {
+		names += ", …"
+	}
+	return fmt.Sprintf("waiting for the %d Machines that serve this cluster to be deleted (%s): delete them, or their MachineSets and MachineDeployments", len(machines), names)
+}
+
+// kubeconfig reads the cluster's kubeconfig from its Secret.
+func (r *Reconciler) kubeconfig(ctx context.Context, wc *machinistv1.WorkloadCluster) ([]byte, error) {
+	ref := wc.Spec.Kubeconfig
+	var s corev1.Secret
+	if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: wc.Namespace, Name: ref.SecretName}, &s); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("secret %s/%s does not exist", wc.Namespace, ref.SecretName)
+		}
+		return nil, fmt.Errorf("reading secret %s/%s: %w", wc.Namespace, ref.SecretName, err)
+	}
+	data, ok := s.Data[ref.DataKey()]
+	if !ok || len(data) == 0 {
+		return nil, fmt.Errorf("secret %s/%s has no key %q", wc.Namespace, ref.SecretName, ref.DataKey())
+	}
+	return data, nil
+}
+
+// machines names the Machines that serve wc, from the cache.
+func (r *Reconciler) machines(ctx context.Context, wc *machinistv1.WorkloadCluster) ([]string, error) {
+	var list machinistv1.MachineList
+	if err := r.Client.List(ctx, &list, client.InNamespace(wc.Namespace),
+		client.MatchingFields{index.MachineByCluster: wc.Name}, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, err
+	}
+	names := make([]string, len(list.Items))
+	for i := range list.Items {
+		names[i] = list.Items[i].Name
+	}
+	return names, nil
+}
+
+func (r *Reconciler) writeStatus(ctx context.Context, wc *machinistv1.WorkloadCluster, before *machinistv1.WorkloadClusterStatus) error {
+	if equality.Semantic.DeepEqual(before, &wc.Status) {
+		return nil
+	}
+	err := r.Client.Status().Update(ctx, wc)
+	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+		// A newer WorkloadCluster is on its way to the cache, and wakes
+		// this controller again.
+		return nil
+	}
+	return err
+}
+
+func setReachable(wc *machinistv1.WorkloadCluster, status metav1.ConditionStatus, reason, message string) {
+	meta.SetStatusCondition(&wc.Status.Conditions, metav1.Condition{
+		Type: machinistv1.WorkloadClusterReachable, Status: status, Reason: reason, Message: message,
+		ObservedGeneration: wc.Generation,
+	})
+}
+
+func (r *Reconciler) due(key types.NamespacedName, now time.Time) bool {
+	return r.untilProbe(key, now) <= 0
+}
+
+func (r *Reconciler) untilProbe(key types.NamespacedName, now time.Time) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	at, ok := r.probed[key]
+	if !ok {
+		return 0
+	}
+	return at.Add(r.probePeriod()).Sub(now)
+}
+
+// backoff counts a failure and returns how long to wait before the next
+// attempt.
+func (r *Reconciler) backoff(key types.NamespacedName) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.failures == nil {
+		r.failures = map[types.NamespacedName]int{}
+	}
+	n := r.failures[key]
+	r.failures[key] = n + 1
+	d := retryBase
+	for i := 0; i < n && d < retryCap; i++ {
+		d *= 2
+	}
+	return min(d, retryCap)
+}
+
+func (r *Reconciler) forget(key types.NamespacedName) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.probed, key)
+	delete(r.failures, key)
+}
+
+func (r *Reconciler) event(wc *machinistv1.WorkloadCluster, kind, reason, action, note string) {
+	if r.Recorder != nil {
+		r.Recorder.Eventf(wc, nil, kind, reason, action, "%s", note)
+	}
+}
+
+func (r *Reconciler) probePeriod() time.Duration {
+	if r.ProbePeriod > 0 {
+		return r.ProbePeriod
+	}
+	return DefaultProbePeriod
+}
+
+func (r *Reconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
