@@ -443,7 +443,7 @@ type MachineStatus struct {
 // Machine is one machine (and so one Node), driven through its lifecycle
 // by the Machine controller.
 //
-// +kubebuilder:validation:XValidation:rule="(has(self.spec.clusterName) ? self.spec.clusterName : ”) == (has(oldSelf.spec.clusterName) ? oldSelf.spec.clusterName : ”)",message="spec.clusterName cannot change: a Machine serves one cluster for life; make a new Machine in the other cluster"
+// +kubebuilder:validation:XValidation:rule=`(has(self.spec.clusterName) ? self.spec.clusterName : "") == (has(oldSelf.spec.clusterName) ? oldSelf.spec.clusterName : "")`,message="spec.clusterName cannot change: a Machine serves one cluster for life; make a new Machine in the other cluster"
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=ma,categories=machinist
