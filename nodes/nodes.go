@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -22,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/internal/index"
 )
 
@@ -86,6 +88,13 @@ type Cluster interface {
 	// DeletePods deletes at once every pod bound to node but its mirror
 	// pods, and returns how many it deleted.
 	DeletePods(ctx context.Context, node *corev1.Node) (int, error)
+	// Join returns what m's machine joins this cluster with: its API
+	// server, CA and a bootstrap token made for m, valid for ttl (made
+	// unless a live one is there).
+	Join(ctx context.Context, m *machinistv1.Machine, ttl time.Duration) (bootstrap.Join, error)
+	// Joined deletes m's bootstrap token: its machine has joined, or
+	// never will.
+	Joined(ctx context.Context, m *machinistv1.Machine) error
 }
 
 // API is one cluster reached through its API server: reads come from a

@@ -1,0 +1,107 @@
+package nodes
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/bootstrap"
+)
+
+// TokenMachineLabel marks a bootstrap token's Secret with the UID of the
+// Machine it was made for, so that it is found again, and deleted once the
+// Machine's machine has joined.
+const TokenMachineLabel = "machinist.dev/machine-uid"
+
+// tokenIDs is how many token IDs a Machine may try: its ID is derived from
+// its UID, so that a reconcile that lost its reply finds the token it
+// made, and a collision with another Machine's moves to the next.
+const tokenIDs = 4
+
+// Join returns what m's machine joins its cluster with, making m's
+// bootstrap token (valid for ttl) unless a live one is there.
+func (l *API) Join(ctx context.Context, m *machinistv1.Machine, ttl time.Duration) (bootstrap.Join, error) {
+	secrets := l.Kube.CoreV1().Secrets(metav1.NamespaceSystem)
+	for i := range tokenIDs {
+		id := tokenID(m.UID, i)
+		s, err := secrets.Get(ctx, bootstrap.Token{ID: id}.SecretName(), metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			t, err := bootstrap.NewToken()
+			if err != nil {
+				return bootstrap.Join{}, err
+			}
+			t.ID = id
+			_, err = secrets.Create(ctx, bootstrap.TokenSecret(t, bootstrap.TokenOptions{
+				Expiration:  time.Now().Add(ttl),
+				Description: fmt.Sprintf("joins the machine of Machine %s/%s", m.Namespace, m.Name),
+				Labels:      map[string]string{TokenMachineLabel: string(m.UID)},
+			}), metav1.CreateOptions{})
+			if err != nil {
+				// AlreadyExists included: a reconcile of the same
+				// Machine raced this one; the next look finds its token.
+				return bootstrap.Join{}, fmt.Errorf("making the bootstrap token of Machine %s: %w", m.Name, err)
+			}
+			return l.join(t), nil
+		case err != nil:
+			return bootstrap.Join{}, fmt.Errorf("reading the bootstrap token of Machine %s: %w", m.Name, err)
+		case s.Labels[TokenMachineLabel] != string(m.UID):
+			continue // another Machine's, or a person's
+		}
+		t, err := bootstrap.TokenFromSecret(s)
+		if err != nil {
+			return bootstrap.Join{}, err
+		}
+		if expired(s, time.Now().Add(time.Minute)) {
+			// Too late to join with: the token cleaner deletes it soon.
+			// A new one is made on the next look.
+			err := secrets.Delete(ctx, s.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &s.UID}})
+			if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+				return bootstrap.Join{}, err
+			}
+			return bootstrap.Join{}, fmt.Errorf("the bootstrap token of Machine %s had expired; a new one is made", m.Name)
+		}
+		return l.join(t), nil
+	}
+	return bootstrap.Join{}, fmt.Errorf("the %d bootstrap token IDs of Machine %s are all taken by other tokens", tokenIDs, m.Name)
+}
+
+// Joined deletes m's bootstrap tokens: its machine has joined, or never
+// will. None being there is no error.
+func (l *API) Joined(ctx context.Context, m *machinistv1.Machine) error {
+	err := l.Kube.CoreV1().Secrets(metav1.NamespaceSystem).DeleteCollection(ctx, metav1.DeleteOptions{},
+		metav1.ListOptions{LabelSelector: TokenMachineLabel + "=" + string(m.UID)})
+	if err != nil {
+		return fmt.Errorf("deleting the bootstrap token of Machine %s: %w", m.Name, err)
+	}
+	return nil
+}
+
+func (l *API) join(t bootstrap.Token) bootstrap.Join {
+	return bootstrap.Join{Server: l.Server, CAData: l.CAData, Token: t.Value()}
+}
+
+// tokenID is the i-th token ID of the Machine with this UID: six
+// characters of [a-z0-9].
+func tokenID(uid types.UID, i int) string {
+	sum := sha256.Sum256([]byte(string(uid) + "/" + strconv.Itoa(i)))
+	id := strconv.FormatUint(binary.BigEndian.Uint64(sum[:8]), 36)
+	return strings.Repeat("0", max(0, 6-len(id))) + id[:min(6, len(id))]
+}
+
+// expired reports whether the token Secret's expiration is before t.
+func expired(s *corev1.Secret, t time.Time) bool {
+	at, err := time.Parse(time.RFC3339, string(s.Data[bootstrapapi.BootstrapTokenExpirationKey]))
+	return err == nil && at.Before(t)
+}

@@ -1,0 +1,170 @@
+// Package clusters runs one manager over its own cluster and two workload
+// clusters, each a real etcd, kube-apiserver and kube-controller-manager:
+// the Machines live in the management cluster, their Nodes in the cluster
+// each serves, joined with bootstrap tokens as kubelets join.
+package clusters
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/manager"
+	"github.com/machinist-dev/machinist/testenv"
+)
+
+// The workload clusters' names, as their WorkloadClusters are named in
+// each test's namespace.
+const (
+	blue  = "blue"
+	green = "green"
+)
+
+var (
+	env   *testenv.Env
+	ctrls *testenv.Controllers
+	verbs *testenv.Verbs
+	// workloads are the workload clusters by name; "" is the management
+	// cluster itself.
+	workloads = map[string]*testenv.Env{}
+)
+
+// leases are short, so that a killed machine shows within seconds.
+var leases = testenv.Leases{DurationSeconds: 10, RenewInterval: 2 * time.Second}
+
+func TestMain(m *testing.M) {
+	os.Exit(testenv.RunWithOptions(m, testenv.Options{ControllerManager: true}, func(e *testenv.Env) (func(), error) {
+		env = e
+		workloads[""] = e
+		var (
+			mu   sync.Mutex
+			errs []error
+			wg   sync.WaitGroup
+		)
+		for _, name := range []string{blue, green} {
+			wg.Go(func() {
+				w, err := testenv.StartWith(testenv.Options{Workload: true, ControllerManager: true})
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					errs = append(errs, fmt.Errorf("starting workload cluster %s: %w", name, err))
+					return
+				}
+				workloads[name] = w
+			})
+		}
+		wg.Wait()
+		stop := func() {
+			if verbs != nil {
+				_ = verbs.Stop()
+			}
+			if ctrls != nil {
+				_ = ctrls.Stop()
+			}
+			for name, w := range workloads {
+				if name != "" {
+					_ = w.Stop()
+				}
+			}
+		}
+		if err := errors.Join(errs...); err != nil {
+			return stop, err
+		}
+		var err error
+		ctrls, err = e.StartControllers(manager.Options{NodeGrace: 2 * time.Second, ClusterProbePeriod: 5 * time.Second}, leases)
+		if err != nil {
+			return stop, err
+		}
+		verbs, err = e.StartVerbs()
+		return stop, err
+	}))
+}
+
+// serve makes WorkloadClusters for blue and green in ns, from their admin
+// kubeconfigs in Secrets shaped as Cluster API shapes them.
+func serve(t *testing.T, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	for _, name := range []string{blue, green} {
+		kubeconfig, err := readKubeconfig(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		secret := &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-kubeconfig"},
+			Data:       map[string][]byte{machinistv1.DefaultKubeconfigKey: kubeconfig},
+		}
+		if err := env.Client.Create(ctx, secret); err != nil {
+			t.Fatal(err)
+		}
+		wc := &machinistv1.WorkloadCluster{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec:       machinistv1.WorkloadClusterSpec{Kubeconfig: machinistv1.KubeconfigReference{SecretName: secret.Name}},
+		}
+		if err := env.Client.Create(ctx, wc); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// readKubeconfig is an admin kubeconfig of the named workload cluster.
+func readKubeconfig(name string) ([]byte, error) { return os.ReadFile(workloads[name].Kubeconfig) }
+
+// kube is an admin clientset of the named cluster.
+func kube(t testing.TB, cluster string) kubernetes.Interface {
+	t.Helper()
+	k, err := kubernetes.NewForConfig(workloads[cluster].Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// nodeOf returns the Node of providerID in the named cluster, or nil.
+func nodeOf(t testing.TB, cluster, providerID string) *corev1.Node {
+	t.Helper()
+	nodes, err := kube(t, cluster).CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range nodes.Items {
+		if nodes.Items[i].Spec.ProviderID == providerID {
+			return &nodes.Items[i]
+		}
+	}
+	return nil
+}
+
+// running waits until the Machines selected in ns number n, all Running
+// and Ready, and returns them.
+func running(t *testing.T, ns string, n int, timeout time.Duration, opts ...client.ListOption) []machinistv1.Machine {
+	t.Helper()
+	var ms []machinistv1.Machine
+	testenv.WaitFor(t, timeout, fmt.Sprintf("%d Machines Running in %s", n, ns), func() error {
+		var err error
+		if ms, err = testenv.ListMachines(context.Background(), env.Client, ns, opts...); err != nil {
+			return err
+		}
+		ready := 0
+		for i := range ms {
+			if ms[i].Status.Phase == machinistv1.MachineRunning && ms[i].DeletionTimestamp.IsZero() {
+				ready++
+			}
+		}
+		if len(ms) != n || ready != n {
+			return fmt.Errorf("%d Machines, %d Running", len(ms), ready)
+		}
+		return nil
+	})
+	return ms
+}
