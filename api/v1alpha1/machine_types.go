@@ -71,12 +71,19 @@ type MachineSpec struct {
 	// +optional
 	ProviderID string `json:"providerID,omitempty"`
 
+	// The "namespace/name" rule comes first and the format rule passes
+	// such a value by, so that the likeliest mistake, reaching for another
+	// namespace, gets the one error that names it.
+
 	// ClusterName names the WorkloadCluster, in this Machine's own
 	// namespace, whose Node this Machine becomes. Empty means the cluster
-	// Machinist itself runs in. A Machine serves one cluster for life: to
-	// move capacity to another cluster, make new Machines there.
+	// Machinist itself runs in. A Machine serves one cluster for life: its
+	// clusterName is refused any change after creation. In a template it
+	// may change like any other field, and the Machines made from it then
+	// are new ones in the new cluster.
 	// +kubebuilder:validation:MaxLength=253
-	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",message="clusterName must be the name of a WorkloadCluster in the Machine's own namespace (lower-case letters, digits, '-' and '.'): a cluster in another namespace cannot be named"
+	// +kubebuilder:validation:XValidation:rule="!self.contains('/')",message="clusterName is the name of a WorkloadCluster in the Machine's own namespace, not namespace/name: a Machine cannot serve a cluster declared in another namespace"
+	// +kubebuilder:validation:XValidation:rule="self == '' || self.contains('/') || self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",message="clusterName must be the name of a WorkloadCluster: lower-case letters, digits, '-' and '.', starting and ending with a letter or digit"
 	// +optional
 	ClusterName string `json:"clusterName,omitempty"`
 
@@ -443,7 +450,6 @@ type MachineStatus struct {
 // Machine is one machine (and so one Node), driven through its lifecycle
 // by the Machine controller.
 //
-// +kubebuilder:validation:XValidation:rule=`(has(self.spec.clusterName) ? self.spec.clusterName : "") == (has(oldSelf.spec.clusterName) ? oldSelf.spec.clusterName : "")`,message="spec.clusterName cannot change: a Machine serves one cluster for life; make a new Machine in the other cluster"
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=ma,categories=machinist
@@ -461,6 +467,12 @@ type Machine struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
+	// The clusterName rule sits here, not on MachineSpec, because a
+	// template embeds MachineSpec and may change its clusterName. It is on
+	// spec, not on clusterName, because a rule on a field is not run when
+	// the field is added or removed, and both are changes of cluster.
+
+	// +kubebuilder:validation:XValidation:rule="(has(self.clusterName) ? self.clusterName : '') == (has(oldSelf.clusterName) ? oldSelf.clusterName : '')",fieldPath=".clusterName",message="clusterName cannot be set, changed or removed once the Machine exists: a Machine serves one cluster for life; make a new Machine in the other cluster"
 	// +required
 	Spec MachineSpec `json:"spec"`
 	// +optional

@@ -17,18 +17,24 @@ type WorkloadClusterSpec struct {
 // KubeconfigReference names a key of a Secret in the referring object's
 // own namespace.
 type KubeconfigReference struct {
+	// Emptiness and "namespace/name" have rules of their own, which the
+	// format rule passes by, so that each mistake gets one error that
+	// names it.
+
 	// SecretName is the Secret's name; it is always in the
 	// WorkloadCluster's own namespace.
-	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
-	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",message="secretName must be the name of a Secret in the WorkloadCluster's own namespace (lower-case letters, digits, '-' and '.'): a Secret in another namespace cannot be named"
+	// +kubebuilder:validation:XValidation:rule="self != ''",message="secretName is required: name the Secret that holds the cluster's kubeconfig"
+	// +kubebuilder:validation:XValidation:rule="!self.contains('/')",message="secretName is the name of a Secret in the WorkloadCluster's own namespace, not namespace/name: a Secret in another namespace cannot be named"
+	// +kubebuilder:validation:XValidation:rule="self == '' || self.contains('/') || self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",message="secretName must be the name of a Secret: lower-case letters, digits, '-' and '.', starting and ending with a letter or digit"
 	// +required
 	SecretName string `json:"secretName"`
 
 	// Key is the key of the Secret's data holding the kubeconfig; "value"
-	// when empty, as Cluster API writes it.
+	// when empty, as Cluster API writes it. It must be a key the API
+	// server accepts in a Secret's data.
 	// +kubebuilder:validation:MaxLength=253
-	// +kubebuilder:validation:XValidation:rule="self.matches('^[-._a-zA-Z0-9]+$')",message="key must be a Secret data key: letters, digits, '-', '_' and '.'"
+	// +kubebuilder:validation:XValidation:rule="self == '' || (self.matches('^[-._a-zA-Z0-9]+$') && self != '.' && !self.startsWith('..'))",message="key must be a key of a Secret's data: letters, digits, '-', '_' and '.', and neither '.' nor starting with '..'"
 	// +optional
 	Key string `json:"key,omitempty"`
 }

@@ -13,6 +13,23 @@ package rbac
 // +kubebuilder:rbac:groups=machinist.dev,resources=machines/status;machinesets/status;machinedeployments/status;machineclasses/status;machinehealthchecks/status;machinedisruptionbudgets/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=machinist.dev,resources=machines/finalizers;machinesets/finalizers;machinedeployments/finalizers,verbs=update
 
+// WorkloadClusters are made by people; the manager keeps their status and
+// holds a deleted one with a finalizer until no Machine serves it.
+//
+// +kubebuilder:rbac:groups=machinist.dev,resources=workloadclusters,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=machinist.dev,resources=workloadclusters/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=machinist.dev,resources=workloadclusters/finalizers,verbs=update
+
+// Secrets, read one at a time and never listed or watched, so that the
+// manager caches no Secret of any namespace: get reads the kubeconfig each
+// WorkloadCluster names, in the WorkloadCluster's namespace; create, get
+// and delete handle the bootstrap tokens that let a new machine's kubelet
+// join the manager's own cluster, in kube-system. Markers make only
+// cluster-wide rules, so this grants those verbs in every namespace;
+// docs/operations.md shows how to narrow them with Roles.
+//
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;delete
+
 // The Machine controller labels, taints, cordons and deletes Nodes and
 // drains them by evicting their pods. It never writes a Node's status:
 // marking a dead kubelet's Node is the node lifecycle controller's job.

@@ -607,14 +607,16 @@ func TestServiceAccountsMayDoWhatTheyNeed(t *testing.T) {
 	// For real: can-i asks the authorizer, which reads stored RBAC.
 	apply(t, ctx, nil, "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 
-	const operator, stranger = "deploy-test-operator", "deploy-test-stranger"
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: operator},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "machinist-machine-operator"},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: operator}},
-	}
-	if err := env.Client.Create(ctx, binding); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
+	const operator, viewer, stranger = "deploy-test-operator", "deploy-test-viewer", "deploy-test-stranger"
+	for user, role := range map[string]string{operator: "machinist-machine-operator", viewer: "machinist-viewer"} {
+		binding := &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: user},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
+			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: user}},
+		}
+		if err := env.Client.Create(ctx, binding); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
 	}
 
 	const (
@@ -666,11 +668,37 @@ func TestServiceAccountsMayDoWhatTheyNeed(t *testing.T) {
 		{managerSA, []string{"get", "validatingadmissionpolicybindings.admissionregistration.k8s.io/machinist-request"}, true},
 		{managerSA, []string{"update", "validatingadmissionpolicybindings.admissionregistration.k8s.io/machinist-request"}, false},
 
+		// WorkloadClusters: their status and finalizer are the manager's,
+		// and it reads each one's kubeconfig Secret by name, never
+		// listing or watching Secrets. It creates and deletes bootstrap
+		// tokens in kube-system.
+		{managerSA, []string{"watch", "workloadclusters.machinist.dev", "-A"}, true},
+		{managerSA, []string{"patch", "workloadclusters.machinist.dev", "-A"}, true},
+		{managerSA, []string{"update", "workloadclusters.machinist.dev", "--subresource=status", "-A"}, true},
+		{managerSA, []string{"update", "workloadclusters.machinist.dev", "--subresource=finalizers", "-A"}, true},
+		{managerSA, []string{"create", "workloadclusters.machinist.dev", "-A"}, false},
+		{managerSA, []string{"delete", "workloadclusters.machinist.dev", "-A"}, false},
+		{managerSA, []string{"get", "secrets/prod-kubeconfig", "-n", "fleet"}, true},
+		{managerSA, []string{"create", "secrets", "-n", "kube-system"}, true},
+		{managerSA, []string{"delete", "secrets", "-n", "kube-system"}, true},
+		{managerSA, []string{"list", "secrets", "-A"}, false},
+		{managerSA, []string{"watch", "secrets", "-A"}, false},
+		{managerSA, []string{"update", "secrets", "-n", "kube-system"}, false},
+
 		// People: patch on Machines is not the operator's; what lets them
 		// reboot is the verbs (below), on either path.
 		{operator, []string{"get", "machines.machinist.dev", "-A"}, true},
 		{operator, []string{"patch", "machines.machinist.dev", "-A"}, false},
 		{operator, []string{"patch", "machinedeployments.machinist.dev", "-A"}, true},
+		{operator, []string{"list", "workloadclusters.machinist.dev", "-A"}, true},
+		{operator, []string{"get", "secrets", "-A"}, false},
+		// A viewer sees WorkloadClusters and never the Secrets that hold
+		// their credentials.
+		{viewer, []string{"list", "workloadclusters.machinist.dev", "-A"}, true},
+		{viewer, []string{"get", "workloadclusters.machinist.dev", "--subresource=status", "-A"}, true},
+		{viewer, []string{"update", "workloadclusters.machinist.dev", "-A"}, false},
+		{viewer, []string{"get", "secrets", "-A"}, false},
+		{viewer, []string{"list", "secrets", "-A"}, false},
 	} {
 		if got := canI(t, ctx, tc.user, tc.args...); got != tc.want {
 			t.Errorf("kubectl auth can-i %s --as=%s: %v, want %v", strings.Join(tc.args, " "), tc.user, got, tc.want)

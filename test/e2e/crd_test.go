@@ -31,6 +31,7 @@ var _ = Describe("The machinist.dev API", func() {
 			{"machineclasses", "MachineClass", "mc", false},
 			{"machinehealthchecks", "MachineHealthCheck", "mhc", false},
 			{"machinedisruptionbudgets", "MachineDisruptionBudget", "mdb", false},
+			{"workloadclusters", "WorkloadCluster", "wc", false},
 		} {
 			r, ok := byName[want.resource]
 			Expect(ok).To(BeTrue(), "resource %s is not served", want.resource)

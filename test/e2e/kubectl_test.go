@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -85,7 +86,7 @@ var _ = Describe("kubectl", func() {
 
 	It("prints each kind's columns", func(ctx SpecContext) {
 		ns := env.NewNamespace(GinkgoTB(), "e2e")
-		m := validMachine(ns, "worker-0")
+		m := machineInCluster(ns, "worker-0", "prod")
 		ms := validMachineSet(ns, "workers", 3)
 		md := validMachineDeployment(ns, "pool")
 		for _, o := range []client.Object{m, ms, md} {
@@ -114,14 +115,14 @@ var _ = Describe("kubectl", func() {
 		tables := table(out)
 		Expect(tables).To(HaveLen(3), out)
 
-		Expect(tables[0][0]).To(Equal([]string{"NAME", "PHASE", "READY", "REASON", "NODE", "VERSION", "AGE"}))
-		Expect(tables[0][1][:6]).To(Equal([]string{"machine.machinist.dev/worker-0", "Running", "False", "NodeLeaseExpired", "node-0", "v1.37.2"}))
+		Expect(tables[0][0]).To(Equal([]string{"NAME", "PHASE", "READY", "REASON", "NODE", "CLUSTER", "VERSION", "AGE"}))
+		Expect(tables[0][1][:7]).To(Equal([]string{"machine.machinist.dev/worker-0", "Running", "False", "NodeLeaseExpired", "node-0", "prod", "v1.37.2"}))
 
 		By("showing the providerID, whether it drifted and the reason's message with -o wide")
 		wide, err := env.Kubectl(ctx, "-n", ns, "get", "ma", "-o", "wide")
 		Expect(err).NotTo(HaveOccurred())
 		lines := strings.Split(strings.TrimSpace(wide), "\n")
-		Expect(strings.Fields(lines[0])).To(Equal([]string{"NAME", "PHASE", "READY", "REASON", "NODE", "VERSION", "AGE", "PROVIDERID", "DRIFTED", "MESSAGE"}))
+		Expect(strings.Fields(lines[0])).To(Equal([]string{"NAME", "PHASE", "READY", "REASON", "NODE", "CLUSTER", "VERSION", "AGE", "PROVIDERID", "DRIFTED", "MESSAGE"}))
 		Expect(lines[1]).To(ContainSubstring("inmemory:///worker-0   True "))
 		Expect(lines[1]).To(HaveSuffix("Node node-0's kubelet has not renewed its Lease"))
 
@@ -130,6 +131,74 @@ var _ = Describe("kubectl", func() {
 
 		Expect(tables[2][0]).To(Equal([]string{"NAME", "DESIRED", "UPDATED", "READY", "AVAILABLE", "PHASE", "AGE"}))
 		Expect(tables[2][1][:6]).To(Equal([]string{"machinedeployment.machinist.dev/pool", "3", "1", "3", "3", "Progressing"}))
+	})
+
+	It("leaves a Machine's CLUSTER blank when it serves the manager's own cluster", func(ctx SpecContext) {
+		ns := env.NewNamespace(GinkgoTB(), "e2e")
+		Expect(k8s.Create(ctx, validMachine(ns, "local"))).To(Succeed())
+		Expect(k8s.Create(ctx, machineInCluster(ns, "remote", "prod"))).To(Succeed())
+		out, err := env.Kubectl(ctx, "-n", ns, "get", "ma", "-o", "custom-columns=NAME:.metadata.name,CLUSTER:.spec.clusterName")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(table(out)).To(Equal([][][]string{{{"NAME", "CLUSTER"}, {"local", "<none>"}, {"remote", "prod"}}}))
+
+		out, err = env.Kubectl(ctx, "-n", ns, "get", "ma")
+		Expect(err).NotTo(HaveOccurred())
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		Expect(lines).To(HaveLen(3), out)
+		// The column starts where its header does; a blank cell leaves
+		// spaces there.
+		at := strings.Index(lines[0], "CLUSTER")
+		Expect(at).To(BeNumerically(">", 0), out)
+		Expect(lines[1]).To(HavePrefix("local "))
+		Expect(strings.TrimSpace(lines[1][at:at+len("prod")])).To(BeEmpty(), out)
+		Expect(lines[2]).To(HavePrefix("remote "))
+		Expect(lines[2][at:at+len("prod")]).To(Equal("prod"), out)
+	})
+
+	It("prints a WorkloadCluster's reachability and counts, and its server and message with -o wide", func(ctx SpecContext) {
+		ns := env.NewNamespace(GinkgoTB(), "e2e")
+		prod := validWorkloadCluster(ns, "prod")
+		lost := validWorkloadCluster(ns, "lost")
+		for _, o := range []*machinistv1.WorkloadCluster{prod, lost} {
+			Expect(k8s.Create(ctx, o)).To(Succeed())
+		}
+		prod.Status = machinistv1.WorkloadClusterStatus{
+			Server: "https://prod.example:6443", Version: "v1.37.2", Nodes: ptr.To(int32(12)), Machines: ptr.To(int32(10)),
+			Conditions: []metav1.Condition{{
+				Type: machinistv1.WorkloadClusterReachable, Status: metav1.ConditionTrue, Reason: machinistv1.ReasonClusterConnected,
+				Message: "reading the cluster's API", LastTransitionTime: metav1.Now(),
+			}},
+		}
+		Expect(k8s.Status().Update(ctx, prod)).To(Succeed())
+		lost.Status = machinistv1.WorkloadClusterStatus{
+			Machines: ptr.To(int32(0)),
+			Conditions: []metav1.Condition{{
+				Type: machinistv1.WorkloadClusterReachable, Status: metav1.ConditionFalse, Reason: machinistv1.ReasonKubeconfigSecretMissing,
+				Message: `Secret "lost-kubeconfig" not found`, LastTransitionTime: metav1.Now(),
+			}},
+		}
+		Expect(k8s.Status().Update(ctx, lost)).To(Succeed())
+
+		out, err := env.Kubectl(ctx, "-n", ns, "get", "wc")
+		Expect(err).NotTo(HaveOccurred())
+		tables := table(out)
+		Expect(tables).To(HaveLen(1), out)
+		Expect(tables[0]).To(HaveLen(3), out)
+		Expect(tables[0][0]).To(Equal([]string{"NAME", "REACHABLE", "REASON", "VERSION", "NODES", "MACHINES", "AGE"}))
+		// Sorted by name: lost, then prod. lost never reached its cluster,
+		// so it has no version and no Node count: those cells are blank.
+		Expect(tables[0][1]).To(HaveLen(5), out)
+		Expect(tables[0][1][:4]).To(Equal([]string{"lost", "False", "KubeconfigSecretMissing", "0"}))
+		Expect(tables[0][2]).To(HaveLen(7), out)
+		Expect(tables[0][2][:6]).To(Equal([]string{"prod", "True", "Connected", "v1.37.2", "12", "10"}))
+
+		wide, err := env.Kubectl(ctx, "-n", ns, "get", "workloadcluster", "prod", "-o", "wide")
+		Expect(err).NotTo(HaveOccurred())
+		lines := strings.Split(strings.TrimSpace(wide), "\n")
+		Expect(lines).To(HaveLen(2), wide)
+		Expect(strings.Fields(lines[0])).To(Equal([]string{"NAME", "REACHABLE", "REASON", "VERSION", "NODES", "MACHINES", "AGE", "SERVER", "MESSAGE"}))
+		Expect(lines[1]).To(ContainSubstring(" https://prod.example:6443 "))
+		Expect(lines[1]).To(HaveSuffix("reading the cluster's API"))
 	})
 
 	It("prints a MachineHealthCheck's counts, and its reason with -o wide", func(ctx SpecContext) {
@@ -198,6 +267,7 @@ var _ = Describe("kubectl", func() {
 			validMachineDeployment(ns, "pool"),
 			validMachineHealthCheck(ns, "workers"),
 			validMachineDisruptionBudget(ns, "workers"),
+			validWorkloadCluster(ns, "prod"),
 		} {
 			Expect(k8s.Create(ctx, o)).To(Succeed())
 		}
@@ -210,10 +280,14 @@ var _ = Describe("kubectl", func() {
 			"machinedeployment.machinist.dev/pool",
 			"machinehealthcheck.machinist.dev/workers",
 			"machinedisruptionbudget.machinist.dev/workers",
+			"workloadcluster.machinist.dev/prod",
 		))
 		out, err = env.Kubectl(ctx, "-n", ns, "get", "mc", "-o", "name")
 		Expect(err).NotTo(HaveOccurred())
 		Expect(strings.TrimSpace(out)).To(Equal("machineclass.machinist.dev/small"))
+		out, err = env.Kubectl(ctx, "-n", ns, "get", "wc", "-o", "name")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(strings.TrimSpace(out)).To(Equal("workloadcluster.machinist.dev/prod"))
 	})
 
 	It("applies the samples in config/samples cleanly", func(ctx SpecContext) {

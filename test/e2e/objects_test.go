@@ -76,6 +76,37 @@ func validMachineDeployment(ns, name string) *machinistv1.MachineDeployment {
 	}
 }
 
+// validWorkloadCluster reads its kubeconfig from Cluster API's Secret for
+// a cluster of that name, under the key "value" left to its default.
+func validWorkloadCluster(ns, name string) *machinistv1.WorkloadCluster {
+	return &machinistv1.WorkloadCluster{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: machinistv1.WorkloadClusterSpec{
+			Kubeconfig: machinistv1.KubeconfigReference{SecretName: name + "-kubeconfig"},
+		},
+	}
+}
+
+// workloadClusterYAML is a WorkloadCluster written as a user's YAML would
+// be, with spec exactly as given: the Go type cannot leave out secretName
+// or the kubeconfig, and omitempty drops an empty key.
+func workloadClusterYAML(ns, name string, spec map[string]any) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": machinistv1.GroupVersion.String(),
+		"kind":       "WorkloadCluster",
+		"metadata":   map[string]any{"namespace": ns, "name": name},
+		"spec":       spec,
+	}}
+}
+
+// machineInCluster is a valid Machine serving the WorkloadCluster named
+// cluster ("" for the manager's own cluster).
+func machineInCluster(ns, name, cluster string) *machinistv1.Machine {
+	m := validMachine(ns, name)
+	m.Spec.ClusterName = cluster
+	return m
+}
+
 // validMachineHealthCheck selects the Machines labelled pool=name and
 // leaves everything else to the defaults.
 func validMachineHealthCheck(ns, name string) *machinistv1.MachineHealthCheck {

@@ -70,6 +70,14 @@ const (
 	nodeStartupMsg       = "nodeStartupTimeout must be a duration such as 90s, 10m or 1h"
 	cooldownMsg          = "cooldown must be a duration such as 30m or 1h"
 
+	clusterNamespaceMsg = "clusterName is the name of a WorkloadCluster in the Machine's own namespace, not namespace/name: a Machine cannot serve a cluster declared in another namespace"
+	clusterNameMsg      = "clusterName must be the name of a WorkloadCluster: lower-case letters, digits, '-' and '.', starting and ending with a letter or digit"
+	clusterImmutableMsg = "clusterName cannot be set, changed or removed once the Machine exists: a Machine serves one cluster for life; make a new Machine in the other cluster"
+	secretRequiredMsg   = "secretName is required: name the Secret that holds the cluster's kubeconfig"
+	secretNamespaceMsg  = "secretName is the name of a Secret in the WorkloadCluster's own namespace, not namespace/name: a Secret in another namespace cannot be named"
+	secretNameMsg       = "secretName must be the name of a Secret: lower-case letters, digits, '-' and '.', starting and ending with a letter or digit"
+	secretKeyMsg        = "key must be a key of a Secret's data: letters, digits, '-', '_' and '.', and neither '.' nor starting with '..'"
+
 	maxDisruptedMsg   = "maxDisrupted must be a whole number of Machines (0 or more) or a percentage from 0% to 100%"
 	reasonOnceMsg     = "each reason may be listed once"
 	scheduleMsg       = `schedule must be a cron schedule of five fields, such as "0 2 * * 1-5", or one of @yearly, @monthly, @weekly, @daily, @hourly`
@@ -242,6 +250,25 @@ var invalidCases = []invalidCase{
 			return ms
 		},
 		want: "spec.template: Invalid value: " + templateIDMsg,
+	},
+	{
+		name: "MachineSet template that names a cluster in another namespace",
+		build: func(ns string) client.Object {
+			ms := validMachineSet(ns, "elsewhere", 1)
+			ms.Spec.Template.Spec.ClusterName = "other/prod"
+			return ms
+		},
+		want: `spec.template.spec.clusterName: Invalid value: "other/prod": ` + clusterNamespaceMsg,
+	},
+	{
+		name: "MachineSet template whose clusterName changes to one that is not a name",
+		build: func(ns string) client.Object {
+			ms := validMachineSet(ns, "moving", 1)
+			ms.Spec.Template.Spec.ClusterName = "prod"
+			return ms
+		},
+		update: func(o client.Object) { o.(*machinistv1.MachineSet).Spec.Template.Spec.ClusterName = "Staging" },
+		want:   `spec.template.spec.clusterName: Invalid value: "Staging": ` + clusterNameMsg,
 	},
 	{
 		name: "MachineSet with negative minReadySeconds",
@@ -440,6 +467,27 @@ var invalidCases = []invalidCase{
 			return md
 		},
 		want: "spec.template: Invalid value: " + templateIDMsg,
+	},
+	{
+		name: "MachineDeployment template whose clusterName is not a name",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "bad-cluster")
+			md.Spec.Template.Spec.ClusterName = "prod_eu"
+			return md
+		},
+		want: `spec.template.spec.clusterName: Invalid value: "prod_eu": ` + clusterNameMsg,
+	},
+	{
+		name: "MachineDeployment template whose clusterName changes to one in another namespace",
+		build: func(ns string) client.Object {
+			md := validMachineDeployment(ns, "moving")
+			md.Spec.Template.Spec.ClusterName = "prod"
+			return md
+		},
+		update: func(o client.Object) {
+			o.(*machinistv1.MachineDeployment).Spec.Template.Spec.ClusterName = "fleet/prod"
+		},
+		want: `spec.template.spec.clusterName: Invalid value: "fleet/prod": ` + clusterNamespaceMsg,
 	},
 	{
 		name: "MachineDeployment with maxSurge 0% and maxUnavailable 0",
@@ -789,6 +837,59 @@ var invalidCases = []invalidCase{
 			return m
 		},
 		want: schemaErr("spec.providerID: Too long: may not be more than 512 bytes"),
+	},
+	{
+		name: "Machine that names a cluster in another namespace",
+		build: func(ns string) client.Object {
+			return machineInCluster(ns, "elsewhere", "fleet/prod")
+		},
+		want: `spec.clusterName: Invalid value: "fleet/prod": ` + clusterNamespaceMsg,
+	},
+	{
+		name: "Machine whose clusterName has upper-case letters",
+		build: func(ns string) client.Object {
+			return machineInCluster(ns, "shouting", "Prod")
+		},
+		want: `spec.clusterName: Invalid value: "Prod": ` + clusterNameMsg,
+	},
+	{
+		name: "Machine whose clusterName ends with a dash",
+		build: func(ns string) client.Object {
+			return machineInCluster(ns, "dangling", "prod-")
+		},
+		want: `spec.clusterName: Invalid value: "prod-": ` + clusterNameMsg,
+	},
+	{
+		name: "Machine whose clusterName is too long",
+		build: func(ns string) client.Object {
+			// Well formed, so only the length is wrong.
+			return machineInCluster(ns, "long-cluster", strings.Repeat("c", 254))
+		},
+		want: schemaErr("spec.clusterName: Too long: may not be more than 253 bytes"),
+	},
+	{
+		name: "Machine whose clusterName changes",
+		build: func(ns string) client.Object {
+			return machineInCluster(ns, "mover", "prod")
+		},
+		update: func(o client.Object) { o.(*machinistv1.Machine).Spec.ClusterName = "staging" },
+		want:   "spec.clusterName: Invalid value: " + clusterImmutableMsg,
+	},
+	{
+		name: "Machine given a clusterName after creation",
+		build: func(ns string) client.Object {
+			return validMachine(ns, "local")
+		},
+		update: func(o client.Object) { o.(*machinistv1.Machine).Spec.ClusterName = "prod" },
+		want:   "spec.clusterName: Invalid value: " + clusterImmutableMsg,
+	},
+	{
+		name: "Machine whose clusterName is removed",
+		build: func(ns string) client.Object {
+			return machineInCluster(ns, "homesick", "prod")
+		},
+		update: func(o client.Object) { o.(*machinistv1.Machine).Spec.ClusterName = "" },
+		want:   "spec.clusterName: Invalid value: " + clusterImmutableMsg,
 	},
 	{
 		name: "Machine with a taint of unknown effect",
@@ -1654,6 +1755,104 @@ var invalidCases = []invalidCase{
 		},
 		want: `spec.maxDisrupted: Invalid value: "200%": ` + maxDisruptedMsg,
 	},
+
+	// WorkloadCluster.
+	{
+		name: "WorkloadCluster with an empty secretName",
+		build: func(ns string) client.Object {
+			wc := validWorkloadCluster(ns, "nameless")
+			wc.Spec.Kubeconfig.SecretName = ""
+			return wc
+		},
+		want: `spec.kubeconfig.secretName: Invalid value: "": ` + secretRequiredMsg,
+	},
+	{
+		name: "WorkloadCluster without secretName",
+		build: func(ns string) client.Object {
+			return workloadClusterYAML(ns, "no-secret", map[string]any{"kubeconfig": map[string]any{"key": "value"}})
+		},
+		want: schemaErr("spec.kubeconfig.secretName: Required value"),
+	},
+	{
+		name: "WorkloadCluster without kubeconfig",
+		build: func(ns string) client.Object {
+			return workloadClusterYAML(ns, "no-kubeconfig", map[string]any{})
+		},
+		want: schemaErr("spec.kubeconfig: Required value"),
+	},
+	{
+		name: "WorkloadCluster whose Secret is in another namespace",
+		build: func(ns string) client.Object {
+			wc := validWorkloadCluster(ns, "elsewhere")
+			wc.Spec.Kubeconfig.SecretName = "capi-system/prod-kubeconfig"
+			return wc
+		},
+		want: `spec.kubeconfig.secretName: Invalid value: "capi-system/prod-kubeconfig": ` + secretNamespaceMsg,
+	},
+	{
+		name: "WorkloadCluster whose secretName has an underscore",
+		build: func(ns string) client.Object {
+			wc := validWorkloadCluster(ns, "underscored")
+			wc.Spec.Kubeconfig.SecretName = "prod_kubeconfig"
+			return wc
+		},
+		want: `spec.kubeconfig.secretName: Invalid value: "prod_kubeconfig": ` + secretNameMsg,
+	},
+	{
+		name: "WorkloadCluster whose secretName is too long",
+		build: func(ns string) client.Object {
+			wc := validWorkloadCluster(ns, "long-secret")
+			wc.Spec.Kubeconfig.SecretName = strings.Repeat("s", 254)
+			return wc
+		},
+		want: schemaErr("spec.kubeconfig.secretName: Too long: may not be more than 253 bytes"),
+	},
+	{
+		name: "WorkloadCluster whose secretName changes to one in another namespace",
+		build: func(ns string) client.Object {
+			return validWorkloadCluster(ns, "repointed")
+		},
+		update: func(o client.Object) {
+			o.(*machinistv1.WorkloadCluster).Spec.Kubeconfig.SecretName = "other/repointed-kubeconfig"
+		},
+		want: `spec.kubeconfig.secretName: Invalid value: "other/repointed-kubeconfig": ` + secretNamespaceMsg,
+	},
+	{
+		name: "WorkloadCluster whose key has a slash",
+		build: func(ns string) client.Object {
+			wc := validWorkloadCluster(ns, "slashed-key")
+			wc.Spec.Kubeconfig.Key = "admin/kubeconfig"
+			return wc
+		},
+		want: `spec.kubeconfig.key: Invalid value: "admin/kubeconfig": ` + secretKeyMsg,
+	},
+	{
+		name: "WorkloadCluster whose key is a dot",
+		build: func(ns string) client.Object {
+			wc := validWorkloadCluster(ns, "dot-key")
+			wc.Spec.Kubeconfig.Key = "."
+			return wc
+		},
+		want: `spec.kubeconfig.key: Invalid value: ".": ` + secretKeyMsg,
+	},
+	{
+		name: "WorkloadCluster whose key starts with two dots",
+		build: func(ns string) client.Object {
+			wc := validWorkloadCluster(ns, "dotdot-key")
+			wc.Spec.Kubeconfig.Key = "..data"
+			return wc
+		},
+		want: `spec.kubeconfig.key: Invalid value: "..data": ` + secretKeyMsg,
+	},
+	{
+		name: "WorkloadCluster whose key is too long",
+		build: func(ns string) client.Object {
+			wc := validWorkloadCluster(ns, "long-key")
+			wc.Spec.Kubeconfig.Key = strings.Repeat("k", 254)
+			return wc
+		},
+		want: schemaErr("spec.kubeconfig.key: Too long: may not be more than 253 bytes"),
+	},
 }
 
 // validCase is an object on the edge of a rule that the API server must
@@ -1818,6 +2017,42 @@ var validCases = []validCase{
 		hc.Spec.Selector = metav1.LabelSelector{}
 		return hc
 	}},
+	{"Machine serving a WorkloadCluster", func(ns string) client.Object { return machineInCluster(ns, "remote", "prod") }},
+	{"Machine serving a WorkloadCluster whose name has dots", func(ns string) client.Object {
+		return machineInCluster(ns, "dotted", "prod.eu-west-1.example")
+	}},
+	{"Machine serving a WorkloadCluster whose name is 253 bytes", func(ns string) client.Object {
+		return machineInCluster(ns, "longest", strings.Repeat("c", 253))
+	}},
+	{"Machine with an empty clusterName", func(ns string) client.Object {
+		m := machineWithVersion(ns, "own-cluster", "v1.37.2")
+		m.Object["spec"].(map[string]any)["clusterName"] = ""
+		return m
+	}},
+	{"MachineDeployment whose template serves a WorkloadCluster", func(ns string) client.Object {
+		md := validMachineDeployment(ns, "remote")
+		md.Spec.Template.Spec.ClusterName = "prod"
+		return md
+	}},
+	{"WorkloadCluster reading Cluster API's Secret", func(ns string) client.Object { return validWorkloadCluster(ns, "prod") }},
+	{"WorkloadCluster with an empty key", func(ns string) client.Object {
+		return workloadClusterYAML(ns, "empty-key", map[string]any{"kubeconfig": map[string]any{"secretName": "prod-kubeconfig", "key": ""}})
+	}},
+	{"WorkloadCluster with a key of letters, digits, '-', '_' and '.'", func(ns string) client.Object {
+		wc := validWorkloadCluster(ns, "keyed")
+		wc.Spec.Kubeconfig.Key = "admin_kubeconfig-2.yaml"
+		return wc
+	}},
+	{"WorkloadCluster with a key that starts with one dot", func(ns string) client.Object {
+		wc := validWorkloadCluster(ns, "hidden-key")
+		wc.Spec.Kubeconfig.Key = ".kubeconfig"
+		return wc
+	}},
+	{"WorkloadCluster whose secretName has dots", func(ns string) client.Object {
+		wc := validWorkloadCluster(ns, "dotted")
+		wc.Spec.Kubeconfig.SecretName = "prod.kubeconfig"
+		return wc
+	}},
 	{"MachineDisruptionBudget with maxDisrupted 0", func(ns string) client.Object {
 		mdb := validMachineDisruptionBudget(ns, "frozen")
 		mdb.Spec.MaxDisrupted = intstr.FromInt32(0)
@@ -1886,6 +2121,114 @@ var validCases = []validCase{
 	}},
 }
 
+// validUpdate is a change the API server must accept: an update of a valid
+// object, and what the stored object must then hold.
+type validUpdate struct {
+	name   string
+	build  func(ns string) client.Object
+	update func(client.Object)
+	check  func(stored client.Object) error
+}
+
+// templateCluster is the clusterName of a MachineSet's or
+// MachineDeployment's template.
+func templateCluster(o client.Object) string {
+	switch o := o.(type) {
+	case *machinistv1.MachineSet:
+		return o.Spec.Template.Spec.ClusterName
+	case *machinistv1.MachineDeployment:
+		return o.Spec.Template.Spec.ClusterName
+	}
+	panic(fmt.Sprintf("%T has no template", o))
+}
+
+// setTemplateCluster sets the clusterName of a MachineSet's or
+// MachineDeployment's template.
+func setTemplateCluster(o client.Object, cluster string) {
+	switch o := o.(type) {
+	case *machinistv1.MachineSet:
+		o.Spec.Template.Spec.ClusterName = cluster
+	case *machinistv1.MachineDeployment:
+		o.Spec.Template.Spec.ClusterName = cluster
+	default:
+		panic(fmt.Sprintf("%T has no template", o))
+	}
+}
+
+// templateMovesTo is a validUpdate of a template's clusterName from one
+// cluster to another: a template change like any other, which the API
+// must let through for a rollout to move Machines between clusters.
+func templateMovesTo(kind string, build func(ns string) client.Object, from, to string) validUpdate {
+	return validUpdate{
+		name: fmt.Sprintf("%s template whose clusterName goes from %q to %q", kind, from, to),
+		build: func(ns string) client.Object {
+			o := build(ns)
+			setTemplateCluster(o, from)
+			return o
+		},
+		update: func(o client.Object) { setTemplateCluster(o, to) },
+		check: func(stored client.Object) error {
+			if got := templateCluster(stored); got != to {
+				return fmt.Errorf("the stored template serves %q, not %q", got, to)
+			}
+			return nil
+		},
+	}
+}
+
+var validUpdates = []validUpdate{
+	templateMovesTo("MachineDeployment", func(ns string) client.Object { return validMachineDeployment(ns, "pool") }, "", "prod"),
+	templateMovesTo("MachineDeployment", func(ns string) client.Object { return validMachineDeployment(ns, "pool") }, "prod", "staging"),
+	templateMovesTo("MachineDeployment", func(ns string) client.Object { return validMachineDeployment(ns, "pool") }, "prod", ""),
+	templateMovesTo("MachineSet", func(ns string) client.Object { return validMachineSet(ns, "workers", 1) }, "", "prod"),
+	templateMovesTo("MachineSet", func(ns string) client.Object { return validMachineSet(ns, "workers", 1) }, "prod", "staging"),
+	templateMovesTo("MachineSet", func(ns string) client.Object { return validMachineSet(ns, "workers", 1) }, "prod", ""),
+	{
+		name:  "Machine serving a WorkloadCluster whose version and labels change",
+		build: func(ns string) client.Object { return machineInCluster(ns, "remote", "prod") },
+		update: func(o client.Object) {
+			m := o.(*machinistv1.Machine)
+			m.Spec.Version = "v1.37.3"
+			m.Spec.NodeLabels = map[string]string{"tier": "batch"}
+		},
+		check: func(stored client.Object) error {
+			if m := stored.(*machinistv1.Machine); m.Spec.ClusterName != "prod" || m.Spec.Version != "v1.37.3" {
+				return fmt.Errorf("the stored Machine serves %q at %s", m.Spec.ClusterName, m.Spec.Version)
+			}
+			return nil
+		},
+	},
+	{
+		// Absent and empty both mean the manager's own cluster.
+		name:  "Machine without a clusterName given an empty one",
+		build: func(ns string) client.Object { return machineWithVersion(ns, "own-cluster", "v1.37.2") },
+		update: func(o client.Object) {
+			o.(*unstructured.Unstructured).Object["spec"].(map[string]any)["clusterName"] = ""
+		},
+		check: func(stored client.Object) error {
+			cluster, found, err := unstructured.NestedString(stored.(*unstructured.Unstructured).Object, "spec", "clusterName")
+			if err != nil || !found || cluster != "" {
+				return fmt.Errorf("the stored clusterName is %q (found %v, %v), want an empty one", cluster, found, err)
+			}
+			return nil
+		},
+	},
+	{
+		name:  "WorkloadCluster pointed at another Secret and key",
+		build: func(ns string) client.Object { return validWorkloadCluster(ns, "prod") },
+		update: func(o client.Object) {
+			wc := o.(*machinistv1.WorkloadCluster)
+			wc.Spec.Kubeconfig = machinistv1.KubeconfigReference{SecretName: "prod-admin", Key: "kubeconfig"}
+		},
+		check: func(stored client.Object) error {
+			if ref := stored.(*machinistv1.WorkloadCluster).Spec.Kubeconfig; ref.SecretName != "prod-admin" || ref.DataKey() != "kubeconfig" {
+				return fmt.Errorf("the stored kubeconfig reference is %+v", ref)
+			}
+			return nil
+		},
+	},
+}
+
 // ruleMessages returns the message of every x-kubernetes-validations rule in
 // the CRDs in dir.
 func ruleMessages(dir string) map[string]bool {
@@ -1941,6 +2284,7 @@ var _ = Describe("API validation", func() {
 			validMachineDeployment(ns, "md"),
 			validMachineHealthCheck(ns, "mhc"),
 			validMachineDisruptionBudget(ns, "mdb"),
+			validWorkloadCluster(ns, "wc"),
 		} {
 			Expect(k8s.Create(ctx, o)).To(Succeed(), "%T %s", o, o.GetName())
 		}
@@ -2017,5 +2361,23 @@ var _ = Describe("API validation", func() {
 			Expect(k8s.Get(ctx, client.ObjectKeyFromObject(obj), obj.DeepCopyObject().(client.Object))).To(Succeed())
 		},
 		validEntries,
+	)
+
+	updateEntries := make([]TableEntry, 0, len(validUpdates))
+	for _, c := range validUpdates {
+		updateEntries = append(updateEntries, Entry(c.name, c))
+	}
+	DescribeTable("accepts a change no rule forbids",
+		func(ctx SpecContext, c validUpdate) {
+			ns := env.NewNamespace(GinkgoTB(), "e2e")
+			obj := c.build(ns)
+			Expect(k8s.Create(ctx, obj)).To(Succeed(), "the object before the update must be valid")
+			c.update(obj)
+			Expect(k8s.Update(ctx, obj)).To(Succeed())
+			stored := obj.DeepCopyObject().(client.Object)
+			Expect(k8s.Get(ctx, client.ObjectKeyFromObject(obj), stored)).To(Succeed())
+			Expect(c.check(stored)).To(Succeed())
+		},
+		updateEntries,
 	)
 })

@@ -12,6 +12,8 @@ package operator
 // The verbs, and reading the Machines they act on.
 // +kubebuilder:rbac:groups=subresources.machinist.dev,resources=machines/reboot;machines/repair,verbs=update
 // +kubebuilder:rbac:groups=subresources.machinist.dev,resources=machines,verbs=get
-// +kubebuilder:rbac:groups=machinist.dev,resources=machines;machinesets;machinedeployments;machineclasses;machinehealthchecks;machinedisruptionbudgets,verbs=get;list;watch
+// WorkloadClusters are read to see which cluster a Machine serves; their
+// kubeconfig Secrets are not: a cluster's credentials are granted apart.
+// +kubebuilder:rbac:groups=machinist.dev,resources=machines;machinesets;machinedeployments;machineclasses;machinehealthchecks;machinedisruptionbudgets;workloadclusters,verbs=get;list;watch
 // Rollouts: pause, resume and undo change the MachineDeployment.
 // +kubebuilder:rbac:groups=machinist.dev,resources=machinedeployments,verbs=patch;update

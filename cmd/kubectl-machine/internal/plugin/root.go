@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
@@ -45,9 +46,10 @@ func New(streams genericiooptions.IOStreams) *cobra.Command {
 	o := &options{flags: genericclioptions.NewConfigFlags(true), streams: streams}
 	cmd := &cobra.Command{
 		Use:   "kubectl-machine",
-		Short: "Reboot, repair and inspect Machines; manage MachineDeployment rollouts",
-		Long: `Reboot, repair and inspect Machinist Machines, and manage the rollouts of
-MachineDeployments the way 'kubectl rollout' manages Deployments.
+		Short: "Reboot, repair and inspect Machines; manage MachineDeployment rollouts; get a WorkloadCluster's kubeconfig",
+		Long: `Reboot, repair and inspect Machinist Machines, manage the rollouts of
+MachineDeployments the way 'kubectl rollout' manages Deployments, and print
+the kubeconfig of a WorkloadCluster.
 
 ` + exitCodesHelp,
 		Annotations:   map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl machine"},
@@ -60,7 +62,7 @@ MachineDeployments the way 'kubectl rollout' manages Deployments.
 	cmd.SetOut(streams.Out)
 	cmd.SetErr(streams.ErrOut)
 	o.flags.AddFlags(cmd.PersistentFlags())
-	cmd.AddCommand(o.verbCommand(reboot), o.verbCommand(repair), o.statusCommand(), o.rolloutCommand())
+	cmd.AddCommand(o.verbCommand(reboot), o.verbCommand(repair), o.statusCommand(), o.rolloutCommand(), o.kubeconfigCommand())
 	return cmd
 }
 
@@ -105,9 +107,11 @@ func withTimeout(ctx context.Context, d time.Duration) (context.Context, context
 // in fully qualified names such as machinedeployment.machinist.dev/NAME.
 var group = machinistv1.GroupVersion.Group
 
-// scheme knows Machinist's kinds, which is all the plugin reads and writes.
+// scheme knows Machinist's kinds and the core group, whose Secrets hold
+// WorkloadClusters' kubeconfigs.
 var scheme = func() *runtime.Scheme {
 	s := runtime.NewScheme()
 	utilruntime.Must(machinistv1.AddToScheme(s))
+	utilruntime.Must(corev1.AddToScheme(s))
 	return s
 }()
