@@ -1,10 +1,13 @@
 // Package controllermanager runs Kubernetes' own kube-controller-manager
-// beside a kube-apiserver, with the controllers a machine fleet relies on:
-// the garbage collector (owner references cascade deletions), the
-// namespace controller (a deleted namespace empties) and the node
-// lifecycle controller (a Node whose kubelet stops renewing its Lease is
-// marked Ready=Unknown). `machinist run` and the tests that need them use
-// it, so that what Kubernetes does is done by Kubernetes, as in a cluster.
+// beside a kube-apiserver. It always runs what lets machines join as
+// kubelets do (JoinControllers: CertificateSigningRequests approved,
+// signed with the cluster's CA and cleaned up, expired bootstrap tokens
+// deleted); asked to, it also runs the controllers a machine fleet relies
+// on (FleetControllers): the garbage collector (owner references cascade
+// deletions), the namespace controller (a deleted namespace empties) and
+// the node lifecycle controller (a Node whose kubelet stops renewing its
+// Lease is marked Ready=Unknown). `machinist run` and the tests use it, so
+// that what Kubernetes does is done by Kubernetes, as in a cluster.
 package controllermanager
 
 import (
@@ -14,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -23,8 +27,20 @@ import (
 	"github.com/machinist-dev/machinist/internal/orphans"
 )
 
-// Controllers are the kube-controller-manager controllers started.
-var Controllers = []string{
+// JoinControllers are the kube-controller-manager controllers every Start
+// runs: a joining machine's CertificateSigningRequest is approved (when
+// its requester may, as the bootstrap RBAC lets a token's holder) and
+// signed, old requests are cleaned up, and a bootstrap token's Secret is
+// deleted once the token has expired.
+var JoinControllers = []string{
+	"certificatesigningrequest-approving-controller",
+	"certificatesigningrequest-signing-controller",
+	"certificatesigningrequest-cleaner-controller",
+	"token-cleaner-controller",
+}
+
+// FleetControllers run too with Options.Fleet.
+var FleetControllers = []string{
 	"garbage-collector-controller",
 	"namespace-controller",
 	"node-lifecycle-controller",
@@ -44,6 +60,12 @@ type Options struct {
 	// start) and its log (LogFile, appended to): the terminal is for what
 	// a person should read.
 	Dir string
+	// CA is the cluster's CA, the one kube-apiserver trusts for client
+	// certificates (Joinable): kubelets' client certificates are signed
+	// with it.
+	CA *ClusterCA
+	// Fleet runs FleetControllers beside JoinControllers.
+	Fleet bool
 	// NodeMonitorGracePeriod is how long a Node's kubelet may go without
 	// renewing its Lease or posting status before the Node is marked
 	// Ready=Unknown; zero keeps Kubernetes' default (50s). NodeMonitorPeriod
@@ -60,9 +82,13 @@ type Process struct {
 
 // Args are the command-line arguments Start runs the binary with.
 func (o Options) Args() []string {
+	controllers := JoinControllers
+	if o.Fleet {
+		controllers = append(slices.Clone(controllers), FleetControllers...)
+	}
 	args := []string{
 		"--kubeconfig=" + filepath.Join(o.Dir, KubeconfigFile),
-		"--controllers=" + strings.Join(Controllers, ","),
+		"--controllers=" + strings.Join(controllers, ","),
 		// One host, one controller manager: nothing to elect.
 		"--leader-elect=false",
 		// Its controllers act with its own credentials; no service account
@@ -70,6 +96,14 @@ func (o Options) Args() []string {
 		"--use-service-account-credentials=false",
 		// Nothing scrapes or probes it here.
 		"--secure-port=0",
+	}
+	if o.CA != nil {
+		// Only kubelets' client certificates: the general
+		// --cluster-signing-cert-file would also sign, for whoever gets a
+		// CSR approved, any user kube-apiserver's CA vouches for.
+		args = append(args,
+			"--cluster-signing-kubelet-client-cert-file="+o.CA.CertFile(),
+			"--cluster-signing-kubelet-client-key-file="+o.CA.KeyFile())
 	}
 	if o.NodeMonitorGracePeriod > 0 {
 		args = append(args, "--node-monitor-grace-period="+o.NodeMonitorGracePeriod.String())
@@ -87,8 +121,8 @@ func (o Options) Args() []string {
 // the whole cluster, and no service account tokens are minted here for its
 // controllers to act as themselves.
 func Start(env *envtest.Environment, opts Options) (*Process, error) {
-	if opts.Binary == "" || opts.Dir == "" {
-		return nil, errors.New("controllermanager: Options needs a Binary and a Dir")
+	if opts.Binary == "" || opts.Dir == "" || opts.CA == nil {
+		return nil, errors.New("controllermanager: Options needs a Binary, a Dir and a CA")
 	}
 	if _, err := os.Stat(opts.Binary); err != nil {
 		return nil, fmt.Errorf("controllermanager: %w (make controlplane builds it)", err)

@@ -1,7 +1,7 @@
 // Package local runs all of Machinist on one host, for trying it out: etcd
 // and kube-apiserver from bin/ with their state under a directory,
-// kube-controller-manager (garbage collection, namespaces, node
-// lifecycle), the CRDs and ClusterRoles, the controllers, the verbs server registered
+// kube-controller-manager (machines joining, garbage collection, namespaces,
+// node lifecycle), the CRDs and ClusterRoles, the controllers, the verbs server registered
 // through an APIService, and the process provider, whose machines are
 // real processes. It is what `machinist run` does.
 package local
@@ -43,6 +43,7 @@ import (
 	"github.com/machinist-dev/machinist/config"
 	"github.com/machinist-dev/machinist/controllermanager"
 	"github.com/machinist-dev/machinist/internal/admission"
+	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/internal/pki"
 	"github.com/machinist-dev/machinist/manager"
@@ -127,6 +128,13 @@ func Run(ctx context.Context, opts Options) (err error) {
 		ControlPlaneStopTimeout:  time.Minute,
 	}
 	env.ControlPlane.Etcd = &envtest.Etcd{DataDir: filepath.Join(dir, "etcd")}
+	// Machines join as kubelets do, with certificates of this CA, kept in
+	// the state directory so that they stay valid across restarts.
+	ca, err := controllermanager.NewClusterCA(filepath.Join(dir, "cluster-ca"))
+	if err != nil {
+		return err
+	}
+	controllermanager.Joinable(env, ca)
 	args := env.ControlPlane.GetAPIServer().Configure()
 	for flag, value := range proxy {
 		args.Set(flag, value)
@@ -154,17 +162,22 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err := applyClusterRoles(ctx, c); err != nil {
 		return err
 	}
+	if err := bootstrap.InstallRBAC(ctx, c); err != nil {
+		return err
+	}
 	// The request annotation is governed like the verbs: only those who
 	// may reboot or repair can ask for it, and their name is recorded.
 	if err := admission.Install(ctx, c); err != nil {
 		return err
 	}
 
-	// Kubernetes' own controllers, as in any cluster: the garbage
-	// collector, the namespace controller and the node lifecycle controller.
-	// Its Node grace period is nodeMonitorGrace, not Kubernetes' 50s.
+	// Kubernetes' own controllers, as in any cluster: those that let
+	// machines join, the garbage collector, the namespace controller and
+	// the node lifecycle controller. Its Node grace period is
+	// nodeMonitorGrace, not Kubernetes' 50s.
 	kcm, err := controllermanager.Start(env, controllermanager.Options{
 		Binary: filepath.Join(opts.BinDir, "kube-controller-manager"), Dir: dir,
+		CA: ca, Fleet: true,
 		NodeMonitorGracePeriod: nodeMonitorGrace,
 	})
 	if err != nil {

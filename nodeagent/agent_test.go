@@ -25,12 +25,14 @@ import (
 )
 
 var (
+	env       *testenv.Env
 	clientset kubernetes.Interface
 	config    *rest.Config
 )
 
 func TestMain(m *testing.M) {
 	os.Exit(testenv.Run(m, func(e *testenv.Env) {
+		env = e
 		clientset = kubernetes.NewForConfigOrDie(e.Config)
 		config = e.Config
 	}))

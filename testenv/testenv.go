@@ -1,6 +1,11 @@
 // Package testenv starts a real etcd and kube-apiserver, built from the
 // pinned sources in hack/controlplane, with Machinist's CRDs installed. Every
 // controller and end-to-end test runs against it; none uses a fake client.
+//
+// Every control plane it starts can be joined as a kubelet joins: with
+// a bootstrap token (Env.Join) a machine gets its own client certificate,
+// which kube-controller-manager approves and signs, and is then confined to
+// its Node by the Node authorizer and NodeRestriction.
 package testenv
 
 import (
@@ -30,6 +35,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/controllermanager"
+	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/internal/pki"
 )
@@ -49,6 +55,7 @@ type Env struct {
 
 	env *envtest.Environment
 	dir string
+	ca  *controllermanager.ClusterCA
 	kcm *controllermanager.Process
 	// apiserverArgs is the command line of envtest's kube-apiserver, once
 	// StopAPIServer has killed it; apiserver is the one StartAPIServer
@@ -70,6 +77,11 @@ type Options struct {
 	// Ready before the node lifecycle controller marks it Unknown; zero
 	// means 5s, against Kubernetes' 50s, so that tests need not wait.
 	NodeMonitorGracePeriod time.Duration
+	// Workload starts a workload cluster: one whose Nodes Machines join
+	// but that holds no Machinist objects, so no CRDs are installed and
+	// no front proxy is set up for the verbs server. Tests run several
+	// beside a management cluster, so it starts no more than joining needs.
+	Workload bool
 }
 
 // Root returns the repository's top directory, found from this file's path
@@ -108,7 +120,12 @@ func EnsureControlPlane() error {
 // from config/crd/bases and waits until they are served.
 func Start() (*Env, error) { return StartWith(Options{}) }
 
-// StartWith is Start with more beside the control plane.
+// StartWorkload starts a workload cluster (Options.Workload).
+func StartWorkload() (*Env, error) { return StartWith(Options{Workload: true}) }
+
+// StartWith is Start with more beside the control plane. Every control
+// plane runs kube-controller-manager for joining (its CSR controllers and
+// token cleaner) and has the bootstrap RBAC installed.
 func StartWith(opts Options) (*Env, error) {
 	if err := EnsureControlPlane(); err != nil {
 		return nil, err
@@ -127,7 +144,7 @@ func StartWith(opts Options) (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
-	proxy, err := pki.FrontProxy(filepath.Join(dir, "front-proxy"))
+	ca, err := controllermanager.NewClusterCA(filepath.Join(dir, "cluster-ca"))
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
@@ -135,17 +152,25 @@ func StartWith(opts Options) (*Env, error) {
 	root := Root()
 	env := &envtest.Environment{
 		BinaryAssetsDirectory:    BinDir(),
-		CRDDirectoryPaths:        []string{filepath.Join(root, "config", "crd", "bases")},
-		ErrorIfCRDPathMissing:    true,
 		Scheme:                   scheme,
 		ControlPlaneStartTimeout: 2 * time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
 	}
-	// The aggregator's front proxy, so that the verbs server can be
-	// reached through kube-apiserver (StartVerbs).
-	args := env.ControlPlane.GetAPIServer().Configure()
-	for flag, value := range proxy {
-		args.Set(flag, value)
+	controllermanager.Joinable(env, ca)
+	if !opts.Workload {
+		env.CRDDirectoryPaths = []string{filepath.Join(root, "config", "crd", "bases")}
+		env.ErrorIfCRDPathMissing = true
+		// The aggregator's front proxy, so that the verbs server can be
+		// reached through kube-apiserver (StartVerbs).
+		proxy, err := pki.FrontProxy(filepath.Join(dir, "front-proxy"))
+		if err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+		args := env.ControlPlane.GetAPIServer().Configure()
+		for flag, value := range proxy {
+			args.Set(flag, value)
+		}
 	}
 	cfg, err := env.Start()
 	if err != nil {
@@ -161,7 +186,7 @@ func StartWith(opts Options) (*Env, error) {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	e := &Env{Root: root, Config: cfg, Scheme: scheme, env: env, dir: dir}
+	e := &Env{Root: root, Config: cfg, Scheme: scheme, env: env, dir: dir, ca: ca}
 	envStarted() // Stop, from here on, counts it out
 	fail := func(err error) (*Env, error) {
 		_ = e.Stop()
@@ -174,16 +199,20 @@ func StartWith(opts Options) (*Env, error) {
 	if err := os.WriteFile(e.Kubeconfig, env.KubeConfig, 0o600); err != nil {
 		return fail(err)
 	}
-	if opts.ControllerManager {
-		if err := e.startControllerManager(opts); err != nil {
-			return fail(err)
-		}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := bootstrap.InstallRBAC(ctx, e.Client); err != nil {
+		return fail(err)
+	}
+	if err := e.startControllerManager(opts); err != nil {
+		return fail(err)
 	}
 	return e, nil
 }
 
-// startControllerManager runs kube-controller-manager; its log is a file
-// in the environment's directory.
+// startControllerManager runs kube-controller-manager, with the fleet's
+// controllers only if opts ask for them; its log is a file in the
+// environment's directory.
 func (e *Env) startControllerManager(opts Options) error {
 	grace := opts.NodeMonitorGracePeriod
 	if grace == 0 {
@@ -192,6 +221,7 @@ func (e *Env) startControllerManager(opts Options) error {
 	var err error
 	e.kcm, err = controllermanager.Start(e.env, controllermanager.Options{
 		Binary: filepath.Join(BinDir(), "kube-controller-manager"), Dir: e.dir,
+		CA: e.ca, Fleet: opts.ControllerManager,
 		NodeMonitorGracePeriod: grace, NodeMonitorPeriod: time.Second,
 	})
 	return err
@@ -312,9 +342,11 @@ func (e *Env) StopAPIServer() error {
 		return errors.New("testenv: kube-apiserver is not running")
 	}
 	// envtest's: its command line is what StartAPIServer runs again.
-	pids := orphans.Children("kube-apiserver")
+	// A test may run several control planes (a management cluster and
+	// workload clusters); this one's is the one with its own cert-dir.
+	pids := e.ownAPIServers()
 	if len(pids) != 1 {
-		return fmt.Errorf("testenv: found %d kube-apiserver processes, want 1", len(pids))
+		return fmt.Errorf("testenv: found %d kube-apiserver processes of this control plane, want 1", len(pids))
 	}
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pids[0]))
 	if err != nil {
@@ -326,13 +358,27 @@ func (e *Env) StopAPIServer() error {
 	e.apiserverArgs = strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
 	// envtest's own goroutine reaps it; wait by polling.
 	deadline := time.Now().Add(time.Minute)
-	for len(orphans.Children("kube-apiserver")) > 0 {
+	for len(e.ownAPIServers()) > 0 {
 		if time.Now().After(deadline) {
 			return errors.New("testenv: kube-apiserver still there a minute after SIGKILL")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	return nil
+}
+
+// ownAPIServers are the kube-apiserver children of this process that serve
+// this control plane.
+func (e *Env) ownAPIServers() []int {
+	flag := "--cert-dir=" + e.env.ControlPlane.GetAPIServer().CertDir + "\x00"
+	var own []int
+	for _, pid := range orphans.Children("kube-apiserver") {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err == nil && strings.Contains(string(raw), flag) {
+			own = append(own, pid)
+		}
+	}
+	return own
 }
 
 // StartAPIServer starts kube-apiserver again after StopAPIServer, with the

@@ -51,6 +51,9 @@ func NewCA(cn string) (*CA, error) {
 type Request struct {
 	// CommonName is the subject; for a client certificate it is the user.
 	CommonName string
+	// Groups, for a client certificate, are the user's groups: the
+	// subject's organizations, as kube-apiserver reads them.
+	Groups []string
 	// DNSNames and IPs are the names a serving certificate answers to.
 	DNSNames []string
 	IPs      []net.IP
@@ -77,7 +80,7 @@ func (ca *CA) Issue(req Request) (*KeyPair, error) {
 	now := time.Now()
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: req.CommonName},
+		Subject:      pkix.Name{CommonName: req.CommonName, Organization: req.Groups},
 		NotBefore:    now.Add(-time.Hour),
 		NotAfter:     now.Add(validity),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
