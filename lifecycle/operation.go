@@ -182,6 +182,12 @@ func (r *Reconciler) awaitBoot(ctx context.Context, s *step) outcome {
 				return fail(err)
 			}
 			if h.Healthy {
+				if event == phases.Repaired {
+					// The machine re-joined with a token of its own.
+					if err := s.nodes.Joined(ctx, m); err != nil {
+						return fail(err)
+					}
+				}
 				// Only what this operation cordoned is uncordoned. The
 				// Node comes first: were it left cordoned, the Machine
 				// would stay here and try again rather than run on a Node

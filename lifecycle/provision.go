@@ -69,6 +69,11 @@ func (r *Reconciler) awaitNode(ctx context.Context, s *step) outcome {
 		}
 		return s.wait("no Ready Node yet", deadline.Sub(s.now))
 	}
+	// Joined: its bootstrap token has done its work, and no one else
+	// may join with it.
+	if err := s.nodes.Joined(ctx, m); err != nil {
+		return fail(err)
+	}
 	observeNode(m, node)
 	return advance(phases.Provisioned)
 }
