@@ -273,7 +273,12 @@ func (p *Provider) BootID(providerID string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return in.agent().BootID(), nil
+	a := in.agent()
+	if a == nil {
+		// Not booted yet: still joining its cluster.
+		return "", nil
+	}
+	return a.BootID(), nil
 }
 
 // Crash kills the instance as a hardware failure would: its agent stops at
