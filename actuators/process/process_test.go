@@ -36,7 +36,7 @@ import (
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/process"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/internal/bootstraptoken"
+	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/lifecycle"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/nodeagent"
@@ -995,16 +995,9 @@ func join(t *testing.T) actuators.Join {
 	if j, ok := joins.Load(t); ok {
 		return j.(actuators.Join)
 	}
-	k, err := bootstraptoken.Create(context.Background(), clientset, time.Hour, "process test "+t.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		joins.Delete(t)
-		_ = bootstraptoken.Delete(context.Background(), clientset, k.ID)
-	})
-	j := actuators.Join{Server: env.Config.Host, CAData: env.Config.CAData, Token: k.String()}
+	j := freshJoin(t)
 	joins.Store(t, j)
+	t.Cleanup(func() { joins.Delete(t) })
 	return j
 }
 
@@ -1012,12 +1005,26 @@ func join(t *testing.T) actuators.Join {
 // test ends.
 func freshJoin(t *testing.T) actuators.Join {
 	t.Helper()
-	k, err := bootstraptoken.Create(context.Background(), clientset, time.Hour, "process test "+t.Name())
+	j, err := env.Join(context.Background(), bootstrap.TokenOptions{Description: "process test " + t.Name()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = bootstraptoken.Delete(context.Background(), clientset, k.ID) })
-	return actuators.Join{Server: env.Config.Host, CAData: env.Config.CAData, Token: k.String()}
+	t.Cleanup(func() { deleteToken(t, j) })
+	return j
+}
+
+// deleteToken deletes j's bootstrap token, so that tests leave no
+// credential behind in the shared cluster.
+func deleteToken(t *testing.T, j actuators.Join) {
+	k, err := bootstrap.ParseToken(j.Token)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	err = clientset.CoreV1().Secrets(metav1.NamespaceSystem).Delete(context.Background(), k.SecretName(), metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		t.Errorf("deleting bootstrap token %s: %v", k, err)
+	}
 }
 
 // private reads a file that must be readable by its owner alone.
