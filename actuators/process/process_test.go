@@ -834,9 +834,14 @@ func TestTakeoverFinishesAPendingOpWhoseHaltHadCompleted(t *testing.T) {
 			}
 
 			// The controller's retry finds it done: one restart, one new
-			// boot.
+			// boot. Its retry of a repair carries join data as every
+			// repair does, and a repair without is refused.
+			retry := actuators.Operation{ID: "op-1", Version: tc.version}
+			if tc.repair {
+				retry.Join = join(t)
+			}
 			for range 2 {
-				g.Expect(do(ctx, id, actuators.Operation{ID: "op-1", Version: tc.version})).To(Succeed())
+				g.Expect(do(ctx, id, retry)).To(Succeed())
 				g.Expect(p.Restarts(id)).To(Equal(1))
 				g.Expect(p.PID(id)).To(Equal(pid))
 				g.Expect(p.BootID(id)).To(Equal(after.Status.NodeInfo.BootID))
