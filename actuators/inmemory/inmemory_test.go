@@ -14,6 +14,7 @@ import (
 
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -23,7 +24,7 @@ import (
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/inmemory"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/internal/bootstraptoken"
+	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -106,18 +107,28 @@ func join(t *testing.T) actuators.Join {
 // deleted when the test ends.
 func freshJoin(t *testing.T) actuators.Join {
 	t.Helper()
-	k, err := bootstraptoken.Create(context.Background(), clientset, time.Hour, "inmemory test "+t.Name())
+	j, err := env.Join(context.Background(), bootstrap.TokenOptions{Description: "inmemory test " + t.Name()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = bootstraptoken.Delete(context.Background(), clientset, k.ID) })
-	return actuators.Join{Server: env.Config.Host, CAData: env.Config.CAData, Token: k.String()}
+	t.Cleanup(func() {
+		k, err := bootstrap.ParseToken(j.Token)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		err = clientset.CoreV1().Secrets(metav1.NamespaceSystem).Delete(context.Background(), k.SecretName(), metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("deleting bootstrap token %s: %v", k, err)
+		}
+	})
+	return j
 }
 
 // certificatesFor lists the nodes a token's user asked certificates for
 // and was given them, one entry per CertificateSigningRequest.
 func certificatesFor(g Gomega, j actuators.Join) []string {
-	k, err := bootstraptoken.Parse(j.Token)
+	k, err := bootstrap.ParseToken(j.Token)
 	g.Expect(err).NotTo(HaveOccurred())
 	csrs, err := clientset.CertificatesV1().CertificateSigningRequests().List(context.Background(), metav1.ListOptions{})
 	g.Expect(err).NotTo(HaveOccurred())

@@ -36,7 +36,7 @@ import (
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/process"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/internal/bootstraptoken"
+	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/lifecycle"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/nodeagent"
@@ -834,9 +834,14 @@ func TestTakeoverFinishesAPendingOpWhoseHaltHadCompleted(t *testing.T) {
 			}
 
 			// The controller's retry finds it done: one restart, one new
-			// boot.
+			// boot. Its retry of a repair carries join data as every
+			// repair does, and a repair without is refused.
+			retry := actuators.Operation{ID: "op-1", Version: tc.version}
+			if tc.repair {
+				retry.Join = join(t)
+			}
 			for range 2 {
-				g.Expect(do(ctx, id, actuators.Operation{ID: "op-1", Version: tc.version})).To(Succeed())
+				g.Expect(do(ctx, id, retry)).To(Succeed())
 				g.Expect(p.Restarts(id)).To(Equal(1))
 				g.Expect(p.PID(id)).To(Equal(pid))
 				g.Expect(p.BootID(id)).To(Equal(after.Status.NodeInfo.BootID))
@@ -995,16 +1000,9 @@ func join(t *testing.T) actuators.Join {
 	if j, ok := joins.Load(t); ok {
 		return j.(actuators.Join)
 	}
-	k, err := bootstraptoken.Create(context.Background(), clientset, time.Hour, "process test "+t.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		joins.Delete(t)
-		_ = bootstraptoken.Delete(context.Background(), clientset, k.ID)
-	})
-	j := actuators.Join{Server: env.Config.Host, CAData: env.Config.CAData, Token: k.String()}
+	j := freshJoin(t)
 	joins.Store(t, j)
+	t.Cleanup(func() { joins.Delete(t) })
 	return j
 }
 
@@ -1012,12 +1010,26 @@ func join(t *testing.T) actuators.Join {
 // test ends.
 func freshJoin(t *testing.T) actuators.Join {
 	t.Helper()
-	k, err := bootstraptoken.Create(context.Background(), clientset, time.Hour, "process test "+t.Name())
+	j, err := env.Join(context.Background(), bootstrap.TokenOptions{Description: "process test " + t.Name()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = bootstraptoken.Delete(context.Background(), clientset, k.ID) })
-	return actuators.Join{Server: env.Config.Host, CAData: env.Config.CAData, Token: k.String()}
+	t.Cleanup(func() { deleteToken(t, j) })
+	return j
+}
+
+// deleteToken deletes j's bootstrap token, so that tests leave no
+// credential behind in the shared cluster.
+func deleteToken(t *testing.T, j actuators.Join) {
+	k, err := bootstrap.ParseToken(j.Token)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	err = clientset.CoreV1().Secrets(metav1.NamespaceSystem).Delete(context.Background(), k.SecretName(), metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		t.Errorf("deleting bootstrap token %s: %v", k, err)
+	}
 }
 
 // private reads a file that must be readable by its owner alone.

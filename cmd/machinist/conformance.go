@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/provider/conformance"
 )
 
@@ -122,7 +123,7 @@ passed.`,
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "how long a call may take and a Node may take to show its effect (0: 90s)")
 	fs.DurationVar(&cfg.Settle, "settle", 0, "how long to watch that a repeated call has no second effect (0: 5s)")
 	fs.StringVar(&cfg.Server, "join-server", "", "the API server's URL as the machines reach it, for their join data (default: the kubeconfig's)")
-	fs.StringSliceVar(&cfg.TokenGroups, "token-groups", nil, "extra groups for the bootstrap tokens the suite makes, for a cluster that lets only those join")
+	fs.StringSliceVar(&cfg.TokenGroups, "token-groups", nil, "groups for the bootstrap tokens the suite makes, in place of "+bootstrap.NodeGroup+" (which clusters Machinist set up let join); for a cluster bootstrapped otherwise, such as kubeadm's system:bootstrappers:kubeadm:default-node-token")
 	fs.StringVar(&providerLog, "provider-log", "", "a file the provider logs to; given, a check proves no bootstrap token shows in it")
 	_ = cmd.MarkFlagRequired("endpoint")
 	_ = cmd.MarkFlagRequired("kubeconfig")

@@ -60,6 +60,11 @@ func (t Token) String() string { return redact(t.Value()) }
 // GoString is String, for %#v.
 func (t Token) GoString() string { return t.String() }
 
+// User is the user kube-apiserver authenticates a request bearing t as,
+// and so the requester of the CertificateSigningRequests a machine makes
+// with it: what ties a joined Node back to the token it was given.
+func (t Token) User() string { return bootstrapapi.BootstrapUserPrefix + t.ID }
+
 // SecretName is the name of the token's Secret in kube-system, which
 // kube-apiserver's bootstrap token authenticator looks it up by.
 func (t Token) SecretName() string { return bootstraputil.BootstrapTokenSecretName(t.ID) }
@@ -75,18 +80,30 @@ type TokenOptions struct {
 	// Labels are put on the Secret so that its owner can find it again
 	// (say, the token made for one Machine).
 	Labels map[string]string
+	// Groups are the groups the token authenticates in besides
+	// system:bootstrappers; none means NodeGroup, the group
+	// InstallRBAC lets join. Others are for a cluster bootstrapped by
+	// another tool, such as kubeadm's
+	// system:bootstrappers:kubeadm:default-node-token. Each must be
+	// system:bootstrappers:<something>, or kube-apiserver refuses the
+	// token altogether.
+	Groups []string
 }
 
 // TokenSecret is the Secret that makes t a bootstrap token of its
 // cluster, in kubeadm's format: kube-apiserver (with
 // --enable-bootstrap-token-auth) authenticates t as
 // system:bootstrap:<id> in groups system:bootstrappers and NodeGroup
-// until the expiration. It is usable for authentication only, not for
+// (or opts.Groups) until the expiration. It is usable for authentication only, not for
 // signing the cluster-info ConfigMap.
 func TokenSecret(t Token, opts TokenOptions) *corev1.Secret {
 	expiration := opts.Expiration
 	if expiration.IsZero() {
 		expiration = time.Now().Add(DefaultTokenTTL)
+	}
+	groups := NodeGroup
+	if len(opts.Groups) > 0 {
+		groups = strings.Join(opts.Groups, ",")
 	}
 	var labels map[string]string
 	if len(opts.Labels) > 0 {
@@ -107,7 +124,7 @@ func TokenSecret(t Token, opts TokenOptions) *corev1.Secret {
 			bootstrapapi.BootstrapTokenSecretKey:           []byte(t.Secret),
 			bootstrapapi.BootstrapTokenExpirationKey:       []byte(expiration.UTC().Format(time.RFC3339)),
 			bootstrapapi.BootstrapTokenUsageAuthentication: []byte("true"),
-			bootstrapapi.BootstrapTokenExtraGroupsKey:      []byte(NodeGroup),
+			bootstrapapi.BootstrapTokenExtraGroupsKey:      []byte(groups),
 			bootstrapapi.BootstrapTokenDescriptionKey:      []byte(opts.Description),
 		},
 	}

@@ -140,6 +140,45 @@ func TestTokenSecretIsKubeadmsFormat(t *testing.T) {
 	}
 }
 
+func TestTokenSecretPutsTheTokenInTheGroupsAsked(t *testing.T) {
+	tok := Token{ID: "abcdef", Secret: "0123456789abcdef"}
+	kubeadm := "system:bootstrappers:kubeadm:default-node-token"
+	for _, c := range []struct {
+		name   string
+		groups []string
+		want   []string
+	}{
+		{"none", nil, []string{NodeGroup}},
+		{"empty", []string{}, []string{NodeGroup}},
+		{"kubeadm's", []string{kubeadm}, []string{kubeadm}},
+		{"two", []string{kubeadm, NodeGroup}, []string{kubeadm, NodeGroup}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := TokenSecret(tok, TokenOptions{Groups: c.groups})
+			// As kube-apiserver's authenticator reads them: it refuses the
+			// token outright if a group is malformed.
+			got, err := bootstrapsecrets.GetGroups(s)
+			if err != nil {
+				t.Fatalf("GetGroups: %v", err)
+			}
+			want := append([]string{bootstrapapi.BootstrapDefaultGroup}, c.want...)
+			if strings.Join(got, ",") != strings.Join(want, ",") {
+				t.Errorf("groups %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+func TestTokenUserIsWhoTheAPIServerSaysItIs(t *testing.T) {
+	tok := Token{ID: "abcdef", Secret: "0123456789abcdef"}
+	if u := tok.User(); u != "system:bootstrap:abcdef" {
+		t.Errorf("User() = %q, want system:bootstrap:abcdef", u)
+	}
+	if strings.Contains(tok.User(), tok.Secret) {
+		t.Errorf("User() %q shows the secret", tok.User())
+	}
+}
+
 func TestTokenSecretDefaultsToAShortLife(t *testing.T) {
 	before := time.Now()
 	s := TokenSecret(Token{ID: "abcdef", Secret: "0123456789abcdef"}, TokenOptions{})

@@ -28,6 +28,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/kubernetes"
+	bootstraputil "k8s.io/cluster-bootstrap/token/util"
 
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/provider"
@@ -56,9 +57,13 @@ type Config struct {
 	// provider carries them. Server is required.
 	Server string
 	CAData []byte
-	// TokenGroups are extra groups (auth-extra-groups) for the bootstrap
-	// tokens the suite makes, for a cluster that lets only those groups
-	// join; none means the system:bootstrappers every token is in.
+	// TokenGroups are the groups (auth-extra-groups) the suite's
+	// bootstrap tokens authenticate in besides system:bootstrappers.
+	// None means bootstrap.NodeGroup, the group a cluster Machinist set
+	// up lets ask for node certificates; a cluster bootstrapped otherwise
+	// grants that to groups of its own, such as kubeadm's
+	// system:bootstrappers:kubeadm:default-node-token, and needs them
+	// here. Each must be system:bootstrappers:<something>.
 	TokenGroups []string
 	// Logs, when set, returns what the provider has logged so far, such
 	// as its process's standard error; a check then proves that no
@@ -224,6 +229,14 @@ func (c *Config) validate() error {
 	for what, raw := range map[string][]byte{"providerSpec": c.ProviderSpec, "transient providerSpec": c.TransientProviderSpec} {
 		if len(raw) > 0 && !json.Valid(raw) {
 			errs = append(errs, fmt.Errorf("the %s is not JSON: %s", what, raw))
+		}
+	}
+	for _, g := range c.TokenGroups {
+		// kube-apiserver refuses a token with a malformed group
+		// outright, which would fail every join check with a message
+		// that points at the provider.
+		if err := bootstraputil.ValidateBootstrapGroupName(g); err != nil {
+			errs = append(errs, fmt.Errorf("token group: %w", err))
 		}
 	}
 	if c.UpdateVersion == c.Version {

@@ -10,7 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/machinist-dev/machinist/internal/bootstraptoken"
+	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/provider"
 	providerv1 "github.com/machinist-dev/machinist/provider/v1"
 )
@@ -76,6 +76,7 @@ func TestRunRefusesAnIncompleteConfig(t *testing.T) {
 		{"no API server for the join data", Config{Endpoint: "unix:///nowhere.sock", Kube: kube}, "no API server URL"},
 		{"providerSpec not JSON", Config{Endpoint: "unix:///nowhere.sock", Kube: kube, ProviderSpec: []byte("{")}, "not JSON"},
 		{"update to the same version", Config{Endpoint: "unix:///nowhere.sock", Kube: kube, Version: "v1.38.0"}, "changes nothing"},
+		{"a token group kube-apiserver would refuse", Config{Endpoint: "unix:///nowhere.sock", Kube: kube, Server: "https://127.0.0.1:6443", TokenGroups: []string{"system:nodes"}}, "token group"},
 		{"TCP without TLS", Config{Endpoint: "tcp://127.0.0.1:1", Kube: kube, Server: "https://127.0.0.1:6443"}, "mutual TLS"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -117,8 +118,8 @@ func TestNodeHistory(t *testing.T) {
 }
 
 func TestLeaksFindsEveryFormOfASecretAndShowsNone(t *testing.T) {
-	k := token{Token: bootstraptoken.Token{ID: "abcdef", Secret: "0123456789abcdef"}, check: "create"}
-	other := token{Token: bootstraptoken.Token{ID: "ghijkl", Secret: "fedcba9876543210"}, check: "repair"}
+	k := token{Token: bootstrap.Token{ID: "abcdef", Secret: "0123456789abcdef"}, check: "create"}
+	other := token{Token: bootstrap.Token{ID: "ghijkl", Secret: "fedcba9876543210"}, check: "repair"}
 	tokens := []token{k, other}
 	for _, c := range []struct {
 		name string

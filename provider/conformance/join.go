@@ -14,10 +14,11 @@ import (
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/machinist-dev/machinist/actuators"
-	"github.com/machinist-dev/machinist/internal/bootstraptoken"
+	"github.com/machinist-dev/machinist/internal/bootstrap"
 )
 
 // The suite hands every Create and Repair join data of its own: a
@@ -32,7 +33,7 @@ const tokenTTL = time.Hour
 
 // token is a bootstrap token the suite made.
 type token struct {
-	bootstraptoken.Token
+	bootstrap.Token
 	// check is the slug of the check it was made for, for messages.
 	check string
 }
@@ -42,16 +43,24 @@ type token struct {
 func (t *trial) newJoin(ctx context.Context) (actuators.Join, error) {
 	callCtx, cancel := context.WithTimeout(ctx, t.s.cfg.Timeout)
 	defer cancel()
-	made, err := bootstraptoken.Create(callCtx, t.s.cfg.Kube, tokenTTL, "machinist provider conformance, check "+t.slug, t.s.cfg.TokenGroups...)
+	made, err := bootstrap.NewToken()
 	if err != nil {
 		return actuators.Join{}, err
+	}
+	secret := bootstrap.TokenSecret(made, bootstrap.TokenOptions{
+		Expiration:  time.Now().Add(tokenTTL),
+		Description: "machinist provider conformance, check " + t.slug,
+		Groups:      t.s.cfg.TokenGroups,
+	})
+	if _, err := t.s.cfg.Kube.CoreV1().Secrets(secret.Namespace).Create(callCtx, secret, metav1.CreateOptions{}); err != nil {
+		return actuators.Join{}, fmt.Errorf("making bootstrap token %s: %w", made, err)
 	}
 	k := token{Token: made, check: t.slug}
 	t.mu.Lock()
 	t.tokens = append(t.tokens, k)
 	t.mu.Unlock()
 	t.s.handedOver(k)
-	return actuators.Join{Server: t.s.cfg.Server, CAData: t.s.cfg.CAData, Token: made.String()}, nil
+	return actuators.Join{Server: t.s.cfg.Server, CAData: t.s.cfg.CAData, Token: made.Value()}, nil
 }
 
 // joinFor is the join data of m's Creates: one token per Machine, as
@@ -89,7 +98,10 @@ func (t *trial) deleteTokens(ctx context.Context) error {
 	t.mu.Unlock()
 	var errs []error
 	for _, k := range tokens {
-		errs = append(errs, bootstraptoken.Delete(ctx, t.s.cfg.Kube, k.ID))
+		err := t.s.cfg.Kube.CoreV1().Secrets(metav1.NamespaceSystem).Delete(ctx, k.SecretName(), metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("deleting bootstrap token %s: %w", k, err))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -97,7 +109,7 @@ func (t *trial) deleteTokens(ctx context.Context) error {
 // tokenOf is the token a Join the suite made carries.
 func tokenOf(j actuators.Join) token {
 	id, secret, _ := strings.Cut(j.Token, ".")
-	return token{Token: bootstraptoken.Token{ID: id, Secret: secret}}
+	return token{Token: bootstrap.Token{ID: id, Secret: secret}}
 }
 
 // joinedWith checks that nodeName joined with k: that k's user asked for
@@ -184,9 +196,9 @@ func leaks(log []byte, tokens []token) error {
 func secretForms(k token) []string {
 	return []string{
 		k.Secret,
-		base64.StdEncoding.EncodeToString([]byte(k.String())),
+		base64.StdEncoding.EncodeToString([]byte(k.Value())),
 		base64.StdEncoding.EncodeToString([]byte(k.Secret)),
-		base64.RawURLEncoding.EncodeToString([]byte(k.String())),
+		base64.RawURLEncoding.EncodeToString([]byte(k.Value())),
 		base64.RawURLEncoding.EncodeToString([]byte(k.Secret)),
 	}
 }

@@ -27,7 +27,7 @@ import (
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/process"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/internal/bootstraptoken"
+	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/provider"
@@ -228,14 +228,15 @@ func TestAServedProviderBootsItsMachinesAsItStarts(t *testing.T) {
 	defer func() { _ = c.Close() }()
 	m := &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "settled", UID: uuid.NewUUID()}}
 	class := &machinistv1.MachineClass{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "local"}, Spec: machinistv1.MachineClassSpec{Provider: process.Name}}
-	k, err := bootstraptoken.Create(ctx, kubernetes.NewForConfigOrDie(env.Config), time.Hour, "takeover test")
+	join, err := env.Join(ctx, bootstrap.TokenOptions{Description: "takeover test"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() {
-		_ = bootstraptoken.Delete(context.Background(), kubernetes.NewForConfigOrDie(env.Config), k.ID)
+		k, _ := bootstrap.ParseToken(join.Token)
+		_ = kubernetes.NewForConfigOrDie(env.Config).CoreV1().Secrets(metav1.NamespaceSystem).Delete(context.Background(), k.SecretName(), metav1.DeleteOptions{})
 	}()
-	id, err := c.Create(ctx, m, class, actuators.Join{Server: env.Config.Host, CAData: env.Config.CAData, Token: k.String()})
+	id, err := c.Create(ctx, m, class, join)
 	if err != nil {
 		t.Fatal(err)
 	}
