@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/bootstrap"
 )
 
 // Actuator creates, inspects, reboots, repairs and destroys the instance
@@ -22,12 +23,24 @@ import (
 //
 // Errors are transient (the controller retries with backoff) unless wrapped
 // with Permanent, which moves the Machine to Failed.
+//
+// Machines join their cluster as kubelets do: Create, and Repair through
+// Operation.Join, carry a bootstrap.Join that the provider passes to the
+// machine, whose agent trades its bootstrap token for a certificate of its
+// own (system:node:<node name>). The provider gives its machines no
+// credentials of its own. The token is a credential: a provider never
+// logs it, and keeps it nowhere but on the machine itself (its disk, its
+// user data), not in its own records, events or errors. A zero Join is
+// refused with RequireJoin's permanent error: no retry of the same
+// request brings join data.
 type Actuator interface {
-	// Create makes the instance for m and returns its providerID. It is
-	// idempotent on m.UID: calling it again for the same Machine returns the
-	// same instance. When m.Spec.ProviderID is set, Create adopts that
-	// instance instead and fails permanently if it does not exist.
-	Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass) (providerID string, err error)
+	// Create makes the instance for m and returns its providerID; the
+	// instance joins its cluster with join. It is idempotent on m.UID:
+	// calling it again for the same Machine returns the same instance (a
+	// machine that has not joined yet may be given the newer join). When
+	// m.Spec.ProviderID is set, Create adopts that instance instead and
+	// fails permanently if it does not exist.
+	Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join Join) (providerID string, err error)
 
 	// Exists reports whether the instance named by providerID still exists.
 	Exists(ctx context.Context, providerID string) (bool, error)
@@ -50,7 +63,8 @@ type Actuator interface {
 	Reboot(ctx context.Context, providerID string, op Operation) error
 
 	// Repair re-images the instance: fresh state, a new boot ID, a Node
-	// registered afresh. It is idempotent on op.ID, like Reboot.
+	// registered afresh. The re-imaged machine has lost its credentials
+	// and joins again with op.Join. It is idempotent on op.ID, like Reboot.
 	Repair(ctx context.Context, providerID string, op Operation) error
 
 	// Update changes the instance in place to run op.Version: it
@@ -74,7 +88,36 @@ type Operation struct {
 	Hard bool
 	// Version is the version an Update brings the instance to.
 	Version string
+	// Join is what a repaired instance joins its cluster with: a repair
+	// wipes the machine's credentials with the rest of its state. Set for
+	// Repair only.
+	Join Join
 }
+
+// Join is bootstrap.Join under a name a provider outside this module can
+// write: its Create method must name the type.
+type Join = bootstrap.Join
+
+// RequireJoin refuses, with a permanent error wrapping ErrNoJoin, join
+// data a machine could not join with: no server or no token. what names
+// the call in the message, such as "creating machine default/m1"; the
+// token is never in it.
+func RequireJoin(j Join, what string) error {
+	var missing []string
+	if j.Server == "" {
+		missing = append(missing, "server")
+	}
+	if j.Token == "" {
+		missing = append(missing, "bootstrap token")
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return Permanent(fmt.Errorf("%s: %w (no %s)", what, ErrNoJoin, strings.Join(missing, ", no ")))
+}
+
+// ErrNoJoin is wrapped by RequireJoin's errors.
+var ErrNoJoin = errors.New("the provider needs join data for the machine to join its cluster")
 
 // Change is what differs between what an instance runs and what its
 // Machine asks for; each field set is a kind of change.

@@ -63,6 +63,9 @@ func (r *Reconciler) callProvider(ctx context.Context, s *step) outcome {
 	switch op.Type {
 	case machinistv1.OperationRepair:
 		event, doing = phases.Repair, "repairing"
+		if req.Join, err = r.join(ctx, m); err != nil {
+			return r.retry(s, machinistv1.ReasonProviderError, err)
+		}
 		err = act.Repair(ctx, m.Status.ProviderID, req)
 	case machinistv1.OperationUpdate:
 		event, doing = phases.Update, "updating"

@@ -13,6 +13,7 @@ import (
 
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/phases"
 )
@@ -32,7 +33,11 @@ func (r *Reconciler) create(ctx context.Context, s *step) outcome {
 	if why != nil {
 		return r.retry(s, why.reason, why.err)
 	}
-	id, err := act.Create(ctx, m, s.class)
+	join, err := r.join(ctx, m)
+	if err != nil {
+		return r.retry(s, machinistv1.ReasonCreateError, err)
+	}
+	id, err := act.Create(ctx, m, s.class, join)
 	if actuators.IsPermanent(err) {
 		return s.failMachine(machinistv1.FailureCreate, err.Error())
 	}
@@ -45,6 +50,18 @@ func (r *Reconciler) create(ctx context.Context, s *step) outcome {
 		Message: "waiting for the Node with providerID " + id + " to become Ready", ObservedGeneration: m.Generation,
 	})
 	return advance(phases.Provision)
+}
+
+// join makes what m's instance joins its cluster with; see Reconciler.Join.
+func (r *Reconciler) join(ctx context.Context, m *machinistv1.Machine) (bootstrap.Join, error) {
+	if r.Join == nil {
+		return bootstrap.Join{}, nil
+	}
+	j, err := r.Join(ctx, m)
+	if err != nil {
+		return bootstrap.Join{}, fmt.Errorf("making the join data for machine %s/%s: %w", m.Namespace, m.Name, err)
+	}
+	return j, nil
 }
 
 // awaitNode is Provisioning's handler: the Machine runs once its Node is

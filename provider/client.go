@@ -205,12 +205,12 @@ func (c *Client) Info(ctx context.Context) (*providerv1.GetInfoResponse, error) 
 	return resp, fromStatus(c.who(), "GetInfo", err)
 }
 
-// Create sends the Machine and its class as JSON.
-func (c *Client) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass) (string, error) {
+// Create sends the Machine and its class as JSON, with the join data.
+func (c *Client) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join actuators.Join) (string, error) {
 	if _, err := c.Capabilities(ctx); err != nil {
 		return "", err
 	}
-	req := &providerv1.CreateRequest{MachineUid: string(m.UID)}
+	req := &providerv1.CreateRequest{MachineUid: string(m.UID), Join: joinToWire(join)}
 	var err error
 	if req.Machine, err = marshal(m, "Machine"); err != nil {
 		return "", actuators.Permanent(err)
@@ -302,14 +302,14 @@ func (c *Client) Reboot(ctx context.Context, providerID string, op actuators.Ope
 	return fromStatus(c.who(), "Reboot", err)
 }
 
-// Repair asks for a repair, once per op.ID.
+// Repair asks for a repair, once per op.ID, with op.Join.
 func (c *Client) Repair(ctx context.Context, providerID string, op actuators.Operation) error {
 	if err := c.declared(ctx, VerbRepair); err != nil {
 		return err
 	}
 	ctx, cancel := c.call(ctx)
 	defer cancel()
-	_, err := c.machines.Repair(ctx, &providerv1.RepairRequest{ProviderId: providerID, OperationId: op.ID})
+	_, err := c.machines.Repair(ctx, &providerv1.RepairRequest{ProviderId: providerID, OperationId: op.ID, Join: joinToWire(op.Join)})
 	return fromStatus(c.who(), "Repair", err)
 }
 
@@ -352,4 +352,18 @@ func (c *Client) InPlace(change actuators.Change) bool {
 		return false
 	}
 	return true
+}
+
+// joinToWire is join as the protocol carries it; a zero Join is no
+// message at all, which the provider refuses.
+func joinToWire(j actuators.Join) *providerv1.Join {
+	if j.IsZero() {
+		return nil
+	}
+	return &providerv1.Join{Server: j.Server, CaData: j.CAData, Token: j.Token}
+}
+
+// joinFromWire is the inverse of joinToWire.
+func joinFromWire(j *providerv1.Join) actuators.Join {
+	return actuators.Join{Server: j.GetServer(), CAData: j.GetCaData(), Token: j.GetToken()}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/nodeagent"
 	"github.com/machinist-dev/machinist/provider"
 )
 
@@ -27,9 +28,20 @@ type toyCloud struct {
 type toyInstance struct {
 	version string
 	lastOp  string // the last operation carried out, for idempotency
+	// userData is what the instance boots with: its kubelet's bootstrap
+	// kubeconfig. The only copy of the token the cloud keeps is here,
+	// on the machine.
+	userData []byte
 }
 
-func (c *toyCloud) Create(_ context.Context, m *machinistv1.Machine, _ *machinistv1.MachineClass) (string, error) {
+func (c *toyCloud) Create(_ context.Context, m *machinistv1.Machine, _ *machinistv1.MachineClass, join actuators.Join) (string, error) {
+	if err := actuators.RequireJoin(join, "creating machine "+m.Name); err != nil {
+		return "", err
+	}
+	userData, err := nodeagent.BootstrapKubeconfig(join)
+	if err != nil {
+		return "", err
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if m.Spec.ProviderID != "" { // adopt an existing instance
@@ -44,7 +56,7 @@ func (c *toyCloud) Create(_ context.Context, m *machinistv1.Machine, _ *machinis
 	}
 	id := fmt.Sprintf("toy:///%s/%s/%s", m.Namespace, m.Name, m.UID)
 	c.byUID[m.UID] = id
-	c.instances[id] = &toyInstance{version: m.Spec.Version}
+	c.instances[id] = &toyInstance{version: m.Spec.Version, userData: userData}
 	return id, nil
 }
 
@@ -93,8 +105,17 @@ func (c *toyCloud) Reboot(_ context.Context, id string, op actuators.Operation) 
 	return c.restart(id, op, func(*toyInstance) {})
 }
 
+// Repair re-images the instance, which joins again with op.Join: its old
+// credentials went with the old image.
 func (c *toyCloud) Repair(_ context.Context, id string, op actuators.Operation) error {
-	return c.restart(id, op, func(*toyInstance) {})
+	if err := actuators.RequireJoin(op.Join, "repairing "+id); err != nil {
+		return err
+	}
+	userData, err := nodeagent.BootstrapKubeconfig(op.Join)
+	if err != nil {
+		return err
+	}
+	return c.restart(id, op, func(in *toyInstance) { in.userData = userData })
 }
 
 func (c *toyCloud) Update(_ context.Context, id string, op actuators.Operation) error {

@@ -1,6 +1,7 @@
 package provider_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -35,6 +36,7 @@ type recorder struct {
 	calls   []string
 	machine *machinistv1.Machine
 	class   *machinistv1.MachineClass
+	join    actuators.Join
 	op      actuators.Operation
 	err     error
 	block   bool
@@ -56,9 +58,9 @@ func (r *recorder) Calls() []string {
 	return append([]string(nil), r.calls...)
 }
 
-func (r *recorder) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass) (string, error) {
+func (r *recorder) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join actuators.Join) (string, error) {
 	r.mu.Lock()
-	r.machine, r.class = m, class
+	r.machine, r.class, r.join = m, class, join
 	r.mu.Unlock()
 	if r.block {
 		<-ctx.Done()
@@ -155,9 +157,13 @@ func TestEveryCallReachesTheActuatorWithWhatItNeeds(t *testing.T) {
 	ctx := context.Background()
 	m, class := testMachine()
 
-	id, err := c.Create(ctx, m, class)
+	join := testJoin("abcdef.0123456789abcdef")
+	id, err := c.Create(ctx, m, class, join)
 	if err != nil || id != "test://uid-1" {
 		t.Fatalf("Create = %q, %v", id, err)
+	}
+	if !sameJoin(rec.join, join) {
+		t.Errorf("the provider got %v (CA %q), want %v", rec.join, rec.join.CAData, join)
 	}
 	if rec.machine.Name != "m1" || rec.machine.Namespace != "ns" || rec.machine.UID != "uid-1" ||
 		rec.machine.Spec.Version != "v1.37.2" || rec.machine.Labels["pool"] != "a" || rec.machine.Kind != "Machine" {
@@ -175,13 +181,14 @@ func TestEveryCallReachesTheActuatorWithWhatItNeeds(t *testing.T) {
 	if id, err := c.FindByUID(ctx, "uid-9"); id != "test://uid-9" || err != nil {
 		t.Errorf("FindByUID = %q, %v", id, err)
 	}
-	if err := c.Reboot(ctx, "test://a", actuators.Operation{ID: "op1", Hard: true}); err != nil || rec.op != (actuators.Operation{ID: "op1", Hard: true}) {
+	if err := c.Reboot(ctx, "test://a", actuators.Operation{ID: "op1", Hard: true}); err != nil || !sameOp(rec.op, actuators.Operation{ID: "op1", Hard: true}) {
 		t.Errorf("Reboot: %v, op %+v", err, rec.op)
 	}
-	if err := c.Repair(ctx, "test://a", actuators.Operation{ID: "op2"}); err != nil || rec.op.ID != "op2" {
+	again := testJoin("ghijkl.fedcba9876543210")
+	if err := c.Repair(ctx, "test://a", actuators.Operation{ID: "op2", Join: again}); err != nil || !sameOp(rec.op, actuators.Operation{ID: "op2", Join: again}) {
 		t.Errorf("Repair: %v, op %+v", err, rec.op)
 	}
-	if err := c.Update(ctx, "test://a", actuators.Operation{ID: "op3", Version: "v1.38.0"}); err != nil || rec.op != (actuators.Operation{ID: "op3", Version: "v1.38.0"}) {
+	if err := c.Update(ctx, "test://a", actuators.Operation{ID: "op3", Version: "v1.38.0"}); err != nil || !sameOp(rec.op, actuators.Operation{ID: "op3", Version: "v1.38.0"}) {
 		t.Errorf("Update: %v, op %+v", err, rec.op)
 	}
 	if err := c.Delete(ctx, "test://a"); err != nil {
@@ -292,13 +299,13 @@ func TestAProviderThatIsNotThereIsUnavailableUntilItComes(t *testing.T) {
 	endpoint := "unix://" + filepath.Join(t.TempDir(), "later.sock")
 	c := dial(t, "test", endpoint, provider.DialOptions{Timeout: 2 * time.Second})
 	m, class := testMachine()
-	_, err := c.Create(context.Background(), m, class)
+	_, err := c.Create(context.Background(), m, class, testJoin("abcdef.0123456789abcdef"))
 	if !actuators.IsUnavailable(err) || actuators.IsPermanent(err) {
 		t.Fatalf("Create with no provider: %v, want Unavailable", err)
 	}
 	serveAt(t, endpoint, &recorder{}, provider.ServeOptions{Name: "test"})
 	testenv.WaitFor(t, 10*time.Second, "Create to succeed once the provider came", func() error {
-		id, err := c.Create(context.Background(), m, class)
+		id, err := c.Create(context.Background(), m, class, testJoin("abcdef.0123456789abcdef"))
 		if err == nil && id != "test://uid-1" {
 			err = fmt.Errorf("Create returned %q", id)
 		}
@@ -310,7 +317,7 @@ func TestAnEndpointServingAnotherProviderIsNotUsed(t *testing.T) {
 	rec := &recorder{}
 	c := dial(t, "cloud", serve(t, rec, provider.ServeOptions{Name: "other"}), provider.DialOptions{})
 	m, class := testMachine()
-	_, err := c.Create(context.Background(), m, class)
+	_, err := c.Create(context.Background(), m, class, testJoin("abcdef.0123456789abcdef"))
 	if !actuators.IsUnavailable(err) || !strings.Contains(err.Error(), `serves provider "other"`) {
 		t.Errorf("Create: %v, want Unavailable naming the provider found", err)
 	}
@@ -324,7 +331,7 @@ func TestACallIsBoundedByTheTimeoutAndCancelsTheProvidersWork(t *testing.T) {
 	c := dial(t, "test", serve(t, rec, provider.ServeOptions{Name: "test"}), provider.DialOptions{Timeout: 300 * time.Millisecond})
 	m, class := testMachine()
 	start := time.Now()
-	_, err := c.Create(context.Background(), m, class)
+	_, err := c.Create(context.Background(), m, class, testJoin("abcdef.0123456789abcdef"))
 	if err == nil || actuators.IsPermanent(err) || actuators.IsUnavailable(err) {
 		t.Fatalf("Create past its deadline: %v, want a transient error", err)
 	}
@@ -432,7 +439,7 @@ func TestTCPNeedsMutualTLS(t *testing.T) {
 func TestDialledWithoutANameTheClientLearnsIt(t *testing.T) {
 	c := dial(t, "", serve(t, &recorder{}, provider.ServeOptions{Name: "test"}), provider.DialOptions{})
 	m, class := testMachine()
-	if _, err := c.Create(context.Background(), m, class); err != nil {
+	if _, err := c.Create(context.Background(), m, class, testJoin("abcdef.0123456789abcdef")); err != nil {
 		t.Fatal(err)
 	}
 	if c.Name() != "test" {
@@ -480,5 +487,44 @@ func TestInPlaceKeepsTheLastAnswerWhileTheProviderIsAway(t *testing.T) {
 	never := dial(t, "test", "unix://"+filepath.Join(t.TempDir(), "never.sock"), provider.DialOptions{Timeout: time.Second})
 	if never.InPlace(actuators.Change{Version: true}) {
 		t.Error("InPlace(version) is true for a provider never reached")
+	}
+}
+
+func testJoin(token string) actuators.Join {
+	return actuators.Join{Server: "https://cluster.example:6443", CAData: []byte("-----BEGIN CERTIFICATE-----\n" + token + "\n"), Token: token}
+}
+
+func sameJoin(a, b actuators.Join) bool {
+	return a.Server == b.Server && bytes.Equal(a.CAData, b.CAData) && a.Token == b.Token
+}
+
+func sameOp(a, b actuators.Operation) bool {
+	return a.ID == b.ID && a.Hard == b.Hard && a.Version == b.Version && sameJoin(a.Join, b.Join)
+}
+
+func TestCreateAndRepairWithoutJoinDataAreRefusedBeforeTheActuator(t *testing.T) {
+	rec := &recorder{}
+	c := dial(t, "test", serve(t, rec, provider.ServeOptions{Name: "test"}), provider.DialOptions{})
+	ctx := context.Background()
+	m, class := testMachine()
+	for name, join := range map[string]actuators.Join{
+		"none":      {},
+		"no token":  {Server: "https://cluster.example:6443"},
+		"no server": {Token: "abcdef.0123456789abcdef"},
+	} {
+		_, err := c.Create(ctx, m, class, join)
+		if !actuators.IsPermanent(err) || !strings.Contains(err.Error(), actuators.ErrNoJoin.Error()) {
+			t.Errorf("Create with join data %s: %v, want a permanent error saying %q", name, err, actuators.ErrNoJoin)
+		}
+		if strings.Contains(fmt.Sprint(err), "0123456789abcdef") {
+			t.Errorf("Create with join data %s: the error shows the token's secret: %v", name, err)
+		}
+		err = c.Repair(ctx, "test://a", actuators.Operation{ID: "op", Join: join})
+		if !actuators.IsPermanent(err) || !strings.Contains(err.Error(), actuators.ErrNoJoin.Error()) {
+			t.Errorf("Repair with join data %s: %v, want a permanent error saying %q", name, err, actuators.ErrNoJoin)
+		}
+	}
+	if calls := rec.Calls(); len(calls) > 0 {
+		t.Errorf("the Actuator was called: %v", calls)
 	}
 }

@@ -190,7 +190,11 @@ func (s *server) Create(ctx context.Context, req *providerv1.CreateRequest) (*pr
 			return nil, status.Errorf(codes.InvalidArgument, "machine_class is not a MachineClass in JSON: %v", err)
 		}
 	}
-	id, err := s.a.Create(ctx, m, class)
+	join := joinFromWire(req.GetJoin())
+	if err := needJoin(join, "Create of machine "+m.Namespace+"/"+m.Name); err != nil {
+		return nil, err
+	}
+	id, err := s.a.Create(ctx, m, class, join)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -244,7 +248,11 @@ func (s *server) Repair(ctx context.Context, req *providerv1.RepairRequest) (*pr
 	if err := s.operation(VerbRepair, req.GetProviderId(), req.GetOperationId()); err != nil {
 		return nil, err
 	}
-	if err := s.a.Repair(ctx, req.GetProviderId(), actuators.Operation{ID: req.GetOperationId()}); err != nil {
+	join := joinFromWire(req.GetJoin())
+	if err := needJoin(join, "Repair of "+req.GetProviderId()); err != nil {
+		return nil, err
+	}
+	if err := s.a.Repair(ctx, req.GetProviderId(), actuators.Operation{ID: req.GetOperationId(), Join: join}); err != nil {
 		return nil, toStatus(err)
 	}
 	return &providerv1.RepairResponse{}, nil
@@ -274,6 +282,15 @@ func (s *server) operation(verb providerv1.Verb, providerID, operationID string)
 	}
 	if operationID == "" {
 		return status.Error(codes.InvalidArgument, "operation_id is required: it is what makes the call idempotent")
+	}
+	return nil
+}
+
+// needJoin refuses, as malformed, a request whose machine could not join
+// its cluster, before the Actuator is asked.
+func needJoin(j actuators.Join, call string) error {
+	if err := actuators.RequireJoin(j, call); err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
 	}
 	return nil
 }

@@ -2,6 +2,13 @@
 // Machine's instance is a nodeagent.Agent in this process, registering a
 // real Node with the real apiserver. It exists for tests, demos and scale
 // benchmarks, so it can also misbehave on request (see ProviderSpec).
+//
+// Each machine joins its cluster as a kubelet does: with the join data of
+// Create (or of a Repair, which wipes what it had) its agent gets a client
+// certificate of its own (nodeagent.Join), keeps it across reboots as a
+// kubelet keeps its PKI directory, and acts as system:node:<its Node>
+// only, watching only its own pods. The provider's own client never
+// reaches an agent.
 package inmemory
 
 import (
@@ -126,10 +133,12 @@ func (s ProviderSpec) over(base ProviderSpec) ProviderSpec {
 
 // Options configure a Provider.
 type Options struct {
-	// Client reaches the apiserver. When nil, one is built from Config.
+	// Client is the provider's own: it deletes a repaired machine's Node
+	// and Lease, as a cloud re-imaging a machine would. Machines never use
+	// it; each joins with the join data it is given. When nil, one is built
+	// from Config.
 	Client kubernetes.Interface
-	// Config is used when Client is nil. A zero QPS is raised to 500 (burst
-	// 1000) because every instance writes through this one client.
+	// Config is used when Client is nil.
 	Config *rest.Config
 	// LeaseDurationSeconds is each Node's Lease duration; zero means the
 	// kubelet's 40.
@@ -137,9 +146,6 @@ type Options struct {
 	// RenewInterval is how often each Node's Lease is renewed; zero means
 	// the kubelet's 10s.
 	RenewInterval time.Duration
-	// PodWorkers bounds how many pods all instances work on at once; zero
-	// means nodeagent.DefaultPodWorkers.
-	PodWorkers int
 	// Seed makes ErrorRate's choices repeatable.
 	Seed uint64
 }
@@ -149,7 +155,6 @@ type Options struct {
 type Provider struct {
 	client kubernetes.Interface
 	opts   Options
-	pods   *nodeagent.Pods
 	ctx    context.Context
 	stop   context.CancelFunc
 	wg     sync.WaitGroup
@@ -167,19 +172,15 @@ type Provider struct {
 
 var _ actuators.Actuator = (*Provider)(nil)
 
-// New starts a Provider with its shared pod hub; call Stop to end it.
+// New returns a Provider; call Stop to end it.
 func New(opts Options) (*Provider, error) {
 	client := opts.Client
 	if client == nil {
 		if opts.Config == nil {
 			return nil, errors.New("inmemory: Options needs a Client or a Config")
 		}
-		cfg := rest.CopyConfig(opts.Config)
-		if cfg.QPS == 0 {
-			cfg.QPS, cfg.Burst = 500, 1000
-		}
 		var err error
-		if client, err = kubernetes.NewForConfig(cfg); err != nil {
+		if client, err = kubernetes.NewForConfig(opts.Config); err != nil {
 			return nil, fmt.Errorf("inmemory: building a client: %w", err)
 		}
 	}
@@ -187,7 +188,6 @@ func New(opts Options) (*Provider, error) {
 	p := &Provider{
 		client:   client,
 		opts:     opts,
-		pods:     nodeagent.NewPods(client, opts.PodWorkers),
 		ctx:      ctx,
 		stop:     stop,
 		rand:     rand.New(rand.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15)),
@@ -195,11 +195,10 @@ func New(opts Options) (*Provider, error) {
 		byUID:    map[types.UID]*instance{},
 		creating: map[types.UID]chan struct{}{},
 	}
-	p.wg.Go(func() { _ = p.pods.Run(ctx) })
 	return p, nil
 }
 
-// Stop powers off every instance and the pod hub and waits for them. The
+// Stop powers off every instance and waits for them. The
 // Nodes stay, with Leases that expire. Calls after Stop fail.
 func (p *Provider) Stop() {
 	p.mu.Lock()
@@ -304,13 +303,16 @@ func (p *Provider) Break(providerID string) error {
 	defer in.mu.Unlock()
 	in.powerOff()
 	in.faults.NeverReady, in.cfg.NeverReady = true, true
-	in.current = nodeagent.New(in.cfg)
 	in.powerOn()
 	return nil
 }
 
-// Create implements actuators.Actuator.
-func (p *Provider) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass) (string, error) {
+// Create implements actuators.Actuator: the new instance's agent joins
+// the cluster with join as it first boots.
+func (p *Provider) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join actuators.Join) (string, error) {
+	if err := actuators.RequireJoin(join, fmt.Sprintf("inmemory: creating an instance for machine %s/%s", m.Namespace, m.Name)); err != nil {
+		return "", err
+	}
 	if err := p.injectFailure(nil); err != nil {
 		return "", err
 	}
@@ -360,7 +362,7 @@ func (p *Provider) Create(ctx context.Context, m *machinistv1.Machine, class *ma
 			return "", ctx.Err()
 		}
 	}
-	in, err := p.create(ctx, m, class, spec)
+	in, err := p.create(ctx, m, class, spec, join)
 	p.mu.Lock()
 	close(p.creating[m.UID])
 	delete(p.creating, m.UID)
@@ -378,7 +380,7 @@ func (p *Provider) Create(ctx context.Context, m *machinistv1.Machine, class *ma
 	return in.providerID, nil
 }
 
-func (p *Provider) create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, spec ProviderSpec) (*instance, error) {
+func (p *Provider) create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, spec ProviderSpec, join actuators.Join) (*instance, error) {
 	if spec.FailCreate != "" {
 		return nil, actuators.Permanent(fmt.Errorf("creating instance for machine %s/%s: %s", m.Namespace, m.Name, spec.FailCreate))
 	}
@@ -396,14 +398,12 @@ func (p *Provider) create(ctx context.Context, m *machinistv1.Machine, class *ma
 	}
 	providerID := actuators.ProviderID(Name, m)
 	cfg := nodeagent.Config{
-		Client:               p.client,
 		NodeName:             actuators.NodeName(m.Name, m.UID),
 		ProviderID:           providerID,
 		Version:              m.Spec.Version,
 		LeaseDurationSeconds: p.opts.LeaseDurationSeconds,
 		RenewInterval:        p.opts.RenewInterval,
 		NeverReady:           spec.NeverReady,
-		Pods:                 p.pods,
 	}
 	if class != nil && class.Spec.NodeTemplate != nil {
 		cfg.Capacity = class.Spec.NodeTemplate.Capacity.DeepCopy()
@@ -413,7 +413,7 @@ func (p *Provider) create(ctx context.Context, m *machinistv1.Machine, class *ma
 		nodeName:   cfg.NodeName,
 		faults:     spec,
 		cfg:        cfg,
-		current:    nodeagent.New(cfg),
+		join:       join,
 		p:          p,
 	}, nil
 }
@@ -483,8 +483,9 @@ func (p *Provider) Reboot(ctx context.Context, providerID string, op actuators.O
 
 // Repair implements actuators.Actuator: like Reboot, but the machine comes
 // back from a fresh image, so nothing of its previous agent survives: its
-// Node and Lease are deleted and registered again, without the labels and
-// taints others had put on them.
+// credentials are gone, and it joins again with op.Join; its Node and
+// Lease are deleted and registered again, without the labels and taints
+// others had put on them.
 func (p *Provider) Repair(ctx context.Context, providerID string, op actuators.Operation) error {
 	return p.restart(ctx, providerID, op, repair)
 }
@@ -518,6 +519,11 @@ func (k restartKind) String() string {
 
 func (p *Provider) restart(ctx context.Context, providerID string, op actuators.Operation, kind restartKind) error {
 	wipe := kind == repair
+	if wipe {
+		if err := actuators.RequireJoin(op.Join, "inmemory: repairing "+providerID); err != nil {
+			return err
+		}
+	}
 	if err := p.injectFailure(nil); err != nil {
 		return err
 	}
@@ -547,11 +553,10 @@ func (p *Provider) restart(ctx context.Context, providerID string, op actuators.
 			in.powerOn()
 			return err
 		}
-		in.current = nodeagent.New(in.cfg)
+		in.reimage(op.Join)
 	}
 	if kind == update {
 		in.cfg.Version = op.Version
-		in.current = nodeagent.New(in.cfg)
 	}
 	if latency := in.faults.RebootLatency.Duration; latency > 0 {
 		in.powerOnAfter(latency)
@@ -658,11 +663,25 @@ type instance struct {
 	providerID string
 	nodeName   string
 	faults     ProviderSpec
-	cfg        nodeagent.Config
-	p          *Provider
+	// cfg is what each boot's agent runs with, but for its client, which
+	// comes from the machine's credentials.
+	cfg nodeagent.Config
+	p   *Provider
+
+	// disk is what survives a power cycle: the join data, and the client
+	// made of the credentials got with it (nil until joined). The running
+	// boot writes it once joined, while mu may be held by a caller
+	// waiting to power off, so it has a lock of its own.
+	disk sync.Mutex
+	join actuators.Join
+	kube kubernetes.Interface
+
+	// booted guards current, the agent of the current or last boot, which
+	// the boot sets as it starts it.
+	booted  sync.Mutex
+	current *nodeagent.Agent
 
 	mu      sync.Mutex
-	current *nodeagent.Agent
 	cancel  context.CancelFunc
 	stopped chan struct{}
 	// lastOp is the ID of the last reboot or repair carried out, so that a
@@ -707,10 +726,76 @@ func (in *instance) wipeNode(ctx context.Context) error {
 	return nil
 }
 
+// agent is the agent of the current or last boot, nil before the
+// machine first joined.
 func (in *instance) agent() *nodeagent.Agent {
-	in.mu.Lock()
-	defer in.mu.Unlock()
+	in.booted.Lock()
+	defer in.booted.Unlock()
 	return in.current
+}
+
+// reimage wipes the machine's credentials and leaves join for its next
+// boot to join with. Callers hold in.mu with the agent off.
+func (in *instance) reimage(join actuators.Join) {
+	in.disk.Lock()
+	defer in.disk.Unlock()
+	in.join, in.kube = join, nil
+}
+
+// boot joins the cluster unless the machine holds credentials from an
+// earlier boot, then runs an agent acting as the machine's Node until ctx
+// ends. cfg is the agent's Config as the boot began.
+func (in *instance) boot(ctx context.Context, cfg nodeagent.Config) error {
+	kube, err := in.credentials(ctx)
+	if err != nil {
+		return err
+	}
+	cfg.Client = kube
+	agent := nodeagent.New(cfg)
+	in.booted.Lock()
+	in.current = agent
+	in.booted.Unlock()
+	return agent.Run(ctx)
+}
+
+// credentials returns a client acting as the machine's Node, joining the
+// cluster first if the machine has no credentials; it retries a failed
+// join, as a kubelet does, until ctx ends.
+func (in *instance) credentials(ctx context.Context) (kubernetes.Interface, error) {
+	in.disk.Lock()
+	kube, join := in.kube, in.join
+	in.disk.Unlock()
+	if kube != nil {
+		return kube, nil
+	}
+	log := ctrllog.FromContext(ctx)
+	delay := 100 * time.Millisecond
+	for {
+		creds, err := nodeagent.Join(ctx, join, in.nodeName)
+		if err == nil {
+			kube, err := kubernetes.NewForConfig(creds.Config())
+			if err != nil {
+				// Credentials that make no client will not make one later.
+				return nil, fmt.Errorf("inmemory: a client for node %s: %w", in.nodeName, err)
+			}
+			in.disk.Lock()
+			in.kube = kube
+			in.disk.Unlock()
+			return kube, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		log.Error(err, "Joining the cluster failed; retrying", "node", in.nodeName, "after", delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
 }
 
 // powerOn boots the agent unless it runs or the Provider has stopped.
@@ -733,11 +818,11 @@ func (in *instance) powerOn() {
 	ctx = ctrllog.IntoContext(ctx, ctrllog.FromContext(ctx).WithValues("providerID", in.providerID))
 	done := make(chan struct{})
 	in.cancel, in.stopped = cancel, done
-	agent := in.current
+	cfg := in.cfg
 	go func() {
 		defer p.wg.Done()
 		defer close(done)
-		if err := agent.Run(ctx); err != nil {
+		if err := in.boot(ctx, cfg); err != nil && ctx.Err() == nil {
 			ctrllog.FromContext(ctx).Error(err, "Machine agent stopped")
 		}
 	}()

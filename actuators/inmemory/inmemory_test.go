@@ -2,6 +2,8 @@ package inmemory_test
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"os"
@@ -21,6 +23,7 @@ import (
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/inmemory"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/bootstraptoken"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -83,6 +86,55 @@ func machine(t *testing.T, namespace, name, providerSpec string, mutate ...func(
 	return m, class
 }
 
+// joins keeps each test's join data, so that a test calling Create in a
+// loop makes one token.
+var joins sync.Map // *testing.T → actuators.Join
+
+// join is the test's join data, made by freshJoin on the first call.
+func join(t *testing.T) actuators.Join {
+	t.Helper()
+	if j, ok := joins.Load(t); ok {
+		return j.(actuators.Join)
+	}
+	j := freshJoin(t)
+	joins.Store(t, j)
+	t.Cleanup(func() { joins.Delete(t) })
+	return j
+}
+
+// freshJoin makes join data with a bootstrap token of the test's own,
+// deleted when the test ends.
+func freshJoin(t *testing.T) actuators.Join {
+	t.Helper()
+	k, err := bootstraptoken.Create(context.Background(), clientset, time.Hour, "inmemory test "+t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bootstraptoken.Delete(context.Background(), clientset, k.ID) })
+	return actuators.Join{Server: env.Config.Host, CAData: env.Config.CAData, Token: k.String()}
+}
+
+// certificatesFor lists the nodes a token's user asked certificates for
+// and was given them, one entry per CertificateSigningRequest.
+func certificatesFor(g Gomega, j actuators.Join) []string {
+	k, err := bootstraptoken.Parse(j.Token)
+	g.Expect(err).NotTo(HaveOccurred())
+	csrs, err := clientset.CertificatesV1().CertificateSigningRequests().List(context.Background(), metav1.ListOptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+	var names []string
+	for _, csr := range csrs.Items {
+		if csr.Spec.Username != k.User() || len(csr.Status.Certificate) == 0 {
+			continue
+		}
+		block, _ := pem.Decode(csr.Spec.Request)
+		g.Expect(block).NotTo(BeNil())
+		req, err := x509.ParseCertificateRequest(block.Bytes)
+		g.Expect(err).NotTo(HaveOccurred())
+		names = append(names, req.Subject.CommonName)
+	}
+	return names
+}
+
 func nodeFor(g Gomega, p *inmemory.Provider, providerID string) *corev1.Node {
 	name, err := p.NodeName(providerID)
 	g.Expect(err).NotTo(HaveOccurred())
@@ -119,14 +171,15 @@ func TestCreateIsIdempotentAndNodesAreUniqueAcrossNamespaces(t *testing.T) {
 	ids := make([]string, 5)
 	errs := make([]error, 5)
 	var wg sync.WaitGroup
+	j := join(t)
 	for i := range ids {
-		wg.Go(func() { ids[i], errs[i] = p.Create(ctx, m, class) })
+		wg.Go(func() { ids[i], errs[i] = p.Create(ctx, m, class, j) })
 	}
 	wg.Wait()
 	g.Expect(errs).To(HaveEach(Succeed()))
 	g.Expect(ids[0]).To(HavePrefix("inmemory:///idem-a/worker/"))
 	g.Expect(ids).To(HaveEach(ids[0]))
-	again, err := p.Create(ctx, m, class)
+	again, err := p.Create(ctx, m, class, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(again).To(Equal(ids[0]))
 
@@ -150,7 +203,7 @@ func TestCreateIsIdempotentAndNodesAreUniqueAcrossNamespaces(t *testing.T) {
 
 	// The same Machine name in another namespace is another Node.
 	other, otherClass := machine(t, "idem-b", "worker", "")
-	otherID, err := p.Create(ctx, other, otherClass)
+	otherID, err := p.Create(ctx, other, otherClass, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(otherID).NotTo(Equal(ids[0]))
 	n1, _ := p.NodeName(ids[0])
@@ -165,7 +218,7 @@ func TestLongMachineNameGivesValidNodeName(t *testing.T) {
 	g := NewWithT(t)
 	p := newProvider(t)
 	m, class := machine(t, "longname", strings.Repeat("a", 70)+"-b.c", "")
-	id, err := p.Create(context.Background(), m, class)
+	id, err := p.Create(context.Background(), m, class, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	name, err := p.NodeName(id)
 	g.Expect(err).NotTo(HaveOccurred())
@@ -180,20 +233,20 @@ func TestAdoption(t *testing.T) {
 	ctx := context.Background()
 	p := newProvider(t)
 	orig, class := machine(t, "adopt", "orig", "")
-	id, err := p.Create(ctx, orig, class)
+	id, err := p.Create(ctx, orig, class, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 
 	adopter, adopterClass := machine(t, "adopt", "adopter", "", func(m *machinistv1.Machine, _ *machinistv1.MachineClass) {
 		m.Spec.ProviderID = id
 	})
-	got, err := p.Create(ctx, adopter, adopterClass)
+	got, err := p.Create(ctx, adopter, adopterClass, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(got).To(Equal(id))
 
 	stranger, strangerClass := machine(t, "adopt", "stranger", "", func(m *machinistv1.Machine, _ *machinistv1.MachineClass) {
 		m.Spec.ProviderID = "inmemory:///adopt/ghost/00000000-0000-0000-0000-000000000000"
 	})
-	_, err = p.Create(ctx, stranger, strangerClass)
+	_, err = p.Create(ctx, stranger, strangerClass, join(t))
 	g.Expect(err).To(HaveOccurred())
 	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "adopting an unknown instance cannot succeed later: %v", err)
 }
@@ -205,11 +258,11 @@ func TestFailNextIsTransient(t *testing.T) {
 	m, class := machine(t, "failnext", "m", "")
 	p.FailNext(2)
 	for range 2 {
-		_, err := p.Create(ctx, m, class)
+		_, err := p.Create(ctx, m, class, join(t))
 		g.Expect(err).To(MatchError(inmemory.ErrTransient))
 		g.Expect(actuators.IsPermanent(err)).To(BeFalse())
 	}
-	id, err := p.Create(ctx, m, class)
+	id, err := p.Create(ctx, m, class, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 
 	p.FailNext(1)
@@ -226,7 +279,7 @@ func TestErrorRate(t *testing.T) {
 	p := newProvider(t)
 	always, alwaysClass := machine(t, "errorrate", "always", `{"errorRate": 1}`)
 	for range 3 {
-		_, err := p.Create(ctx, always, alwaysClass)
+		_, err := p.Create(ctx, always, alwaysClass, join(t))
 		g.Expect(err).To(MatchError(inmemory.ErrTransient))
 		g.Expect(actuators.IsPermanent(err)).To(BeFalse())
 	}
@@ -237,7 +290,7 @@ func TestErrorRate(t *testing.T) {
 	half, halfClass := machine(t, "errorrate", "half", `{"errorRate": 0.5, "failCreate": "no"}`)
 	transient := 0
 	for range 200 {
-		_, err := p.Create(ctx, half, halfClass)
+		_, err := p.Create(ctx, half, halfClass, join(t))
 		g.Expect(err).To(HaveOccurred())
 		if errors.Is(err, inmemory.ErrTransient) {
 			g.Expect(actuators.IsPermanent(err)).To(BeFalse())
@@ -253,7 +306,7 @@ func TestErrorRate(t *testing.T) {
 	var id string
 	g.Eventually(func() error {
 		var err error
-		id, err = p.Create(ctx, some, someClass)
+		id, err = p.Create(ctx, some, someClass, join(t))
 		return err
 	}).WithTimeout(wait).WithPolling(time.Millisecond).Should(Succeed())
 	g.Expect(p.FindByUID(ctx, some.UID)).To(Equal(id), "found by the Machine's UID")
@@ -276,18 +329,18 @@ func TestFailCreateIsPermanent(t *testing.T) {
 	ctx := context.Background()
 	p := newProvider(t)
 	m, class := machine(t, "failcreate", "m", `{"failCreate": "quota exceeded"}`)
-	_, err := p.Create(ctx, m, class)
+	_, err := p.Create(ctx, m, class, join(t))
 	g.Expect(err).To(MatchError(ContainSubstring("quota exceeded")))
 	g.Expect(actuators.IsPermanent(err)).To(BeTrue())
 
 	// Set on the Provider instead of the class.
 	m2, class2 := machine(t, "failcreate", "m2", "")
 	p.SetFaults(inmemory.ProviderSpec{FailCreate: "out of capacity"})
-	_, err = p.Create(ctx, m2, class2)
+	_, err = p.Create(ctx, m2, class2, join(t))
 	g.Expect(actuators.IsPermanent(err)).To(BeTrue())
 	g.Expect(err).To(MatchError(ContainSubstring("out of capacity")))
 	p.SetFaults(inmemory.ProviderSpec{})
-	_, err = p.Create(ctx, m2, class2)
+	_, err = p.Create(ctx, m2, class2, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 }
 
@@ -296,7 +349,7 @@ func TestBadProviderSpecIsPermanent(t *testing.T) {
 	p := newProvider(t)
 	for i, spec := range []string{`{"createLatencyy": "1s"}`, `{"errorRate": 2}`, `{"createLatency": "soon"}`, `{"neverReady": "yes"}`} {
 		m, class := machine(t, "badspec", fmt.Sprintf("m%d", i), spec)
-		_, err := p.Create(context.Background(), m, class)
+		_, err := p.Create(context.Background(), m, class, join(t))
 		g.Expect(err).To(HaveOccurred(), spec)
 		g.Expect(actuators.IsPermanent(err)).To(BeTrue(), spec)
 		g.Expect(err.Error()).To(ContainSubstring("providerSpec"))
@@ -317,16 +370,16 @@ func TestCreateLatency(t *testing.T) {
 	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
 	began := time.Now()
-	_, err := p.Create(short, m, class)
+	_, err := p.Create(short, m, class, join(t))
 	g.Expect(err).To(MatchError(context.DeadlineExceeded))
 	g.Expect(time.Since(began)).To(BeNumerically("<", time.Second), "a cancelled Create returns at once")
 
 	began = time.Now()
-	id, err := p.Create(ctx, m, class)
+	id, err := p.Create(ctx, m, class, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(time.Since(began)).To(BeNumerically(">=", 1500*time.Millisecond), "the cancelled call created nothing, so this one waits in full")
 	began = time.Now()
-	again, err := p.Create(ctx, m, class)
+	again, err := p.Create(ctx, m, class, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(again).To(Equal(id))
 	g.Expect(time.Since(began)).To(BeNumerically("<", time.Second), "an existing instance is returned without latency")
@@ -336,7 +389,7 @@ func TestNeverReady(t *testing.T) {
 	g := NewWithT(t)
 	p := newProvider(t)
 	m, class := machine(t, "neverready", "m", `{"neverReady": true}`)
-	id, err := p.Create(context.Background(), m, class)
+	id, err := p.Create(context.Background(), m, class, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Eventually(func(g Gomega) {
 		g.Expect(readyStatus(nodeFor(g, p, id))).To(Equal(corev1.ConditionFalse))
@@ -348,7 +401,7 @@ func TestRebootAndRepairChangeBootID(t *testing.T) {
 	ctx := context.Background()
 	p := newProvider(t)
 	m, class := machine(t, "reboot", "m", "")
-	id, err := p.Create(ctx, m, class)
+	id, err := p.Create(ctx, m, class, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 
 	bootOnNode := func(g Gomega) string {
@@ -372,7 +425,7 @@ func TestRebootAndRepairChangeBootID(t *testing.T) {
 		do    func(context.Context, string, actuators.Operation) error
 		keeps bool
 	}{{"reboot", p.Reboot, true}, {"repair", p.Repair, false}} {
-		opID := actuators.Operation{ID: op.name + "-1"}
+		opID := actuators.Operation{ID: op.name + "-1", Join: join(t)}
 		g.Expect(op.do(ctx, id, opID)).To(Succeed(), op.name)
 		g.Eventually(func(g Gomega) {
 			g.Expect(bootOnNode(g)).NotTo(Equal(boot))
@@ -405,7 +458,7 @@ func TestBrokenStaysNotReadyThroughRebootAndRepair(t *testing.T) {
 	ctx := context.Background()
 	p := newProvider(t)
 	m, class := machine(t, "broken", "m", "")
-	id, err := p.Create(ctx, m, class)
+	id, err := p.Create(ctx, m, class, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Eventually(func(g Gomega) {
 		g.Expect(readyStatus(nodeFor(g, p, id))).To(Equal(corev1.ConditionTrue))
@@ -420,7 +473,7 @@ func TestBrokenStaysNotReadyThroughRebootAndRepair(t *testing.T) {
 		do   func(context.Context, string, actuators.Operation) error
 	}{{"break", nil}, {"reboot", p.Reboot}, {"repair", p.Repair}} {
 		if op.do != nil {
-			g.Expect(op.do(ctx, id, actuators.Operation{ID: op.name})).To(Succeed())
+			g.Expect(op.do(ctx, id, actuators.Operation{ID: op.name, Join: join(t)})).To(Succeed())
 		}
 		g.Eventually(func(g Gomega) {
 			n := nodeFor(g, p, id)
@@ -439,7 +492,7 @@ func TestUpdateRunsTheNewVersionOnTheSameNode(t *testing.T) {
 	g.Expect(p.InPlace(actuators.Change{Version: true})).To(BeTrue())
 	g.Expect(p.InPlace(actuators.Change{Class: true})).To(BeFalse())
 	m, class := machine(t, "update", "m", "")
-	id, err := p.Create(ctx, m, class)
+	id, err := p.Create(ctx, m, class, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	var before *corev1.Node
 	g.Eventually(func(g Gomega) {
@@ -462,7 +515,7 @@ func TestUpdateRunsTheNewVersionOnTheSameNode(t *testing.T) {
 	// A provider without an image for the version refuses, permanently,
 	// and the machine runs on.
 	m, class = machine(t, "update-refused", "m", `{"failUpdate":"no image"}`)
-	id, err = p.Create(ctx, m, class)
+	id, err = p.Create(ctx, m, class, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	err = p.Update(ctx, id, actuators.Operation{ID: "update-2", Version: "v1.38.0"})
 	g.Expect(actuators.IsPermanent(err)).To(BeTrue())
@@ -475,7 +528,7 @@ func TestRebootLatencyKeepsTheMachineOff(t *testing.T) {
 	ctx := context.Background()
 	p := newProvider(t)
 	m, class := machine(t, "reboot-latency", "m", `{"rebootLatency":"2s"}`)
-	id, err := p.Create(ctx, m, class)
+	id, err := p.Create(ctx, m, class, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	node, err := p.NodeName(id)
 	g.Expect(err).NotTo(HaveOccurred())
@@ -498,7 +551,7 @@ func TestCrashStopsLeaseButInstanceExists(t *testing.T) {
 	ctx := context.Background()
 	p := newProvider(t)
 	m, class := machine(t, "crash", "m", "")
-	id, err := p.Create(ctx, m, class)
+	id, err := p.Create(ctx, m, class, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	node, err := p.NodeName(id)
 	g.Expect(err).NotTo(HaveOccurred())
@@ -528,7 +581,7 @@ func TestDelete(t *testing.T) {
 	ctx := context.Background()
 	p := newProvider(t)
 	m, class := machine(t, "delete", "m", "")
-	id, err := p.Create(ctx, m, class)
+	id, err := p.Create(ctx, m, class, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	node, err := p.NodeName(id)
 	g.Expect(err).NotTo(HaveOccurred())
@@ -544,7 +597,7 @@ func TestDelete(t *testing.T) {
 		WithTimeout(4 * renew).WithPolling(renew / 4).Should(Equal(stopped))
 
 	// After Delete the Machine's UID is free: Create makes a new instance.
-	id2, err := p.Create(ctx, m, class)
+	id2, err := p.Create(ctx, m, class, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(id2).To(Equal(id), "the providerID derives from the Machine")
 	g.Eventually(func(g Gomega) {
@@ -556,14 +609,14 @@ func TestDelete(t *testing.T) {
 	g.Expect(p.Delete(ctx, "inmemory:///delete/never/1234")).To(Succeed(), "an instance never made is already gone")
 }
 
-func TestAgentsSharePodHub(t *testing.T) {
+func TestAgentsRunTheirOwnPods(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	p := newProvider(t)
 	var nodes []string
 	for i := range 3 {
 		m, class := machine(t, "pods", fmt.Sprintf("m%d", i), "")
-		id, err := p.Create(ctx, m, class)
+		id, err := p.Create(ctx, m, class, join(t))
 		g.Expect(err).NotTo(HaveOccurred())
 		node, _ := p.NodeName(id)
 		nodes = append(nodes, node)
@@ -584,4 +637,81 @@ func TestAgentsSharePodHub(t *testing.T) {
 			return pod.Status.Phase
 		}).WithTimeout(wait).Should(Equal(corev1.PodRunning))
 	}
+}
+
+func TestCreateAndRepairRefuseMissingJoinData(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p := newProvider(t)
+	m, class := machine(t, "nojoin", "m", "")
+	_, err := p.Create(ctx, m, class, actuators.Join{Server: env.Config.Host})
+	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "%v", err)
+	g.Expect(err).To(MatchError(actuators.ErrNoJoin))
+	g.Expect(p.Instances()).To(BeEmpty())
+
+	id, err := p.Create(ctx, m, class, join(t))
+	g.Expect(err).NotTo(HaveOccurred())
+	err = p.Repair(ctx, id, actuators.Operation{ID: "r"})
+	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "%v", err)
+	g.Expect(err).To(MatchError(actuators.ErrNoJoin))
+	g.Expect(p.Restarts(id)).To(Equal(0))
+}
+
+func TestMachinesJoinWithTheirOwnJoinData(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p := newProvider(t)
+	m, class := machine(t, "join", "m", "")
+	first := freshJoin(t)
+	id, err := p.Create(ctx, m, class, first)
+	g.Expect(err).NotTo(HaveOccurred())
+	node, err := p.NodeName(id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Eventually(func(g Gomega) {
+		g.Expect(readyStatus(nodeFor(g, p, id))).To(Equal(corev1.ConditionTrue))
+	}).WithTimeout(wait).Should(Succeed())
+	g.Expect(certificatesFor(g, first)).To(Equal([]string{"system:node:" + node}), "the machine got its certificate with the join data of Create")
+
+	// A reboot keeps the machine's certificate, as a kubelet keeps its own.
+	boot, err := p.BootID(id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "reboot"})).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		n := nodeFor(g, p, id)
+		g.Expect(n.Status.NodeInfo.BootID).NotTo(Equal(boot))
+		g.Expect(readyStatus(n)).To(Equal(corev1.ConditionTrue))
+	}).WithTimeout(wait).Should(Succeed())
+	g.Expect(certificatesFor(g, first)).To(HaveLen(1), "a reboot asked for a certificate again")
+
+	// A repair wipes it: the machine joins again, with the repair's data.
+	second := freshJoin(t)
+	boot, err = p.BootID(id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(p.Repair(ctx, id, actuators.Operation{ID: "repair", Join: second})).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		n := nodeFor(g, p, id)
+		g.Expect(n.Status.NodeInfo.BootID).NotTo(Equal(boot))
+		g.Expect(readyStatus(n)).To(Equal(corev1.ConditionTrue))
+	}).WithTimeout(wait).Should(Succeed())
+	g.Expect(certificatesFor(g, second)).To(Equal([]string{"system:node:" + node}), "the repaired machine joined with the repair's join data")
+	g.Expect(certificatesFor(g, first)).To(HaveLen(1))
+}
+
+func TestAMachineWithATokenTheClusterRefusesRegistersNoNode(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p := newProvider(t)
+	m, class := machine(t, "badtoken", "m", "")
+	// A well-formed token that no Secret backs.
+	id, err := p.Create(ctx, m, class, actuators.Join{Server: env.Config.Host, CAData: env.Config.CAData, Token: "abcdef.0123456789abcdef"})
+	g.Expect(err).NotTo(HaveOccurred())
+	node, err := p.NodeName(id)
+	g.Expect(err).NotTo(HaveOccurred())
+	// The machine has nothing to register its Node with but the token;
+	// the wait proves that nothing does for that long.
+	g.Consistently(func() bool {
+		_, err := clientset.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		return err == nil
+	}).WithTimeout(5 * time.Second).Should(BeFalse())
+	g.Expect(p.BootID(id)).To(BeEmpty(), "the machine's agent never started")
 }

@@ -10,6 +10,17 @@
 //	                 (kept by a repair)
 //	    agent.log    the agent's stdout and stderr
 //	    boot-id      the running agent's boot ID
+//	    bootstrap-kubeconfig  the join data (0600): server, CA, bootstrap token
+//	    kubeconfig   the machine's own credentials (0600), which its agent
+//	                 got with the bootstrap token and keeps across reboots
+//	    bootstrap-kubeconfig.next  a repair's join data, until its wipe
+//
+// The directory is the machine's disk: the join data of Create is written
+// there and nowhere else, and the agent joins the cluster with it as a
+// kubelet does (`machinist agent --bootstrap-kubeconfig`), so that no
+// machine holds the provider's credentials. A repair wipes the directory
+// but for the state file and the repair's join data, so the machine joins
+// afresh.
 //
 // A Provider takes the machines in its StateDir over lazily, on the first
 // call of any of its methods (Stop aside), not when it is made: in a manager
@@ -51,6 +62,7 @@ import (
 
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/nodeagent"
 )
 
 // Name is the provider name MachineClasses use for this provider.
@@ -61,6 +73,14 @@ const (
 	stateFile  = "state.json"
 	logFile    = "agent.log"
 	bootIDFile = "boot-id"
+	// bootstrapFile holds the join data the agent joins with; its own
+	// credentials go to nodeKubeconfigFile.
+	bootstrapFile      = "bootstrap-kubeconfig"
+	nodeKubeconfigFile = "kubeconfig"
+	// nextBootstrapFile is a repair's join data, written before the repair
+	// is recorded pending and put in bootstrapFile's place by its wipe, so
+	// that a provider killed halfway through leaves it for the next one.
+	nextBootstrapFile = bootstrapFile + ".next"
 )
 
 // DefaultStopTimeout is how long an agent is given to exit after SIGTERM
@@ -69,9 +89,9 @@ const DefaultStopTimeout = 5 * time.Second
 
 // Options configure a Provider.
 type Options struct {
-	// Kubeconfig is the kubeconfig file every agent (and the provider, to
-	// delete a repaired machine's Node) reaches the apiserver with. Required:
-	// agents are separate processes and need a file.
+	// Kubeconfig is the provider's own kubeconfig file: it deletes a
+	// repaired machine's Node and Lease with it. Agents never see it; each
+	// joins with the join data it is given. Required.
 	Kubeconfig string
 	// AgentBinary is the machinist binary whose `agent` command each machine
 	// runs; empty means this process's own executable.
@@ -475,7 +495,10 @@ func (p *Provider) Restarts(providerID string) (int, error) {
 // Create implements actuators.Actuator. The providerID follows from the
 // Machine alone, so a repeated call finds the same directory and starts the
 // agent only if it is not running.
-func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class *machinistv1.MachineClass) (string, error) {
+func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class *machinistv1.MachineClass, join actuators.Join) (string, error) {
+	if err := actuators.RequireJoin(join, fmt.Sprintf("process: creating an instance for machine %s/%s", mach.Namespace, mach.Name)); err != nil {
+		return "", err
+	}
 	if err := p.takeOver(ctx); err != nil {
 		return "", err
 	}
@@ -515,10 +538,21 @@ func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class 
 		if err := os.MkdirAll(m.dir, 0o755); err != nil {
 			return "", fmt.Errorf("process: creating %s: %w", id, err)
 		}
+		// The join data first: a machine with a state file is one the
+		// takeover boots.
+		if err := writeJoin(filepath.Join(m.dir, bootstrapFile), join); err != nil {
+			return "", fmt.Errorf("process: creating %s: %w", id, err)
+		}
 		if err := writeState(m.dir, st); err != nil {
 			return "", err
 		}
 		m.st, m.live = st, true
+	} else if !exists(filepath.Join(m.dir, nodeKubeconfigFile)) {
+		// Not joined yet, perhaps for a token that expired: the next boot
+		// tries the newer one.
+		if err := writeJoin(filepath.Join(m.dir, bootstrapFile), join); err != nil {
+			return "", fmt.Errorf("process: creating %s: %w", id, err)
+		}
 	}
 	if m.running() {
 		return id, nil
@@ -630,10 +664,14 @@ func (p *Provider) Update(ctx context.Context, providerID string, op actuators.O
 func (p *Provider) InPlace(change actuators.Change) bool { return !change.Class }
 
 // Repair implements actuators.Actuator: like Reboot, but everything in the
-// machine's directory except the provider's state file is wiped, and its
-// Node and Lease are deleted, so the Node registers afresh without the
-// labels and taints others had put on it.
+// machine's directory except the provider's state file is wiped, the
+// machine's credentials with it, and its Node and Lease are deleted, so
+// the machine joins again with op.Join and its Node registers afresh
+// without the labels and taints others had put on it.
 func (p *Provider) Repair(ctx context.Context, providerID string, op actuators.Operation) error {
+	if err := actuators.RequireJoin(op.Join, "process: repairing "+providerID); err != nil {
+		return err
+	}
 	return p.restart(ctx, providerID, op, true)
 }
 
@@ -677,6 +715,13 @@ func (p *Provider) restart(ctx context.Context, providerID string, op actuators.
 	if op.ID != "" && m.st.LastOperation == op.ID {
 		return nil
 	}
+	if wipe {
+		// Before the repair is pending: whoever finishes it finds the join
+		// data the wipe keeps.
+		if err := writeJoin(filepath.Join(m.dir, nextBootstrapFile), op.Join); err != nil {
+			return fmt.Errorf("process: repairing %s: %w", providerID, err)
+		}
+	}
 	// Write-ahead. A pending operation of another ID was abandoned by its
 	// caller: this one replaces it.
 	pending := &pendingOp{ID: op.ID, Repair: wipe, Hard: op.Hard, Version: op.Version}
@@ -694,18 +739,28 @@ func (p *Provider) restart(ctx context.Context, providerID string, op actuators.
 	return p.boot(ctx, m)
 }
 
-// wipe re-images a stopped machine: its files but the state file go, and
-// so do its Node and Lease. Callers hold m.mu.
+// wipe re-images a stopped machine: its files but the state file and the
+// join data go, its credentials with them, and so do its Node and Lease;
+// the repair's join data takes the place of the old. Done again after a
+// provider was killed halfway, it finds the repair's join data in place
+// already and keeps it. Callers hold m.mu.
 func (p *Provider) wipe(ctx context.Context, m *machine) error {
 	entries, err := os.ReadDir(m.dir)
 	if err != nil {
 		return fmt.Errorf("process: repairing %s: %w", m.st.ProviderID, err)
 	}
 	for _, e := range entries {
-		if e.Name() == stateFile {
+		switch e.Name() {
+		case stateFile, bootstrapFile, nextBootstrapFile:
 			continue
 		}
 		if err := os.RemoveAll(filepath.Join(m.dir, e.Name())); err != nil {
+			return fmt.Errorf("process: repairing %s: %w", m.st.ProviderID, err)
+		}
+	}
+	next := filepath.Join(m.dir, nextBootstrapFile)
+	if exists(next) {
+		if err := os.Rename(next, filepath.Join(m.dir, bootstrapFile)); err != nil {
 			return fmt.Errorf("process: repairing %s: %w", m.st.ProviderID, err)
 		}
 	}
@@ -798,7 +853,8 @@ func (p *Provider) start(m *machine, commit func(*state)) error {
 // recognise the process by its command line.
 func (p *Provider) agentArgs(st state, dir string) []string {
 	args := []string{"agent",
-		"--kubeconfig=" + p.opts.Kubeconfig,
+		"--bootstrap-kubeconfig=" + filepath.Join(dir, bootstrapFile),
+		"--kubeconfig=" + filepath.Join(dir, nodeKubeconfigFile),
 		"--node-name=" + st.NodeName,
 		"--provider-id=" + st.ProviderID,
 		"--version=" + st.Version,
@@ -1027,6 +1083,16 @@ func writeState(dir string, st state) error {
 		return fmt.Errorf("process: writing state of %s: %w", st.ProviderID, err)
 	}
 	return nil
+}
+
+// writeJoin writes j to path as the agent's bootstrap kubeconfig.
+func writeJoin(path string, j actuators.Join) error {
+	return nodeagent.WriteBootstrapKubeconfig(path, j)
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 func removeDir(dir string) error {

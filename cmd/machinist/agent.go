@@ -25,6 +25,7 @@ import (
 // agentOptions are the flags of machinist agent.
 type agentOptions struct {
 	kubeconfig   string
+	bootstrap    string
 	nodeName     string
 	providerID   string
 	version      string
@@ -46,8 +47,15 @@ func agentCommand() *cobra.Command {
 renewed and run the pods bound to it, until SIGTERM or SIGINT, which stop the
 renewals and exit 0. Every start is a new boot: the Node reports a new boot ID.
 A process killed outright leaves a Lease that expires, which the Machine
-controller reports as an unhealthy Node.`,
-		Example: `  machinist agent --kubeconfig ~/.kube/config --node-name n1 \
+controller reports as an unhealthy Node.
+
+With --bootstrap-kubeconfig the agent joins the cluster as a kubelet does:
+it trades the bootstrap token for a client certificate of its own
+(system:node:<node name>), approved and signed by the cluster, keeps it in
+--kubeconfig, readable by it alone, and starts with it from then on while it
+is valid. Without, --kubeconfig is the credentials it runs with.`,
+		Example: `  machinist agent --bootstrap-kubeconfig /var/lib/m1/bootstrap-kubeconfig \
+    --kubeconfig /var/lib/m1/kubeconfig --node-name n1 \
     --provider-id process:///default/m1/0b5c… --version v1.37.2`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -57,7 +65,8 @@ controller reports as an unhealthy Node.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; required unless running in a cluster")
+	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; with --bootstrap-kubeconfig, where the node's own credentials are kept; required unless running in a cluster")
+	f.StringVar(&o.bootstrap, "bootstrap-kubeconfig", "", "kubeconfig holding a bootstrap token, to get the node's own credentials with when --kubeconfig holds none that are valid")
 	f.StringVar(&o.nodeName, "node-name", "", "name of the Node to register (required)")
 	f.StringVar(&o.providerID, "provider-id", "", "the Node's spec.providerID (required)")
 	f.StringVar(&o.version, "version", "", "kubelet version to report in status.nodeInfo")
@@ -86,7 +95,11 @@ func runAgent(ctx context.Context, o agentOptions) error {
 		}
 		capacity[corev1.ResourceName(name)] = q
 	}
-	cfg, err := agentRESTConfig(o.kubeconfig)
+	cfg, err := agentRESTConfig(ctx, o)
+	if ctx.Err() != nil {
+		// Stopped while joining: a clean stop, as one while running is.
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -128,9 +141,19 @@ func runAgent(ctx context.Context, o agentOptions) error {
 	return <-done
 }
 
-func agentRESTConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig != "" {
-		return clientcmd.BuildConfigFromFlags("", kubeconfig)
+func agentRESTConfig(ctx context.Context, o agentOptions) (*rest.Config, error) {
+	if o.bootstrap != "" {
+		if o.kubeconfig == "" {
+			return nil, errors.New("--bootstrap-kubeconfig needs --kubeconfig, where the node's own credentials are kept")
+		}
+		creds, err := nodeagent.Bootstrap(ctx, o.bootstrap, o.kubeconfig, o.nodeName)
+		if err != nil {
+			return nil, fmt.Errorf("joining the cluster: %w", err)
+		}
+		return creds.Config(), nil
+	}
+	if o.kubeconfig != "" {
+		return clientcmd.BuildConfigFromFlags("", o.kubeconfig)
 	}
 	cfg, err := rest.InClusterConfig()
 	if err != nil {

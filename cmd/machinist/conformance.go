@@ -20,6 +20,7 @@ func providerConformanceCommand() *cobra.Command {
 		kubeconfig    string
 		providerSpec  string
 		transientSpec string
+		providerLog   string
 	)
 	cmd := &cobra.Command{
 		Use:   "conformance --endpoint unix:///path/to.sock --kubeconfig FILE",
@@ -37,6 +38,16 @@ are fabricated; none is written to the cluster. Each check deletes what
 it made, and its Nodes and Leases, so the credentials must be allowed to
 list, watch and delete Nodes and delete Leases in kube-node-lease.
 
+Every Create and repair carries join data of its own: the API server of
+--kubeconfig (or --join-server) and a bootstrap token the suite makes in
+kube-system for that call, deleted when its check ends. A check proves
+that the machine joined with it, by the CertificateSigningRequest its
+token asked for. So the credentials must also be allowed to create and
+delete Secrets in kube-system and list CertificateSigningRequests, and
+the cluster must approve and sign kubelet client certificates for
+bootstrap tokens. With --provider-log, a last check searches the
+provider's log for every token's secret.
+
 One line is printed per check. The exit status is 1 unless every check
 passed.`,
 		Args: cobra.NoArgs,
@@ -47,6 +58,18 @@ passed.`,
 			}
 			if cfg.Kube, err = kubernetes.NewForConfig(rc); err != nil {
 				return err
+			}
+			if cfg.Server == "" {
+				cfg.Server = rc.Host
+			}
+			cfg.CAData = rc.CAData
+			if len(cfg.CAData) == 0 && rc.CAFile != "" {
+				if cfg.CAData, err = os.ReadFile(rc.CAFile); err != nil {
+					return fmt.Errorf("the kubeconfig's certificate authority: %w", err)
+				}
+			}
+			if providerLog != "" {
+				cfg.Logs = func() ([]byte, error) { return os.ReadFile(providerLog) }
 			}
 			if providerSpec != "" {
 				cfg.ProviderSpec = []byte(providerSpec)
@@ -98,6 +121,9 @@ passed.`,
 	fs.StringVar(&cfg.UpdateVersion, "update-version", "", "the version the in-place update check updates to (default v1.38.0)")
 	fs.DurationVar(&cfg.Timeout, "timeout", 0, "how long a call may take and a Node may take to show its effect (0: 90s)")
 	fs.DurationVar(&cfg.Settle, "settle", 0, "how long to watch that a repeated call has no second effect (0: 5s)")
+	fs.StringVar(&cfg.Server, "join-server", "", "the API server's URL as the machines reach it, for their join data (default: the kubeconfig's)")
+	fs.StringSliceVar(&cfg.TokenGroups, "token-groups", nil, "extra groups for the bootstrap tokens the suite makes, for a cluster that lets only those join")
+	fs.StringVar(&providerLog, "provider-log", "", "a file the provider logs to; given, a check proves no bootstrap token shows in it")
 	_ = cmd.MarkFlagRequired("endpoint")
 	_ = cmd.MarkFlagRequired("kubeconfig")
 	return cmd

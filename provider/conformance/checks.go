@@ -167,8 +167,12 @@ func checkAdoptMissing(ctx context.Context, t *trial) error {
 func checkInvalid(ctx context.Context, t *trial) error {
 	m := t.machine()
 	class := t.class(t.s.cfg.ProviderSpec)
+	join, err := t.joinFor(ctx, string(m.UID))
+	if err != nil {
+		return err
+	}
 	callCtx, cancel := context.WithTimeout(ctx, t.s.cfg.Timeout)
-	_, err := t.s.machines.Create(callCtx, &providerv1.CreateRequest{Machine: asJSON(m), MachineClass: asJSON(class)})
+	_, err = t.s.machines.Create(callCtx, &providerv1.CreateRequest{Machine: asJSON(m), MachineClass: asJSON(class), Join: wireJoin(join)})
 	cancel()
 	if err := wantCode(err, codes.InvalidArgument, "Create without machine_uid"); err != nil {
 		return err
@@ -179,6 +183,22 @@ func checkInvalid(ctx context.Context, t *trial) error {
 	}
 	if found != "" {
 		return fmt.Errorf("Create without machine_uid was refused, yet made %s for the Machine", found)
+	}
+
+	// Without join data the machine could not join: no retry helps.
+	lost := t.machine()
+	if id, err := t.s.client.Create(ctx, lost.DeepCopy(), class, actuators.Join{}); err == nil {
+		t.mu.Lock()
+		t.ids = append(t.ids, id)
+		t.mu.Unlock()
+		return fmt.Errorf("Create without join data returned %s, want a permanent error", id)
+	} else if !actuators.IsPermanent(err) {
+		return fmt.Errorf("Create without join data failed transiently (the controller would retry forever), want a permanent error: %w", err)
+	}
+	if found, err := t.s.client.FindByUID(ctx, lost.UID); err != nil {
+		return fmt.Errorf("FindByUID: %w", err)
+	} else if found != "" {
+		return fmt.Errorf("Create without join data was refused, yet made %s for the Machine", found)
 	}
 
 	declared := slices.DeleteFunc(slices.Clone(verbs), func(v providerv1.Verb) bool { return !t.s.declares(v) })
@@ -193,8 +213,79 @@ func checkInvalid(ctx context.Context, t *trial) error {
 		return fmt.Errorf("Create: %w", err)
 	}
 	verb := declared[0]
-	err = t.s.rawVerb(ctx, verb, id, "")
-	return wantCode(err, codes.InvalidArgument, verbWord(verb)+" without operation_id")
+	err = t.rawVerb(ctx, verb, id, "")
+	if err := wantCode(err, codes.InvalidArgument, verbWord(verb)+" without operation_id"); err != nil {
+		return err
+	}
+	if !t.s.declares(provider.VerbRepair) {
+		return nil
+	}
+	op := "conformance-" + suffix()
+	if err := t.s.client.Repair(ctx, id, actuators.Operation{ID: op}); err == nil {
+		return fmt.Errorf("repair %s without join data succeeded, want a permanent error: the repaired machine could not join", op)
+	} else if !actuators.IsPermanent(err) {
+		return fmt.Errorf("repair %s without join data failed transiently (the controller would retry forever), want a permanent error: %w", op, err)
+	}
+	return nil
+}
+
+// checkJoin proves that the provider passes the join data of Create to
+// the machine, and that of Repair to the repaired machine: the Node's
+// certificate was asked for with the bootstrap token made for that call
+// alone. A provider that gives its machines credentials of its own, or
+// join data of an earlier call, fails.
+func checkJoin(ctx context.Context, t *trial) error {
+	m, id, h, err := t.launch(ctx)
+	if err != nil {
+		return err
+	}
+	join, err := t.joinFor(ctx, string(m.UID))
+	if err != nil {
+		return err
+	}
+	if err := t.s.joinedWith(ctx, tokenOf(join), h.node.Name, "Create"); err != nil {
+		return err
+	}
+	if !t.s.declares(provider.VerbRepair) {
+		return nil
+	}
+	before := len(h.boots)
+	again, err := t.newJoin(ctx)
+	if err != nil {
+		return err
+	}
+	op := "conformance-a-" + suffix()
+	if err := t.s.client.Repair(ctx, id, actuators.Operation{ID: op, Join: again}); err != nil {
+		return fmt.Errorf("repair %s: %w", op, err)
+	}
+	h, err = t.s.nodes.await(ctx, t.s.cfg.Timeout, id, "a Ready Node with a new boot ID after repair "+op, func(h nodeHistory) bool {
+		return len(h.since(before)) >= 1 && h.ready()
+	})
+	if err != nil {
+		return err
+	}
+	return t.s.joinedWith(ctx, tokenOf(again), h.node.Name, "repair "+op)
+}
+
+// checkNoTokenLog searches what the provider logged through every check
+// for the secret of every bootstrap token handed to it.
+func checkNoTokenLog(_ context.Context, t *trial) error {
+	t.s.mu.Lock()
+	tokens := slices.Clone(t.s.handed)
+	t.s.mu.Unlock()
+	if len(tokens) == 0 {
+		return errors.New("no join data was handed to the provider, so its log proves nothing")
+	}
+	log, err := t.s.cfg.Logs()
+	if err != nil {
+		return fmt.Errorf("reading the provider's log: %w", err)
+	}
+	return leaks(log, tokens)
+}
+
+// wireJoin is j as a request sent without the Client carries it.
+func wireJoin(j actuators.Join) *providerv1.Join {
+	return &providerv1.Join{Server: j.Server, CaData: j.CAData, Token: j.Token}
 }
 
 func checkDelete(ctx context.Context, t *trial) error {
@@ -271,6 +362,11 @@ func checkOncePerOperation(ctx context.Context, t *trial, verb providerv1.Verb) 
 	call := func(op string) error {
 		a := actuators.Operation{ID: op}
 		if verb == provider.VerbRepair {
+			// Fresh join data for every call, as the controller may make.
+			var err error
+			if a.Join, err = t.newJoin(ctx); err != nil {
+				return err
+			}
 			return t.s.client.Repair(ctx, id, a)
 		}
 		return t.s.client.Reboot(ctx, id, a)
@@ -369,7 +465,7 @@ func checkUndeclared(ctx context.Context, t *trial) error {
 	for _, verb := range t.s.undeclared() {
 		word := verbWord(verb)
 		op := "conformance-" + suffix()
-		if err := wantCode(t.s.rawVerb(ctx, verb, id, op), codes.Unimplemented, word+", undeclared,"); err != nil {
+		if err := wantCode(t.rawVerb(ctx, verb, id, op), codes.Unimplemented, word+", undeclared,"); err != nil {
 			errs = append(errs, err)
 		}
 		a := actuators.Operation{ID: op, Version: t.s.cfg.UpdateVersion}
@@ -475,8 +571,17 @@ func checkTransient(ctx context.Context, t *trial) error {
 }
 
 // rawVerb sends verb without the Client, which would refuse an
-// undeclared verb itself and never send an empty operation ID.
-func (s *suite) rawVerb(ctx context.Context, verb providerv1.Verb, id, op string) error {
+// undeclared verb itself and never send an empty operation ID. A repair
+// carries join data of its own, so that nothing else is amiss.
+func (t *trial) rawVerb(ctx context.Context, verb providerv1.Verb, id, op string) error {
+	s := t.s
+	var join actuators.Join
+	if verb == provider.VerbRepair {
+		var err error
+		if join, err = t.newJoin(ctx); err != nil {
+			return err
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	var err error
@@ -484,7 +589,7 @@ func (s *suite) rawVerb(ctx context.Context, verb providerv1.Verb, id, op string
 	case provider.VerbReboot:
 		_, err = s.machines.Reboot(ctx, &providerv1.RebootRequest{ProviderId: id, OperationId: op})
 	case provider.VerbRepair:
-		_, err = s.machines.Repair(ctx, &providerv1.RepairRequest{ProviderId: id, OperationId: op})
+		_, err = s.machines.Repair(ctx, &providerv1.RepairRequest{ProviderId: id, OperationId: op, Join: wireJoin(join)})
 	case provider.VerbUpdate:
 		_, err = s.machines.Update(ctx, &providerv1.UpdateRequest{ProviderId: id, OperationId: op, Version: s.cfg.UpdateVersion})
 	default:

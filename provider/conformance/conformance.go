@@ -22,12 +22,14 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/provider"
 	providerv1 "github.com/machinist-dev/machinist/provider/v1"
 )
@@ -44,8 +46,24 @@ type Config struct {
 	// Required: the contract is about what the Nodes report (a boot ID
 	// that changes once per reboot, the version after an update). The
 	// suite reads every Node, and deletes the Nodes and Leases of the
-	// instances it deleted.
+	// instances it deleted. It makes a bootstrap token (a Secret in
+	// kube-system) for each Machine and each repair, deleted when its
+	// check ends, and reads CertificateSigningRequests to see which token
+	// a machine joined with.
 	Kube kubernetes.Interface
+	// Server is the API server's URL as the machines reach it, and CAData
+	// the PEM bundle that verifies it: the join data handed to the
+	// provider carries them. Server is required.
+	Server string
+	CAData []byte
+	// TokenGroups are extra groups (auth-extra-groups) for the bootstrap
+	// tokens the suite makes, for a cluster that lets only those groups
+	// join; none means the system:bootstrappers every token is in.
+	TokenGroups []string
+	// Logs, when set, returns what the provider has logged so far, such
+	// as its process's standard error; a check then proves that no
+	// bootstrap token handed to it shows there.
+	Logs func() ([]byte, error)
 	// Namespace is written into the fabricated Machines (default
 	// "conformance"); no Machine is created in the cluster.
 	Namespace string
@@ -95,6 +113,8 @@ const (
 	CheckCancelled    = "creates one instance after a cancelled create"
 	CheckDeadline     = "fails an expired call transiently"
 	CheckTransient    = "reports a transient failure as transient"
+	CheckJoin         = "joins its machines with the join data it is given"
+	CheckNoTokenLog   = "never logs a bootstrap token"
 )
 
 // Run runs every check that applies to the provider, one after another,
@@ -151,6 +171,17 @@ type suite struct {
 	machines providerv1.MachineServiceClient
 	nodes    *nodeWatch
 	checks   []check
+
+	// handed is every token handed to the provider, for the log check.
+	mu     sync.Mutex
+	handed []token
+}
+
+// handedOver records that k was handed to the provider.
+func (s *suite) handedOver(k token) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.handed = append(s.handed, k)
 }
 
 // check is one property of the contract. Machine names it fabricates
@@ -186,6 +217,9 @@ func (c *Config) validate() error {
 	}
 	if c.Kube == nil {
 		errs = append(errs, errors.New("no Kubernetes client: the checks read the instances' Nodes"))
+	}
+	if c.Server == "" {
+		errs = append(errs, errors.New("no API server URL: the join data handed to the provider needs one"))
 	}
 	for what, raw := range map[string][]byte{"providerSpec": c.ProviderSpec, "transient providerSpec": c.TransientProviderSpec} {
 		if len(raw) > 0 && !json.Valid(raw) {
@@ -253,6 +287,7 @@ func (s *suite) plan() []check {
 		{CheckIdentity, "identity", checkIdentity},
 		{CheckCapabilities, "capabilities", checkCapabilities},
 		{CheckCreateOnce, "create", checkCreateOnce},
+		{CheckJoin, "join", checkJoin},
 		{CheckDistinct, "distinct", checkDistinct},
 		{CheckAdoptMissing, "adopt", checkAdoptMissing},
 		{CheckInvalid, "invalid", checkInvalid},
@@ -281,6 +316,10 @@ func (s *suite) plan() []check {
 	if len(s.cfg.TransientProviderSpec) > 0 {
 		checks = append(checks, check{CheckTransient, "transient", checkTransient})
 	}
+	if s.cfg.Logs != nil {
+		// Last, to search what the provider logged through every check.
+		checks = append(checks, check{CheckNoTokenLog, "log", checkNoTokenLog})
+	}
 	return checks
 }
 
@@ -303,7 +342,7 @@ func (s *suite) undeclared() []providerv1.Verb {
 // check, for an instance left behind is one the controller would leak.
 func (s *suite) run(ctx context.Context, c check) Result {
 	began := time.Now()
-	t := &trial{s: s, slug: c.slug}
+	t := &trial{s: s, slug: c.slug, joins: map[string]actuators.Join{}}
 	err := c.run(ctx, t)
 	if cerr := t.cleanUp(ctx); cerr != nil {
 		err = errors.Join(err, fmt.Errorf("cleaning up: %w", cerr))

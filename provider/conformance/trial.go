@@ -28,9 +28,13 @@ type trial struct {
 	s    *suite
 	slug string
 
-	mu   sync.Mutex
-	uids []types.UID
-	ids  []string
+	mu     sync.Mutex
+	uids   []types.UID
+	ids    []string
+	tokens []token
+	joins  map[string]actuators.Join // by Machine UID
+	// joinMu makes concurrent Creates for one Machine wait for one token.
+	joinMu sync.Mutex
 }
 
 // machine fabricates a Machine as kube-apiserver would serve it, with a
@@ -76,7 +80,11 @@ func (t *trial) create(ctx context.Context, m *machinistv1.Machine) (string, err
 }
 
 func (t *trial) createWith(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass) (string, error) {
-	id, err := t.s.client.Create(ctx, m.DeepCopy(), class)
+	join, err := t.joinFor(ctx, string(m.UID))
+	if err != nil {
+		return "", err
+	}
+	id, err := t.s.client.Create(ctx, m.DeepCopy(), class, join)
 	if id != "" {
 		t.mu.Lock()
 		t.ids = append(t.ids, id)
@@ -141,6 +149,8 @@ func (t *trial) cleanUp(ctx context.Context) error {
 	if len(deleted) > 0 {
 		errs = append(errs, t.forgetNodes(ctx, deleted))
 	}
+	// Last: an instance still being deleted may have been joining.
+	errs = append(errs, t.deleteTokens(ctx))
 	return errors.Join(errs...)
 }
 

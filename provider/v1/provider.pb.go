@@ -443,7 +443,10 @@ type CreateRequest struct {
 	Machine []byte `protobuf:"bytes,2,opt,name=machine,proto3" json:"machine,omitempty"`
 	// machine_class is its MachineClass as JSON; empty when the Machine
 	// adopts an instance and its class is gone.
-	MachineClass  []byte `protobuf:"bytes,3,opt,name=machine_class,json=machineClass,proto3" json:"machine_class,omitempty"`
+	MachineClass []byte `protobuf:"bytes,3,opt,name=machine_class,json=machineClass,proto3" json:"machine_class,omitempty"`
+	// join is what the instance joins its cluster with. Required: a
+	// provider refuses a Create without it (INVALID_ARGUMENT).
+	Join          *Join `protobuf:"bytes,4,opt,name=join,proto3" json:"join,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -499,6 +502,83 @@ func (x *CreateRequest) GetMachineClass() []byte {
 	return nil
 }
 
+func (x *CreateRequest) GetJoin() *Join {
+	if x != nil {
+		return x.Join
+	}
+	return nil
+}
+
+// Join is what a machine needs to join its cluster the way a kubelet does
+// (TLS bootstrapping): with the bootstrap token it asks the API server for
+// a client certificate of its own, for system:node:<its Node's name>. The
+// provider passes it to the machine and gives the machine no credentials
+// of its own. The token is a credential: a provider never logs it and
+// keeps it nowhere but on the machine.
+type Join struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// server is the URL of the cluster's API server.
+	Server string `protobuf:"bytes,1,opt,name=server,proto3" json:"server,omitempty"`
+	// ca_data is the PEM bundle that verifies the API server's certificate;
+	// empty when the machine trusts the system's roots.
+	CaData []byte `protobuf:"bytes,2,opt,name=ca_data,json=caData,proto3" json:"ca_data,omitempty"`
+	// token is the bootstrap token, "<id>.<secret>".
+	Token         string `protobuf:"bytes,3,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Join) Reset() {
+	*x = Join{}
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Join) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Join) ProtoMessage() {}
+
+func (x *Join) ProtoReflect() protoreflect.Message {
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Join.ProtoReflect.Descriptor instead.
+func (*Join) Descriptor() ([]byte, []int) {
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *Join) GetServer() string {
+	if x != nil {
+		return x.Server
+	}
+	return ""
+}
+
+func (x *Join) GetCaData() []byte {
+	if x != nil {
+		return x.CaData
+	}
+	return nil
+}
+
+func (x *Join) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
 type CreateResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// provider_id names the instance: "<provider name>://<anything>".
@@ -509,7 +589,7 @@ type CreateResponse struct {
 
 func (x *CreateResponse) Reset() {
 	*x = CreateResponse{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[7]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -521,7 +601,7 @@ func (x *CreateResponse) String() string {
 func (*CreateResponse) ProtoMessage() {}
 
 func (x *CreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[7]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -534,7 +614,7 @@ func (x *CreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateResponse.ProtoReflect.Descriptor instead.
 func (*CreateResponse) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{7}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CreateResponse) GetProviderId() string {
@@ -553,7 +633,7 @@ type ExistsRequest struct {
 
 func (x *ExistsRequest) Reset() {
 	*x = ExistsRequest{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[8]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -565,7 +645,7 @@ func (x *ExistsRequest) String() string {
 func (*ExistsRequest) ProtoMessage() {}
 
 func (x *ExistsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[8]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -578,7 +658,7 @@ func (x *ExistsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistsRequest.ProtoReflect.Descriptor instead.
 func (*ExistsRequest) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{8}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExistsRequest) GetProviderId() string {
@@ -597,7 +677,7 @@ type ExistsResponse struct {
 
 func (x *ExistsResponse) Reset() {
 	*x = ExistsResponse{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[9]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -609,7 +689,7 @@ func (x *ExistsResponse) String() string {
 func (*ExistsResponse) ProtoMessage() {}
 
 func (x *ExistsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[9]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -622,7 +702,7 @@ func (x *ExistsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistsResponse.ProtoReflect.Descriptor instead.
 func (*ExistsResponse) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{9}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExistsResponse) GetExists() bool {
@@ -641,7 +721,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[10]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -653,7 +733,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[10]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -666,7 +746,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{10}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeleteRequest) GetProviderId() string {
@@ -684,7 +764,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[11]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -696,7 +776,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[11]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -709,7 +789,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{11}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{12}
 }
 
 type FindByUIDRequest struct {
@@ -721,7 +801,7 @@ type FindByUIDRequest struct {
 
 func (x *FindByUIDRequest) Reset() {
 	*x = FindByUIDRequest{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[12]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -733,7 +813,7 @@ func (x *FindByUIDRequest) String() string {
 func (*FindByUIDRequest) ProtoMessage() {}
 
 func (x *FindByUIDRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[12]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -746,7 +826,7 @@ func (x *FindByUIDRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FindByUIDRequest.ProtoReflect.Descriptor instead.
 func (*FindByUIDRequest) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{12}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *FindByUIDRequest) GetMachineUid() string {
@@ -766,7 +846,7 @@ type FindByUIDResponse struct {
 
 func (x *FindByUIDResponse) Reset() {
 	*x = FindByUIDResponse{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[13]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -778,7 +858,7 @@ func (x *FindByUIDResponse) String() string {
 func (*FindByUIDResponse) ProtoMessage() {}
 
 func (x *FindByUIDResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[13]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -791,7 +871,7 @@ func (x *FindByUIDResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FindByUIDResponse.ProtoReflect.Descriptor instead.
 func (*FindByUIDResponse) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{13}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *FindByUIDResponse) GetProviderId() string {
@@ -814,7 +894,7 @@ type RebootRequest struct {
 
 func (x *RebootRequest) Reset() {
 	*x = RebootRequest{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[14]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -826,7 +906,7 @@ func (x *RebootRequest) String() string {
 func (*RebootRequest) ProtoMessage() {}
 
 func (x *RebootRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[14]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -839,7 +919,7 @@ func (x *RebootRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebootRequest.ProtoReflect.Descriptor instead.
 func (*RebootRequest) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{14}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RebootRequest) GetProviderId() string {
@@ -871,7 +951,7 @@ type RebootResponse struct {
 
 func (x *RebootResponse) Reset() {
 	*x = RebootResponse{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[15]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -883,7 +963,7 @@ func (x *RebootResponse) String() string {
 func (*RebootResponse) ProtoMessage() {}
 
 func (x *RebootResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[15]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -896,21 +976,24 @@ func (x *RebootResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebootResponse.ProtoReflect.Descriptor instead.
 func (*RebootResponse) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{15}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{16}
 }
 
 type RepairRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	ProviderId string                 `protobuf:"bytes,1,opt,name=provider_id,json=providerId,proto3" json:"provider_id,omitempty"`
 	// operation_id is the Machine's status.operation.id, the idempotency key.
-	OperationId   string `protobuf:"bytes,2,opt,name=operation_id,json=operationId,proto3" json:"operation_id,omitempty"`
+	OperationId string `protobuf:"bytes,2,opt,name=operation_id,json=operationId,proto3" json:"operation_id,omitempty"`
+	// join is what the repaired instance, its credentials wiped with the
+	// rest of its state, joins its cluster with again. Required.
+	Join          *Join `protobuf:"bytes,3,opt,name=join,proto3" json:"join,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RepairRequest) Reset() {
 	*x = RepairRequest{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[16]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -922,7 +1005,7 @@ func (x *RepairRequest) String() string {
 func (*RepairRequest) ProtoMessage() {}
 
 func (x *RepairRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[16]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -935,7 +1018,7 @@ func (x *RepairRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairRequest.ProtoReflect.Descriptor instead.
 func (*RepairRequest) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{16}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RepairRequest) GetProviderId() string {
@@ -952,6 +1035,13 @@ func (x *RepairRequest) GetOperationId() string {
 	return ""
 }
 
+func (x *RepairRequest) GetJoin() *Join {
+	if x != nil {
+		return x.Join
+	}
+	return nil
+}
+
 type RepairResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -960,7 +1050,7 @@ type RepairResponse struct {
 
 func (x *RepairResponse) Reset() {
 	*x = RepairResponse{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[17]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -972,7 +1062,7 @@ func (x *RepairResponse) String() string {
 func (*RepairResponse) ProtoMessage() {}
 
 func (x *RepairResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[17]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -985,7 +1075,7 @@ func (x *RepairResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairResponse.ProtoReflect.Descriptor instead.
 func (*RepairResponse) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{17}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{18}
 }
 
 type UpdateRequest struct {
@@ -1001,7 +1091,7 @@ type UpdateRequest struct {
 
 func (x *UpdateRequest) Reset() {
 	*x = UpdateRequest{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[18]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1013,7 +1103,7 @@ func (x *UpdateRequest) String() string {
 func (*UpdateRequest) ProtoMessage() {}
 
 func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[18]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1026,7 +1116,7 @@ func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateRequest.ProtoReflect.Descriptor instead.
 func (*UpdateRequest) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{18}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *UpdateRequest) GetProviderId() string {
@@ -1058,7 +1148,7 @@ type UpdateResponse struct {
 
 func (x *UpdateResponse) Reset() {
 	*x = UpdateResponse{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[19]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1070,7 +1160,7 @@ func (x *UpdateResponse) String() string {
 func (*UpdateResponse) ProtoMessage() {}
 
 func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[19]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1083,7 +1173,7 @@ func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateResponse.ProtoReflect.Descriptor instead.
 func (*UpdateResponse) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{19}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{20}
 }
 
 // Failure is the detail a provider may attach to an error status to say
@@ -1099,7 +1189,7 @@ type Failure struct {
 
 func (x *Failure) Reset() {
 	*x = Failure{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[20]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1111,7 +1201,7 @@ func (x *Failure) String() string {
 func (*Failure) ProtoMessage() {}
 
 func (x *Failure) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[20]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1124,7 +1214,7 @@ func (x *Failure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Failure.ProtoReflect.Descriptor instead.
 func (*Failure) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{20}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Failure) GetPermanent() bool {
@@ -1158,12 +1248,17 @@ const file_machinist_provider_v1_provider_proto_rawDesc = "" +
 	"\fProbeRequest\"?\n" +
 	"\rProbeResponse\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"o\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xa0\x01\n" +
 	"\rCreateRequest\x12\x1f\n" +
 	"\vmachine_uid\x18\x01 \x01(\tR\n" +
 	"machineUid\x12\x18\n" +
 	"\amachine\x18\x02 \x01(\fR\amachine\x12#\n" +
-	"\rmachine_class\x18\x03 \x01(\fR\fmachineClass\"1\n" +
+	"\rmachine_class\x18\x03 \x01(\fR\fmachineClass\x12/\n" +
+	"\x04join\x18\x04 \x01(\v2\x1b.machinist.provider.v1.JoinR\x04join\"M\n" +
+	"\x04Join\x12\x16\n" +
+	"\x06server\x18\x01 \x01(\tR\x06server\x12\x17\n" +
+	"\aca_data\x18\x02 \x01(\fR\x06caData\x12\x14\n" +
+	"\x05token\x18\x03 \x01(\tR\x05token\"1\n" +
 	"\x0eCreateResponse\x12\x1f\n" +
 	"\vprovider_id\x18\x01 \x01(\tR\n" +
 	"providerId\"0\n" +
@@ -1187,11 +1282,12 @@ const file_machinist_provider_v1_provider_proto_rawDesc = "" +
 	"providerId\x12!\n" +
 	"\foperation_id\x18\x02 \x01(\tR\voperationId\x12\x12\n" +
 	"\x04hard\x18\x03 \x01(\bR\x04hard\"\x10\n" +
-	"\x0eRebootResponse\"S\n" +
+	"\x0eRebootResponse\"\x84\x01\n" +
 	"\rRepairRequest\x12\x1f\n" +
 	"\vprovider_id\x18\x01 \x01(\tR\n" +
 	"providerId\x12!\n" +
-	"\foperation_id\x18\x02 \x01(\tR\voperationId\"\x10\n" +
+	"\foperation_id\x18\x02 \x01(\tR\voperationId\x12/\n" +
+	"\x04join\x18\x03 \x01(\v2\x1b.machinist.provider.v1.JoinR\x04join\"\x10\n" +
 	"\x0eRepairResponse\"m\n" +
 	"\rUpdateRequest\x12\x1f\n" +
 	"\vprovider_id\x18\x01 \x01(\tR\n" +
@@ -1237,7 +1333,7 @@ func file_machinist_provider_v1_provider_proto_rawDescGZIP() []byte {
 }
 
 var file_machinist_provider_v1_provider_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_machinist_provider_v1_provider_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_machinist_provider_v1_provider_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_machinist_provider_v1_provider_proto_goTypes = []any{
 	(Verb)(0),                       // 0: machinist.provider.v1.Verb
 	(Change)(0),                     // 1: machinist.provider.v1.Change
@@ -1248,49 +1344,52 @@ var file_machinist_provider_v1_provider_proto_goTypes = []any{
 	(*ProbeRequest)(nil),            // 6: machinist.provider.v1.ProbeRequest
 	(*ProbeResponse)(nil),           // 7: machinist.provider.v1.ProbeResponse
 	(*CreateRequest)(nil),           // 8: machinist.provider.v1.CreateRequest
-	(*CreateResponse)(nil),          // 9: machinist.provider.v1.CreateResponse
-	(*ExistsRequest)(nil),           // 10: machinist.provider.v1.ExistsRequest
-	(*ExistsResponse)(nil),          // 11: machinist.provider.v1.ExistsResponse
-	(*DeleteRequest)(nil),           // 12: machinist.provider.v1.DeleteRequest
-	(*DeleteResponse)(nil),          // 13: machinist.provider.v1.DeleteResponse
-	(*FindByUIDRequest)(nil),        // 14: machinist.provider.v1.FindByUIDRequest
-	(*FindByUIDResponse)(nil),       // 15: machinist.provider.v1.FindByUIDResponse
-	(*RebootRequest)(nil),           // 16: machinist.provider.v1.RebootRequest
-	(*RebootResponse)(nil),          // 17: machinist.provider.v1.RebootResponse
-	(*RepairRequest)(nil),           // 18: machinist.provider.v1.RepairRequest
-	(*RepairResponse)(nil),          // 19: machinist.provider.v1.RepairResponse
-	(*UpdateRequest)(nil),           // 20: machinist.provider.v1.UpdateRequest
-	(*UpdateResponse)(nil),          // 21: machinist.provider.v1.UpdateResponse
-	(*Failure)(nil),                 // 22: machinist.provider.v1.Failure
+	(*Join)(nil),                    // 9: machinist.provider.v1.Join
+	(*CreateResponse)(nil),          // 10: machinist.provider.v1.CreateResponse
+	(*ExistsRequest)(nil),           // 11: machinist.provider.v1.ExistsRequest
+	(*ExistsResponse)(nil),          // 12: machinist.provider.v1.ExistsResponse
+	(*DeleteRequest)(nil),           // 13: machinist.provider.v1.DeleteRequest
+	(*DeleteResponse)(nil),          // 14: machinist.provider.v1.DeleteResponse
+	(*FindByUIDRequest)(nil),        // 15: machinist.provider.v1.FindByUIDRequest
+	(*FindByUIDResponse)(nil),       // 16: machinist.provider.v1.FindByUIDResponse
+	(*RebootRequest)(nil),           // 17: machinist.provider.v1.RebootRequest
+	(*RebootResponse)(nil),          // 18: machinist.provider.v1.RebootResponse
+	(*RepairRequest)(nil),           // 19: machinist.provider.v1.RepairRequest
+	(*RepairResponse)(nil),          // 20: machinist.provider.v1.RepairResponse
+	(*UpdateRequest)(nil),           // 21: machinist.provider.v1.UpdateRequest
+	(*UpdateResponse)(nil),          // 22: machinist.provider.v1.UpdateResponse
+	(*Failure)(nil),                 // 23: machinist.provider.v1.Failure
 }
 var file_machinist_provider_v1_provider_proto_depIdxs = []int32{
 	0,  // 0: machinist.provider.v1.GetCapabilitiesResponse.verbs:type_name -> machinist.provider.v1.Verb
 	1,  // 1: machinist.provider.v1.GetCapabilitiesResponse.in_place:type_name -> machinist.provider.v1.Change
-	2,  // 2: machinist.provider.v1.IdentityService.GetInfo:input_type -> machinist.provider.v1.GetInfoRequest
-	4,  // 3: machinist.provider.v1.IdentityService.GetCapabilities:input_type -> machinist.provider.v1.GetCapabilitiesRequest
-	6,  // 4: machinist.provider.v1.IdentityService.Probe:input_type -> machinist.provider.v1.ProbeRequest
-	8,  // 5: machinist.provider.v1.MachineService.Create:input_type -> machinist.provider.v1.CreateRequest
-	10, // 6: machinist.provider.v1.MachineService.Exists:input_type -> machinist.provider.v1.ExistsRequest
-	12, // 7: machinist.provider.v1.MachineService.Delete:input_type -> machinist.provider.v1.DeleteRequest
-	14, // 8: machinist.provider.v1.MachineService.FindByUID:input_type -> machinist.provider.v1.FindByUIDRequest
-	16, // 9: machinist.provider.v1.MachineService.Reboot:input_type -> machinist.provider.v1.RebootRequest
-	18, // 10: machinist.provider.v1.MachineService.Repair:input_type -> machinist.provider.v1.RepairRequest
-	20, // 11: machinist.provider.v1.MachineService.Update:input_type -> machinist.provider.v1.UpdateRequest
-	3,  // 12: machinist.provider.v1.IdentityService.GetInfo:output_type -> machinist.provider.v1.GetInfoResponse
-	5,  // 13: machinist.provider.v1.IdentityService.GetCapabilities:output_type -> machinist.provider.v1.GetCapabilitiesResponse
-	7,  // 14: machinist.provider.v1.IdentityService.Probe:output_type -> machinist.provider.v1.ProbeResponse
-	9,  // 15: machinist.provider.v1.MachineService.Create:output_type -> machinist.provider.v1.CreateResponse
-	11, // 16: machinist.provider.v1.MachineService.Exists:output_type -> machinist.provider.v1.ExistsResponse
-	13, // 17: machinist.provider.v1.MachineService.Delete:output_type -> machinist.provider.v1.DeleteResponse
-	15, // 18: machinist.provider.v1.MachineService.FindByUID:output_type -> machinist.provider.v1.FindByUIDResponse
-	17, // 19: machinist.provider.v1.MachineService.Reboot:output_type -> machinist.provider.v1.RebootResponse
-	19, // 20: machinist.provider.v1.MachineService.Repair:output_type -> machinist.provider.v1.RepairResponse
-	21, // 21: machinist.provider.v1.MachineService.Update:output_type -> machinist.provider.v1.UpdateResponse
-	12, // [12:22] is the sub-list for method output_type
-	2,  // [2:12] is the sub-list for method input_type
-	2,  // [2:2] is the sub-list for extension type_name
-	2,  // [2:2] is the sub-list for extension extendee
-	0,  // [0:2] is the sub-list for field type_name
+	9,  // 2: machinist.provider.v1.CreateRequest.join:type_name -> machinist.provider.v1.Join
+	9,  // 3: machinist.provider.v1.RepairRequest.join:type_name -> machinist.provider.v1.Join
+	2,  // 4: machinist.provider.v1.IdentityService.GetInfo:input_type -> machinist.provider.v1.GetInfoRequest
+	4,  // 5: machinist.provider.v1.IdentityService.GetCapabilities:input_type -> machinist.provider.v1.GetCapabilitiesRequest
+	6,  // 6: machinist.provider.v1.IdentityService.Probe:input_type -> machinist.provider.v1.ProbeRequest
+	8,  // 7: machinist.provider.v1.MachineService.Create:input_type -> machinist.provider.v1.CreateRequest
+	11, // 8: machinist.provider.v1.MachineService.Exists:input_type -> machinist.provider.v1.ExistsRequest
+	13, // 9: machinist.provider.v1.MachineService.Delete:input_type -> machinist.provider.v1.DeleteRequest
+	15, // 10: machinist.provider.v1.MachineService.FindByUID:input_type -> machinist.provider.v1.FindByUIDRequest
+	17, // 11: machinist.provider.v1.MachineService.Reboot:input_type -> machinist.provider.v1.RebootRequest
+	19, // 12: machinist.provider.v1.MachineService.Repair:input_type -> machinist.provider.v1.RepairRequest
+	21, // 13: machinist.provider.v1.MachineService.Update:input_type -> machinist.provider.v1.UpdateRequest
+	3,  // 14: machinist.provider.v1.IdentityService.GetInfo:output_type -> machinist.provider.v1.GetInfoResponse
+	5,  // 15: machinist.provider.v1.IdentityService.GetCapabilities:output_type -> machinist.provider.v1.GetCapabilitiesResponse
+	7,  // 16: machinist.provider.v1.IdentityService.Probe:output_type -> machinist.provider.v1.ProbeResponse
+	10, // 17: machinist.provider.v1.MachineService.Create:output_type -> machinist.provider.v1.CreateResponse
+	12, // 18: machinist.provider.v1.MachineService.Exists:output_type -> machinist.provider.v1.ExistsResponse
+	14, // 19: machinist.provider.v1.MachineService.Delete:output_type -> machinist.provider.v1.DeleteResponse
+	16, // 20: machinist.provider.v1.MachineService.FindByUID:output_type -> machinist.provider.v1.FindByUIDResponse
+	18, // 21: machinist.provider.v1.MachineService.Reboot:output_type -> machinist.provider.v1.RebootResponse
+	20, // 22: machinist.provider.v1.MachineService.Repair:output_type -> machinist.provider.v1.RepairResponse
+	22, // 23: machinist.provider.v1.MachineService.Update:output_type -> machinist.provider.v1.UpdateResponse
+	14, // [14:24] is the sub-list for method output_type
+	4,  // [4:14] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_machinist_provider_v1_provider_proto_init() }
@@ -1304,7 +1403,7 @@ func file_machinist_provider_v1_provider_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_machinist_provider_v1_provider_proto_rawDesc), len(file_machinist_provider_v1_provider_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

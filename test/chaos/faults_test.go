@@ -69,9 +69,9 @@ func (f *flaky) do(ctx context.Context, call string, fn func() error) error {
 	return err
 }
 
-func (f *flaky) Create(ctx context.Context, m *machinistv1.Machine, c *machinistv1.MachineClass) (string, error) {
+func (f *flaky) Create(ctx context.Context, m *machinistv1.Machine, c *machinistv1.MachineClass, join actuators.Join) (string, error) {
 	var id string
-	err := f.do(ctx, "create", func() (err error) { id, err = f.Actuator.Create(ctx, m, c); return err })
+	err := f.do(ctx, "create", func() (err error) { id, err = f.Actuator.Create(ctx, m, c, join); return err })
 	if err != nil {
 		return "", err
 	}

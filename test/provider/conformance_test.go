@@ -110,9 +110,9 @@ type racyCreate struct {
 	made map[types.UID]string // Machine UID → provider ID
 }
 
-func (r *racyCreate) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass) (string, error) {
+func (r *racyCreate) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join actuators.Join) (string, error) {
 	if m.Spec.ProviderID != "" {
-		return r.Provider.Create(ctx, m, class)
+		return r.Provider.Create(ctx, m, class, join)
 	}
 	if id, err := r.FindByUID(ctx, m.UID); err != nil || id != "" {
 		return id, err
@@ -125,7 +125,7 @@ func (r *racyCreate) Create(ctx context.Context, m *machinistv1.Machine, class *
 	}
 	instance := m.DeepCopy()
 	instance.UID = uuid.NewUUID()
-	id, err := r.Provider.Create(ctx, instance, class)
+	id, err := r.Provider.Create(ctx, instance, class, join)
 	if err != nil {
 		return "", err
 	}
