@@ -559,14 +559,14 @@ In another terminal:
   export PATH=$PWD/bin:$PATH             # from the repository's top: kubectl and kubectl-machine
 
   kubectl get machinist                  # WorkloadClusters, Machines, MachineSets, MachineDeployments, MachineClasses, ...
-  kubectl get wc                         # the workload cluster: Reachable, its version and Nodes
+  kubectl get workloadcluster workload   # the workload cluster: Reachable, its version, Nodes and Machines
 
   # The workers' Nodes are in the workload cluster
   kubectl machine kubeconfig workload > workload.kubeconfig
   kubectl --kubeconfig workload.kubeconfig get nodes
   kubectl get mdb workers                # the disruption budget: one of the workers out of service on purpose at a time
 
-  # Scale a MachineSet: its Nodes join the management cluster
+  # Scale a MachineSet: its Machines' Nodes join the management cluster itself
   kubectl scale machineset spare --replicas=2
   kubectl get nodes
 
