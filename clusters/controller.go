@@ -115,11 +115,20 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	key := req.NamespacedName
 	wc := &machinistv1.WorkloadCluster{}
 	if err := r.Client.Get(ctx, key, wc); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.Registry.Disconnect(key)
-			r.forget(key)
+		if !apierrors.IsNotFound(err) {
+			return reconcile.Result{}, err
 		}
-		return reconcile.Result{}, client.IgnoreNotFound(err)
+		r.Registry.Disconnect(key)
+		r.forget(key)
+		// Machines that name a cluster that is not there say so, rather
+		// than wait for a connection that nothing will make.
+		wc.Namespace, wc.Name = key.Namespace, key.Name
+		if machines, err := r.machines(ctx, wc); err != nil || len(machines) > 0 {
+			r.Registry.Fail(key, machinistv1.ReasonClusterNotFound,
+				fmt.Errorf("no WorkloadCluster %s in namespace %s", key.Name, key.Namespace))
+			return reconcile.Result{}, err
+		}
+		return reconcile.Result{}, nil
 	}
 	machines, err := r.machines(ctx, wc)
 	if err != nil {

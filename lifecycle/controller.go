@@ -20,7 +20,6 @@ import (
 
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/internal/requeue"
 	"github.com/machinist-dev/machinist/internal/stale"
 	"github.com/machinist-dev/machinist/nodes"
@@ -73,11 +72,6 @@ type Reconciler struct {
 	// Drifted conditions are brought up to date; zero means
 	// DefaultDriftDelay.
 	DriftDelay time.Duration
-	// Join makes what a Machine's instance joins its cluster with, handed
-	// to the provider with Create and Repair. Its error is transient: the
-	// call is retried with backoff. Nil hands over a zero Join, which
-	// providers refuse.
-	Join func(ctx context.Context, m *machinistv1.Machine) (bootstrap.Join, error)
 
 	// writes keeps a reconcile from acting on a cached Machine older
 	// than its own last write.

@@ -74,6 +74,12 @@ func (r *Reconciler) destroy(ctx context.Context, s *step) outcome {
 			return fail(err)
 		}
 	}
+	if m.Status.NodeRef == nil {
+		// It never joined: its bootstrap token must not outlive it.
+		if err := s.nodes.Joined(ctx, m); err != nil {
+			return fail(err)
+		}
+	}
 	// Deleted is stored by no status: the Machine is gone with it. If the
 	// finalizer stays (a conflict, a refusal), the Machine is still
 	// Deleting, and nothing has moved.

@@ -86,6 +86,9 @@ func specDiff(m, t machinistv1.MachineSpec) string {
 	if m.ClassRef != t.ClassRef {
 		out = append(out, fmt.Sprintf("class %s, template %s", orNone(m.ClassRef.Name), orNone(t.ClassRef.Name)))
 	}
+	if m.ClusterName != t.ClusterName {
+		out = append(out, fmt.Sprintf("cluster %s, template %s", orNone(m.ClusterName), orNone(t.ClusterName)))
+	}
 	if !maps.Equal(m.NodeLabels, t.NodeLabels) {
 		out = append(out, "nodeLabels")
 	}

@@ -20,6 +20,7 @@ func TestSpecDiff(t *testing.T) {
 		{"its own providerID does not count", func(s *machinistv1.MachineSpec) { s.ProviderID = "process:///x" }, ""},
 		{"version", func(s *machinistv1.MachineSpec) { s.Version = "v1.37.2" }, "version v1.37.1, template v1.37.2"},
 		{"class", func(s *machinistv1.MachineSpec) { s.ClassRef.Name = "large" }, "class small, template large"},
+		{"cluster", func(s *machinistv1.MachineSpec) { s.ClusterName = "blue" }, "cluster (none), template blue"},
 		{"version unset", func(s *machinistv1.MachineSpec) { s.Version = "" }, "version v1.37.1, template (none)"},
 		{"labels and taints", func(s *machinistv1.MachineSpec) {
 			s.NodeLabels = nil

@@ -63,7 +63,7 @@ func (r *Reconciler) callProvider(ctx context.Context, s *step) outcome {
 	switch op.Type {
 	case machinistv1.OperationRepair:
 		event, doing = phases.Repair, "repairing"
-		if req.Join, err = r.join(ctx, m); err != nil {
+		if req.Join, err = r.join(ctx, s); err != nil {
 			return r.retry(s, machinistv1.ReasonProviderError, err)
 		}
 		err = act.Repair(ctx, m.Status.ProviderID, req)
@@ -185,6 +185,12 @@ func (r *Reconciler) awaitBoot(ctx context.Context, s *step) outcome {
 				return fail(err)
 			}
 			if h.Healthy {
+				if event == phases.Repaired {
+					// The machine re-joined with a token of its own.
+					if err := s.nodes.Joined(ctx, m); err != nil {
+						return fail(err)
+					}
+				}
 				// Only what this operation cordoned is uncordoned. The
 				// Node comes first: were it left cordoned, the Machine
 				// would stay here and try again rather than run on a Node

@@ -33,7 +33,7 @@ func (r *Reconciler) create(ctx context.Context, s *step) outcome {
 	if why != nil {
 		return r.retry(s, why.reason, why.err)
 	}
-	join, err := r.join(ctx, m)
+	join, err := r.join(ctx, s)
 	if err != nil {
 		return r.retry(s, machinistv1.ReasonCreateError, err)
 	}
@@ -52,17 +52,20 @@ func (r *Reconciler) create(ctx context.Context, s *step) outcome {
 	return advance(phases.Provision)
 }
 
-// join makes what m's instance joins its cluster with; see Reconciler.Join.
-func (r *Reconciler) join(ctx context.Context, m *machinistv1.Machine) (bootstrap.Join, error) {
-	if r.Join == nil {
-		return bootstrap.Join{}, nil
-	}
-	j, err := r.Join(ctx, m)
+// join makes what m's instance joins its cluster with: a bootstrap token
+// of its own in that cluster, which lives long enough for the slowest
+// boot the controller waits for, and goes once the machine has joined.
+func (r *Reconciler) join(ctx context.Context, s *step) (bootstrap.Join, error) {
+	j, err := s.nodes.Join(ctx, s.m, max(r.provisionTimeout(), r.operationTimeout())+joinSlack)
 	if err != nil {
-		return bootstrap.Join{}, fmt.Errorf("making the join data for machine %s/%s: %w", m.Namespace, m.Name, err)
+		return bootstrap.Join{}, fmt.Errorf("making the join data for machine %s/%s: %w", s.m.Namespace, s.m.Name, err)
 	}
 	return j, nil
 }
+
+// joinSlack outlives a token beyond the deadline it serves, so that a
+// machine that joins just in time is not refused.
+const joinSlack = 5 * time.Minute
 
 // awaitNode is Provisioning's handler: the Machine runs once its Node is
 // Ready, and fails if none is by the deadline.
@@ -85,6 +88,11 @@ func (r *Reconciler) awaitNode(ctx context.Context, s *step) outcome {
 			s.after(provisionPoll)
 		}
 		return s.wait("no Ready Node yet", deadline.Sub(s.now))
+	}
+	// Joined: its bootstrap token has done its work, and no one else
+	// may join with it.
+	if err := s.nodes.Joined(ctx, m); err != nil {
+		return fail(err)
 	}
 	observeNode(m, node)
 	return advance(phases.Provisioned)

@@ -267,13 +267,16 @@ func (p *Provider) NodeName(providerID string) (string, error) {
 }
 
 // BootID returns the current boot ID of the instance providerID names,
-// empty if it has not booted yet.
+// empty if it has not booted yet (nor joined its cluster).
 func (p *Provider) BootID(providerID string) (string, error) {
 	in, err := p.lookup(providerID)
 	if err != nil {
 		return "", err
 	}
-	return in.agent().BootID(), nil
+	if agent := in.agent(); agent != nil {
+		return agent.BootID(), nil
+	}
+	return "", nil
 }
 
 // Crash kills the instance as a hardware failure would: its agent stops at

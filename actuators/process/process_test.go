@@ -3,7 +3,9 @@ package process_test
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"os"
 	"os/exec"
@@ -34,8 +36,10 @@ import (
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/process"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/bootstraptoken"
 	"github.com/machinist-dev/machinist/lifecycle"
 	"github.com/machinist-dev/machinist/manager"
+	"github.com/machinist-dev/machinist/nodeagent"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -187,8 +191,9 @@ func TestCreateRegistersAReadyNodeOnce(t *testing.T) {
 	ids := make([]string, 3)
 	errs := make([]error, 3)
 	var wg sync.WaitGroup
+	j := join(t)
 	for i := range ids {
-		wg.Go(func() { ids[i], errs[i] = p.Create(ctx, m, class) })
+		wg.Go(func() { ids[i], errs[i] = p.Create(ctx, m, class, j) })
 	}
 	wg.Wait()
 	g.Expect(errs).To(HaveEach(Succeed()))
@@ -205,7 +210,7 @@ func TestCreateRegistersAReadyNodeOnce(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(agents(id)).To(Equal([]int{pid}))
 
-	again, err := p.Create(ctx, m, class)
+	again, err := p.Create(ctx, m, class, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(again).To(Equal(id))
 	g.Expect(p.PID(id)).To(Equal(pid))
@@ -217,16 +222,16 @@ func TestAdoptionAndBadProviderIDs(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	p, _ := newProvider(t, "")
-	id, err := p.Create(ctx, machine("orig"), nil)
+	id, err := p.Create(ctx, machine("orig"), nil, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 
 	adopter := machine("adopter")
 	adopter.Spec.ProviderID = id
-	g.Expect(p.Create(ctx, adopter, nil)).To(Equal(id))
+	g.Expect(p.Create(ctx, adopter, nil, join(t))).To(Equal(id))
 
 	stranger := machine("stranger")
 	stranger.Spec.ProviderID = "process:///proc/ghost/00000000-0000-0000-0000-000000000000"
-	_, err = p.Create(ctx, stranger, nil)
+	_, err = p.Create(ctx, stranger, nil, join(t))
 	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "adopting an unknown instance cannot succeed later: %v", err)
 
 	for _, bad := range []string{"inmemory:///proc/x/1", "process:///only/two"} {
@@ -241,7 +246,7 @@ func TestRebootIsIdempotentOnOperationID(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	p, _ := newProvider(t, "")
-	id, err := p.Create(ctx, machine("reboot"), nil)
+	id, err := p.Create(ctx, machine("reboot"), nil, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	before := booted(t, p, id, "")
 	pid, err := p.PID(id)
@@ -270,7 +275,7 @@ func TestUpdateRunsTheNewVersionOnTheSameNode(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	p, dir := newProvider(t, "")
-	id, err := p.Create(ctx, machine("update"), nil)
+	id, err := p.Create(ctx, machine("update"), nil, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	before := booted(t, p, id, "")
 	g.Expect(before.Status.NodeInfo.KubeletVersion).To(Equal("v1.37.2"))
@@ -308,7 +313,7 @@ func TestRepairWipesAndReRegisters(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	p, dir := newProvider(t, "")
-	id, err := p.Create(ctx, machine("repair"), nil)
+	id, err := p.Create(ctx, machine("repair"), nil, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	before := booted(t, p, id, "")
 	g.Expect(clientset.CoreV1().Nodes().Patch(ctx, before.Name, types.MergePatchType,
@@ -319,14 +324,14 @@ func TestRepairWipesAndReRegisters(t *testing.T) {
 	junk := filepath.Join(dirs[0], "scratch")
 	g.Expect(os.WriteFile(junk, []byte("left by the old image"), 0o644)).To(Succeed())
 
-	g.Expect(p.Repair(ctx, id, actuators.Operation{ID: "r-1"})).To(Succeed())
+	g.Expect(p.Repair(ctx, id, actuators.Operation{ID: "r-1", Join: join(t)})).To(Succeed())
 	after := booted(t, p, id, before.Status.NodeInfo.BootID)
 	g.Expect(after.UID).NotTo(Equal(before.UID), "the Node registered afresh")
 	g.Expect(after.Labels).NotTo(HaveKey("team"))
 	g.Expect(junk).NotTo(BeAnExistingFile())
 	g.Expect(p.Restarts(id)).To(Equal(1))
 
-	g.Expect(p.Repair(ctx, id, actuators.Operation{ID: "r-1"})).To(Succeed())
+	g.Expect(p.Repair(ctx, id, actuators.Operation{ID: "r-1", Join: join(t)})).To(Succeed())
 	g.Expect(p.Restarts(id)).To(Equal(1))
 	g.Expect(node(g, p, id).UID).To(Equal(after.UID))
 }
@@ -438,7 +443,7 @@ func TestNewProviderRestartsStoppedMachines(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	first, _ := newProvider(t, dir)
-	id, err := first.Create(ctx, machine("survivor"), nil)
+	id, err := first.Create(ctx, machine("survivor"), nil, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	before := booted(t, first, id, "")
 	pid, err := first.PID(id)
@@ -460,7 +465,7 @@ func TestNewProviderAdoptsRunningAgents(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	first, dir := newProvider(t, "")
-	id, err := first.Create(ctx, machine("adoptee"), nil)
+	id, err := first.Create(ctx, machine("adoptee"), nil, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	n := booted(t, first, id, "")
 	pid, err := first.PID(id)
@@ -481,7 +486,7 @@ func TestDeleteStopsTheAgentAndRemovesItsState(t *testing.T) {
 	ctx := context.Background()
 	p, dir := newProvider(t, "")
 	m := machine("doomed")
-	id, err := p.Create(ctx, m, nil)
+	id, err := p.Create(ctx, m, nil, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	booted(t, p, id, "")
 	pid, err := p.PID(id)
@@ -508,7 +513,7 @@ func TestStopLeavesNoAgentRunning(t *testing.T) {
 	var ids []string
 	var pids []int
 	for _, name := range []string{"a", "b", "c"} {
-		id, err := p.Create(ctx, machine("stop-"+name), nil)
+		id, err := p.Create(ctx, machine("stop-"+name), nil, join(t))
 		g.Expect(err).NotTo(HaveOccurred())
 		pid, err := p.PID(id)
 		g.Expect(err).NotTo(HaveOccurred())
@@ -522,7 +527,7 @@ func TestStopLeavesNoAgentRunning(t *testing.T) {
 		g.Expect(gone(pids[i])).To(BeTrue(), id)
 		g.Expect(agents(id)).To(BeEmpty(), id)
 	}
-	_, err := p.Create(ctx, machine("late"), nil)
+	_, err := p.Create(ctx, machine("late"), nil, join(t))
 	g.Expect(err).To(MatchError(ContainSubstring("stopped")))
 }
 
@@ -620,7 +625,7 @@ func stoppedMachine(t *testing.T, dir, name string) (string, *corev1.Node, []str
 	g := NewWithT(t)
 	ctx := context.Background()
 	first, _ := newProvider(t, dir)
-	id, err := first.Create(ctx, machine(name), nil)
+	id, err := first.Create(ctx, machine(name), nil, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	n := booted(t, first, id, "")
 	pid, err := first.PID(id)
@@ -716,9 +721,9 @@ func TestTakeoverKillsDuplicateAgents(t *testing.T) {
 
 	// The provider whose state these are, left as killed: not called again.
 	first, _ := newProvider(t, dir)
-	recordedID, err := first.Create(ctx, machine("recorded"), nil)
+	recordedID, err := first.Create(ctx, machine("recorded"), nil, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
-	unrecordedID, err := first.Create(ctx, machine("twins"), nil)
+	unrecordedID, err := first.Create(ctx, machine("twins"), nil, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	recorded, err := first.PID(recordedID)
 	g.Expect(err).NotTo(HaveOccurred())
@@ -777,7 +782,7 @@ func TestTakeoverFinishesAPendingOpWhoseHaltHadCompleted(t *testing.T) {
 			ctx := context.Background()
 			dir := t.TempDir()
 			first, _ := newProvider(t, dir)
-			id, err := first.Create(ctx, machine(tc.name), nil)
+			id, err := first.Create(ctx, machine(tc.name), nil, join(t))
 			g.Expect(err).NotTo(HaveOccurred())
 			before := booted(t, first, id, "")
 			oldPID, err := first.PID(id)
@@ -888,7 +893,7 @@ func TestTakeoverLeavesPendingAnOpWhoseAgentStillRuns(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	first, _ := newProvider(t, dir)
-	id, err := first.Create(ctx, machine("unhalted"), nil)
+	id, err := first.Create(ctx, machine("unhalted"), nil, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	before := booted(t, first, id, "")
 	pid, err := first.PID(id)
@@ -935,7 +940,7 @@ func TestTakeoverLeavesACrashedMachineOff(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	first, _ := newProvider(t, dir)
-	id, err := first.Create(ctx, machine("crashed"), nil)
+	id, err := first.Create(ctx, machine("crashed"), nil, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	before := booted(t, first, id, "")
 	pid, err := first.PID(id)
@@ -965,7 +970,7 @@ func TestTakeoverDoesNotBootAMachineBeingDeleted(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	first, _ := newProvider(t, dir)
-	id, err := first.Create(ctx, machine("half-deleted"), nil)
+	id, err := first.Create(ctx, machine("half-deleted"), nil, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
 	booted(t, first, id, "")
 	g.Expect(first.Stop(ctx)).To(Succeed())
@@ -978,4 +983,120 @@ func TestTakeoverDoesNotBootAMachineBeingDeleted(t *testing.T) {
 	g.Expect(second.Delete(ctx, id)).To(Succeed())
 	g.Expect(second.Exists(ctx, id)).To(BeFalse())
 	g.Expect(agents(id)).To(BeEmpty())
+}
+
+// joins keeps each test's join data, so that a test makes one token.
+var joins sync.Map // *testing.T → actuators.Join
+
+// join is the test's join data: a bootstrap token of its own, deleted
+// when the test ends.
+func join(t *testing.T) actuators.Join {
+	t.Helper()
+	if j, ok := joins.Load(t); ok {
+		return j.(actuators.Join)
+	}
+	k, err := bootstraptoken.Create(context.Background(), clientset, time.Hour, "process test "+t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		joins.Delete(t)
+		_ = bootstraptoken.Delete(context.Background(), clientset, k.ID)
+	})
+	j := actuators.Join{Server: env.Config.Host, CAData: env.Config.CAData, Token: k.String()}
+	joins.Store(t, j)
+	return j
+}
+
+// freshJoin makes join data with a token of its own, deleted when the
+// test ends.
+func freshJoin(t *testing.T) actuators.Join {
+	t.Helper()
+	k, err := bootstraptoken.Create(context.Background(), clientset, time.Hour, "process test "+t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bootstraptoken.Delete(context.Background(), clientset, k.ID) })
+	return actuators.Join{Server: env.Config.Host, CAData: env.Config.CAData, Token: k.String()}
+}
+
+// private reads a file that must be readable by its owner alone.
+func private(g Gomega, path string) []byte {
+	fi, err := os.Stat(path)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(fi.Mode().Perm()).To(Equal(os.FileMode(0o600)), path)
+	b, err := os.ReadFile(path)
+	g.Expect(err).NotTo(HaveOccurred())
+	return b
+}
+
+func TestMachinesJoinWithTheirJoinDataAndKeepTheirCredentials(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p, dir := newProvider(t, "")
+	first := freshJoin(t)
+	id, err := p.Create(ctx, machine("joins"), nil, first)
+	g.Expect(err).NotTo(HaveOccurred())
+	before := booted(t, p, id, "")
+	dirs, err := filepath.Glob(filepath.Join(dir, "proc_joins_*"))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(dirs).To(HaveLen(1))
+	bootstrapFile, kubeconfig := filepath.Join(dirs[0], "bootstrap-kubeconfig"), filepath.Join(dirs[0], "kubeconfig")
+
+	j, err := nodeagent.JoinFromBootstrapKubeconfig(private(g, bootstrapFile))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(j.Token).To(Equal(first.Token))
+	creds, err := nodeagent.CredentialsFromKubeconfig(private(g, kubeconfig))
+	g.Expect(err).NotTo(HaveOccurred())
+	block, _ := pem.Decode(creds.CertPEM)
+	g.Expect(block).NotTo(BeNil())
+	cert, err := x509.ParseCertificate(block.Bytes)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(cert.Subject.CommonName).To(Equal("system:node:" + before.Name))
+
+	// The agent runs with what it got, not with the provider's kubeconfig.
+	pid, err := p.PID(id)
+	g.Expect(err).NotTo(HaveOccurred())
+	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(string(cmdline)).NotTo(ContainSubstring(env.Kubeconfig))
+	g.Expect(string(cmdline)).NotTo(ContainSubstring(first.Token))
+	g.Expect(string(cmdline)).To(ContainSubstring("--kubeconfig=" + kubeconfig + "\x00"))
+
+	// A reboot keeps the machine's credentials, as a kubelet keeps them.
+	kept := private(g, kubeconfig)
+	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "b-1"})).To(Succeed())
+	rebooted := booted(t, p, id, before.Status.NodeInfo.BootID)
+	g.Expect(private(g, kubeconfig)).To(Equal(kept), "a reboot joined again")
+
+	// A repair wipes them: the machine joins with the repair's data.
+	second := freshJoin(t)
+	g.Expect(p.Repair(ctx, id, actuators.Operation{ID: "r-1", Join: second})).To(Succeed())
+	booted(t, p, id, rebooted.Status.NodeInfo.BootID)
+	j, err = nodeagent.JoinFromBootstrapKubeconfig(private(g, bootstrapFile))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(j.Token).To(Equal(second.Token))
+	g.Expect(private(g, kubeconfig)).NotTo(Equal(kept), "the repaired machine kept its old credentials")
+	g.Expect(filepath.Join(dirs[0], "bootstrap-kubeconfig.next")).NotTo(BeAnExistingFile())
+
+	// The provider's log, and the agent's, name no token.
+	logged, err := os.ReadFile(filepath.Join(dirs[0], "agent.log"))
+	g.Expect(err).NotTo(HaveOccurred())
+	for _, k := range []actuators.Join{first, second} {
+		_, secret, _ := strings.Cut(k.Token, ".")
+		g.Expect(string(logged)).NotTo(ContainSubstring(secret))
+	}
+}
+
+func TestCreateAndRepairRefuseMissingJoinData(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p, dir := newProvider(t, "")
+	_, err := p.Create(ctx, machine("nojoin"), nil, actuators.Join{Server: env.Config.Host})
+	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "%v", err)
+	g.Expect(err).To(MatchError(actuators.ErrNoJoin))
+	g.Expect(filepath.Glob(filepath.Join(dir, "proc_nojoin_*"))).To(BeEmpty())
+	err = p.Repair(ctx, "process:///proc/nojoin/"+string(uuid.NewUUID()), actuators.Operation{ID: "r"})
+	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "%v", err)
+	g.Expect(err).To(MatchError(actuators.ErrNoJoin))
 }

@@ -98,6 +98,9 @@ const (
 	// ReasonNoMachines: no Machine serves the cluster yet, so the manager
 	// has not connected to it.
 	ReasonNoMachines = "NoMachines"
+	// ReasonClusterNotFound: Machines name a WorkloadCluster that does
+	// not exist (a reason of theirs: such a cluster has no status).
+	ReasonClusterNotFound = "NotFound"
 	// ReasonClusterConnecting: the manager is starting its connection.
 	ReasonClusterConnecting = "Connecting"
 	// ReasonKubeconfigSecretMissing: the named Secret, or its key, is not

@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"context"
+	"encoding/base64"
 	"strings"
 	"testing"
 
@@ -9,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/machinist-dev/machinist/internal/bootstraptoken"
 	"github.com/machinist-dev/machinist/provider"
 	providerv1 "github.com/machinist-dev/machinist/provider/v1"
 )
@@ -71,9 +73,10 @@ func TestRunRefusesAnIncompleteConfig(t *testing.T) {
 	}{
 		{"no endpoint", Config{Kube: kube}, "no endpoint"},
 		{"no Kubernetes client", Config{Endpoint: "unix:///nowhere.sock"}, "no Kubernetes client"},
+		{"no API server for the join data", Config{Endpoint: "unix:///nowhere.sock", Kube: kube}, "no API server URL"},
 		{"providerSpec not JSON", Config{Endpoint: "unix:///nowhere.sock", Kube: kube, ProviderSpec: []byte("{")}, "not JSON"},
 		{"update to the same version", Config{Endpoint: "unix:///nowhere.sock", Kube: kube, Version: "v1.38.0"}, "changes nothing"},
-		{"TCP without TLS", Config{Endpoint: "tcp://127.0.0.1:1", Kube: kube}, "mutual TLS"},
+		{"TCP without TLS", Config{Endpoint: "tcp://127.0.0.1:1", Kube: kube, Server: "https://127.0.0.1:6443"}, "mutual TLS"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			results, err := Run(context.Background(), c.cfg, nil)
@@ -110,5 +113,45 @@ func TestNodeHistory(t *testing.T) {
 	w.gone(node("b", corev1.ConditionTrue))
 	if h := w.history("p://1"); h.node != nil || len(h.boots) != 2 {
 		t.Fatalf("after the Node was deleted: %s", describe(h))
+	}
+}
+
+func TestLeaksFindsEveryFormOfASecretAndShowsNone(t *testing.T) {
+	k := token{Token: bootstraptoken.Token{ID: "abcdef", Secret: "0123456789abcdef"}, check: "create"}
+	other := token{Token: bootstraptoken.Token{ID: "ghijkl", Secret: "fedcba9876543210"}, check: "repair"}
+	tokens := []token{k, other}
+	for _, c := range []struct {
+		name string
+		log  string
+		want []string // parts of the error; none for no leak
+	}{
+		{"nothing", "I0101 serving provider\nI0101 created machine abcdef\n", nil},
+		{"the public ID alone", "joining with token abcdef.<redacted>\n", nil},
+		{"the whole token", "I0101 join token=abcdef.0123456789abcdef server=x\n", []string{"bootstrap token abcdef", "create check", `token=abcdef.<secret> server=x`}},
+		{"base64", "data: " + base64.StdEncoding.EncodeToString([]byte("abcdef.0123456789abcdef")) + "\n", []string{"base64-encoded secret of bootstrap token abcdef"}},
+		{"two tokens on one line", "a fedcba9876543210 b 0123456789abcdef\n", []string{"token abcdef", "token ghijkl", `"a <secret> b <secret>"`}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := leaks([]byte(c.log), tokens)
+			if len(c.want) == 0 {
+				if err != nil {
+					t.Fatalf("want no leak, got %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("want a leak found in %q", c.log)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("the error does not say %q: %v", w, err)
+				}
+			}
+			for _, s := range []string{k.Secret, other.Secret} {
+				if strings.Contains(err.Error(), s) {
+					t.Errorf("the error shows a secret: %v", err)
+				}
+			}
+		})
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -26,6 +27,7 @@ import (
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/process"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/bootstraptoken"
 	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/provider"
@@ -226,7 +228,14 @@ func TestAServedProviderBootsItsMachinesAsItStarts(t *testing.T) {
 	defer func() { _ = c.Close() }()
 	m := &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "settled", UID: uuid.NewUUID()}}
 	class := &machinistv1.MachineClass{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "local"}, Spec: machinistv1.MachineClassSpec{Provider: process.Name}}
-	id, err := c.Create(ctx, m, class)
+	k, err := bootstraptoken.Create(ctx, kubernetes.NewForConfigOrDie(env.Config), time.Hour, "takeover test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = bootstraptoken.Delete(context.Background(), kubernetes.NewForConfigOrDie(env.Config), k.ID)
+	}()
+	id, err := c.Create(ctx, m, class, actuators.Join{Server: env.Config.Host, CAData: env.Config.CAData, Token: k.String()})
 	if err != nil {
 		t.Fatal(err)
 	}

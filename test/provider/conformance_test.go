@@ -2,7 +2,9 @@ package provider_test
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -19,12 +21,15 @@ import (
 	"github.com/machinist-dev/machinist/provider"
 	"github.com/machinist-dev/machinist/provider/conformance"
 	providerv1 "github.com/machinist-dev/machinist/provider/v1"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 func TestInmemoryConforms(t *testing.T) {
 	t.Parallel()
 	p := serveOutOfProcess(t, inmemory.Name, leaseFlags...)
-	conformance.Test(t, config(p.Endpoint, "conformance-inmemory"))
+	cfg := config(p.Endpoint, "conformance-inmemory")
+	cfg.Logs = func() ([]byte, error) { return []byte(p.Output()), nil }
+	conformance.Test(t, cfg)
 	noNodesLeft(t, "conformance-inmemory")
 }
 
@@ -33,6 +38,7 @@ func TestProcessConforms(t *testing.T) {
 	flags := append([]string{"--process-state-dir", t.TempDir(), "--process-exit-with-parent"}, leaseFlags...)
 	p := serveOutOfProcess(t, "process", flags...)
 	cfg := config(p.Endpoint, "conformance-process")
+	cfg.Logs = func() ([]byte, error) { return []byte(p.Output()), nil }
 	// The process provider reads no providerSpec: nothing makes it fail.
 	cfg.TransientProviderSpec = nil
 	conformance.Test(t, cfg)
@@ -54,8 +60,8 @@ func TestCommandPassesForInmemory(t *testing.T) {
 			t.Errorf("no PASS line for %q", name)
 		}
 	}
-	if !strings.Contains(out, "13 checks: 13 passed, 0 failed") {
-		t.Errorf("no summary of 13 checks passed")
+	if !strings.Contains(out, "14 checks: 14 passed, 0 failed") {
+		t.Errorf("no summary of 14 checks passed")
 	}
 	if t.Failed() {
 		t.Logf("output:\n%s", out)
@@ -177,6 +183,7 @@ var rebootOnlyChecks = []string{
 	conformance.CheckIdentity,
 	conformance.CheckCapabilities,
 	conformance.CheckCreateOnce,
+	conformance.CheckJoin,
 	conformance.CheckDistinct,
 	conformance.CheckAdoptMissing,
 	conformance.CheckInvalid,
@@ -275,4 +282,33 @@ func TestSuiteFailsAVerbCarriedOutThoughUndeclared(t *testing.T) {
 	results := run(t, config("unix://"+sock, "conformance-understated"))
 	onlyFailed(t, results, rebootOnlyChecks, conformance.CheckUndeclared)
 	nothingLeft(t, p, "conformance-understated")
+}
+
+// leakyJoin logs the join data it is handed, token and all, as a
+// provider that prints its requests for debugging would.
+type leakyJoin struct {
+	*inmemory.Provider
+	log *testenv.LockedBuffer
+}
+
+func (l leakyJoin) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join actuators.Join) (string, error) {
+	fmt.Fprintf(l.log, "I creating machine %s/%s: server=%s token=%s\n", m.Namespace, m.Name, join.Server, join.Token)
+	return l.Provider.Create(ctx, m, class, join)
+}
+
+func TestSuiteFailsAProviderThatLogsTheToken(t *testing.T) {
+	t.Parallel()
+	p := newInmemory(t)
+	log := &testenv.LockedBuffer{}
+	endpoint := serveInProcess(t, leakyJoin{Provider: p, log: log}, provider.ServeOptions{})
+	cfg := config(endpoint, "conformance-leak")
+	cfg.Logs = func() ([]byte, error) { return []byte(log.String()), nil }
+	results := run(t, cfg)
+	onlyFailed(t, results, append(slices.Clone(allChecks), conformance.CheckNoTokenLog), conformance.CheckNoTokenLog)
+	for _, r := range results {
+		if r.Name == conformance.CheckNoTokenLog && r.Err != nil && strings.Contains(r.Err.Error(), "token=") && !strings.Contains(r.Err.Error(), "<secret>") {
+			t.Errorf("the failure shows the logged line without blanking the secret: %v", r.Err)
+		}
+	}
+	nothingLeft(t, p, "conformance-leak")
 }

@@ -60,6 +60,8 @@ func config(endpoint, namespace string) conformance.Config {
 	return conformance.Config{
 		Endpoint:              endpoint,
 		Kube:                  kube,
+		Server:                env.Config.Host,
+		CAData:                env.Config.CAData,
 		Namespace:             namespace,
 		TransientProviderSpec: []byte(transientSpec),
 		Timeout:               timeout,
@@ -208,6 +210,7 @@ var allChecks = []string{
 	conformance.CheckIdentity,
 	conformance.CheckCapabilities,
 	conformance.CheckCreateOnce,
+	conformance.CheckJoin,
 	conformance.CheckDistinct,
 	conformance.CheckAdoptMissing,
 	conformance.CheckInvalid,
