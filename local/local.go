@@ -1,9 +1,11 @@
-// Package local runs all of Machinist on one host, for trying it out: etcd
-// and kube-apiserver from bin/ with their state under a directory,
-// kube-controller-manager (machines joining, garbage collection, namespaces,
-// node lifecycle), the CRDs and ClusterRoles, the controllers, the verbs server registered
-// through an APIService, and the process provider, whose machines are
-// real processes. It is what `machinist run` does.
+// Package local runs all of Machinist on one host, for trying it out: two
+// clusters, each etcd and kube-apiserver from bin/ with their state under a
+// directory and kube-controller-manager (machines joining, garbage
+// collection, namespaces, node lifecycle): the management cluster, with
+// the CRDs and ClusterRoles, the controllers, the verbs server registered
+// through an APIService, and the process provider, whose machines are real
+// processes; and a workload cluster, whose Nodes the sample workers
+// become. It is what `machinist run` does.
 package local
 
 import (
