@@ -1,9 +1,11 @@
-// Package local runs all of Machinist on one host, for trying it out: etcd
-// and kube-apiserver from bin/ with their state under a directory,
-// kube-controller-manager (machines joining, garbage collection, namespaces,
-// node lifecycle), the CRDs and ClusterRoles, the controllers, the verbs server registered
-// through an APIService, and the process provider, whose machines are
-// real processes. It is what `machinist run` does.
+// Package local runs all of Machinist on one host, for trying it out: two
+// clusters, each etcd and kube-apiserver from bin/ with their state under a
+// directory and kube-controller-manager (machines joining, garbage
+// collection, namespaces, node lifecycle): the management cluster, with
+// the CRDs and ClusterRoles, the controllers, the verbs server registered
+// through an APIService, and the process provider, whose machines are real
+// processes; and a workload cluster, whose Nodes the sample workers
+// become. It is what `machinist run` does.
 package local
 
 import (
@@ -20,6 +22,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -32,7 +35,6 @@ import (
 	apiregv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/machinist-dev/machinist/actuators"
@@ -41,9 +43,7 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/apiserver"
 	"github.com/machinist-dev/machinist/config"
-	"github.com/machinist-dev/machinist/controllermanager"
 	"github.com/machinist-dev/machinist/internal/admission"
-	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/internal/pki"
 	"github.com/machinist-dev/machinist/manager"
@@ -53,16 +53,25 @@ import (
 // VerbsService is the Service the verbs server is registered under.
 var VerbsService = types.NamespacedName{Namespace: "machinist-system", Name: "machinist-verbs"}
 
-// Sample names: the MachineClass, MachineDeployment, MachineSet and
-// MachineHealthCheck made on first start.
+// Sample names: the MachineClass, MachineDeployment, MachineSet,
+// MachineHealthCheck, MachineDisruptionBudget and WorkloadCluster made on
+// first start, and the Secret that holds the workload cluster's
+// kubeconfig, written at every start.
 const (
-	SampleNamespace   = "default"
-	SampleClass       = "local"
-	SampleDeployment  = "workers"
-	SampleSet         = "spare"
-	SampleHealthCheck = "workers"
-	SampleBudget      = "workers"
+	SampleNamespace     = "default"
+	SampleClass         = "local"
+	SampleDeployment    = "workers"
+	SampleSet           = "spare"
+	SampleHealthCheck   = "workers"
+	SampleBudget        = "workers"
+	SampleCluster       = "workload"
+	SampleClusterSecret = "workload-kubeconfig"
 )
+
+// WorkloadDir, in the state directory, keeps the workload cluster as the
+// state directory keeps the management cluster: etcd's data, CAs, its
+// kube-apiserver's port and serving certificate, and kubeconfigs.
+const WorkloadDir = "workload"
 
 // How soon a dead machine shows on this host. Kubernetes' own values (a
 // kubelet's 40s Lease, the node lifecycle controller's 50s grace period)
@@ -111,7 +120,8 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 
-	// The control plane.
+	// The management cluster, which holds Machinist's objects, then the
+	// workload cluster, whose Nodes the workers become.
 	crds, err := embeddedCRDs()
 	if err != nil {
 		return err
@@ -120,39 +130,23 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err != nil {
 		return err
 	}
-	env := &envtest.Environment{
-		BinaryAssetsDirectory:    opts.BinDir,
-		CRDInstallOptions:        envtest.CRDInstallOptions{CRDs: crds},
-		Scheme:                   scheme,
-		ControlPlaneStartTimeout: 2 * time.Minute,
-		ControlPlaneStopTimeout:  time.Minute,
-	}
-	env.ControlPlane.Etcd = &envtest.Etcd{DataDir: filepath.Join(dir, "etcd")}
-	// Machines join as kubelets do, with certificates of this CA, kept in
-	// the state directory so that they stay valid across restarts.
-	ca, err := controllermanager.NewClusterCA(filepath.Join(dir, "cluster-ca"))
+	fmt.Fprintf(opts.Out, "Starting the management cluster: etcd, kube-apiserver, kube-controller-manager (state in %s)...\n", dir)
+	mgmt, err := startCluster(ctx, clusterOptions{
+		name: "the management cluster", dir: dir, binDir: opts.BinDir, scheme: scheme,
+		crds: crds, flags: proxy,
+	})
+	defer func() { err = errors.Join(err, mgmt.stop()) }()
 	if err != nil {
 		return err
 	}
-	controllermanager.Joinable(env, ca)
-	args := env.ControlPlane.GetAPIServer().Configure()
-	for flag, value := range proxy {
-		args.Set(flag, value)
-	}
-	fmt.Fprintf(opts.Out, "Starting etcd and kube-apiserver (state in %s)...\n", dir)
-	cfg, err := env.Start()
+	cfg, kubeconfig := mgmt.config, mgmt.kubeconfig
+	workloadDir := filepath.Join(dir, WorkloadDir)
+	fmt.Fprintf(opts.Out, "Starting the workload cluster %q: etcd, kube-apiserver, kube-controller-manager (state in %s)...\n", SampleCluster, workloadDir)
+	workload, err := startCluster(ctx, clusterOptions{
+		name: fmt.Sprintf("the workload cluster %q", SampleCluster), dir: workloadDir, binDir: opts.BinDir, scheme: scheme,
+	})
+	defer func() { err = errors.Join(err, workload.stop()) }()
 	if err != nil {
-		_ = env.Stop()
-		return fmt.Errorf("starting etcd and kube-apiserver from %s: %w", opts.BinDir, err)
-	}
-	defer func() { err = errors.Join(err, env.Stop()) }()
-	// Killed without the chance to stop them, this process must not
-	// leave a control plane running on the state directory.
-	if err := orphans.Guard(orphans.Children("etcd", "kube-apiserver")...); err != nil {
-		return err
-	}
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(kubeconfig, env.KubeConfig, 0o600); err != nil {
 		return err
 	}
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
@@ -162,32 +156,16 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err := applyClusterRoles(ctx, c); err != nil {
 		return err
 	}
-	if err := bootstrap.InstallRBAC(ctx, c); err != nil {
-		return err
-	}
 	// The request annotation is governed like the verbs: only those who
 	// may reboot or repair can ask for it, and their name is recorded.
 	if err := admission.Install(ctx, c); err != nil {
 		return err
 	}
-
-	// Kubernetes' own controllers, as in any cluster: those that let
-	// machines join, the garbage collector, the namespace controller and
-	// the node lifecycle controller. Its Node grace period is
-	// nodeMonitorGrace, not Kubernetes' 50s.
-	kcm, err := controllermanager.Start(env, controllermanager.Options{
-		Binary: filepath.Join(opts.BinDir, "kube-controller-manager"), Dir: dir,
-		CA: ca, Fleet: true,
-		NodeMonitorGracePeriod: nodeMonitorGrace,
-	})
-	if err != nil {
+	// The workload cluster's kubeconfig, where its WorkloadCluster reads
+	// it: its client certificate is new at every start.
+	if err := applyKubeconfigSecret(ctx, c, workload.env.KubeConfig); err != nil {
 		return err
 	}
-	defer func() {
-		stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		err = errors.Join(err, kcm.Stop(stopCtx))
-	}()
 
 	// The process provider, out of process as a provider of one's own
 	// would be, then the controllers, which reach it over its socket.
@@ -261,7 +239,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 	logger.V(1).Info("ready", "kubeconfig", kubeconfig)
-	printNext(opts.Out, kubeconfig, filepath.Join(dir, "machines"), created)
+	printNext(opts.Out, kubeconfig, workload.kubeconfig, filepath.Join(dir, "machines"), created)
 	select {
 	case <-ctx.Done():
 	case err := <-mgrDone:
@@ -272,10 +250,12 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return fmt.Errorf("the verbs server stopped: %w", err)
 	case <-machines.done:
 		return fmt.Errorf("the process provider stopped; its log is %s", filepath.Join(dir, ProviderLog))
-	case <-kcm.Exited():
-		return fmt.Errorf("kube-controller-manager stopped (%v); its log is %s", kcm.Err(), filepath.Join(dir, controllermanager.LogFile))
+	case <-mgmt.kcm.Exited():
+		return mgmt.exited()
+	case <-workload.kcm.Exited():
+		return workload.exited()
 	}
-	fmt.Fprintln(opts.Out, "Stopping: controllers, verbs server, machines, kube-controller-manager, kube-apiserver, etcd...")
+	fmt.Fprintln(opts.Out, "Stopping: controllers, verbs server, machines, then both clusters' kube-controller-manager, kube-apiserver, etcd...")
 	return nil
 }
 
@@ -422,15 +402,32 @@ func applyClusterRoles(ctx context.Context, c client.Client) error {
 	return nil
 }
 
+// applyKubeconfigSecret creates or replaces the Secret SampleClusterSecret
+// with the workload cluster's kubeconfig under the key a WorkloadCluster
+// reads by default, as Cluster API keeps a cluster's kubeconfig.
+func applyKubeconfigSecret(ctx context.Context, c client.Client, kubeconfig []byte) error {
+	secret := &corev1.Secret{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: SampleNamespace, Name: SampleClusterSecret},
+		Data:       map[string][]byte{machinistv1.DefaultKubeconfigKey: kubeconfig},
+	}
+	if err := c.Patch(ctx, secret, client.Apply, client.FieldOwner("machinist"), client.ForceOwnership); err != nil {
+		return fmt.Errorf("writing the workload cluster's kubeconfig to Secret %s/%s: %w", SampleNamespace, SampleClusterSecret, err)
+	}
+	return nil
+}
+
 // samplesMarker, in the state directory, says the samples were made once:
 // a restart must not bring back a sample the user deleted.
 const samplesMarker = "samples-created"
 
-// samples creates the MachineClass "local", the MachineDeployment
-// "workers" of 3 Machines, the MachineSet "spare" of none and the
-// MachineHealthCheck "workers" (healthCheck) on the first start only
-// (marker records it); one that exists is left as it is. It reports
-// whether this start created them.
+// samples creates the WorkloadCluster "workload", the MachineClass
+// "local", the MachineDeployment "workers" of 3 Machines in the workload
+// cluster, the MachineSet "spare" of none in the management cluster, the
+// MachineHealthCheck "workers" (healthCheck) and the
+// MachineDisruptionBudget "workers" on the first start only (marker
+// records it); one that exists is left as it is. It reports whether this
+// start created them.
 func samples(ctx context.Context, c client.Client, marker string) (bool, error) {
 	if _, err := os.Stat(marker); err == nil {
 		return false, nil
@@ -450,10 +447,13 @@ func samples(ctx context.Context, c client.Client, marker string) (bool, error) 
 			Selector: machinistv1.LabelSelector{MatchLabels: labels},
 			Template: machinistv1.MachineTemplateSpec{
 				Metadata: machinistv1.TemplateMetadata{Labels: labels},
-				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: SampleClass}, Version: "v1.37.1"},
+				Spec: machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: SampleClass}, Version: "v1.37.1",
+					ClusterName: SampleCluster},
 			},
 		},
 	}
+	// The spare set's Machines join the management cluster itself (no
+	// clusterName): a cluster can be its own workload cluster.
 	spare := map[string]string{"pool": SampleSet}
 	set := &machinistv1.MachineSet{
 		ObjectMeta: metav1.ObjectMeta{Namespace: SampleNamespace, Name: SampleSet},
@@ -477,7 +477,13 @@ func samples(ctx context.Context, c client.Client, marker string) (bool, error) 
 			MaxDisrupted: intstr.FromInt32(1),
 		},
 	}
-	for _, obj := range []client.Object{class, md, set, healthCheck(), budget} {
+	workload := &machinistv1.WorkloadCluster{
+		ObjectMeta: metav1.ObjectMeta{Namespace: SampleNamespace, Name: SampleCluster},
+		Spec: machinistv1.WorkloadClusterSpec{
+			Kubeconfig: machinistv1.KubeconfigReference{SecretName: SampleClusterSecret, Key: machinistv1.DefaultKubeconfigKey},
+		},
+	}
+	for _, obj := range []client.Object{workload, class, md, set, healthCheck(), budget} {
 		err := c.Create(ctx, obj)
 		switch {
 		case err == nil:
@@ -529,26 +535,42 @@ func healthCheck() *machinistv1.MachineHealthCheck {
 	}
 }
 
-func printNext(out io.Writer, kubeconfig, machines string, created bool) {
+// printNext tells a person what is running and what to try, the README's
+// quick start in short.
+func printNext(out io.Writer, kubeconfig, workloadKubeconfig, machines string, created bool) {
 	state := "Picked up the state of the last run."
 	if created {
-		state = fmt.Sprintf("Created, in namespace %s: MachineClass %q (provider process: every Machine is a\nlocal process), MachineDeployment %q of 3 Machines, MachineSet %q of 0,\nMachineHealthCheck %q, which heals the MachineDeployment's Machines, and\nMachineDisruptionBudget %q: at most one of them out of service on purpose at once.",
-			SampleNamespace, SampleClass, SampleDeployment, SampleSet, SampleHealthCheck, SampleBudget)
+		state = fmt.Sprintf("Created, in namespace %s: WorkloadCluster %q (the second cluster, reached\n"+
+			"through Secret %q), MachineClass %q (provider process: every Machine is a\n"+
+			"local process), MachineDeployment %q of 3 Machines, whose Nodes join the\n"+
+			"workload cluster, MachineSet %q of 0, whose Nodes join this one,\n"+
+			"MachineHealthCheck %q, which heals the MachineDeployment's Machines, and\n"+
+			"MachineDisruptionBudget %q: at most one of them out of service on purpose at once.",
+			SampleNamespace, SampleCluster, SampleClusterSecret, SampleClass, SampleDeployment, SampleSet, SampleHealthCheck, SampleBudget)
 	}
 	fmt.Fprintf(out, `
 Machinist is running. %s
+
+Two clusters: the management cluster holds the Machines (kubeconfig
+%s); the workload cluster %q holds the workers' Nodes
+(kubeconfig %s, also in Secret %s/%s).
 
 In another terminal:
 
   export KUBECONFIG=%s
   export PATH=$PWD/bin:$PATH             # from the repository's top: kubectl and kubectl-machine
 
-  kubectl get machinist                  # Machines, MachineSets, MachineDeployments, MachineClasses, MachineHealthChecks, MachineDisruptionBudgets
-  kubectl get nodes
+  kubectl get machinist                  # WorkloadClusters, Machines, MachineSets, MachineDeployments, MachineClasses, ...
+  kubectl get workloadcluster workload   # the workload cluster: Reachable, its version, Nodes and Machines
+
+  # The workers' Nodes are in the workload cluster
+  kubectl machine kubeconfig workload > workload.kubeconfig
+  kubectl --kubeconfig workload.kubeconfig get nodes
   kubectl get mdb workers                # the disruption budget: one of the workers out of service on purpose at a time
 
-  # Scale a MachineSet
+  # Scale a MachineSet: its Machines' Nodes join the management cluster itself
   kubectl scale machineset spare --replicas=2
+  kubectl get nodes
 
   # Roll a node upgrade through the MachineDeployment, and follow it
   kubectl patch machinedeployment workers --type=merge -p '{"spec":{"template":{"spec":{"version":"v1.37.2"}}}}'
@@ -568,6 +590,6 @@ In another terminal:
 
 More in README.md and docs/.
 
-Ctrl-C stops everything; `+"`make run`"+` again picks up where it left off.
-`, state, kubeconfig, machines)
+Ctrl-C stops everything, both clusters too; `+"`make run`"+` again picks up where it left off.
+`, state, kubeconfig, SampleCluster, workloadKubeconfig, SampleNamespace, SampleClusterSecret, kubeconfig, machines)
 }

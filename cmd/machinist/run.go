@@ -16,16 +16,22 @@ func runCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
-		Short: "Run everything on this host: control plane, controllers, verbs server, machines as processes",
-		Long: `Run Machinist on this host, ready for kubectl: etcd and kube-apiserver
-from --bin-dir, the CRDs and ClusterRoles, the controllers, the verbs
-server, and the process provider, whose Machines are local processes.
+		Short: "Run everything on this host: a management and a workload cluster, controllers, verbs server, machines as processes",
+		Long: `Run Machinist on this host, ready for kubectl: two clusters, each with etcd,
+kube-apiserver and kube-controller-manager from --bin-dir. The management
+cluster gets the CRDs and ClusterRoles, the controllers, the verbs server
+and the process provider, whose Machines are local processes; the
+workload cluster "workload" is where the workers' Nodes are.
 
-Everything is kept in --state-dir, so a second run picks up where the last
-one stopped. The first run creates MachineClass "local", MachineDeployment
-"workers" (3 Machines), MachineSet "spare" (0) and MachineHealthCheck
-"workers" (which heals the MachineDeployment's Machines) in namespace
-default. Ctrl-C stops everything it started.`,
+Everything is kept in --state-dir (the workload cluster in its workload/),
+so a second run picks up where the last one stopped, with each cluster's
+address and certificates unchanged. The first run creates, in namespace
+default, WorkloadCluster "workload" (reading Secret "workload-kubeconfig",
+written at every start), MachineClass "local", MachineDeployment
+"workers" (3 Machines in the workload cluster), MachineSet "spare" (0, in
+the management cluster), MachineHealthCheck "workers" (which heals the
+MachineDeployment's Machines) and MachineDisruptionBudget "workers".
+Ctrl-C stops everything it started.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := logs.setUp(); err != nil {
@@ -36,7 +42,7 @@ default. Ctrl-C stops everything it started.`,
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&opts.StateDir, "state-dir", ".machinist", "where etcd's data, certificates, machines and the kubeconfig are kept")
+	fs.StringVar(&opts.StateDir, "state-dir", ".machinist", "where both clusters' etcd data, certificates, ports and kubeconfigs, and the machines, are kept")
 	fs.StringVar(&opts.BinDir, "bin-dir", filepath.Join(".", "bin"), "where etcd and kube-apiserver are (make controlplane builds them)")
 	fs.StringVar(&opts.AgentBinary, "agent-binary", "", "the machinist binary each machine runs as its agent; empty means this one")
 	logs.add(fs)

@@ -177,9 +177,17 @@ func errorLines(out string) []string {
 	return errs
 }
 
+// kubeClient is a client of the management cluster, through the
+// kubeconfig machinist run wrote in dir's state directory.
 func kubeClient(t *testing.T, dir string) client.Client {
 	t.Helper()
-	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(dir, ".machinist", "kubeconfig"))
+	return clientFor(t, filepath.Join(dir, ".machinist", "kubeconfig"))
+}
+
+// clientFor is a client of the cluster a kubeconfig file names.
+func clientFor(t *testing.T, kubeconfig string) client.Client {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,6 +296,56 @@ func machines(g Gomega, c client.Client, pool string) []machinistv1.Machine {
 	return ms
 }
 
+// nodeReady fails g unless the cluster holds the Node name and it is Ready.
+func nodeReady(g Gomega, c client.Client, name string) {
+	node := &corev1.Node{}
+	g.Expect(c.Get(context.Background(), client.ObjectKey{Name: name}, node)).To(Succeed(), "Node %s", name)
+	g.Expect(node.Status.Conditions).To(ContainElement(And(
+		HaveField("Type", corev1.NodeReady), HaveField("Status", corev1.ConditionTrue))), "Node %s", name)
+}
+
+// noNode fails g if the cluster holds a Node of that name.
+func noNode(g Gomega, c client.Client, name string) {
+	err := c.Get(context.Background(), client.ObjectKey{Name: name}, &corev1.Node{})
+	g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "Node %s: %v", name, err)
+}
+
+// reachable fails g unless the sample WorkloadCluster is Reachable.
+func reachable(g Gomega, c client.Client) {
+	wc := &machinistv1.WorkloadCluster{}
+	g.Expect(c.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: local.SampleCluster}, wc)).To(Succeed())
+	g.Expect(wc.Status.Conditions).To(ContainElement(And(
+		HaveField("Type", machinistv1.WorkloadClusterReachable), HaveField("Status", metav1.ConditionTrue))), "%+v", wc.Status)
+}
+
+// nodesWhereTheyBelong fails g unless every Machine in the list has a
+// Ready Node in its own cluster (workload for the workers, the management
+// cluster for the rest) and none in the other.
+func nodesWhereTheyBelong(g Gomega, mgmt, workload client.Client, ms []machinistv1.Machine) {
+	for _, m := range ms {
+		g.Expect(m.Status.NodeRef).NotTo(BeNil(), m.Name)
+		own, other := mgmt, workload
+		if m.Spec.ClusterName == local.SampleCluster {
+			own, other = workload, mgmt
+		}
+		nodeReady(g, own, m.Status.NodeRef.Name)
+		noNode(g, other, m.Status.NodeRef.Name)
+	}
+}
+
+// keptCredentials reads the node kubeconfig each Machine's machine keeps in
+// the process provider's state (machines/<namespace>_<name>_<uid>/), by
+// Machine name.
+func keptCredentials(g Gomega, dir string, ms []machinistv1.Machine) map[string]string {
+	out := map[string]string{}
+	for _, m := range ms {
+		raw, err := os.ReadFile(filepath.Join(dir, ".machinist", "machines", fmt.Sprintf("%s_%s_%s", m.Namespace, m.Name, m.UID), "kubeconfig"))
+		g.Expect(err).To(Succeed(), "the credentials of %s", m.Name)
+		out[m.Name] = string(raw)
+	}
+	return out
+}
+
 func TestQuickStart(t *testing.T) {
 	ctrllog.SetLogger(logr.Discard())
 	dir := workdir(t)
@@ -327,6 +385,14 @@ func TestQuickStart(t *testing.T) {
 	}
 	t.Logf("quick start output:\n%s", out.String())
 	g.Expect(out.String()).To(ContainSubstring("successfully rolled out"))
+	// kubectl get nodes through the kubeconfig `kubectl machine kubeconfig
+	// workload` printed showed the workers; through the management
+	// cluster's, the spare set's.
+	g.Expect(out.String()).To(MatchRegexp(`(?m)^workers-\S+\s+Ready\s`), "the workload cluster's Nodes")
+	g.Expect(out.String()).To(MatchRegexp(`(?m)^spare-\S+\s+Ready\s`), "the management cluster's Nodes")
+	workloadKubeconfig := filepath.Join(dir, "workload.kubeconfig")
+	wl := clientFor(t, workloadKubeconfig)
+	g.Eventually(func(g Gomega) { reachable(g, c) }).WithTimeout(time.Minute).Should(Succeed())
 	// The disruption budget's row: MAX 1, of the three workers.
 	g.Expect(out.String()).To(MatchRegexp(`(?m)^NAME\s+MAX\s+SELECTED\s+DISRUPTED\s+ALLOWED\s+NEXT-WINDOW\s+AGE\n.*\bworkers\s+1\s+`), "kubectl get mdb workers")
 	budget := &machinistv1.MachineDisruptionBudget{}
@@ -365,12 +431,18 @@ func TestQuickStart(t *testing.T) {
 		g.Expect(spare).To(HaveLen(2))
 		for _, m := range spare {
 			g.Expect(m.Status.Phase).To(Equal(machinistv1.MachineRunning))
+			g.Expect(m.Spec.ClusterName).To(BeEmpty(), "a spare Machine serves the management cluster")
 		}
 	}).WithTimeout(2 * time.Minute).Should(Succeed())
+	// Each Machine's Node is in its own cluster, and only there.
+	g.Eventually(func(g Gomega) {
+		nodesWhereTheyBelong(g, c, wl, append(machines(g, c, "workers"), machines(g, c, "spare")...))
+	}).WithTimeout(time.Minute).Should(Succeed())
 	workers := machines(g, c, "workers")
 	g.Expect(workers).To(HaveLen(3))
 	healed := false
 	for _, m := range workers {
+		g.Expect(m.Spec.ClusterName).To(Equal(local.SampleCluster))
 		g.Expect(m.Spec.Version).To(Equal("v1.38.0"))
 		g.Expect(m.Status.Phase).To(Equal(machinistv1.MachineRunning))
 		g.Expect(m.Status.NodeInfo.KubeletVersion).To(Equal("v1.38.0"))
@@ -433,35 +505,34 @@ func TestQuickStart(t *testing.T) {
 		g.Expect(m.Annotations).To(HaveKeyWithValue(machinistv1.RequestedByAnnotation, Not(Or(BeEmpty(), Equal("mallory")))))
 	}).WithTimeout(30 * time.Second).Should(Succeed())
 
-	// Kubernetes' garbage collector runs: deleting the MachineSet deletes
-	// its Machines, each through its lifecycle, and their agents and Nodes.
-	spare := machines(g, c, "spare")
-	g.Expect(c.Delete(context.Background(), &machinistv1.MachineSet{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "spare"}})).To(Succeed())
-	g.Eventually(func(g Gomega) { g.Expect(machines(g, c, "spare")).To(BeEmpty()) }).WithTimeout(time.Minute).Should(Succeed())
-	for _, m := range spare {
-		g.Expect(leftovers(m.Status.ProviderID)).To(BeEmpty(), "the agent of %s", m.Name)
-		err := c.Get(context.Background(), client.ObjectKey{Name: m.Status.NodeRef.Name}, &corev1.Node{})
-		g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "the Node of %s: %v", m.Name, err)
-	}
+	var all machinistv1.MachineList
+	g.Expect(c.List(context.Background(), &all, client.InNamespace("default"))).To(Succeed())
+	g.Expect(all.Items).To(HaveLen(5), "three workers and two spare")
 	names := map[string]bool{}
-	for _, m := range machines(g, c, "workers") {
+	for _, m := range all.Items {
 		names[m.Name] = true
 	}
+	creds := keptCredentials(g, dir, all.Items)
 
 	// An ordinary run, a rollout and a reboot among it, logs no error: an
 	// object deleted under a reconcile, or a write that lost a race, is
 	// part of normal life.
 	g.Expect(errorLines(run.output())).To(BeEmpty(), "machinist run logged errors during the quick start")
 
-	// Ctrl-C leaves nothing behind.
+	// Ctrl-C leaves nothing behind, of either cluster.
 	run.interrupt(t)
 	g.Expect(run.output()).To(ContainSubstring("Stopping"))
 	g.Eventually(func() []string { return leftovers(dir) }).WithTimeout(10 * time.Second).Should(BeEmpty())
 
-	// A second run keeps every Machine and brings them back.
+	// A second run brings both clusters back, at the addresses and with
+	// the CAs they had: every Machine is Running again with a Ready Node
+	// in its own cluster, reached through the workload kubeconfig printed
+	// before the restart, and its machine kept the credentials it joined
+	// with rather than joining again.
 	run = start(t, dir)
 	g.Expect(run.output()).To(ContainSubstring("Picked up the state of the last run."))
 	c = kubeClient(t, dir)
+	wl = clientFor(t, workloadKubeconfig)
 	g.Eventually(func(g Gomega) {
 		var list machinistv1.MachineList
 		g.Expect(c.List(context.Background(), &list, client.InNamespace("default"))).To(Succeed())
@@ -473,7 +544,20 @@ func TestQuickStart(t *testing.T) {
 				HaveField("Type", machinistv1.ConditionNodeHealthy), HaveField("Status", BeEquivalentTo("True")))), m.Name)
 		}
 		g.Expect(got).To(Equal(names))
+		nodesWhereTheyBelong(g, c, wl, list.Items)
+		reachable(g, c)
 	}).WithTimeout(2*time.Minute).Should(Succeed(), fmt.Sprintf("machinist run:\n%s", run.output()))
+	g.Expect(keptCredentials(g, dir, all.Items)).To(Equal(creds), "a machine's node credentials changed across the restart")
+
+	// Kubernetes' garbage collector runs: deleting the MachineSet deletes
+	// its Machines, each through its lifecycle, and their agents and Nodes.
+	spare := machines(g, c, "spare")
+	g.Expect(c.Delete(context.Background(), &machinistv1.MachineSet{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "spare"}})).To(Succeed())
+	g.Eventually(func(g Gomega) { g.Expect(machines(g, c, "spare")).To(BeEmpty()) }).WithTimeout(time.Minute).Should(Succeed())
+	for _, m := range spare {
+		g.Expect(leftovers(m.Status.ProviderID)).To(BeEmpty(), "the agent of %s", m.Name)
+		noNode(g, c, m.Status.NodeRef.Name)
+	}
 
 	g.Expect(errorLines(run.output())).To(BeEmpty(), "machinist run logged errors picking its state up")
 

@@ -1,0 +1,280 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/machinist-dev/machinist/controllermanager"
+	"github.com/machinist-dev/machinist/internal/bootstrap"
+	"github.com/machinist-dev/machinist/internal/orphans"
+	"github.com/machinist-dev/machinist/internal/pki"
+)
+
+// Files and directories a cluster keeps under its directory.
+const (
+	// KubeconfigFile is an administrator's kubeconfig, rewritten at every
+	// start (its client certificate is issued anew).
+	KubeconfigFile = "kubeconfig"
+	// ServingDir holds kube-apiserver's serving CA and certificate, its
+	// service account signing key and its port (PortFile).
+	ServingDir = "apiserver"
+	// PortFile, in ServingDir, is the port kube-apiserver serves on,
+	// chosen at the first start.
+	PortFile = "port"
+)
+
+// clusterOptions configure startCluster.
+type clusterOptions struct {
+	// name says which cluster, in messages: "the management cluster".
+	name string
+	// dir keeps everything the cluster needs across restarts.
+	dir    string
+	binDir string
+	scheme *runtime.Scheme
+	// crds are installed once it is up; none for a workload cluster.
+	crds []*apiextensionsv1.CustomResourceDefinition
+	// flags are more kube-apiserver flags.
+	flags map[string]string
+}
+
+// cluster is a joinable control plane that startCluster started: etcd,
+// kube-apiserver and kube-controller-manager, with their state in a
+// directory.
+type cluster struct {
+	name       string
+	dir        string
+	env        *envtest.Environment
+	kcm        *controllermanager.Process
+	config     *rest.Config
+	kubeconfig string // an administrator's kubeconfig file
+	// starting is set once env.Start is called: from then on, whatever
+	// it started must be stopped, even when it failed.
+	starting bool
+}
+
+// startCluster starts, with their state under opts.dir, etcd and a
+// kube-apiserver that machines join as kubelets do (bootstrap tokens, Node
+// and RBAC authorization, NodeRestriction), installs the RBAC that lets a
+// bootstrap token's holder join, and starts kube-controller-manager with
+// the controllers that sign kubelets' certificates and those a fleet
+// relies on. kube-apiserver keeps its address and serving certificate's
+// CA across restarts (serving), so that the kubeconfigs machines were
+// given and kept stay good. The caller stops it (stop), also on error.
+func startCluster(ctx context.Context, opts clusterOptions) (*cluster, error) {
+	env := &envtest.Environment{
+		BinaryAssetsDirectory:    opts.binDir,
+		CRDInstallOptions:        envtest.CRDInstallOptions{CRDs: opts.crds},
+		Scheme:                   opts.scheme,
+		ControlPlaneStartTimeout: 2 * time.Minute,
+		ControlPlaneStopTimeout:  time.Minute,
+	}
+	env.ControlPlane.Etcd = &envtest.Etcd{DataDir: filepath.Join(opts.dir, "etcd")}
+	c := &cluster{name: opts.name, dir: opts.dir, env: env, kubeconfig: filepath.Join(opts.dir, KubeconfigFile)}
+	if err := os.MkdirAll(opts.dir, 0o700); err != nil {
+		return c, err
+	}
+	if err := serving(env.ControlPlane.GetAPIServer(), filepath.Join(opts.dir, ServingDir), opts.name); err != nil {
+		return c, err
+	}
+	// Machines join as kubelets do, with certificates of this CA, kept
+	// so that they stay valid across restarts.
+	ca, err := controllermanager.NewClusterCA(filepath.Join(opts.dir, "cluster-ca"))
+	if err != nil {
+		return c, err
+	}
+	controllermanager.Joinable(env, ca)
+	args := env.ControlPlane.GetAPIServer().Configure()
+	for flag, value := range opts.flags {
+		args.Set(flag, value)
+	}
+	before := orphans.Children("etcd", "kube-apiserver")
+	c.starting = true
+	cfg, err := env.Start()
+	if err != nil {
+		return c, fmt.Errorf("starting etcd and kube-apiserver of %s from %s: %w", opts.name, opts.binDir, err)
+	}
+	c.config = cfg
+	// Killed without the chance to stop them, this process must not
+	// leave a control plane running on the state directory.
+	if err := orphans.Guard(started(before, orphans.Children("etcd", "kube-apiserver"))...); err != nil {
+		return c, err
+	}
+	if err := os.WriteFile(c.kubeconfig, env.KubeConfig, 0o600); err != nil {
+		return c, err
+	}
+	cl, err := client.New(cfg, client.Options{Scheme: opts.scheme})
+	if err != nil {
+		return c, err
+	}
+	if err := bootstrap.InstallRBAC(ctx, cl); err != nil {
+		return c, fmt.Errorf("%s: %w", opts.name, err)
+	}
+	// Kubernetes' own controllers, as in any cluster: those that let
+	// machines join, the garbage collector, the namespace controller and
+	// the node lifecycle controller. Its Node grace period is
+	// nodeMonitorGrace, not Kubernetes' 50s.
+	c.kcm, err = controllermanager.Start(env, controllermanager.Options{
+		Binary: filepath.Join(opts.binDir, "kube-controller-manager"), Dir: opts.dir,
+		CA: ca, Fleet: true,
+		NodeMonitorGracePeriod: nodeMonitorGrace,
+	})
+	if err != nil {
+		return c, fmt.Errorf("%s: %w", opts.name, err)
+	}
+	return c, nil
+}
+
+// stop stops kube-controller-manager, then kube-apiserver and etcd.
+func (c *cluster) stop() error {
+	var err error
+	if c.kcm != nil {
+		stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		err = c.kcm.Stop(stopCtx)
+	}
+	if !c.starting {
+		return err
+	}
+	if stopErr := c.env.Stop(); stopErr != nil {
+		err = errors.Join(err, fmt.Errorf("stopping %s: %w", c.name, stopErr))
+	}
+	return errors.Join(err, removeEnvtestKubeconfigs(filepath.Join(c.dir, ServingDir)))
+}
+
+// removeEnvtestKubeconfigs deletes the administrator's kubeconfigs envtest
+// writes into kube-apiserver's certificate directory at every start, for a
+// kubectl of its own that nothing here uses: it would remove them with a
+// temporary directory, but this one is kept, and they would pile up.
+func removeEnvtestKubeconfigs(dir string) error {
+	files, err := filepath.Glob(filepath.Join(dir, "*.kubecfg"))
+	if err != nil {
+		return err
+	}
+	for _, f := range files {
+		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
+}
+
+// exited says why kube-controller-manager stopped, once it has.
+func (c *cluster) exited() error {
+	return fmt.Errorf("kube-controller-manager of %s stopped (%v); its log is %s",
+		c.name, c.kcm.Err(), filepath.Join(c.dir, controllermanager.LogFile))
+}
+
+// started lists the pids of after that are not in before.
+func started(before, after []int) []int {
+	old := map[int]bool{}
+	for _, pid := range before {
+		old[pid] = true
+	}
+	var out []int
+	for _, pid := range after {
+		if !old[pid] {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// serving gives apiserver an address and a serving certificate that stay
+// the same across restarts, kept in dir: a machine keeps the kubeconfig it
+// joined with (server and CA) for its boots to come, and envtest would
+// otherwise pick a new port and a new serving CA at every start. The port
+// is chosen at the first start and kept in dir/PortFile; the CA
+// (serving-ca.crt) is kept and signs a new certificate at every start,
+// which envtest then uses rather than make its own. envtest leaves
+// SecureServing.CA empty when it finds the certificate, so it is set here:
+// it is what the administrator's kubeconfig and every envtest user trust.
+func serving(apiserver *envtest.APIServer, dir, name string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	// Those of a run that was killed before it could stop.
+	if err := removeEnvtestKubeconfigs(dir); err != nil {
+		return err
+	}
+	port, err := keptPort(filepath.Join(dir, PortFile), name)
+	if err != nil {
+		return err
+	}
+	ca, err := pki.LoadOrNewCA(dir, "serving-ca", "machinist-apiserver-serving-ca")
+	if err != nil {
+		return fmt.Errorf("the serving CA of %s in %s: %w", name, dir, err)
+	}
+	cert, err := ca.Issue(pki.Request{
+		CommonName: "kube-apiserver",
+		DNSNames:   []string{"localhost"},
+		IPs:        []net.IP{net.IPv4(127, 0, 0, 1)},
+	})
+	if err != nil {
+		return err
+	}
+	if err := cert.Write(dir, "apiserver"); err != nil {
+		return err
+	}
+	// envtest makes the service account signing key only along with the
+	// serving certificate; kept, so that service account tokens stay
+	// valid across restarts.
+	if _, err := pki.LoadOrNewCA(dir, "sa-signer", "machinist-service-accounts"); err != nil {
+		return fmt.Errorf("the service account signing key of %s in %s: %w", name, dir, err)
+	}
+	apiserver.CertDir = dir
+	apiserver.SecureServing.ListenAddr = envtest.ListenAddr{Address: "127.0.0.1", Port: strconv.Itoa(port)}
+	apiserver.SecureServing.CA = ca.CertPEM()
+	return nil
+}
+
+// keptPort is the port kept in path, once it is free; with no file yet, a
+// free port, which it keeps there.
+func keptPort(path, name string) (int, error) {
+	raw, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		if err := l.Close(); err != nil {
+			return 0, err
+		}
+		return port, os.WriteFile(path, []byte(strconv.Itoa(port)+"\n"), 0o600)
+	}
+	if err != nil {
+		return 0, err
+	}
+	port, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil || port <= 0 || port > 65535 {
+		return 0, fmt.Errorf("%s holds no port number (%q): delete it to have a new port chosen", path, strings.TrimSpace(string(raw)))
+	}
+	// A control plane killed a moment ago may still hold the port while
+	// its watchdog catches up.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err == nil {
+			return port, l.Close()
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("the kube-apiserver of %s serves on 127.0.0.1:%d, the port kept in %s, and that port is taken (%v): "+
+				"stop what listens there (another machinist run on this state directory?) and start again; "+
+				"the machines were given this address, so it is kept rather than changed", name, port, path, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
