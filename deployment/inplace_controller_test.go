@@ -297,6 +297,34 @@ var _ = Describe("InPlace rollouts", func() {
 		}).WithTimeout(3 * time.Second).Should(Succeed())
 	})
 
+	It("moves no Machine to another cluster in place: a template's new clusterName stops a rollout whose fallback is Never", func(ctx SpecContext) {
+		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small)
+		md := newDeployment(ns, "stay", 2, inPlace(1, machinistv1.FallbackNever))
+		Expect(k8s.Create(ctx, md)).To(Succeed())
+		Eventually(settled(ctx, md, 2)).WithTimeout(time.Minute).Should(Succeed())
+		var list machinistv1.MachineList
+		Expect(k8s.List(ctx, &list, client.InNamespace(ns))).To(Succeed())
+
+		patchDeployment(ctx, md, func(md *machinistv1.MachineDeployment) { md.Spec.Template.Spec.ClusterName = "elsewhere" })
+		Eventually(func(g Gomega) {
+			got := &machinistv1.MachineDeployment{}
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(md), got)).To(Succeed())
+			c := findCondition(got.Status.Conditions, machinistv1.ConditionProgressing)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Reason).To(Equal("InPlaceNotPossible"))
+			g.Expect(c.Message).To(ContainSubstring("moves them from the manager's own cluster to cluster elsewhere, and a Machine never changes cluster"))
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+		Consistently(func(g Gomega) {
+			var now machinistv1.MachineList
+			g.Expect(k8s.List(ctx, &now, client.InNamespace(ns))).To(Succeed())
+			g.Expect(now.Items).To(HaveLen(2))
+			for i := range now.Items {
+				g.Expect(now.Items[i].UID).To(Equal(list.Items[i].UID))
+				g.Expect(now.Items[i].Spec.ClusterName).To(BeEmpty())
+			}
+		}).WithTimeout(3 * time.Second).Should(Succeed())
+	})
+
 	It("replaces what cannot change in place, within the in-place bound, when the fallback is Replace", func(ctx SpecContext) {
 		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 		Expect(env.InmemoryClass(ctx, ns, "big", "")).To(Succeed())
