@@ -78,6 +78,7 @@ var wantObjects = []string{
 	"CustomResourceDefinition machinehealthchecks.machinist.dev",
 	"CustomResourceDefinition machines.machinist.dev",
 	"CustomResourceDefinition machinesets.machinist.dev",
+	"CustomResourceDefinition workloadclusters.machinist.dev",
 	"Deployment machinist-system/machinist-manager",
 	"Deployment machinist-system/machinist-verbs",
 	"MutatingAdmissionPolicy machinist-request-requester",
