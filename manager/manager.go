@@ -92,6 +92,14 @@ type Options struct {
 	// Drifted conditions are brought up to date; zero means
 	// lifecycle.DefaultDriftDelay.
 	DriftDelay time.Duration
+	// JoinServer and JoinCAData are how new machines of the manager's own
+	// cluster reach its API server, when not as the manager does: a
+	// manager in the cluster talks to the kubernetes Service, which
+	// machines outside it cannot reach, and one behind a proxy talks to
+	// the proxy. Empty means the manager's own address and CA. (Machines
+	// of a WorkloadCluster use the server and CA of its kubeconfig.)
+	JoinServer string
+	JoinCAData []byte
 	// ClusterQPS and ClusterBurst bound the requests to each workload
 	// cluster, apart from QPS and Burst; zero takes the clusters
 	// package's defaults.
@@ -200,6 +208,9 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 		return nil, err
 	}
 	local := &nodes.API{Client: mgr.GetClient(), Kube: kube, Server: cfg.Host, CAData: caData}
+	if opts.JoinServer != "" {
+		local.Server, local.CAData = opts.JoinServer, opts.JoinCAData
+	}
 	nodeSide, err := clusters.NewRegistry(clusters.Options{
 		Local: local, QPS: opts.ClusterQPS, Burst: opts.ClusterBurst,
 		WatchError: checks.WatchError, TrimNode: trimNode,

@@ -123,6 +123,11 @@ func (c *Controllers) start(opts manager.Options, a actuators.Actuator) error {
 
 func (c *Controllers) startManager() error {
 	c.opts.Registry = prometheus.NewRegistry()
+	if c.opts.JoinServer == "" {
+		// Machines join kube-apiserver itself, even when the manager
+		// reaches it through a proxy.
+		c.opts.JoinServer, c.opts.JoinCAData = c.env.Config.Host, c.env.Config.CAData
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	mgr, err := manager.New(ctx, c.config, c.env.Scheme, c.opts)
 	if err != nil {

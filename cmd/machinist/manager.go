@@ -1,7 +1,9 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 
@@ -29,6 +31,7 @@ func managerCommand() *cobra.Command {
 		remoteOpts provider.DialOptions
 		goroutines inmemory.Options
 		logs       logFlags
+		joinCAFile string
 	)
 	cmd := &cobra.Command{
 		Use:   "manager",
@@ -58,6 +61,14 @@ logging "waiting for kube-apiserver", instead of exiting again.`,
 			cfg, err := restConfig(kubeconfig)
 			if err != nil {
 				return err
+			}
+			if joinCAFile != "" {
+				if opts.JoinCAData, err = os.ReadFile(joinCAFile); err != nil {
+					return fmt.Errorf("--join-ca-file: %w", err)
+				}
+			}
+			if (opts.JoinServer == "") != (joinCAFile == "") {
+				return errors.New("--join-server and --join-ca-file go together: new machines need both the address and the CA that verifies it")
 			}
 			ctx := ctrl.SetupSignalHandler()
 			opts.Actuators = actuators.NewRegistry()
@@ -123,6 +134,8 @@ logging "waiting for kube-apiserver", instead of exiting again.`,
 	fs.StringVar(&opts.HealthAddr, "health-probe-bind-address", ":8081", `address of /healthz and /readyz; "0" turns them off`)
 	fs.IntVar(&opts.MachineWorkers, "machine-workers", 16, "Machines reconciled at once")
 	fs.IntVar(&opts.MachineSetWorkers, "set-workers", 4, "MachineSets, and MachineDeployments, reconciled at once")
+	fs.StringVar(&opts.JoinServer, "join-server", "", "the API server address new machines of this cluster join (a kubeadm cluster's control plane endpoint); empty means the one the manager reaches, which in a pod is the kubernetes Service, out of a machine's reach")
+	fs.StringVar(&joinCAFile, "join-ca-file", "", "the CA bundle that verifies --join-server")
 	fs.Float32Var(&opts.QPS, "kube-api-qps", 200, "requests per second to the API server")
 	fs.IntVar(&opts.Burst, "kube-api-burst", 400, "burst of requests to the API server")
 	fs.DurationVar(&opts.ProvisionTimeout, "provision-timeout", 0, "how long a Machine may provision before it is Failed (0: 10m)")

@@ -87,7 +87,7 @@ func TestUnknownProviderBacksOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 2 || strings.Join(strings.Fields(lines[0]), " ") != "NAME PHASE READY REASON NODE VERSION AGE" {
+	if len(lines) != 2 || strings.Join(strings.Fields(lines[0]), " ") != "NAME PHASE READY REASON NODE CLUSTER VERSION AGE" {
 		t.Fatalf("kubectl get machines:\n%s", out)
 	}
 	if f := strings.Fields(lines[1]); len(f) < 5 || f[1] != "Pending" || f[2] != "False" || f[3] != machinistv1.ReasonProviderNotFound {
