@@ -455,7 +455,11 @@ func (r *Reconciler) createMachines(ctx context.Context, ms *machinistv1.Machine
 		}
 		if err := errors.Join(failed...); err != nil {
 			for _, name := range names[start:] {
-				r.expectations.createRefused(key, name) // never asked for
+				// Not asked for this time. A name repeated from an
+				// earlier unknown outcome stays unsure: that first
+				// attempt may still be stored, and forgetting it would
+				// fill its slot twice.
+				r.expectations.notAttempted(key, name)
 			}
 			r.event(ms, corev1.EventTypeWarning, reasonCreateFailed, "Scale", "creating Machines: %v", err)
 			return created, err

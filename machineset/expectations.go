@@ -129,6 +129,18 @@ func (e *expectations) created(key types.NamespacedName, name string) {
 // coming.
 func (e *expectations) createRefused(key types.NamespacedName, name string) { e.created(key, name) }
 
+// notAttempted records that name, expected, was not asked for after all
+// (an earlier batch failed). It is not coming from this attempt; if an
+// earlier attempt's outcome is unknown, that one still may, so the name
+// stays unsure.
+func (e *expectations) notAttempted(key types.NamespacedName, name string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if x, ok := e.by[key]; ok {
+		delete(x.adds, name)
+	}
+}
+
 // createUnsure records that creating name may or may not have worked: it
 // is repeated, under the same name, when the set next needs a Machine.
 func (e *expectations) createUnsure(key types.NamespacedName, name string) {
