@@ -20,6 +20,15 @@ import (
 // Lease (losing the lead is TestFailover's and TestAPIServerRestart's
 // business) nor the agents' own requests, which go direct as a
 // kubelet's would.
+//
+// The proxy stands between the manager and the management cluster only.
+// The run's Machines serve the workload cluster, so what the manager does
+// to their Nodes (cordons, taints, evictions, pod deletions, bootstrap
+// tokens) goes to the workload cluster directly and is not struck: these
+// runs prove the Machine, set and rollout writes under faults, and the
+// Node-side rules strike only the manager's requests for its own
+// cluster's Nodes, of which the runs have none. Lost replies to Node-side
+// writes are test/apifaults' business.
 var (
 	writes = []string{"create", "update", "patch", "delete"}
 	ours   = []string{

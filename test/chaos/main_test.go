@@ -3,7 +3,9 @@
 // the real `machinist manager` binary as separate processes (leader
 // election on) against a real etcd, kube-apiserver and
 // kube-controller-manager, with Machines of the process provider, whose
-// agents outlive the manager as real machines outlive a controller.
+// agents outlive the manager as real machines outlive a controller. The
+// Machines live in that management cluster and serve a workload cluster,
+// a second control plane that their Nodes join, as a fleet's do.
 //
 // Every run is seeded: the seed picks the scenario, the moments of the
 // faults and the Machines they hit, and is printed with every failure.
@@ -15,12 +17,14 @@
 package chaos_test
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -42,7 +46,10 @@ var (
 )
 
 var (
-	env *testenv.Env
+	// env is the management cluster: Machinist's kinds, the managers'
+	// leader Lease, the verbs server. workload is the cluster every
+	// run's Machines serve: their Nodes, kubelet Leases and pods.
+	env, workload *testenv.Env
 	// binary is the machinist binary the managers and agents run.
 	binary string
 	// verbs is the verbs server, registered with kube-apiserver.
@@ -100,10 +107,24 @@ func TestMain(m *testing.M) {
 				if verbs != nil {
 					_ = verbs.Stop()
 				}
+				if workload != nil {
+					_ = workload.Stop()
+				}
 				_ = os.RemoveAll(dir)
 			}
+			// The workload cluster starts while the binary builds. Its
+			// kube-controller-manager marks a silent kubelet's Node Unknown
+			// after the same grace as the management cluster's did when
+			// the Nodes lived there.
+			var wg sync.WaitGroup
+			var werr error
+			wg.Go(func() {
+				workload, werr = testenv.StartWith(testenv.Options{Workload: true, ControllerManager: true, NodeMonitorGracePeriod: nodeGrace})
+			})
 			binary = filepath.Join(dir, "machinist")
-			if err := testenv.Build("./cmd/machinist", binary); err != nil {
+			err = testenv.Build("./cmd/machinist", binary)
+			wg.Wait()
+			if err := errors.Join(err, werr); err != nil {
 				return stop, err
 			}
 			// The managers and, above all, the agents, which outlive a

@@ -36,10 +36,14 @@ type event struct {
 }
 
 // monitor watches a namespace's Machines, MachineSets and
-// MachineDeployments, and all Nodes, from the start of a run, and records
-// every version it is sent. The invariants are checked afterwards by
-// replaying the versions in etcd's order (resourceVersion: one etcd, so
-// one sequence), which a watch of each kind alone cannot give.
+// MachineDeployments in the management cluster, and all Nodes in the
+// workload cluster, from the start of a run, and records every version it
+// is sent. The invariants are checked afterwards by replaying the
+// management cluster's versions in etcd's order (resourceVersion: one
+// etcd, so one sequence), which a watch of each kind alone cannot give.
+// The Nodes' versions come from the workload cluster's own etcd, so they
+// are ordered among themselves only: what is read of them (bootIDs) is
+// read per Node, and nothing orders them against a Machine's.
 type monitor struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -50,7 +54,11 @@ type monitor struct {
 }
 
 func startMonitor(t *testing.T, ns string) *monitor {
-	w, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	mgmt, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes, err := client.NewWithWatch(workload.Config, client.Options{Scheme: workload.Scheme})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,15 +68,16 @@ func startMonitor(t *testing.T, ns string) *monitor {
 		kind string
 		list func() client.ObjectList
 		ns   string
+		c    client.WithWatch
 	}{
-		{"Machine", func() client.ObjectList { return &machinistv1.MachineList{} }, ns},
-		{"MachineSet", func() client.ObjectList { return &machinistv1.MachineSetList{} }, ns},
-		{"MachineDeployment", func() client.ObjectList { return &machinistv1.MachineDeploymentList{} }, ns},
-		{"Node", func() client.ObjectList { return &corev1.NodeList{} }, ""},
+		{"Machine", func() client.ObjectList { return &machinistv1.MachineList{} }, ns, mgmt},
+		{"MachineSet", func() client.ObjectList { return &machinistv1.MachineSetList{} }, ns, mgmt},
+		{"MachineDeployment", func() client.ObjectList { return &machinistv1.MachineDeploymentList{} }, ns, mgmt},
+		{"Node", func() client.ObjectList { return &corev1.NodeList{} }, "", nodes},
 	}
 	ready := make(chan struct{}, len(kinds))
 	for _, k := range kinds {
-		m.wg.Go(func() { m.watch(ctx, w, k.kind, k.ns, k.list, ready) })
+		m.wg.Go(func() { m.watch(ctx, k.c, k.kind, k.ns, k.list, ready) })
 	}
 	for range kinds {
 		select {

@@ -29,6 +29,10 @@ const leaseNamespace = "machinist-chaos"
 // class is the MachineClass of every run's process Machines.
 const class = "proc"
 
+// cluster names the WorkloadCluster, in each run's namespace, that every
+// Machine of the run serves: the workload cluster's Nodes are theirs.
+const cluster = "workload"
+
 // run is one seeded run: its own namespace, its own provider state
 // directory, its manager replicas, and the books kept while it runs.
 type run struct {
@@ -69,13 +73,14 @@ func newRun(t *testing.T, seed uint64) *run {
 		t.Fatal(err)
 	}
 	r.machines = r.dir + "/machines"
-	if err := ensureNamespace(ctx, leaseNamespace); err != nil {
+	if err := ensureNamespace(ctx, env, leaseNamespace); err != nil {
 		t.Fatal(err)
 	}
 	if r.ns, err = env.Namespace(ctx, fmt.Sprintf("chaos-%d", seed)); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("seed %d: namespace %s, logs and machines in %s", seed, r.ns, r.dir)
+	r.serveWorkload(ctx)
 	if err := env.Client.Create(ctx, &machinistv1.MachineClass{
 		ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: class},
 		Spec:       machinistv1.MachineClassSpec{Provider: process.Name},
@@ -96,8 +101,26 @@ func newRun(t *testing.T, seed uint64) *run {
 	return r
 }
 
-func ensureNamespace(ctx context.Context, name string) error {
-	err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
+// serveWorkload makes the run's WorkloadCluster, from the workload
+// cluster's admin kubeconfig in a Secret beside it, and the run's
+// namespace in the workload cluster too, for the pods that hold drains.
+func (r *run) serveWorkload(ctx context.Context) {
+	kubeconfig, err := os.ReadFile(workload.Kubeconfig)
+	r.must(err)
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: cluster + "-kubeconfig"},
+		Data:       map[string][]byte{machinistv1.DefaultKubeconfigKey: kubeconfig},
+	}
+	r.must(env.Client.Create(ctx, secret))
+	r.must(env.Client.Create(ctx, &machinistv1.WorkloadCluster{
+		ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: cluster},
+		Spec:       machinistv1.WorkloadClusterSpec{Kubeconfig: machinistv1.KubeconfigReference{SecretName: secret.Name}},
+	}))
+	r.must(ensureNamespace(ctx, workload, r.ns))
+}
+
+func ensureNamespace(ctx context.Context, e *testenv.Env, name string) error {
+	err := e.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
 	if apierrors.IsAlreadyExists(err) {
 		return nil
 	}

@@ -173,10 +173,12 @@ func inPlace(maxUnavailable int32) machinistv1.MachineDeploymentStrategy {
 		MaxUnavailable: ptr.To(intstr.FromInt32(maxUnavailable)), Fallback: machinistv1.FallbackNever}}
 }
 
+// template is every Machine's the suite makes: of the run's class, its
+// Node in the workload cluster.
 func template(labels map[string]string, version string) machinistv1.MachineTemplateSpec {
 	return machinistv1.MachineTemplateSpec{
 		Metadata: machinistv1.TemplateMetadata{Labels: labels},
-		Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: class}, Version: version},
+		Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: class}, ClusterName: cluster, Version: version},
 	}
 }
 
@@ -369,18 +371,19 @@ func (r *run) opsSucceeded() error {
 }
 
 // holdDrains puts a pod on every Node of the run, protected by a
-// PodDisruptionBudget that allows no eviction.
+// PodDisruptionBudget that allows no eviction: in the workload cluster,
+// where the Nodes are and the manager drains them.
 func (r *run) holdDrains() {
 	var nodes []string
 	for _, m := range r.machineList() {
 		nodes = append(nodes, m.Status.NodeRef.Name)
 	}
-	r.must(env.HoldDrains(context.Background(), r.ns, pdbName, nodes...))
+	r.must(workload.HoldDrains(context.Background(), r.ns, pdbName, nodes...))
 }
 
 // relaxDrains lets every pod go.
 func (r *run) relaxDrains() {
-	if err := env.AllowDisruptions(context.Background(), r.ns, pdbName, 100); err != nil {
+	if err := workload.AllowDisruptions(context.Background(), r.ns, pdbName, 100); err != nil {
 		r.t.Errorf("relaxing the PodDisruptionBudget: %v", err)
 	}
 }
