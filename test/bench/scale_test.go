@@ -8,8 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -362,19 +360,7 @@ func peakRSS() int64 {
 
 // vmHWM reads the peak resident set (VmHWM), in bytes, from a
 // /proc/<pid>/status file.
-func vmHWM(status string) (int64, error) {
-	data, err := os.ReadFile(status)
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmHWM:" {
-			kb, err := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, fmt.Errorf("no VmHWM in %s", status)
-}
+func vmHWM(status string) (int64, error) { return statusBytes(status, "VmHWM:") }
 
 // createSet creates the MachineSet "bench" of n Machines of class "small".
 func createSet(ctx context.Context, b *testing.B, ns string, n int) {
