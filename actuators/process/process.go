@@ -726,9 +726,9 @@ func (p *Provider) restart(ctx context.Context, providerID string, op actuators.
 // wipe re-images a stopped machine: its files but the state file and the
 // join data go, its credentials with them, and the repair's join data
 // takes the place of the old. Its next agent, finding no credentials,
-// joins and deletes the old Node and Lease itself (nodeagent.Forget). Done again after a
-// provider was killed halfway, it finds the repair's join data in place
-// already and keeps it. Callers hold m.mu.
+// joins and deletes the old Node and Lease itself (nodeagent.Forget).
+// Done again after a provider was killed halfway, it finds the repair's
+// join data in place already and keeps it. Callers hold m.mu.
 func (p *Provider) wipe(m *machine) error {
 	entries, err := os.ReadDir(m.dir)
 	if err != nil {
