@@ -64,7 +64,10 @@ type Actuator interface {
 
 	// Repair re-images the instance: fresh state, a new boot ID, a Node
 	// registered afresh. The re-imaged machine has lost its credentials
-	// and joins again with op.Join. It is idempotent on op.ID, like Reboot.
+	// and joins again with op.Join; as a kubelet joining anew, it deletes
+	// the Node and Lease of its previous life itself (nodeagent.Forget),
+	// so the provider needs no credentials for the Machine's cluster,
+	// which it may not even know. It is idempotent on op.ID, like Reboot.
 	Repair(ctx context.Context, providerID string, op Operation) error
 
 	// Update changes the instance in place to run op.Version: it

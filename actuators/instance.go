@@ -44,9 +44,11 @@ func NodeName(machine string, uid types.UID) string {
 	return machine + "-" + suffix
 }
 
-// ForgetNode deletes a Node and its kubelet Lease, as re-imaging a machine
-// does: its kubelet then registers afresh, without what others had put on
-// the Node. Either being gone already is not an error.
+// ForgetNode deletes a Node and its kubelet Lease with kube, credentials
+// that may delete any Node (the conformance suite's, cleaning up after a
+// provider). A re-imaged machine does this for itself with its own
+// (nodeagent.Forget), so a provider need not. Either being gone already
+// is not an error.
 func ForgetNode(ctx context.Context, kube kubernetes.Interface, node string) error {
 	if err := kube.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("deleting node %s: %w", node, err)

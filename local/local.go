@@ -177,7 +177,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if agent == "" {
 		agent = self
 	}
-	machines, err := serveProcess(self, dir, kubeconfig, agent)
+	machines, err := serveProcess(self, dir, agent)
 	if err != nil {
 		return err
 	}
@@ -190,7 +190,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err := machines.waitReady(ctx, remote, 30*time.Second); err != nil {
 		return fmt.Errorf("%w; its log is %s", err, filepath.Join(dir, ProviderLog))
 	}
-	goroutines, err := inmemory.New(inmemory.Options{Config: cfg})
+	goroutines, err := inmemory.New(inmemory.Options{})
 	if err != nil {
 		return err
 	}
@@ -276,14 +276,14 @@ type served struct {
 // serveProcess starts the process provider as `machinist provider serve`
 // on a socket in dir, logging to dir/provider.log. Its machines end with
 // it (--process-exit-with-parent): this host's control plane ends too.
-func serveProcess(self, dir, kubeconfig, agent string) (*served, error) {
+func serveProcess(self, dir, agent string) (*served, error) {
 	log, err := os.OpenFile(filepath.Join(dir, ProviderLog), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
 	}
 	endpoint := "unix://" + filepath.Join(dir, "provider", process.Name+".sock")
 	cmd := exec.Command(self, "provider", "serve", "--provider", process.Name, "--endpoint", endpoint,
-		"--kubeconfig", kubeconfig, "--process-state-dir", filepath.Join(dir, "machines"),
+		"--process-state-dir", filepath.Join(dir, "machines"),
 		"--process-agent-binary", agent, "--process-exit-with-parent",
 		"--lease-duration-seconds", strconv.Itoa(leaseSeconds), "--renew-interval", renewInterval.String(),
 		"--log-level", "info")

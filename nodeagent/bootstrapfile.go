@@ -54,8 +54,16 @@ func JoinFromBootstrapKubeconfig(data []byte) (bootstrap.Join, error) {
 // when they are for nodeName and still valid, else new ones got with the
 // join data in bootstrapPath (Join, retried until ctx ends) and kept in
 // kubeconfigPath, readable by the machine alone, for the boots to come.
-func Bootstrap(ctx context.Context, bootstrapPath, kubeconfigPath, nodeName string) (Credentials, error) {
+//
+// A machine that kept no credentials at all is new, or re-imaged: before
+// keeping its new ones it forgets its previous life (Forget, with
+// providerID), so that its Node registers afresh. One whose kept
+// credentials expired or are another node's joins again but keeps its
+// Node, as a kubelet whose certificate lapsed does: its disk, and so its
+// life, is the same.
+func Bootstrap(ctx context.Context, bootstrapPath, kubeconfigPath, nodeName, providerID string) (Credentials, error) {
 	kept, err := os.ReadFile(kubeconfigPath)
+	afresh := errors.Is(err, fs.ErrNotExist)
 	switch {
 	case err == nil:
 		creds, err := CredentialsFromKubeconfig(kept)
@@ -81,6 +89,11 @@ func Bootstrap(ctx context.Context, bootstrapPath, kubeconfigPath, nodeName stri
 	for {
 		creds, err := Join(ctx, join, nodeName)
 		if err == nil {
+			if afresh {
+				if err := Forget(ctx, creds, nodeName, providerID); err != nil {
+					return Credentials{}, err
+				}
+			}
 			out, err := creds.Kubeconfig()
 			if err != nil {
 				return Credentials{}, err

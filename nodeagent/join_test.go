@@ -42,11 +42,19 @@ func join(t *testing.T, e *testenv.Env, name string) (bootstrap.Join, nodeagent.
 	if err != nil {
 		t.Fatal(err)
 	}
-	creds, err := nodeagent.Join(ctx, j, name)
-	if err != nil {
-		t.Fatalf("joining as %s: %v", name, err)
+	// kube-apiserver knows a token by a cache of kube-system's Secrets: one
+	// used at once may be refused until the cache has it, and a kubelet
+	// retries, as nodeagent.Bootstrap does.
+	for {
+		creds, err := nodeagent.Join(ctx, j, name)
+		if err == nil {
+			return j, creds
+		}
+		if !apierrors.IsUnauthorized(err) || ctx.Err() != nil {
+			t.Fatalf("joining as %s: %v", name, err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	return j, creds
 }
 
 func whoAmI(ctx context.Context, cfg *rest.Config) (authenticationv1.UserInfo, error) {

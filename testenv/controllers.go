@@ -85,9 +85,7 @@ func (e *Env) startControllers(cfg *rest.Config, opts manager.Options, leases Le
 		c.opts = opts
 		return c, c.startManager()
 	}
-	p, err := inmemory.New(inmemory.Options{
-		Config: e.Config, LeaseDurationSeconds: leases.DurationSeconds, RenewInterval: leases.RenewInterval,
-	})
+	p, err := inmemory.New(inmemory.Options{LeaseDurationSeconds: leases.DurationSeconds, RenewInterval: leases.RenewInterval})
 	if err != nil {
 		return nil, err
 	}

@@ -99,8 +99,7 @@ func (e *Env) ServeProvider(name string, extra ...string) (*ServedProvider, erro
 		return nil, err
 	}
 	endpoint := "unix://" + filepath.Join(dir, name+".sock")
-	args := append([]string{"provider", "serve", "--provider", name, "--endpoint", endpoint,
-		"--kubeconfig", e.Kubeconfig, "--log-level", "info"}, extra...)
+	args := append([]string{"provider", "serve", "--provider", name, "--endpoint", endpoint, "--log-level", "info"}, extra...)
 	cmd := exec.Command(bin, args...)
 	out := &LockedBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out

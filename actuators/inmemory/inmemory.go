@@ -7,8 +7,9 @@
 // Create (or of a Repair, which wipes what it had) its agent gets a client
 // certificate of its own (nodeagent.Join), keeps it across reboots as a
 // kubelet keeps its PKI directory, and acts as system:node:<its Node>
-// only, watching only its own pods. The provider's own client never
-// reaches an agent.
+// only, watching only its own pods. The provider itself holds no
+// credentials for any cluster: a repaired machine deletes the Node of its
+// previous life with its own new ones (nodeagent.Forget).
 package inmemory
 
 import (
@@ -25,7 +26,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/machinist-dev/machinist/actuators"
@@ -131,15 +131,10 @@ func (s ProviderSpec) over(base ProviderSpec) ProviderSpec {
 	return s
 }
 
-// Options configure a Provider.
+// Options configure a Provider. It holds no credentials for any cluster:
+// each machine joins its own with the join data it is given, and a
+// repaired one deletes its old Node itself (nodeagent.Forget).
 type Options struct {
-	// Client is the provider's own: it deletes a repaired machine's Node
-	// and Lease, as a cloud re-imaging a machine would. Machines never use
-	// it; each joins with the join data it is given. When nil, one is built
-	// from Config.
-	Client kubernetes.Interface
-	// Config is used when Client is nil.
-	Config *rest.Config
 	// LeaseDurationSeconds is each Node's Lease duration; zero means the
 	// kubelet's 40.
 	LeaseDurationSeconds int32
@@ -153,11 +148,10 @@ type Options struct {
 // Provider is the in-memory actuators.Actuator. Its instances live until
 // deleted or until Stop.
 type Provider struct {
-	client kubernetes.Interface
-	opts   Options
-	ctx    context.Context
-	stop   context.CancelFunc
-	wg     sync.WaitGroup
+	opts Options
+	ctx  context.Context
+	stop context.CancelFunc
+	wg   sync.WaitGroup
 
 	mu        sync.Mutex
 	faults    ProviderSpec
@@ -174,19 +168,8 @@ var _ actuators.Actuator = (*Provider)(nil)
 
 // New returns a Provider; call Stop to end it.
 func New(opts Options) (*Provider, error) {
-	client := opts.Client
-	if client == nil {
-		if opts.Config == nil {
-			return nil, errors.New("inmemory: Options needs a Client or a Config")
-		}
-		var err error
-		if client, err = kubernetes.NewForConfig(opts.Config); err != nil {
-			return nil, fmt.Errorf("inmemory: building a client: %w", err)
-		}
-	}
 	ctx, stop := context.WithCancel(context.Background())
 	p := &Provider{
-		client:   client,
 		opts:     opts,
 		ctx:      ctx,
 		stop:     stop,
@@ -550,12 +533,6 @@ func (p *Provider) restart(ctx context.Context, providerID string, op actuators.
 	}
 	in.powerOff()
 	if wipe {
-		if err := in.wipeNode(ctx); err != nil {
-			// Powered off, not re-imaged: come back as before and let the
-			// caller retry the whole repair.
-			in.powerOn()
-			return err
-		}
 		in.reimage(op.Join)
 	}
 	if kind == update {
@@ -720,15 +697,6 @@ func (in *instance) powerOnAfter(d time.Duration) {
 	}()
 }
 
-// wipeNode deletes the instance's Node and Lease, as a re-imaged machine's
-// kubelet would register afresh. Callers hold in.mu with the agent off.
-func (in *instance) wipeNode(ctx context.Context) error {
-	if err := actuators.ForgetNode(ctx, in.p.client, in.nodeName); err != nil {
-		return fmt.Errorf("inmemory: repairing %s: %w", in.providerID, err)
-	}
-	return nil
-}
-
 // agent is the agent of the current or last boot, nil before the
 // machine first joined.
 func (in *instance) agent() *nodeagent.Agent {
@@ -738,7 +706,9 @@ func (in *instance) agent() *nodeagent.Agent {
 }
 
 // reimage wipes the machine's credentials and leaves join for its next
-// boot to join with. Callers hold in.mu with the agent off.
+// boot to join with; that boot deletes the old Node and Lease itself
+// (nodeagent.Forget), so that the Node registers afresh. Callers hold
+// in.mu with the agent off.
 func (in *instance) reimage(join actuators.Join) {
 	in.disk.Lock()
 	defer in.disk.Unlock()
@@ -762,8 +732,9 @@ func (in *instance) boot(ctx context.Context, cfg nodeagent.Config) error {
 }
 
 // credentials returns a client acting as the machine's Node, joining the
-// cluster first if the machine has no credentials; it retries a failed
-// join, as a kubelet does, until ctx ends.
+// cluster first if the machine has no credentials, and then forgetting
+// its previous life; it retries a failed join, as a kubelet does, until
+// ctx ends.
 func (in *instance) credentials(ctx context.Context) (kubernetes.Interface, error) {
 	in.disk.Lock()
 	kube, join := in.kube, in.join
@@ -780,6 +751,9 @@ func (in *instance) credentials(ctx context.Context) (kubernetes.Interface, erro
 			if err != nil {
 				// Credentials that make no client will not make one later.
 				return nil, fmt.Errorf("inmemory: a client for node %s: %w", in.nodeName, err)
+			}
+			if err := nodeagent.Forget(ctx, creds, in.nodeName, in.providerID); err != nil {
+				return nil, err
 			}
 			in.disk.Lock()
 			in.kube = kube

@@ -47,7 +47,7 @@ const (
 
 func newProvider(t *testing.T) *inmemory.Provider {
 	t.Helper()
-	p, err := inmemory.New(inmemory.Options{Config: env.Config, LeaseDurationSeconds: 3, RenewInterval: renew, Seed: 1})
+	p, err := inmemory.New(inmemory.Options{LeaseDurationSeconds: 3, RenewInterval: renew, Seed: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

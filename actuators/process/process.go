@@ -57,8 +57,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -87,12 +85,10 @@ const (
 // before it is killed.
 const DefaultStopTimeout = 5 * time.Second
 
-// Options configure a Provider.
+// Options configure a Provider. It holds no credentials for any cluster:
+// each agent joins its own with the join data it is given, and a repaired
+// one deletes its old Node itself (nodeagent.Forget).
 type Options struct {
-	// Kubeconfig is the provider's own kubeconfig file: it deletes a
-	// repaired machine's Node and Lease with it. Agents never see it; each
-	// joins with the join data it is given. Required.
-	Kubeconfig string
 	// AgentBinary is the machinist binary whose `agent` command each machine
 	// runs; empty means this process's own executable.
 	AgentBinary string
@@ -119,8 +115,7 @@ type Options struct {
 // until Stop; a new Provider over the same StateDir takes them over on its
 // first call.
 type Provider struct {
-	opts   Options
-	client kubernetes.Interface
+	opts Options
 
 	// loadMu makes concurrent first calls take over once; loaded is set
 	// once a takeover has succeeded.
@@ -198,14 +193,11 @@ type machine struct {
 // running, and finishes a reboot or repair left halfway. Call Stop to end
 // the machines taken over or created.
 func New(opts Options) (*Provider, error) {
-	if opts.Kubeconfig == "" || opts.StateDir == "" {
-		return nil, errors.New("process: Options needs a Kubeconfig and a StateDir")
+	if opts.StateDir == "" {
+		return nil, errors.New("process: Options needs a StateDir")
 	}
 	var err error
 	// Agents may not share our working directory's meaning of a relative path.
-	if opts.Kubeconfig, err = filepath.Abs(opts.Kubeconfig); err != nil {
-		return nil, err
-	}
 	if opts.StateDir, err = filepath.Abs(opts.StateDir); err != nil {
 		return nil, err
 	}
@@ -217,18 +209,10 @@ func New(opts Options) (*Provider, error) {
 	if opts.StopTimeout <= 0 {
 		opts.StopTimeout = DefaultStopTimeout
 	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", opts.Kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("process: %w", err)
-	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("process: building a client: %w", err)
-	}
 	if err := os.MkdirAll(opts.StateDir, 0o755); err != nil {
 		return nil, fmt.Errorf("process: %w", err)
 	}
-	return &Provider{opts: opts, client: client, machines: map[string]*machine{}}, nil
+	return &Provider{opts: opts, machines: map[string]*machine{}}, nil
 }
 
 // TakeOver takes the machines in StateDir over now rather than on the
@@ -740,11 +724,12 @@ func (p *Provider) restart(ctx context.Context, providerID string, op actuators.
 }
 
 // wipe re-images a stopped machine: its files but the state file and the
-// join data go, its credentials with them, and so do its Node and Lease;
-// the repair's join data takes the place of the old. Done again after a
-// provider was killed halfway, it finds the repair's join data in place
-// already and keeps it. Callers hold m.mu.
-func (p *Provider) wipe(ctx context.Context, m *machine) error {
+// join data go, its credentials with them, and the repair's join data
+// takes the place of the old. Its next agent, finding no credentials,
+// joins and deletes the old Node and Lease itself (nodeagent.Forget).
+// Done again after a provider was killed halfway, it finds the repair's
+// join data in place already and keeps it. Callers hold m.mu.
+func (p *Provider) wipe(m *machine) error {
 	entries, err := os.ReadDir(m.dir)
 	if err != nil {
 		return fmt.Errorf("process: repairing %s: %w", m.st.ProviderID, err)
@@ -764,9 +749,6 @@ func (p *Provider) wipe(ctx context.Context, m *machine) error {
 			return fmt.Errorf("process: repairing %s: %w", m.st.ProviderID, err)
 		}
 	}
-	if err := actuators.ForgetNode(ctx, p.client, m.st.NodeName); err != nil {
-		return fmt.Errorf("process: repairing %s: %w", m.st.ProviderID, err)
-	}
 	return nil
 }
 
@@ -780,7 +762,7 @@ func (p *Provider) boot(ctx context.Context, m *machine) error {
 		return p.start(m, nil)
 	}
 	if op.Repair {
-		if err := p.wipe(ctx, m); err != nil {
+		if err := p.wipe(m); err != nil {
 			// Off, not re-imaged: come back as before, the repair not
 			// pending, and let the caller retry the whole repair.
 			return errors.Join(err, p.start(m, func(st *state) { st.Pending = nil }))

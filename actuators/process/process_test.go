@@ -81,7 +81,6 @@ func newProvider(t *testing.T, dir string) (*process.Provider, string) {
 		dir = t.TempDir()
 	}
 	p, err := process.New(process.Options{
-		Kubeconfig:           env.Kubeconfig,
 		AgentBinary:          agentBinary,
 		StateDir:             dir,
 		LeaseDurationSeconds: leaseSeconds,

@@ -53,7 +53,10 @@ With --bootstrap-kubeconfig the agent joins the cluster as a kubelet does:
 it trades the bootstrap token for a client certificate of its own
 (system:node:<node name>), approved and signed by the cluster, keeps it in
 --kubeconfig, readable by it alone, and starts with it from then on while it
-is valid. Without, --kubeconfig is the credentials it runs with.`,
+is valid. A machine whose --kubeconfig does not exist yet (a new or
+re-imaged one) first deletes the Node and Lease a previous life left under
+its name, so that its Node registers afresh. Without --bootstrap-kubeconfig,
+--kubeconfig is the credentials it runs with.`,
 		Example: `  machinist agent --bootstrap-kubeconfig /var/lib/m1/bootstrap-kubeconfig \
     --kubeconfig /var/lib/m1/kubeconfig --node-name n1 \
     --provider-id process:///default/m1/0b5c… --version v1.37.2`,
@@ -146,7 +149,7 @@ func agentRESTConfig(ctx context.Context, o agentOptions) (*rest.Config, error) 
 		if o.kubeconfig == "" {
 			return nil, errors.New("--bootstrap-kubeconfig needs --kubeconfig, where the node's own credentials are kept")
 		}
-		creds, err := nodeagent.Bootstrap(ctx, o.bootstrap, o.kubeconfig, o.nodeName)
+		creds, err := nodeagent.Bootstrap(ctx, o.bootstrap, o.kubeconfig, o.nodeName, o.providerID)
 		if err != nil {
 			return nil, fmt.Errorf("joining the cluster: %w", err)
 		}

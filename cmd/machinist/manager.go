@@ -80,7 +80,6 @@ logging "waiting for kube-apiserver", instead of exiting again.`,
 				return err
 			}
 			if !slices.Contains(opts.Actuators.Names(), inmemory.Name) {
-				goroutines.Config = cfg
 				p, err := inmemory.New(goroutines)
 				if err != nil {
 					return err
@@ -93,9 +92,6 @@ logging "waiting for kube-apiserver", instead of exiting again.`,
 			if machines.StateDir != "" {
 				if slices.Contains(opts.Actuators.Names(), process.Name) {
 					return fmt.Errorf("--process-state-dir runs the process provider in this manager, but --provider already reaches one out of process: give one or the other")
-				}
-				if machines.Kubeconfig == "" {
-					machines.Kubeconfig = kubeconfig
 				}
 				// Never stopped: the machines outlive the manager, as real
 				// ones outlive a controller.
@@ -150,7 +146,6 @@ logging "waiting for kube-apiserver", instead of exiting again.`,
 	addClientTLSFlags(fs, "provider-", &remoteOpts.TLS)
 	fs.DurationVar(&remoteOpts.Timeout, "provider-timeout", 0, "how long one call to an out-of-process provider may take (0: 30s)")
 	fs.StringVar(&machines.StateDir, "process-state-dir", "", `turn on the "process" provider, keeping its machines' state here`)
-	fs.StringVar(&machines.Kubeconfig, "process-kubeconfig", "", "kubeconfig the process provider's agents reach kube-apiserver with; empty means --kubeconfig")
 	fs.StringVar(&machines.AgentBinary, "process-agent-binary", "", "the machinist binary the agents run; empty means this one")
 	fs.Int32Var(&machines.LeaseDurationSeconds, "process-lease-duration-seconds", 0, "the agents' Node Lease duration (0: 40)")
 	fs.DurationVar(&machines.RenewInterval, "process-renew-interval", 0, "how often the agents renew their Node Leases (0: 10s)")

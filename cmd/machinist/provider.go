@@ -39,13 +39,12 @@ implementation; "conformance" checks any provider against the contract.`,
 
 func providerServeCommand() *cobra.Command {
 	var (
-		name       string
-		endpoint   string
-		kubeconfig string
-		tlsFiles   provider.TLSFiles
-		control    string
-		machines   process.Options
-		logs       logFlags
+		name     string
+		endpoint string
+		tlsFiles provider.TLSFiles
+		control  string
+		machines process.Options
+		logs     logFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "serve --provider inmemory|process --endpoint unix:///path/to.sock",
@@ -58,14 +57,14 @@ The process provider's machines are agent processes that outlive it; a
 new "serve" over the same --process-state-dir takes them over as it
 starts: it adopts the agents still running and boots the machines whose
 agents it had stopped (--process-exit-with-parent), and answers Probe as
-ready once it has. Serve one provider per state directory.`,
+ready once it has. Serve one provider per state directory.
+
+It needs no credentials for any cluster: each machine joins its own with
+the join data the manager hands over, and a repaired one deletes its old
+Node itself.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := logs.setUp(); err != nil {
-				return err
-			}
-			cfg, err := restConfig(kubeconfig)
-			if err != nil {
 				return err
 			}
 			ctx := ctrl.SetupSignalHandler()
@@ -75,9 +74,7 @@ ready once it has. Serve one provider per state directory.`,
 			)
 			switch name {
 			case inmemory.Name:
-				p, err := inmemory.New(inmemory.Options{
-					Config: cfg, LeaseDurationSeconds: machines.LeaseDurationSeconds, RenewInterval: machines.RenewInterval,
-				})
+				p, err := inmemory.New(inmemory.Options{LeaseDurationSeconds: machines.LeaseDurationSeconds, RenewInterval: machines.RenewInterval})
 				if err != nil {
 					return err
 				}
@@ -93,9 +90,6 @@ ready once it has. Serve one provider per state directory.`,
 			case process.Name:
 				if machines.StateDir == "" {
 					return fmt.Errorf("--provider process needs --process-state-dir")
-				}
-				if machines.Kubeconfig == "" {
-					machines.Kubeconfig = kubeconfig
 				}
 				p, err := process.New(machines)
 				if err != nil {
@@ -123,11 +117,9 @@ ready once it has. Serve one provider per state directory.`,
 	fs := cmd.Flags()
 	fs.StringVar(&name, "provider", "", "the built-in provider to serve: inmemory or process")
 	fs.StringVar(&endpoint, "endpoint", "", "where to serve: unix:///path/to.sock, or tcp://host:port with --tls-*")
-	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig the machines' Nodes are registered with; empty means in-cluster credentials")
 	addServerTLSFlags(fs, &tlsFiles)
 	fs.StringVar(&control, "inmemory-control", "", "unix:///path: also serve the inmemory provider's fault injection and books there, for tests")
 	fs.StringVar(&machines.StateDir, "process-state-dir", "", "the process provider's state directory")
-	fs.StringVar(&machines.Kubeconfig, "process-kubeconfig", "", "kubeconfig the process provider's agents use; empty means --kubeconfig")
 	fs.StringVar(&machines.AgentBinary, "process-agent-binary", "", "the machinist binary the agents run; empty means this one")
 	fs.BoolVar(&machines.ExitWithParent, "process-exit-with-parent", false, "kill the agents when this process dies (for machinist run, whose control plane dies with it)")
 	fs.Int32Var(&machines.LeaseDurationSeconds, "lease-duration-seconds", 0, "the machines' Node Lease duration (0: 40)")

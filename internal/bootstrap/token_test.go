@@ -229,6 +229,7 @@ func TestClusterRoleBindingsGrantWhatKubeadmGrants(t *testing.T) {
 		"system:node-bootstrapper": NodeGroup,
 		"system:certificates.k8s.io:certificatesigningrequests:nodeclient":     NodeGroup,
 		"system:certificates.k8s.io:certificatesigningrequests:selfnodeclient": "system:nodes",
+		"machinist:node-register-afresh":                                       "system:nodes",
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("bindings %v, want %v", got, want)

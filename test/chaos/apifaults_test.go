@@ -181,7 +181,7 @@ func TestScaleUpUnderLostCreateReplies(t *testing.T) {
 		// set's, but a kubelet silent for nodeGrace turns its Node
 		// Unknown, and on a slow machine filling the set takes longer
 		// than that.
-		provider, err := inmemory.New(inmemory.Options{Config: env.Config, LeaseDurationSeconds: 40, RenewInterval: nodeGrace / 2, Seed: r.seed})
+		provider, err := inmemory.New(inmemory.Options{LeaseDurationSeconds: 40, RenewInterval: nodeGrace / 2, Seed: r.seed})
 		r.must(err)
 		r.managerInProcess(p.Config(), provider, provider, manager.Options{QPS: 500, Burst: 1000})
 		r.createSet(0, nil)

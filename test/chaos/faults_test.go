@@ -120,7 +120,7 @@ var shortBackoff = lifecycle.Backoff{Base: 500 * time.Millisecond, Cap: 5 * time
 // provider itself.
 func TestProviderFaults(t *testing.T) {
 	forEachSeed(t, func(t *testing.T, r *run) {
-		provider, err := inmemory.New(inmemory.Options{Config: env.Config, LeaseDurationSeconds: agentLease, RenewInterval: agentRenew, Seed: r.seed})
+		provider, err := inmemory.New(inmemory.Options{LeaseDurationSeconds: agentLease, RenewInterval: agentRenew, Seed: r.seed})
 		r.must(err)
 		f := &flaky{Actuator: provider, rate: 0.3, latency: 300 * time.Millisecond, rng: rand.New(rand.NewPCG(r.seed, 7))}
 		r.managerInProcess(env.Config, provider, f, manager.Options{MachineWorkers: 8, MachineSetWorkers: 2, Backoff: shortBackoff})

@@ -54,8 +54,6 @@ func (r *run) startReplica(name string) *replica {
 		log:     filepath.Join(r.dir, name+".log"),
 		args: []string{"manager",
 			"--kubeconfig=" + r.managerKubeconfig(),
-			// The agents, as kubelets, reach kube-apiserver directly.
-			"--process-kubeconfig=" + env.Kubeconfig,
 			"--leader-elect", "--leader-election-namespace=" + leaseNamespace,
 			"--leader-elect-lease-duration=" + leaseDuration.String(),
 			"--leader-elect-renew-deadline=" + renewDeadline.String(),

@@ -161,7 +161,7 @@ func TestProviderOverTCPWithMutualTLS(t *testing.T) {
 	// Port 0: the provider picks its port and logs it, so that no other
 	// test's server can take it between choosing and listening.
 	served := machinist(t, "provider", "serve", "--provider=inmemory", "--endpoint=tcp://127.0.0.1:0",
-		"--kubeconfig", env.Kubeconfig, "--tls-cert", serverCert, "--tls-key", serverKey, "--tls-client-ca", caFile, "--log-format=json")
+		"--tls-cert", serverCert, "--tls-key", serverKey, "--tls-client-ca", caFile, "--log-format=json")
 	address := regexp.MustCompile(`"address":"(127\.0\.0\.1:[0-9]+)"`)
 	g.Eventually(func() string { return address.FindString(served.output()) }).WithTimeout(30*time.Second).ShouldNot(BeEmpty(), served.output)
 	endpoint := "tcp://" + address.FindStringSubmatch(served.output())[1]

@@ -165,7 +165,7 @@ func nothingLeft(t *testing.T, p *inmemory.Provider, namespace string) {
 // newInmemory starts an in-process inmemory provider for one test.
 func newInmemory(t *testing.T) *inmemory.Provider {
 	t.Helper()
-	p, err := inmemory.New(inmemory.Options{Config: env.Config, LeaseDurationSeconds: 10, RenewInterval: 2 * time.Second})
+	p, err := inmemory.New(inmemory.Options{LeaseDurationSeconds: 10, RenewInterval: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
