@@ -81,13 +81,15 @@ func TestProviderSidecar(t *testing.T) {
 		for _, a := range args {
 			out = append(out, strings.ReplaceAll(a, socketDir, local))
 		}
-		return append(out, "--kubeconfig", env.Kubeconfig)
+		return out
 	}
+	// The provider holds no cluster credentials; only the manager is
+	// given the test cluster's kubeconfig, in place of a pod's own.
 	sidecar := machinist(t, here(provider.Args)...)
 	// The manager's own flags, without leader election and ports, which
 	// other tests cover.
 	var managerArgs []string
-	for _, a := range here(manager.Args) {
+	for _, a := range append(here(manager.Args), "--kubeconfig", env.Kubeconfig) {
 		if strings.HasPrefix(a, "--leader-elect") || strings.HasPrefix(a, "--leader-election") ||
 			strings.HasPrefix(a, "--metrics-bind-address") || strings.HasPrefix(a, "--health-probe-bind-address") {
 			continue
