@@ -15,6 +15,7 @@ package nodeagent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -267,7 +268,15 @@ func (a *Agent) register(ctx context.Context, bootID string) (*corev1.Node, erro
 			}
 		}
 		a.setStatus(&current.Status, bootID, now)
-		node, err = nodes.UpdateStatus(ctx, current, metav1.UpdateOptions{})
+		// A patch of the status alone, as a kubelet sends: a whole Node
+		// sent back would carry the spec as this Get saw it, and were its
+		// taints changed meanwhile (a cordon), NodeRestriction would
+		// refuse a node that seems to modify its own taints.
+		patch, err := json.Marshal(map[string]any{"status": current.Status})
+		if err != nil {
+			return err
+		}
+		node, err = nodes.PatchStatus(ctx, a.cfg.NodeName, patch)
 		return err
 	})
 	return node, err
