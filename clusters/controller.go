@@ -155,16 +155,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 func (r *Reconciler) connect(ctx context.Context, wc *machinistv1.WorkloadCluster, needed bool) reconcile.Result {
 	key := client.ObjectKeyFromObject(wc)
 	now := r.now()
+	if r.Registry.Has(key) && !r.due(key, now) {
+		// Woken by a Machine's arrival or going: nothing to do before
+		// the next probe, not even reading the Secret (a scale-up of
+		// thousands wakes this once per Machine).
+		return reconcile.Result{RequeueAfter: r.untilProbe(key, now)}
+	}
 	kubeconfig, readErr := r.kubeconfig(ctx, wc)
 	connected := readErr == nil && r.Registry.Connected(key, kubeconfig)
 	if !needed && !connected {
 		setReachable(wc, metav1.ConditionUnknown, machinistv1.ReasonNoMachines,
 			"no Machine serves this cluster yet; the manager connects when one does")
 		return reconcile.Result{}
-	}
-	if connected && !r.due(key, now) {
-		// Woken by a Machine: nothing to do before the next probe.
-		return reconcile.Result{RequeueAfter: r.untilProbe(key, now)}
 	}
 	r.mu.Lock()
 	if r.probed == nil {

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -163,6 +164,15 @@ func (r *Registry) OnConnect(fn func(context.Context, types.NamespacedName, cach
 	}
 }
 
+// Has reports whether the registry holds a connection to the cluster,
+// whatever kubeconfig it was made from.
+func (r *Registry) Has(key types.NamespacedName) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.conns[key]
+	return ok
+}
+
 // Connected reports whether the registry holds a working connection to
 // the cluster made from this kubeconfig.
 func (r *Registry) Connected(key types.NamespacedName, kubeconfig []byte) bool {
@@ -183,22 +193,27 @@ func (r *Registry) Connect(ctx context.Context, key types.NamespacedName, kubeco
 	}
 	c, err := r.connect(ctx, key, kubeconfig)
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if err != nil {
 		nc, ok := nodes.NotConnected(err)
 		if !ok {
 			nc = &nodes.NotConnectedError{Cluster: key, Reason: machinistv1.ReasonUnreachable, Err: err}
 		}
 		r.failed[key] = nc
+		r.mu.Unlock()
 		return nc
 	}
 	delete(r.failed, key)
-	if old, ok := r.conns[key]; ok {
-		defer old.close()
-	}
+	old, replaced := r.conns[key]
 	r.conns[key] = c
-	for _, fn := range r.hooks {
-		if err := fn(r.ctx, key, c.cache); err != nil {
+	hooks, parent := slices.Clone(r.hooks), r.ctx
+	r.mu.Unlock()
+	// Outside the lock: every Machine's reconcile asks For, and must not
+	// wait while controllers add their watches or an old cache stops.
+	if replaced {
+		old.close()
+	}
+	for _, fn := range hooks {
+		if err := fn(parent, key, c.cache); err != nil {
 			// The connection serves reads and writes; a controller
 			// that could not watch it still polls its Machines.
 			ctrllog.FromContext(ctx).Error(err, "watching a workload cluster", "cluster", key)
