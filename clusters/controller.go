@@ -144,7 +144,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 	}
 	before := wc.Status.DeepCopy()
-	result := r.connect(ctx, wc, len(machines) > 0)
+	result := r.connect(ctx, wc, len(machines))
 	wc.Status.ObservedGeneration = wc.Generation
 	return result, r.writeStatus(ctx, wc, before)
 }
@@ -152,7 +152,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 // connect brings the cluster's connection and status up to date: it
 // connects once a Machine needs the cluster, probes a connected one each
 // probe period, and backs off after a failure.
-func (r *Reconciler) connect(ctx context.Context, wc *machinistv1.WorkloadCluster, needed bool) reconcile.Result {
+func (r *Reconciler) connect(ctx context.Context, wc *machinistv1.WorkloadCluster, machines int) reconcile.Result {
+	needed := machines > 0
 	key := client.ObjectKeyFromObject(wc)
 	now := r.now()
 	if r.Registry.Has(key) && !r.due(key, now) {
@@ -205,10 +206,7 @@ func (r *Reconciler) connect(ctx context.Context, wc *machinistv1.WorkloadCluste
 	}
 	setReachable(wc, metav1.ConditionTrue, machinistv1.ReasonClusterConnected, "the manager reads the cluster's API")
 	wc.Status.Server, wc.Status.Version, wc.Status.Nodes = p.Server, p.Version, ptr.To(int32(p.Nodes))
-	machines, err := r.machines(ctx, wc)
-	if err == nil {
-		wc.Status.Machines = ptr.To(int32(len(machines)))
-	}
+	wc.Status.Machines = ptr.To(int32(machines))
 	return reconcile.Result{RequeueAfter: r.probePeriod()}
 }
 
