@@ -89,11 +89,16 @@ func SetCABundle(ctx context.Context, c client.Client, name string, caBundle []b
 	return nil
 }
 
-// RegisterLocal creates or updates the namespace, the LocalService and the
-// APIService for a verbs server on this host, then waits until
-// kube-apiserver reports the APIService Available: the first checks often
-// fail while the server loads the front-proxy CA.
-func RegisterLocal(ctx context.Context, c client.Client, service types.NamespacedName, port int32, caBundle []byte, timeout time.Duration) error {
+// RegisterLocal registers s, running on this host, with the kube-apiserver
+// c talks to: once s can authenticate what the aggregator forwards (the
+// aggregator would otherwise meet refusals, which s logs as errors), it
+// creates or updates the namespace, the LocalService and the APIService,
+// then waits until kube-apiserver reports the APIService Available.
+func (s *Server) RegisterLocal(ctx context.Context, c client.Client, service types.NamespacedName, timeout time.Duration) error {
+	if err := s.WaitReady(ctx, timeout); err != nil {
+		return err
+	}
+	port, caBundle := int32(s.Port), s.CABundle
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: service.Namespace}}
 	if err := c.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err

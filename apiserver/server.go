@@ -11,22 +11,26 @@ package apiserver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/user"
 	openapinamer "k8s.io/apiserver/pkg/endpoints/openapi"
 	"k8s.io/apiserver/pkg/registry/rest"
 	genericapiserver "k8s.io/apiserver/pkg/server"
+	"k8s.io/apiserver/pkg/server/healthz"
 	"k8s.io/apiserver/pkg/server/options"
 	restclient "k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -75,6 +79,9 @@ type Server struct {
 	CABundle []byte
 	// Port is the port it listens on.
 	Port int
+	// frontProxyCA is the CA kube-apiserver's aggregator signs its
+	// client certificate with, as the server has loaded it so far.
+	frontProxyCA func() []byte
 }
 
 var (
@@ -136,6 +143,20 @@ func New(opts Options) (*Server, error) {
 	// The delegating options always let anonymous requests through (their
 	// Anonymous setting is not applied); only health checks may be.
 	cfg.Authentication.Authenticator = identified{cfg.Authentication.Authenticator}
+	if cfg.Authentication.RequestHeaderConfig == nil {
+		return nil, fmt.Errorf("delegated authentication: kube-apiserver publishes no requestheader-client-ca-file in kube-system/extension-apiserver-authentication; it must run with --requestheader-client-ca-file for aggregated APIs to work")
+	}
+	frontProxyCA := cfg.Authentication.RequestHeaderConfig.CAContentProvider.CurrentCABundleContent
+	// The front proxy's CA is read from a ConfigMap by an informer that
+	// starts with the server: until it has synced, every request the
+	// aggregator forwards fails authentication. Not ready until then, so
+	// that a Service sends it nothing.
+	cfg.AddReadyzChecks(healthz.NamedCheck("front-proxy-ca", func(*http.Request) error {
+		if len(frontProxyCA()) == 0 {
+			return errNoFrontProxyCA
+		}
+		return nil
+	}))
 	if err := authz.ApplyTo(&cfg.Authorization); err != nil {
 		return nil, fmt.Errorf("delegated authorization: %w", err)
 	}
@@ -174,7 +195,22 @@ func New(opts Options) (*Server, error) {
 	if err := generic.InstallAPIGroup(&group); err != nil {
 		return nil, fmt.Errorf("installing %s: %w", subresourcesv1.GroupName, err)
 	}
-	return &Server{generic: generic, CABundle: caBundle, Port: serving.BindPort}, nil
+	return &Server{generic: generic, CABundle: caBundle, Port: serving.BindPort, frontProxyCA: frontProxyCA}, nil
+}
+
+var errNoFrontProxyCA = errors.New("the front proxy's CA (requestheader-client-ca-file) is not loaded yet")
+
+// WaitReady waits until the running server can authenticate the requests
+// kube-apiserver's aggregator forwards to it, the condition its readyz
+// check reports.
+func (s *Server) WaitReady(ctx context.Context, timeout time.Duration) error {
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		return len(s.frontProxyCA()) > 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("the verbs server is not ready after %s: %w (%w)", timeout, errNoFrontProxyCA, err)
+	}
+	return nil
 }
 
 // Run serves until ctx is done.
@@ -262,8 +298,24 @@ type identified struct {
 // AuthenticateRequest implements authenticator.Request.
 func (a identified) AuthenticateRequest(req *http.Request) (*authenticator.Response, bool, error) {
 	resp, ok, err := a.Request.AuthenticateRequest(req)
+	if err != nil {
+		return resp, ok, fmt.Errorf("%w (%s)", err, sender(req))
+	}
 	if ok && resp.User.GetName() == user.Anonymous && !healthPaths[req.URL.Path] {
 		return nil, false, nil
 	}
 	return resp, ok, err
+}
+
+// sender says who sent a request that failed authentication: the log line
+// kube-apiserver's libraries write for it names only the certificate's
+// serial number, which does not tell an operator (or a test) whether the
+// aggregator, a misconfigured client or a stranger on the port sent it.
+func sender(req *http.Request) string {
+	from := "from " + req.RemoteAddr
+	if req.TLS == nil || len(req.TLS.PeerCertificates) == 0 {
+		return from + ", without a client certificate"
+	}
+	c := req.TLS.PeerCertificates[0]
+	return fmt.Sprintf("%s, client certificate %q issued by %q", from, c.Subject.String(), c.Issuer.String())
 }

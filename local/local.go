@@ -230,7 +230,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	}
 	verbsDone := background(runCtx, verbs.Run)
 	defer func() { cancel(); err = errors.Join(err, <-verbsDone) }()
-	if err := apiserver.RegisterLocal(ctx, c, VerbsService, int32(verbs.Port), verbs.CABundle, 2*time.Minute); err != nil {
+	if err := verbs.RegisterLocal(ctx, c, VerbsService, 2*time.Minute); err != nil {
 		return err
 	}
 

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"path/filepath"
 	"time"
@@ -46,7 +47,7 @@ func (e *Env) StartVerbsVia(kubeconfig string) (*Verbs, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	v := &Verbs{Server: srv, env: e, cancel: cancel, done: make(chan error, 1)}
 	go func() { v.done <- srv.Run(ctx) }()
-	if err := apiserver.RegisterLocal(ctx, e.Client, VerbsService, int32(srv.Port), srv.CABundle, time.Minute); err != nil {
+	if err := srv.RegisterLocal(ctx, e.Client, VerbsService, time.Minute); err != nil {
 		return nil, errors.Join(err, v.Stop())
 	}
 	return v, nil
@@ -63,4 +64,12 @@ func (v *Verbs) Stop() error {
 		err = nil
 	}
 	return errors.Join(unregister, err)
+}
+
+// FrontProxyClient is the client certificate kube-apiserver's aggregator
+// presents to the verbs server, for tests that speak to the server as the
+// aggregator does.
+func (e *Env) FrontProxyClient() (tls.Certificate, error) {
+	dir := filepath.Join(e.dir, "front-proxy")
+	return tls.LoadX509KeyPair(filepath.Join(dir, "client.crt"), filepath.Join(dir, "client.key"))
 }

@@ -34,13 +34,22 @@ type CA struct {
 	Key  crypto.Signer
 }
 
-// NewCA makes a self-signed CA named cn.
+// NewCA makes a self-signed CA named cn@<random>, as kube-apiserver names
+// the CAs it makes for itself. No two CAs share a name: a TLS client offers
+// its certificate only to a server that lists the certificate's issuer,
+// by name, as one it accepts, so a client of another control plane on this
+// host that reaches a port its own server once had offers none, instead
+// of one that fails verification and is logged as an error.
 func NewCA(cn string) (*CA, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
 	}
-	c, err := cert.NewSelfSignedCACert(cert.Config{CommonName: cn}, key)
+	suffix := make([]byte, 6)
+	if _, err := rand.Read(suffix); err != nil {
+		return nil, err
+	}
+	c, err := cert.NewSelfSignedCACert(cert.Config{CommonName: fmt.Sprintf("%s@%x", cn, suffix)}, key)
 	if err != nil {
 		return nil, err
 	}

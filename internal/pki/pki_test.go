@@ -3,6 +3,7 @@ package pki
 import (
 	"crypto/x509"
 	"net"
+	"strings"
 	"testing"
 
 	"k8s.io/client-go/util/cert"
@@ -55,5 +56,26 @@ func TestIssuedCertificatesVerifyAgainstTheirCA(t *testing.T) {
 		if _, err := certs[0].Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{other}}); err == nil {
 			t.Errorf("%s verifies for the wrong usage", tc.req.CommonName)
 		}
+	}
+}
+
+// Two CAs made with the same name are still told apart by name: clients
+// choose which certificate to offer by the issuer's name alone.
+func TestCANamesAreUnique(t *testing.T) {
+	a, err := NewCA("front-proxy-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewCA("front-proxy-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ca := range []*CA{a, b} {
+		if !strings.HasPrefix(ca.Cert.Subject.CommonName, "front-proxy-ca@") {
+			t.Errorf("CA named %q, want front-proxy-ca@<suffix>", ca.Cert.Subject.CommonName)
+		}
+	}
+	if a.Cert.Subject.String() == b.Cert.Subject.String() {
+		t.Errorf("two CAs share the name %q", a.Cert.Subject)
 	}
 }
