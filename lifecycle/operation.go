@@ -64,7 +64,7 @@ func (r *Reconciler) callProvider(ctx context.Context, s *step) outcome {
 	case machinistv1.OperationRepair:
 		event, doing = phases.Repair, "repairing"
 		if req.Join, err = r.join(ctx, s); err != nil {
-			return r.retry(s, machinistv1.ReasonProviderError, err)
+			return r.joinFailed(s, machinistv1.ReasonProviderError, err)
 		}
 		err = act.Repair(ctx, m.Status.ProviderID, req)
 	case machinistv1.OperationUpdate:

@@ -35,7 +35,7 @@ func (r *Reconciler) create(ctx context.Context, s *step) outcome {
 	}
 	join, err := r.join(ctx, s)
 	if err != nil {
-		return r.retry(s, machinistv1.ReasonCreateError, err)
+		return r.joinFailed(s, machinistv1.ReasonCreateError, err)
 	}
 	id, err := act.Create(ctx, m, s.class, join)
 	if actuators.IsPermanent(err) {
@@ -61,6 +61,16 @@ func (r *Reconciler) join(ctx context.Context, s *step) (bootstrap.Join, error) 
 		return bootstrap.Join{}, fmt.Errorf("making the join data for machine %s/%s: %w", s.m.Namespace, s.m.Name, err)
 	}
 	return j, nil
+}
+
+// joinFailed retries a Machine whose join data could not be made: under
+// ClusterUnreachable when its cluster did not answer (the cluster's fault,
+// which the Machine waits out), under reason otherwise.
+func (r *Reconciler) joinFailed(s *step, reason string, err error) outcome {
+	if nodes.Unreachable(err) {
+		reason = machinistv1.ReasonClusterUnreachable
+	}
+	return r.retry(s, reason, err)
 }
 
 // joinSlack outlives a token beyond the deadline it serves, so that a

@@ -10,6 +10,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -17,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -68,6 +71,21 @@ func NotConnected(err error) (*NotConnectedError, bool) {
 	var nc *NotConnectedError
 	ok := errors.As(err, &nc)
 	return nc, ok
+}
+
+// Unreachable reports whether err says that a cluster did not answer, or
+// answered that it cannot serve now (503, a server timeout), rather than
+// refusing the request: the connection's fault, not the request's. A
+// Machine whose cluster stopped answering after it was connected meets
+// this before the next probe marks the cluster Unreachable.
+func Unreachable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var netErr net.Error
+	return errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, context.DeadlineExceeded) || utilnet.IsConnectionRefused(err) || utilnet.IsConnectionReset(err) ||
+		apierrors.IsServiceUnavailable(err) || apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err)
 }
 
 // Cluster is what the controllers do on the Node side of a Machine.

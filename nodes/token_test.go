@@ -1,0 +1,123 @@
+package nodes_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/bootstrap"
+	"github.com/machinist-dev/machinist/nodes"
+	"github.com/machinist-dev/machinist/testenv"
+)
+
+// A Machine's bootstrap token lives in the API, not in the manager: a
+// manager killed after it made the token and before the provider was asked
+// to create the instance (or one whose reply was lost) finds the same
+// token at its next look, and makes no second one. A token of another
+// Machine that happens to hold its ID is left alone; one too close to its
+// expiry is replaced; Joined deletes them all.
+func TestAMachinesTokenIsFoundAgainAfterARestart(t *testing.T) {
+	w, err := testenv.StartWith(testenv.Options{Workload: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Stop() })
+	ctx := context.Background()
+	kube := kubernetes.NewForConfigOrDie(w.Config)
+	manager := func() *nodes.API { return &nodes.API{Kube: kube, Server: w.Config.Host} }
+	m := &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "m", UID: "6a1f0c3e-0000-4000-8000-000000000001"}}
+	tokens := func() []corev1.Secret {
+		list, err := kube.CoreV1().Secrets(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{LabelSelector: nodes.TokenMachineLabel + "=" + string(m.UID)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return list.Items
+	}
+
+	first, err := manager().Join(ctx, m, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The manager is gone; a new one, with nothing in memory, looks again.
+	again, err := manager().Join(ctx, m, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Token != first.Token {
+		t.Errorf("a restarted manager made a second token: %s, then %s", first.Token, again.Token)
+	}
+	if n := len(tokens()); n != 1 {
+		t.Errorf("%d token Secrets for one Machine, want 1", n)
+	}
+
+	// A token that is not the Machine's (a person's, another Machine's)
+	// on its first ID: the Machine moves to its next ID and leaves that
+	// token alone.
+	other := &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "other", UID: "6a1f0c3e-0000-4000-8000-000000000002"}}
+	taken, err := manager().Join(ctx, other, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := manager().Joined(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	squatter, err := bootstrap.ParseToken(taken.Token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kube.CoreV1().Secrets(metav1.NamespaceSystem).Create(ctx,
+		bootstrap.TokenSecret(squatter, bootstrap.TokenOptions{Expiration: time.Now().Add(time.Hour), Description: "a person's"}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	theirs, err := manager().Join(ctx, other, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if theirs.Token == squatter.Value() || strings.HasPrefix(theirs.Token, squatter.ID+".") {
+		t.Fatalf("Machine %s was handed a token that is not its own: %s", other.Name, theirs.Token)
+	}
+
+	// Too close to its expiry to join with: replaced by a new token.
+	mine, err := bootstrap.ParseToken(first.Token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kube.CoreV1().Secrets(metav1.NamespaceSystem).Delete(ctx, mine.SecretName(), metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := manager().Join(ctx, m, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := manager().Join(ctx, m, time.Hour); err == nil || !strings.Contains(err.Error(), "had expired") {
+		t.Fatalf("a token with 30s left was handed out again: %v", err)
+	}
+	fresh, err := manager().Join(ctx, m, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fresh.Token == first.Token {
+		t.Error("the replaced token came back")
+	}
+
+	if err := manager().Joined(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(tokens()); n != 0 {
+		t.Errorf("%d token Secrets left after Joined", n)
+	}
+	for _, tok := range []string{theirs.Token, squatter.Value()} {
+		parsed, err := bootstrap.ParseToken(tok)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kube.CoreV1().Secrets(metav1.NamespaceSystem).Get(ctx, parsed.SecretName(), metav1.GetOptions{}); err != nil {
+			t.Errorf("Joined of one Machine touched a token not its own: %v", err)
+		}
+	}
+}
