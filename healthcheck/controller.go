@@ -89,6 +89,10 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 			builder.WithPredicates(machineChanged())).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.checksForNode),
 			builder.WithPredicates(nodeChanged())).
+		// A cluster that went away leaves its Nodes as they were last
+		// seen, with no event to wake a check: its reachability does.
+		Watches(&machinistv1.WorkloadCluster{}, handler.EnqueueRequestsFromMapFunc(r.checksInNamespace),
+			builder.WithPredicates(wake.OnReachabilityChange())).
 		WithOptions(opts).
 		Named("machinehealthcheck").
 		Build(r)
@@ -150,6 +154,9 @@ type pass struct {
 	slots int
 	// held says why no remediation may start ("" when they may).
 	held string
+	// down is, by WorkloadCluster name, why a cluster is found down
+	// (nil: it is not), for this pass.
+	down map[string]*nodes.NotConnectedError
 	// allows asks the disruption budgets whether a remediation of a
 	// Machine may start now, recording nothing: nil when they allow it.
 	allows func(*machinistv1.Machine) (*disruption.Refusal, error)
@@ -162,9 +169,9 @@ type target struct {
 	m      *machinistv1.Machine
 	before *machinistv1.MachineStatus
 	node   *corev1.Node
-	// unseen: the Machine's cluster cannot be reached, so its Node is
-	// not judged.
-	unseen bool
+	// unseen: the Machine's cluster cannot be reached (or is being
+	// connected), so its Node is not judged.
+	unseen *nodes.NotConnectedError
 	v      verdict
 	fsm    *ladder
 	notes  []note
@@ -232,12 +239,23 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		t := &target{m: m, before: m.Status.DeepCopy(), fsm: newFSM(m)}
 		if m.Status.Phase == machinistv1.MachineRunning {
 			cluster, err := r.Nodes.For(ctx, m)
-			if _, ok := nodes.NotConnected(err); ok {
+			if nc, ok := nodes.NotConnected(err); ok {
 				// Its Node cannot be seen: nothing is known of its
 				// health, and nothing is held against it.
-				cluster, t.unseen = nil, true
+				cluster, t.unseen = nil, nc
 			} else if err != nil {
 				return reconcile.Result{}, err
+			}
+			if cluster != nil && m.Spec.ClusterName != "" {
+				// Connected, but found down since: the cache shows its
+				// Nodes as they were last seen, which says nothing of
+				// them now.
+				if t.unseen, err = r.down(ctx, p, m); err != nil {
+					return reconcile.Result{}, err
+				}
+				if t.unseen != nil {
+					cluster = nil
+				}
 			}
 			if cluster != nil {
 				if t.node, err = cluster.Node(ctx, m.Status.ProviderID); err != nil {
@@ -245,7 +263,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 				}
 			}
 		}
-		if operation.InFlight(m.Status.Operation) || t.unseen {
+		if operation.InFlight(m.Status.Operation) || t.unseen != nil {
 			// Not judged until the operation ends: a Machine whose
 			// reboot is recorded but not yet begun still looks as it did,
 			// and a verdict written now would only race the Machine
@@ -374,6 +392,7 @@ func (r *Reconciler) write(ctx context.Context, p *pass, t *target) error {
 		}
 	}
 	setCondition(m, t.v, p)
+	setUnseen(m, t.unseen, p)
 	setRemediating(m)
 	if !equality.Semantic.DeepEqual(t.before, &m.Status) {
 		if err := r.Client.Status().Update(ctx, m); err != nil {
@@ -454,6 +473,45 @@ func setCondition(m *machinistv1.Machine, v verdict, p *pass) {
 	meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
 		Type: machinistv1.ConditionHealthCheckSucceeded, Status: status, Reason: v.reason,
 		Message: fmt.Sprintf("%s (machinehealthcheck %s)", v.message, p.hc.Name), ObservedGeneration: m.Generation,
+	})
+}
+
+// down returns why the WorkloadCluster of m, connected before, cannot be
+// reached now, as its Reachable condition says; nil while it can. One
+// read per cluster and pass.
+func (r *Reconciler) down(ctx context.Context, p *pass, m *machinistv1.Machine) (*nodes.NotConnectedError, error) {
+	if nc, ok := p.down[m.Spec.ClusterName]; ok {
+		return nc, nil
+	}
+	wc := &machinistv1.WorkloadCluster{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: m.Spec.ClusterName}, wc); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	var nc *nodes.NotConnectedError
+	if c := meta.FindStatusCondition(wc.Status.Conditions, machinistv1.WorkloadClusterReachable); c != nil &&
+		c.Status == metav1.ConditionFalse && c.Reason != machinistv1.ReasonClusterConnecting {
+		nc = &nodes.NotConnectedError{Cluster: client.ObjectKeyFromObject(wc), Reason: c.Reason, Err: errors.New(c.Message)}
+	}
+	if p.down == nil {
+		p.down = map[string]*nodes.NotConnectedError{}
+	}
+	p.down[m.Spec.ClusterName] = nc
+	return nc, nil
+}
+
+// setUnseen says on the HealthCheckSucceeded condition why a Machine whose
+// cluster cannot be reached is not judged. Not while the first connection
+// is being made: a manager's start would otherwise write every Machine of
+// every workload cluster twice.
+func setUnseen(m *machinistv1.Machine, nc *nodes.NotConnectedError, p *pass) {
+	if nc == nil || nc.Err == nil {
+		return
+	}
+	meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
+		Type: machinistv1.ConditionHealthCheckSucceeded, Status: metav1.ConditionUnknown, Reason: machinistv1.ReasonClusterUnreachable,
+		Message: fmt.Sprintf("WorkloadCluster %s is not reachable (%s): its Node is not judged, and nothing is held against it (machinehealthcheck %s)",
+			nc.Cluster.Name, nc.Reason, p.hc.Name),
+		ObservedGeneration: m.Generation,
 	})
 }
 

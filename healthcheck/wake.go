@@ -107,3 +107,19 @@ func (r *Reconciler) checksForNode(ctx context.Context, o client.Object) []recon
 	}
 	return reqs
 }
+
+// checksInNamespace maps a WorkloadCluster to every health check in its
+// namespace, the only ones that can select its Machines; a namespace has
+// few.
+func (r *Reconciler) checksInNamespace(ctx context.Context, o client.Object) []reconcile.Request {
+	var list machinistv1.MachineHealthCheckList
+	if err := r.Client.List(ctx, &list, client.InNamespace(o.GetNamespace())); err != nil {
+		log.FromContext(ctx).Error(err, "mapping a WorkloadCluster to the health checks of its namespace", "workloadCluster", o.GetName())
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for i := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+	}
+	return reqs
+}

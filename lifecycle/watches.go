@@ -6,7 +6,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -23,6 +22,7 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/internal/index"
+	"github.com/machinist-dev/machinist/internal/wake"
 	"github.com/machinist-dev/machinist/nodes"
 )
 
@@ -48,7 +48,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 			builder.WithPredicates(disruption.Freed())).
 		Watches(&machinistv1.MachineDeployment{}, r.templateChanged()).
 		Watches(&machinistv1.WorkloadCluster{}, handler.EnqueueRequestsFromMapFunc(r.machinesOfCluster),
-			builder.WithPredicates(reachabilityChanged())).
+			builder.WithPredicates(wake.OnReachabilityChange())).
 		WithOptions(opts).
 		Named("machine").
 		Build(r)
@@ -70,17 +70,6 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 // for the first time looks again, should the WorkloadCluster's change be
 // missed.
 const connectingPoll = 5 * time.Second
-
-// reachabilityChanged passes a WorkloadCluster whose Reachable condition
-// changed: its Machines may go on, or must wait.
-func reachabilityChanged() predicate.Funcs {
-	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
-		o, n := e.ObjectOld.(*machinistv1.WorkloadCluster), e.ObjectNew.(*machinistv1.WorkloadCluster)
-		oc := meta.FindStatusCondition(o.Status.Conditions, machinistv1.WorkloadClusterReachable)
-		nc := meta.FindStatusCondition(n.Status.Conditions, machinistv1.WorkloadClusterReachable)
-		return (oc == nil) != (nc == nil) || (nc != nil && (oc.Status != nc.Status || oc.Reason != nc.Reason))
-	}}
-}
 
 func (r *Reconciler) machinesOfCluster(ctx context.Context, o client.Object) []reconcile.Request {
 	return r.machinesMatching(ctx, "WorkloadCluster "+o.GetName(), client.InNamespace(o.GetNamespace()),

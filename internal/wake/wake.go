@@ -8,9 +8,12 @@ package wake
 import (
 	"maps"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 )
 
 // OnChangeByOthers passes creates, deletes and the updates that people and
@@ -30,4 +33,22 @@ func changedByOthers(o, n client.Object) bool {
 		(od == nil) != (nd == nil) ||
 		!maps.Equal(o.GetLabels(), n.GetLabels()) ||
 		!maps.Equal(o.GetAnnotations(), n.GetAnnotations())
+}
+
+// OnReachabilityChange passes a WorkloadCluster whose Reachable condition
+// changed (its status or reason): the Machines of a cluster that came back
+// may go on, and those of a cluster that went away must wait. The
+// cluster's other status writes (its Node count, a probe's time) are
+// dropped.
+func OnReachabilityChange() predicate.Funcs {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		o, ok := e.ObjectOld.(*machinistv1.WorkloadCluster)
+		n, ok2 := e.ObjectNew.(*machinistv1.WorkloadCluster)
+		if !ok || !ok2 {
+			return true
+		}
+		oc := meta.FindStatusCondition(o.Status.Conditions, machinistv1.WorkloadClusterReachable)
+		nc := meta.FindStatusCondition(n.Status.Conditions, machinistv1.WorkloadClusterReachable)
+		return (oc == nil) != (nc == nil) || (nc != nil && (oc.Status != nc.Status || oc.Reason != nc.Reason))
+	}}
 }

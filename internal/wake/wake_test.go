@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -40,5 +41,37 @@ func TestOnChangeByOthers(t *testing.T) {
 	}
 	if !p.Create(event.CreateEvent{Object: base}) || !p.Delete(event.DeleteEvent{Object: base}) {
 		t.Error("creates and deletes must wake the controller")
+	}
+}
+
+func TestOnReachabilityChange(t *testing.T) {
+	reachable := func(status metav1.ConditionStatus, reason string) *machinistv1.WorkloadCluster {
+		wc := &machinistv1.WorkloadCluster{ObjectMeta: metav1.ObjectMeta{Name: "w"}}
+		if status != "" {
+			wc.Status.Conditions = []metav1.Condition{{Type: machinistv1.WorkloadClusterReachable, Status: status, Reason: reason}}
+		}
+		return wc
+	}
+	up := reachable(metav1.ConditionTrue, machinistv1.ReasonClusterConnected)
+	counted := up.DeepCopy()
+	counted.Status.Nodes = ptr.To[int32](7)
+	cases := []struct {
+		name     string
+		old, new *machinistv1.WorkloadCluster
+		wake     bool
+	}{
+		{"a probe's count", up, counted, false},
+		{"first said", reachable("", ""), up, true},
+		{"went away", up, reachable(metav1.ConditionFalse, machinistv1.ReasonUnreachable), true},
+		{"another reason", reachable(metav1.ConditionFalse, machinistv1.ReasonUnreachable), reachable(metav1.ConditionFalse, machinistv1.ReasonKubeconfigInvalid), true},
+		{"came back", reachable(metav1.ConditionFalse, machinistv1.ReasonUnreachable), up, true},
+	}
+	p := OnReachabilityChange()
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := p.Update(event.UpdateEvent{ObjectOld: c.old, ObjectNew: c.new}); got != c.wake {
+				t.Errorf("wakes = %v, want %v", got, c.wake)
+			}
+		})
 	}
 }
