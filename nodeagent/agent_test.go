@@ -79,17 +79,6 @@ func start(t *testing.T, cfg nodeagent.Config) (*nodeagent.Agent, func()) {
 	return agent, crash
 }
 
-func startHub(t *testing.T) *nodeagent.Pods {
-	t.Helper()
-	hub := nodeagent.NewPods(clientset, 2)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = hub.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	NewWithT(t).Eventually(hub.HasSynced).WithTimeout(wait).Should(BeTrue())
-	return hub
-}
-
 func getNode(g Gomega, name string) *corev1.Node {
 	n, err := clientset.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
 	g.Expect(err).NotTo(HaveOccurred())
@@ -292,16 +281,15 @@ func podReady(p *corev1.Pod) bool {
 	return false
 }
 
-// testPods checks that agents run the pods bound to their own Node and
-// finish deleting them, and leave everyone else's pods alone.
-func testPods(t *testing.T, hub *nodeagent.Pods, prefix string) {
+// Agents run the pods bound to their own Node and finish deleting them,
+// and leave everyone else's pods alone.
+func TestAgentsRunTheirOwnPodsAlone(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
+	const prefix = "pods"
 	nodeA, nodeB := prefix+"-a", prefix+"-b"
-	start(t, nodeagent.Config{NodeName: nodeA, ProviderID: "test:///" + nodeA, Version: "v1.37.2", Pods: hub})
-	if hub != nil {
-		start(t, nodeagent.Config{NodeName: nodeB, ProviderID: "test:///" + nodeB, Version: "v1.37.2", Pods: hub})
-	}
+	start(t, nodeagent.Config{NodeName: nodeA, ProviderID: "test:///" + nodeA, Version: "v1.37.2"})
+	start(t, nodeagent.Config{NodeName: nodeB, ProviderID: "test:///" + nodeB, Version: "v1.37.2"})
 	pods := clientset.CoreV1().Pods(metav1.NamespaceDefault)
 	for _, p := range []*corev1.Pod{newPod(prefix+"-on-a", nodeA), newPod(prefix+"-on-b", nodeB), newPod(prefix+"-elsewhere", prefix+"-nobody")} {
 		_, err := pods.Create(ctx, p, metav1.CreateOptions{})
@@ -331,13 +319,11 @@ func testPods(t *testing.T, hub *nodeagent.Pods, prefix string) {
 		g.Expect(p.Status.ContainerStatuses).To(HaveLen(2))
 		g.Expect(p.Status.ContainerStatuses).To(HaveEach(HaveField("Ready", true)))
 	}).WithTimeout(wait).Should(Succeed())
-	if hub != nil {
-		g.Eventually(func(g Gomega) {
-			p, err := pods.Get(ctx, prefix+"-on-b", metav1.GetOptions{})
-			g.Expect(err).NotTo(HaveOccurred())
-			g.Expect(podReady(p)).To(BeTrue())
-		}).WithTimeout(wait).Should(Succeed())
-	}
+	g.Eventually(func(g Gomega) {
+		p, err := pods.Get(ctx, prefix+"-on-b", metav1.GetOptions{})
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(podReady(p)).To(BeTrue())
+	}).WithTimeout(wait).Should(Succeed())
 	p, err := pods.Get(ctx, prefix+"-elsewhere", metav1.GetOptions{})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(p.Status.Phase).To(Equal(corev1.PodPending), "no agent runs that pod's node")
@@ -354,14 +340,6 @@ func testPods(t *testing.T, hub *nodeagent.Pods, prefix string) {
 		_, err := pods.Get(ctx, prefix+"-elsewhere", metav1.GetOptions{})
 		return err
 	}).WithTimeout(2*time.Second).Should(Succeed(), "nobody finishes a pod whose node has no agent")
-}
-
-func TestPodsThroughSharedHub(t *testing.T) {
-	testPods(t, startHub(t), "hub")
-}
-
-func TestPodsWithoutHub(t *testing.T) {
-	testPods(t, nil, "solo")
 }
 
 // A Node marked Ready=Unknown while its kubelet was late (as the node
