@@ -17,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
 	"github.com/machinist-dev/machinist/nodeagent"
 	"github.com/machinist-dev/machinist/nodes"
@@ -25,16 +24,16 @@ import (
 )
 
 var (
-	env       *testenv.Env
+	env *testenv.Env
+	// clientset is an administrator's, to set tests up and observe them;
+	// agents never use it.
 	clientset kubernetes.Interface
-	config    *rest.Config
 )
 
 func TestMain(m *testing.M) {
 	os.Exit(testenv.Run(m, func(e *testenv.Env) {
 		env = e
 		clientset = kubernetes.NewForConfigOrDie(e.Config)
-		config = e.Config
 	}))
 }
 
@@ -44,10 +43,12 @@ const (
 )
 
 // start runs an agent until the test ends and returns a function that
-// crashes it and reports whether Run returned promptly.
+// crashes it and reports whether Run returned promptly. The agent joins
+// first and runs as its Node, as a machine's does, so that what it does
+// is judged by the Node authorizer and NodeRestriction.
 func start(t *testing.T, cfg nodeagent.Config) (*nodeagent.Agent, func()) {
 	t.Helper()
-	cfg.Client = clientset
+	cfg.Client = env.NodeClient(t, cfg.NodeName)
 	if cfg.RenewInterval == 0 {
 		cfg.RenewInterval = renew
 	}
@@ -174,7 +175,7 @@ func (f *failFirst) RoundTrip(r *http.Request) (*http.Response, error) {
 func TestLeaseCreatedAfterAFailedTry(t *testing.T) {
 	g := NewWithT(t)
 	const name = "lease-retry-1"
-	cfg := rest.CopyConfig(config)
+	cfg := env.NodeCredentials(t, env.JoinData(t), name).Config()
 	fault := &failFirst{match: func(r *http.Request) bool {
 		return r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/namespaces/kube-node-lease/leases")
 	}}
