@@ -65,8 +65,7 @@ func TestARepairedMachineRegistersAfreshWithItsOwnNewCredentials(t *testing.T) {
 	// repair wipes the machine's disk but for new join data.
 	repair := func() {
 		t.Helper()
-		j, err := workload.Join(ctx, bootstrap.TokenOptions{})
-		g.Expect(err).NotTo(HaveOccurred())
+		j := workload.JoinData(t)
 		if err := os.Remove(kubeconfigPath); !errors.Is(err, fs.ErrNotExist) {
 			g.Expect(err).NotTo(HaveOccurred())
 		}

@@ -4,9 +4,10 @@
 // and removed once deleted).
 //
 // Agents are cheap so that thousands can run as goroutines in one process.
-// Their pods are watched through a Pods hub that all agents share, so the
-// apiserver sees one pod watch however many agents there are, and an agent
-// writes nothing after registering except Lease renewals and pod changes.
+// Each acts as its own Node alone, as a kubelet does: it watches only the
+// pods bound to its Node, which is all the Node authorizer lets a node's
+// own credentials (Join) watch, and writes nothing after registering
+// except Lease renewals and its pods' changes.
 //
 // There is no kube-controller-manager next to these agents, so nothing marks
 // a silent Node NotReady: a dead machine shows only as a Lease whose
@@ -82,9 +83,6 @@ type Config struct {
 	// NeverReady registers the Node with Ready=False, like a kubelet whose
 	// container runtime never comes up. It still renews its Lease.
 	NeverReady bool
-	// Pods is the shared pod hub. When nil the agent watches its own pods
-	// itself, which is fine for one agent and wasteful for thousands.
-	Pods *Pods
 }
 
 // Agent is one machine's kubelet. Run it, cancel it (a crash or power-off),
@@ -161,24 +159,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 
-	pods := a.cfg.Pods
-	var privateHub sync.WaitGroup
-	if pods == nil {
-		// A lone agent watches only its own pods, as a real kubelet does.
-		pods = newPods(a.cfg.Client, 1, a.cfg.NodeName)
-		privateHub.Go(func() { _ = pods.Run(ctx) })
-	}
-	unregister, err := pods.register(ctx, a.cfg.NodeName, nodeIP(a.cfg.NodeName))
-	if err != nil {
-		cancel()
-		privateHub.Wait()
-		return err
-	}
+	pods := newPods(a.cfg.Client, a.cfg.NodeName, nodeIP(a.cfg.NodeName))
+	var podsDone sync.WaitGroup
+	podsDone.Go(func() { pods.run(ctx) })
 	a.heartbeat(ctx, log, node)
 	// Waiting here is what makes cancellation a clean crash: no pod write of
 	// this boot can land after Run has returned.
-	unregister()
-	privateHub.Wait()
+	podsDone.Wait()
 	return nil
 }
 

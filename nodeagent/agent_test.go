@@ -17,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
 	"github.com/machinist-dev/machinist/nodeagent"
 	"github.com/machinist-dev/machinist/nodes"
@@ -25,16 +24,16 @@ import (
 )
 
 var (
-	env       *testenv.Env
+	env *testenv.Env
+	// clientset is an administrator's, to set tests up and observe them;
+	// agents never use it.
 	clientset kubernetes.Interface
-	config    *rest.Config
 )
 
 func TestMain(m *testing.M) {
 	os.Exit(testenv.Run(m, func(e *testenv.Env) {
 		env = e
 		clientset = kubernetes.NewForConfigOrDie(e.Config)
-		config = e.Config
 	}))
 }
 
@@ -44,10 +43,12 @@ const (
 )
 
 // start runs an agent until the test ends and returns a function that
-// crashes it and reports whether Run returned promptly.
+// crashes it and reports whether Run returned promptly. The agent joins
+// first and runs as its Node, as a machine's does, so that what it does
+// is judged by the Node authorizer and NodeRestriction.
 func start(t *testing.T, cfg nodeagent.Config) (*nodeagent.Agent, func()) {
 	t.Helper()
-	cfg.Client = clientset
+	cfg.Client = env.NodeClient(t, cfg.NodeName)
 	if cfg.RenewInterval == 0 {
 		cfg.RenewInterval = renew
 	}
@@ -77,17 +78,6 @@ func start(t *testing.T, cfg nodeagent.Config) (*nodeagent.Agent, func()) {
 	}
 	t.Cleanup(crash)
 	return agent, crash
-}
-
-func startHub(t *testing.T) *nodeagent.Pods {
-	t.Helper()
-	hub := nodeagent.NewPods(clientset, 2)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = hub.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	NewWithT(t).Eventually(hub.HasSynced).WithTimeout(wait).Should(BeTrue())
-	return hub
 }
 
 func getNode(g Gomega, name string) *corev1.Node {
@@ -185,7 +175,7 @@ func (f *failFirst) RoundTrip(r *http.Request) (*http.Response, error) {
 func TestLeaseCreatedAfterAFailedTry(t *testing.T) {
 	g := NewWithT(t)
 	const name = "lease-retry-1"
-	cfg := rest.CopyConfig(config)
+	cfg := env.NodeCredentials(t, env.JoinData(t), name).Config()
 	fault := &failFirst{match: func(r *http.Request) bool {
 		return r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/namespaces/kube-node-lease/leases")
 	}}
@@ -292,16 +282,15 @@ func podReady(p *corev1.Pod) bool {
 	return false
 }
 
-// testPods checks that agents run the pods bound to their own Node and
-// finish deleting them, and leave everyone else's pods alone.
-func testPods(t *testing.T, hub *nodeagent.Pods, prefix string) {
+// Agents run the pods bound to their own Node and finish deleting them,
+// and leave everyone else's pods alone.
+func TestAgentsRunTheirOwnPodsAlone(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
+	const prefix = "pods"
 	nodeA, nodeB := prefix+"-a", prefix+"-b"
-	start(t, nodeagent.Config{NodeName: nodeA, ProviderID: "test:///" + nodeA, Version: "v1.37.2", Pods: hub})
-	if hub != nil {
-		start(t, nodeagent.Config{NodeName: nodeB, ProviderID: "test:///" + nodeB, Version: "v1.37.2", Pods: hub})
-	}
+	start(t, nodeagent.Config{NodeName: nodeA, ProviderID: "test:///" + nodeA, Version: "v1.37.2"})
+	start(t, nodeagent.Config{NodeName: nodeB, ProviderID: "test:///" + nodeB, Version: "v1.37.2"})
 	pods := clientset.CoreV1().Pods(metav1.NamespaceDefault)
 	for _, p := range []*corev1.Pod{newPod(prefix+"-on-a", nodeA), newPod(prefix+"-on-b", nodeB), newPod(prefix+"-elsewhere", prefix+"-nobody")} {
 		_, err := pods.Create(ctx, p, metav1.CreateOptions{})
@@ -331,13 +320,11 @@ func testPods(t *testing.T, hub *nodeagent.Pods, prefix string) {
 		g.Expect(p.Status.ContainerStatuses).To(HaveLen(2))
 		g.Expect(p.Status.ContainerStatuses).To(HaveEach(HaveField("Ready", true)))
 	}).WithTimeout(wait).Should(Succeed())
-	if hub != nil {
-		g.Eventually(func(g Gomega) {
-			p, err := pods.Get(ctx, prefix+"-on-b", metav1.GetOptions{})
-			g.Expect(err).NotTo(HaveOccurred())
-			g.Expect(podReady(p)).To(BeTrue())
-		}).WithTimeout(wait).Should(Succeed())
-	}
+	g.Eventually(func(g Gomega) {
+		p, err := pods.Get(ctx, prefix+"-on-b", metav1.GetOptions{})
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(podReady(p)).To(BeTrue())
+	}).WithTimeout(wait).Should(Succeed())
 	p, err := pods.Get(ctx, prefix+"-elsewhere", metav1.GetOptions{})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(p.Status.Phase).To(Equal(corev1.PodPending), "no agent runs that pod's node")
@@ -354,14 +341,6 @@ func testPods(t *testing.T, hub *nodeagent.Pods, prefix string) {
 		_, err := pods.Get(ctx, prefix+"-elsewhere", metav1.GetOptions{})
 		return err
 	}).WithTimeout(2*time.Second).Should(Succeed(), "nobody finishes a pod whose node has no agent")
-}
-
-func TestPodsThroughSharedHub(t *testing.T) {
-	testPods(t, startHub(t), "hub")
-}
-
-func TestPodsWithoutHub(t *testing.T) {
-	testPods(t, nil, "solo")
 }
 
 // A Node marked Ready=Unknown while its kubelet was late (as the node

@@ -33,30 +33,6 @@ import (
 // control plane, may still be coming up when the first test asks.
 const joinWait = time.Minute
 
-// join gets node name's credentials in e's cluster with a fresh token.
-func join(t *testing.T, e *testenv.Env, name string) (bootstrap.Join, nodeagent.Credentials) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), joinWait)
-	defer cancel()
-	j, err := e.Join(ctx, bootstrap.TokenOptions{Labels: map[string]string{"test": t.Name()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// kube-apiserver knows a token by a cache of kube-system's Secrets: one
-	// used at once may be refused until the cache has it, and a kubelet
-	// retries, as nodeagent.Bootstrap does.
-	for {
-		creds, err := nodeagent.Join(ctx, j, name)
-		if err == nil {
-			return j, creds
-		}
-		if !apierrors.IsUnauthorized(err) || ctx.Err() != nil {
-			t.Fatalf("joining as %s: %v", name, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 func whoAmI(ctx context.Context, cfg *rest.Config) (authenticationv1.UserInfo, error) {
 	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -154,9 +130,7 @@ func TestAJoinedAgentRunsItsOwnNodeLeaseAndPods(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	const name = "joined-agent"
-	_, creds := join(t, env, name)
-	kube, err := kubernetes.NewForConfig(creds.Config())
-	g.Expect(err).NotTo(HaveOccurred())
+	kube := env.NodeClient(t, name)
 
 	// A lone agent with nothing but its own credentials, as a machine has.
 	cfg := nodeagent.Config{Client: kube, NodeName: name, ProviderID: "test:///" + name, Version: "v1.37.2",
@@ -213,7 +187,8 @@ func TestAJoinedNodeMayNotTouchWhatIsNotItsOwn(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	const name, other = "joined-confined", "joined-confined-other"
-	j, creds := join(t, env, name)
+	j := env.JoinData(t)
+	creds := env.NodeCredentials(t, j, name)
 	token, err := bootstrap.ParseToken(j.Token)
 	g.Expect(err).NotTo(HaveOccurred())
 	kube, err := kubernetes.NewForConfig(creds.Config())
@@ -331,7 +306,7 @@ func TestJoinAWorkloadCluster(t *testing.T) {
 	t.Cleanup(func() { g.Expect(workload.Stop()).To(Succeed()) })
 
 	const name = "joined-workload"
-	_, creds := join(t, workload, name)
+	creds := workload.NodeCredentials(t, workload.JoinData(t), name)
 	g.Expect(creds.Server).To(Equal(workload.Config.Host))
 	kube, err := kubernetes.NewForConfig(creds.Config())
 	g.Expect(err).NotTo(HaveOccurred())

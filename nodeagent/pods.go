@@ -15,74 +15,39 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
-// DefaultPodWorkers is how many pods a hub works on at once when NewPods is
-// given no number.
-const DefaultPodWorkers = 8
-
-const nodeNameIndex = "spec.nodeName"
-
-// Pods is the pod side of many agents: one watch of every bound pod, whose
-// events it hands to the agent running that pod's Node. Create one per
-// process with NewPods, Run it, and give it to every agent's Config.
-type Pods struct {
+// pods is the pod side of one agent: it watches the pods bound to its Node
+// alone, by the field selector a kubelet uses, which is all the Node
+// authorizer lets a node list or watch.
+type pods struct {
 	client   kubernetes.Interface
-	informer cache.SharedIndexInformer
-	queue    workqueue.TypedRateLimitingInterface[string]
-	workers  int
-
-	mu     sync.RWMutex
-	agents map[string]*podRunner
-}
-
-// podRunner is one boot of one agent as the hub sees it. Work for it is
-// counted so that the agent can wait for the last write of a boot.
-type podRunner struct {
-	ctx      context.Context
 	hostIP   string
-	inflight sync.WaitGroup
+	informer cache.SharedInformer
+	queue    workqueue.TypedRateLimitingInterface[string]
 }
 
-// NewPods returns a hub that watches every pod bound to a node through
-// client and works on at most workers pods at once (DefaultPodWorkers when
-// workers is not positive). It does nothing until Run.
-func NewPods(client kubernetes.Interface, workers int) *Pods {
-	return newPods(client, workers, "")
-}
-
-// newPods watches the pods of one node, or of every node when nodeName is
-// empty.
-func newPods(client kubernetes.Interface, workers int, nodeName string) *Pods {
-	if workers <= 0 {
-		workers = DefaultPodWorkers
-	}
-	selector := fields.OneTermNotEqualSelector("spec.nodeName", "").String()
-	if nodeName != "" {
-		selector = fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
-	}
+// newPods returns the pod side of node nodeName, whose pods are given
+// hostIP. It does nothing until run.
+func newPods(client kubernetes.Interface, nodeName, hostIP string) *pods {
+	selector := fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
 	lw := cache.NewFilteredListWatchFromClient(client.CoreV1().RESTClient(), "pods", metav1.NamespaceAll,
 		func(o *metav1.ListOptions) { o.FieldSelector = selector })
-	informer := cache.NewSharedIndexInformer(lw, &corev1.Pod{}, 0, cache.Indexers{
-		nodeNameIndex: func(obj any) ([]string, error) {
-			return []string{obj.(*corev1.Pod).Spec.NodeName}, nil
-		},
-	})
-	// Thousands of Nodes mean many pods; managed fields are most of a pod's
-	// bytes and are never read here. Updates sent without them keep the
-	// server's copy.
+	informer := cache.NewSharedInformer(lw, &corev1.Pod{}, 0)
+	// Thousands of agents in one process each cache their pods; managed
+	// fields are most of a pod's bytes and are never read here. Updates
+	// sent without them keep the server's copy.
 	_ = informer.SetTransform(func(obj any) (any, error) {
 		if m, ok := obj.(metav1.Object); ok {
 			m.SetManagedFields(nil)
 		}
 		return obj, nil
 	})
-	p := &Pods{
+	p := &pods{
 		client:   client,
+		hostIP:   hostIP,
 		informer: informer,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodeagent-pods"}),
-		workers: workers,
-		agents:  map[string]*podRunner{},
 	}
 	enqueue := func(obj any) {
 		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
@@ -96,71 +61,28 @@ func newPods(client kubernetes.Interface, workers int, nodeName string) *Pods {
 	return p
 }
 
-// Run watches pods and works on them until ctx is cancelled. Run it once.
-func (p *Pods) Run(ctx context.Context) error {
-	defer p.queue.ShutDown()
+// run watches the pods and works on them until ctx is cancelled. It
+// returns once no write is under way, and sync sends none after ctx ends,
+// so that no pod write of a boot lands after the boot has crashed.
+func (p *pods) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { p.informer.Run(ctx.Done()) })
-	for range p.workers {
-		wg.Go(func() {
-			for p.work(ctx) {
-			}
-		})
-	}
+	wg.Go(func() {
+		for p.work(ctx) {
+		}
+	})
 	<-ctx.Done()
 	p.queue.ShutDown()
 	wg.Wait()
-	return nil
 }
 
-// register makes the hub act for nodeName's pods with ctx until the
-// returned function is called; that function returns once no more work for
-// this registration is under way.
-func (p *Pods) register(ctx context.Context, nodeName, hostIP string) (unregister func(), err error) {
-	r := &podRunner{ctx: ctx, hostIP: hostIP}
-	p.mu.Lock()
-	if _, ok := p.agents[nodeName]; ok {
-		p.mu.Unlock()
-		return nil, fmt.Errorf("nodeagent: another agent is already running node %q", nodeName)
-	}
-	p.agents[nodeName] = r
-	p.mu.Unlock()
-
-	// Events for this node that arrived before registering were dropped;
-	// the cache already holds their result, so catch up from it.
-	objs, _ := p.informer.GetIndexer().ByIndex(nodeNameIndex, nodeName)
-	for _, obj := range objs {
-		if key, err := cache.MetaNamespaceKeyFunc(obj); err == nil {
-			p.queue.Add(key)
-		}
-	}
-	return func() {
-		p.mu.Lock()
-		delete(p.agents, nodeName)
-		p.mu.Unlock()
-		r.inflight.Wait()
-	}, nil
-}
-
-// acquire returns the running agent of nodeName with one piece of work
-// counted, or nil.
-func (p *Pods) acquire(nodeName string) *podRunner {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	r := p.agents[nodeName]
-	if r != nil {
-		r.inflight.Add(1)
-	}
-	return r
-}
-
-func (p *Pods) work(ctx context.Context) bool {
+func (p *pods) work(ctx context.Context) bool {
 	key, shutdown := p.queue.Get()
 	if shutdown {
 		return false
 	}
 	defer p.queue.Done(key)
-	err := p.sync(key)
+	err := p.sync(ctx, key)
 	switch {
 	case err == nil:
 		p.queue.Forget(key)
@@ -174,29 +96,21 @@ func (p *Pods) work(ctx context.Context) bool {
 
 // sync does what a kubelet would for the pod named key: finish its deletion
 // once it is being deleted, or report it running.
-func (p *Pods) sync(key string) error {
-	obj, exists, err := p.informer.GetIndexer().GetByKey(key)
-	if err != nil || !exists {
+func (p *pods) sync(ctx context.Context, key string) error {
+	obj, exists, err := p.informer.GetStore().GetByKey(key)
+	if err != nil || !exists || ctx.Err() != nil {
 		return err
 	}
 	pod := obj.(*corev1.Pod)
-	r := p.acquire(pod.Spec.NodeName)
-	if r == nil {
-		return nil // no agent runs that node: its pods stand still
-	}
-	defer r.inflight.Done()
-	if r.ctx.Err() != nil {
-		return nil
-	}
 
-	wctx, cancel := writeContext(r.ctx)
+	wctx, cancel := writeContext(ctx)
 	defer cancel()
-	pods := p.client.CoreV1().Pods(pod.Namespace)
+	client := p.client.CoreV1().Pods(pod.Namespace)
 	if pod.DeletionTimestamp != nil {
 		// The containers "stopped" at once; a kubelet then removes the pod
 		// for good with a zero grace period, guarded by UID so a new pod of
 		// the same name is never hit.
-		err := pods.Delete(wctx, pod.Name, metav1.DeleteOptions{
+		err := client.Delete(wctx, pod.Name, metav1.DeleteOptions{
 			GracePeriodSeconds: new(int64(0)),
 			Preconditions:      metav1.NewUIDPreconditions(string(pod.UID)),
 		})
@@ -209,8 +123,8 @@ func (p *Pods) sync(key string) error {
 		return nil
 	}
 	next := pod.DeepCopy()
-	setRunning(next, r.hostIP, metav1.Now())
-	_, err = pods.UpdateStatus(wctx, next, metav1.UpdateOptions{})
+	setRunning(next, p.hostIP, metav1.Now())
+	_, err = client.UpdateStatus(wctx, next, metav1.UpdateOptions{})
 	return err
 }
 
@@ -291,7 +205,3 @@ func setPodCondition(s *corev1.PodStatus, t corev1.PodConditionType, now metav1.
 	}
 	s.Conditions = append(s.Conditions, corev1.PodCondition{Type: t, Status: corev1.ConditionTrue, LastTransitionTime: now})
 }
-
-// HasSynced reports whether the hub has listed every bound pod once, after
-// which no existing pod is overlooked.
-func (p *Pods) HasSynced() bool { return p.informer.HasSynced() }

@@ -14,7 +14,6 @@ import (
 
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -91,37 +90,15 @@ func machine(t *testing.T, namespace, name, providerSpec string, mutate ...func(
 // loop makes one token.
 var joins sync.Map // *testing.T → actuators.Join
 
-// join is the test's join data, made by freshJoin on the first call.
+// join is the test's join data, made on the first call.
 func join(t *testing.T) actuators.Join {
 	t.Helper()
 	if j, ok := joins.Load(t); ok {
 		return j.(actuators.Join)
 	}
-	j := freshJoin(t)
+	j := env.JoinData(t)
 	joins.Store(t, j)
 	t.Cleanup(func() { joins.Delete(t) })
-	return j
-}
-
-// freshJoin makes join data with a bootstrap token of the test's own,
-// deleted when the test ends.
-func freshJoin(t *testing.T) actuators.Join {
-	t.Helper()
-	j, err := env.Join(context.Background(), bootstrap.TokenOptions{Description: "inmemory test " + t.Name()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		k, err := bootstrap.ParseToken(j.Token)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		err = clientset.CoreV1().Secrets(metav1.NamespaceSystem).Delete(context.Background(), k.SecretName(), metav1.DeleteOptions{})
-		if err != nil && !apierrors.IsNotFound(err) {
-			t.Errorf("deleting bootstrap token %s: %v", k, err)
-		}
-	})
 	return j
 }
 
@@ -673,7 +650,7 @@ func TestMachinesJoinWithTheirOwnJoinData(t *testing.T) {
 	ctx := context.Background()
 	p := newProvider(t)
 	m, class := machine(t, "join", "m", "")
-	first := freshJoin(t)
+	first := env.JoinData(t)
 	id, err := p.Create(ctx, m, class, first)
 	g.Expect(err).NotTo(HaveOccurred())
 	node, err := p.NodeName(id)
@@ -695,7 +672,7 @@ func TestMachinesJoinWithTheirOwnJoinData(t *testing.T) {
 	g.Expect(certificatesFor(g, first)).To(HaveLen(1), "a reboot asked for a certificate again")
 
 	// A repair wipes it: the machine joins again, with the repair's data.
-	second := freshJoin(t)
+	second := env.JoinData(t)
 	boot, err = p.BootID(id)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(p.Repair(ctx, id, actuators.Operation{ID: "repair", Join: second})).To(Succeed())

@@ -27,16 +27,9 @@ func TestRepairRegistersAfreshInAWorkloadCluster(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(func() { g.Expect(workload.Stop()).To(Succeed()) })
 	admin := kubernetes.NewForConfigOrDie(workload.Config)
-	joinWorkload := func() (actuators.Join, string) {
-		j, err := workload.Join(ctx, bootstrap.TokenOptions{})
-		g.Expect(err).NotTo(HaveOccurred())
-		token, err := bootstrap.ParseToken(j.Token)
-		g.Expect(err).NotTo(HaveOccurred())
-		return j, "system:bootstrap:" + token.ID
-	}
 	p := newProvider(t)
 	m, class := machine(t, "workload", "m", "")
-	created, _ := joinWorkload()
+	created := workload.JoinData(t)
 	id, err := p.Create(ctx, m, class, created)
 	g.Expect(err).NotTo(HaveOccurred())
 	name, err := p.NodeName(id)
@@ -53,7 +46,9 @@ func TestRepairRegistersAfreshInAWorkloadCluster(t *testing.T) {
 		[]byte(`{"metadata":{"labels":{"team":"a"}},"spec":{"taints":[{"key":"dedicated","value":"gpu","effect":"NoSchedule"}]}}`), metav1.PatchOptions{})
 	g.Expect(err).NotTo(HaveOccurred())
 
-	repaired, repairer := joinWorkload()
+	repaired := workload.JoinData(t)
+	repairer, err := bootstrap.ParseToken(repaired.Token)
+	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(p.Repair(ctx, id, actuators.Operation{ID: "r-1", Join: repaired})).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		n := readyNode(g)
@@ -67,7 +62,7 @@ func TestRepairRegistersAfreshInAWorkloadCluster(t *testing.T) {
 	csrs, err := admin.CertificatesV1().CertificateSigningRequests().List(ctx, metav1.ListOptions{})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(csrs.Items).To(ContainElement(And(
-		HaveField("Spec.Username", repairer),
+		HaveField("Spec.Username", repairer.User()),
 		HaveField("Status.Conditions", ContainElement(HaveField("Type", certificatesv1.CertificateApproved))),
 		HaveField("Status.Certificate", Not(BeEmpty())),
 	)))

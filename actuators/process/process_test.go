@@ -36,7 +36,6 @@ import (
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/process"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/lifecycle"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/nodeagent"
@@ -999,36 +998,10 @@ func join(t *testing.T) actuators.Join {
 	if j, ok := joins.Load(t); ok {
 		return j.(actuators.Join)
 	}
-	j := freshJoin(t)
+	j := env.JoinData(t)
 	joins.Store(t, j)
 	t.Cleanup(func() { joins.Delete(t) })
 	return j
-}
-
-// freshJoin makes join data with a token of its own, deleted when the
-// test ends.
-func freshJoin(t *testing.T) actuators.Join {
-	t.Helper()
-	j, err := env.Join(context.Background(), bootstrap.TokenOptions{Description: "process test " + t.Name()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { deleteToken(t, j) })
-	return j
-}
-
-// deleteToken deletes j's bootstrap token, so that tests leave no
-// credential behind in the shared cluster.
-func deleteToken(t *testing.T, j actuators.Join) {
-	k, err := bootstrap.ParseToken(j.Token)
-	if err != nil {
-		t.Error(err)
-		return
-	}
-	err = clientset.CoreV1().Secrets(metav1.NamespaceSystem).Delete(context.Background(), k.SecretName(), metav1.DeleteOptions{})
-	if err != nil && !apierrors.IsNotFound(err) {
-		t.Errorf("deleting bootstrap token %s: %v", k, err)
-	}
 }
 
 // private reads a file that must be readable by its owner alone.
@@ -1045,7 +1018,7 @@ func TestMachinesJoinWithTheirJoinDataAndKeepTheirCredentials(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	p, dir := newProvider(t, "")
-	first := freshJoin(t)
+	first := env.JoinData(t)
 	id, err := p.Create(ctx, machine("joins"), nil, first)
 	g.Expect(err).NotTo(HaveOccurred())
 	before := booted(t, p, id, "")
@@ -1081,7 +1054,7 @@ func TestMachinesJoinWithTheirJoinDataAndKeepTheirCredentials(t *testing.T) {
 	g.Expect(private(g, kubeconfig)).To(Equal(kept), "a reboot joined again")
 
 	// A repair wipes them: the machine joins with the repair's data.
-	second := freshJoin(t)
+	second := env.JoinData(t)
 	g.Expect(p.Repair(ctx, id, actuators.Operation{ID: "r-1", Join: second})).To(Succeed())
 	booted(t, p, id, rebooted.Status.NodeInfo.BootID)
 	j, err = nodeagent.JoinFromBootstrapKubeconfig(private(g, bootstrapFile))
