@@ -9,9 +9,10 @@
 // own credentials (Join) watch, and writes nothing after registering
 // except Lease renewals and its pods' changes.
 //
-// There is no kube-controller-manager next to these agents, so nothing marks
-// a silent Node NotReady: a dead machine shows only as a Lease whose
-// renewTime plus leaseDurationSeconds has passed.
+// An agent marks nothing about its own death: a dead machine shows first
+// as a Lease whose renewTime plus leaseDurationSeconds has passed, and as
+// Ready=Unknown only where a kube-controller-manager's node lifecycle
+// controller runs, as in a real cluster.
 package nodeagent
 
 import (
