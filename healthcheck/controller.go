@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -347,6 +349,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	st.Conditions = hc.Status.Conditions
 	r.setAllowed(hc, &st, p.held)
+	r.setReachable(hc, &st, targets)
 	if err := r.writeStatus(ctx, hc, st, nil); err != nil {
 		errs = append(errs, err)
 	}
@@ -553,6 +556,50 @@ func (r *Reconciler) setAllowed(hc *machinistv1.MachineHealthCheck, st *machinis
 		r.Recorder.Eventf(hc, nil, corev1.EventTypeWarning, "RemediationShortCircuited", "Remediate", "%s", held)
 	} else if old != nil {
 		r.Recorder.Eventf(hc, nil, corev1.EventTypeNormal, "RemediationAllowed", "Remediate", "%s", c.Message)
+	}
+}
+
+// setReachable sets the check's ClustersReachable condition once any of
+// its Machines is left unjudged because its workload cluster is found down
+// (not while a first connection is made), and emits an Event when it
+// changes: one each way per outage. Its message names the clusters and
+// counts their Machines, which change only with the outage, so a check
+// writes nothing more while a cluster stays down.
+func (r *Reconciler) setReachable(hc *machinistv1.MachineHealthCheck, st *machinistv1.MachineHealthCheckStatus, targets []*target) {
+	count, reason := map[string]int{}, map[string]string{}
+	for _, t := range targets {
+		if nc := t.unseen; nc != nil && nc.Err != nil {
+			count[nc.Cluster.Name]++
+			reason[nc.Cluster.Name] = nc.Reason
+		}
+	}
+	old := meta.FindStatusCondition(st.Conditions, machinistv1.ConditionClustersReachable)
+	if len(count) == 0 && old == nil {
+		return
+	}
+	c := metav1.Condition{Type: machinistv1.ConditionClustersReachable, Status: metav1.ConditionTrue,
+		Reason: machinistv1.ReasonClustersReachable, Message: "the cluster of every selected Machine can be reached", ObservedGeneration: hc.Generation}
+	if len(count) > 0 {
+		names := slices.Sorted(maps.Keys(count))
+		parts := make([]string, len(names))
+		n := 0
+		for i, name := range names {
+			parts[i] = fmt.Sprintf("WorkloadCluster %s (%s): %d", name, reason[name], count[name])
+			n += count[name]
+		}
+		c.Status, c.Reason = metav1.ConditionFalse, machinistv1.ReasonClusterUnreachable
+		c.Message = fmt.Sprintf("%d Machines are neither judged nor remediated while their cluster cannot be reached: %s",
+			n, strings.Join(parts, "; "))
+	}
+	st.Conditions = slices.Clone(st.Conditions)
+	meta.SetStatusCondition(&st.Conditions, c)
+	if r.Recorder == nil || (old != nil && old.Status == c.Status) {
+		return
+	}
+	if c.Status == metav1.ConditionFalse {
+		r.Recorder.Eventf(hc, nil, corev1.EventTypeWarning, machinistv1.ReasonClusterUnreachable, "Judge", "%s", c.Message)
+	} else {
+		r.Recorder.Eventf(hc, nil, corev1.EventTypeNormal, "ClusterReachable", "Judge", "%s", c.Message)
 	}
 }
 

@@ -168,7 +168,9 @@ type MachineHealthCheckStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 	// Conditions report the health check's state; RemediationAllowed is
-	// False while maxUnhealthy holds remediation back.
+	// False while maxUnhealthy holds remediation back, ClustersReachable
+	// False while Machines are not judged because their workload cluster
+	// cannot be reached.
 	// +listType=map
 	// +listMapKey=type
 	// +optional
@@ -186,6 +188,14 @@ const (
 	// ConditionRemediating is a Machine's condition: True while a rung of
 	// its health check's ladder is in progress; its reason names the rung.
 	ConditionRemediating = "Remediating"
+	// ConditionClustersReachable is a MachineHealthCheck's condition, set
+	// once one of its Machines was left unjudged because its workload
+	// cluster could not be reached: False (reason ClusterUnreachable,
+	// naming the clusters) while any is, True (reason Reachable) after.
+	ConditionClustersReachable = "ClustersReachable"
+	// ReasonClustersReachable: the cluster of every selected Machine can
+	// be reached.
+	ReasonClustersReachable = "Reachable"
 )
 
 // Reasons of a Machine's HealthCheckSucceeded condition.

@@ -92,6 +92,15 @@ func TestAMachineOfAClusterThatIsDownIsNotJudged(t *testing.T) {
 	if !strings.Contains(c.Message, "WorkloadCluster fading is not reachable (Unreachable)") {
 		t.Errorf("the condition's message: %q", c.Message)
 	}
+	// The health check says why, once.
+	testenv.WaitForObject(t, env.Client, 30*time.Second, "the health check saying why", hc, func(hc *machinistv1.MachineHealthCheck) error {
+		c := meta.FindStatusCondition(hc.Status.Conditions, machinistv1.ConditionClustersReachable)
+		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != machinistv1.ReasonClusterUnreachable ||
+			!strings.Contains(c.Message, "WorkloadCluster fading (Unreachable): 1") {
+			return fmt.Errorf("%s %+v", machinistv1.ConditionClustersReachable, c)
+		}
+		return nil
+	})
 	// Well past the check's timeout, nothing is held against it.
 	time.Sleep(10 * time.Second) // a window in which nothing may happen, not a wait for a state
 	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(m), m); err != nil {
@@ -110,4 +119,28 @@ func TestAMachineOfAClusterThatIsDownIsNotJudged(t *testing.T) {
 	if m.UID != uid || m.Status.Remediation != nil {
 		t.Errorf("the Machine was replaced or remediated: uid %s -> %s, remediation %+v", uid, m.UID, m.Status.Remediation)
 	}
+	testenv.WaitForObject(t, env.Client, 30*time.Second, "the health check saying the cluster is back", hc, func(hc *machinistv1.MachineHealthCheck) error {
+		c := meta.FindStatusCondition(hc.Status.Conditions, machinistv1.ConditionClustersReachable)
+		if c == nil || c.Status != metav1.ConditionTrue || c.Reason != machinistv1.ReasonClustersReachable {
+			return fmt.Errorf("%s %+v", machinistv1.ConditionClustersReachable, c)
+		}
+		return nil
+	})
+	// One Event each way for the outage.
+	testenv.WaitFor(t, 10*time.Second, "one Event each way", func() error {
+		var events corev1.EventList
+		if err := env.Client.List(ctx, &events, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		got := map[string]int{}
+		for _, e := range events.Items {
+			if e.InvolvedObject.Kind == "MachineHealthCheck" && e.InvolvedObject.Name == hc.Name {
+				got[e.Reason] += max(int(e.Count), 1)
+			}
+		}
+		if got[machinistv1.ReasonClusterUnreachable] != 1 || got["ClusterReachable"] != 1 {
+			return fmt.Errorf("the health check's Events by reason: %v", got)
+		}
+		return nil
+	})
 }
