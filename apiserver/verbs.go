@@ -28,6 +28,7 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/internal/outcome"
+	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/operation"
 )
 
@@ -136,6 +137,9 @@ func (s *verbStorage) record(ctx context.Context, namespace, name string, opts *
 		if _, err := operation.Request(m, s.typ, opts, machinistv1.SourceAPI, user.GetName(), now); err != nil {
 			return nil, translate(err, name)
 		}
+		if err := s.admitUnseen(ctx, m, opts); err != nil {
+			return nil, translate(err, name)
+		}
 		// Asked after the state machine, which refuses what is not
 		// possible at all, and before the operation is stored: what a
 		// budget refuses must not start.
@@ -162,6 +166,23 @@ func (s *verbStorage) record(ctx context.Context, namespace, name string, opts *
 			return nil, translate(err, name)
 		}
 	}
+}
+
+// admitUnseen refuses, with 409, a drain of a Machine whose cluster cannot
+// be reached, as the WorkloadCluster's status says.
+func (s *verbStorage) admitUnseen(ctx context.Context, m *machinistv1.Machine, opts *machinistv1.OperationOptions) error {
+	if !operation.Drains(s.typ, opts) {
+		return nil
+	}
+	reach, err := nodes.Reachability(ctx, s.client, m)
+	if err != nil {
+		return fmt.Errorf("reading the WorkloadCluster of machine %q: %w", m.Name, err)
+	}
+	unseen := ""
+	if reach.Down != nil {
+		unseen = reach.Down.Unseen()
+	}
+	return operation.AdmitUnseen(m, s.typ, opts, unseen)
 }
 
 // stored reads m back and reports whether it holds the operation this
@@ -234,7 +255,7 @@ func (s *verbStorage) decode(req *http.Request, name string) (*machinistv1.Opera
 			errs = append(errs, field.TooLong(field.NewPath("reason"), "", 256))
 		}
 		errs = append(errs, checkGrace(o.GracePeriodSeconds)...)
-		opts.Reason, opts.GracePeriodSeconds = o.Reason, o.GracePeriodSeconds
+		opts.Reason, opts.Drain, opts.GracePeriodSeconds = o.Reason, o.Drain, o.GracePeriodSeconds
 		opts.OverrideDisruptionBudgets = o.OverrideDisruptionBudgets
 	}
 	if len(errs) > 0 {

@@ -486,15 +486,11 @@ func (r *Reconciler) down(ctx context.Context, p *pass, m *machinistv1.Machine) 
 	if nc, ok := p.down[m.Spec.ClusterName]; ok {
 		return nc, nil
 	}
-	wc := &machinistv1.WorkloadCluster{}
-	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: m.Spec.ClusterName}, wc); err != nil {
-		return nil, client.IgnoreNotFound(err)
+	reach, err := nodes.Reachability(ctx, r.Client, m)
+	if err != nil {
+		return nil, err
 	}
-	var nc *nodes.NotConnectedError
-	if c := meta.FindStatusCondition(wc.Status.Conditions, machinistv1.WorkloadClusterReachable); c != nil &&
-		c.Status == metav1.ConditionFalse && c.Reason != machinistv1.ReasonClusterConnecting {
-		nc = &nodes.NotConnectedError{Cluster: client.ObjectKeyFromObject(wc), Reason: c.Reason, Err: errors.New(c.Message)}
-	}
+	nc := reach.Down
 	if p.down == nil {
 		p.down = map[string]*nodes.NotConnectedError{}
 	}
@@ -512,8 +508,8 @@ func setUnseen(m *machinistv1.Machine, nc *nodes.NotConnectedError, p *pass) {
 	}
 	meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
 		Type: machinistv1.ConditionHealthCheckSucceeded, Status: metav1.ConditionUnknown, Reason: machinistv1.ReasonClusterUnreachable,
-		Message: fmt.Sprintf("WorkloadCluster %s is not reachable (%s): its Node is not judged, and nothing is held against it (machinehealthcheck %s)",
-			nc.Cluster.Name, nc.Reason, p.hc.Name),
+		Message: fmt.Sprintf("%s: its Node is not judged, and nothing is held against it (machinehealthcheck %s)",
+			nc.Unseen(), p.hc.Name),
 		ObservedGeneration: m.Generation,
 	})
 }

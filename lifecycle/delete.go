@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -24,6 +25,9 @@ func (r *Reconciler) drainBeforeDeleting(context.Context, *step) outcome {
 // drainToDelete is the handler of a deleted Machine in Draining: once the
 // drain is over (or its timeout passed), the instance goes.
 func (r *Reconciler) drainToDelete(ctx context.Context, s *step) outcome {
+	if s.down != nil {
+		return waitToDrain(s)
+	}
 	done, err := r.drain(ctx, s, "deleting")
 	if err != nil || !done {
 		return outcome{reason: "draining before deletion", err: err}
@@ -64,6 +68,13 @@ func (r *Reconciler) destroy(ctx context.Context, s *step) outcome {
 			}
 			return r.retry(s, machinistv1.ReasonDeleteError, err)
 		}
+	}
+	if s.down != nil {
+		// The instance is gone; its Node (or its bootstrap token) is
+		// deleted from the cluster it is in, and the finalizer kept
+		// until then.
+		return s.unseen(machinistv1.ConditionReady, metav1.ConditionFalse,
+			"the instance is deleted; its Node is deleted, and the Machine let go, once the cluster answers")
 	}
 	node, err := s.nodes.Node(ctx, m.Status.ProviderID)
 	if err != nil {

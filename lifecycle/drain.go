@@ -26,6 +26,12 @@ import (
 func (r *Reconciler) drainFor(ctx context.Context, s *step) outcome {
 	// A Machine that is not being deleted drains only for an operation.
 	op := s.m.Status.Operation
+	if s.down != nil {
+		// Neither draining nor giving up can be done: giving up
+		// uncordons the Node. The operation's timeout is judged once
+		// the cluster answers.
+		return waitToDrain(s)
+	}
 	if !operation.InFlight(op) {
 		// Its record was lost or cleared by hand: back to service.
 		return r.abort(ctx, s, "no reboot or repair is in flight")
@@ -42,6 +48,16 @@ func (r *Reconciler) drainFor(ctx context.Context, s *step) outcome {
 		return outcome{reason: "draining", err: err}
 	}
 	return r.callProvider(ctx, s)
+}
+
+// waitToDrain has a Machine whose cluster cannot be reached wait in
+// Draining for it: pods cannot be evicted through an API that does not
+// answer, and going on without evicting them is a person's choice to make
+// (a reboot or repair asked for without drain), not the controller's.
+func waitToDrain(s *step) outcome {
+	setUnseenHealth(s)
+	return s.unseen(machinistv1.ConditionDrained, metav1.ConditionFalse,
+		"the drain waits for it, since pods cannot be evicted through an API that does not answer")
 }
 
 // abort gives the operation up and returns a drained Machine to service.

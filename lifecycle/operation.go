@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -22,6 +23,9 @@ const (
 	reasonSucceeded = "OperationSucceeded"
 	reasonFailed    = "OperationFailed"
 	reasonDeadBoot  = "PodsOfDeadBootDeleted"
+	// reasonJoinPublished: a token handed out while the cluster was
+	// down is the cluster's now.
+	reasonJoinPublished = "JoinPublished"
 )
 
 // repairFailed is Failed's handler: only a repair moves a Failed Machine,
@@ -52,7 +56,7 @@ func (r *Reconciler) callProvider(ctx context.Context, s *step) outcome {
 	// Judged before the reboot: a machine that boots fast could renew
 	// its Lease before the provider even answers.
 	var dead *deadNode
-	if !operation.Drains(op.Type, op.Options) && req.Hard {
+	if !operation.Drains(op.Type, op.Options) && req.Hard && s.down == nil {
 		var err error
 		if dead, err = r.unreachable(ctx, s); err != nil {
 			return fail(err)
@@ -63,7 +67,15 @@ func (r *Reconciler) callProvider(ctx context.Context, s *step) outcome {
 	switch op.Type {
 	case machinistv1.OperationRepair:
 		event, doing = phases.Repair, "repairing"
-		if req.Join, err = r.join(ctx, s); err != nil {
+		if s.down != nil {
+			// The re-imaged machine re-joins once the cluster is back,
+			// with a token kept for it until then.
+			setUnseenHealth(s)
+			if req.Join, err = r.deferJoin(ctx, s); err != nil {
+				return s.unseen(machinistv1.ConditionReady, metav1.ConditionFalse,
+					fmt.Sprintf("the repair waits for the cluster: %v", err))
+			}
+		} else if req.Join, err = r.join(ctx, s); err != nil {
 			return r.joinFailed(s, machinistv1.ReasonProviderError, err)
 		}
 		err = act.Repair(ctx, m.Status.ProviderID, req)
@@ -167,6 +179,10 @@ func (r *Reconciler) awaitBoot(ctx context.Context, s *step) outcome {
 	if operation.InFlight(op) && op.Type == machinistv1.OperationUpdate {
 		version = op.ToVersion
 	}
+	if s.down != nil {
+		setUnseenHealth(s)
+		return s.wait("its cluster cannot be reached", downPoll)
+	}
 	node, err := s.nodes.Node(ctx, m.Status.ProviderID)
 	if err != nil {
 		return fail(err)
@@ -215,7 +231,7 @@ func (r *Reconciler) awaitBoot(ctx context.Context, s *step) outcome {
 			s.after(r.drainPoll())
 		}
 	}
-	deadline := s.enteredAt().Add(r.operationTimeout())
+	deadline := s.since(s.enteredAt()).Add(r.operationTimeout())
 	want := "a new boot ID"
 	if version != "" {
 		want = "version " + version + " and a new boot ID"

@@ -33,6 +33,12 @@ func (r *Reconciler) create(ctx context.Context, s *step) outcome {
 	if why != nil {
 		return r.retry(s, why.reason, why.err)
 	}
+	if s.down != nil {
+		// The machine could not join: its bootstrap token is made in
+		// its cluster.
+		return s.unseen(machinistv1.ConditionReady, metav1.ConditionFalse,
+			"the instance is made once the cluster answers, since the machine joins it with a bootstrap token made there")
+	}
 	join, err := r.join(ctx, s)
 	if err != nil {
 		return r.joinFailed(s, machinistv1.ReasonCreateError, err)
@@ -45,11 +51,16 @@ func (r *Reconciler) create(ctx context.Context, s *step) outcome {
 		return r.retry(s, machinistv1.ReasonCreateError, err)
 	}
 	m.Status.ProviderID = id
+	setProvisioning(m)
+	return advance(phases.Provision)
+}
+
+// setProvisioning says that the Machine waits for its Node.
+func setProvisioning(m *machinistv1.Machine) {
 	meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
 		Type: machinistv1.ConditionReady, Status: metav1.ConditionFalse, Reason: machinistv1.ReasonProvisioning,
-		Message: "waiting for the Node with providerID " + id + " to become Ready", ObservedGeneration: m.Generation,
+		Message: "waiting for the Node with providerID " + m.Status.ProviderID + " to become Ready", ObservedGeneration: m.Generation,
 	})
-	return advance(phases.Provision)
 }
 
 // join makes what m's instance joins its cluster with: a bootstrap token
@@ -81,12 +92,19 @@ const joinSlack = 5 * time.Minute
 // Ready, and fails if none is by the deadline.
 func (r *Reconciler) awaitNode(ctx context.Context, s *step) outcome {
 	m := s.m
+	if s.down != nil {
+		return s.unseen(machinistv1.ConditionReady, metav1.ConditionFalse, fmt.Sprintf(
+			"its Node is looked for once the cluster answers, and the provisioning timeout of %s counts from then", r.provisionTimeout()))
+	}
+	if c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionReady); c != nil && c.Reason == machinistv1.ReasonClusterUnreachable {
+		setProvisioning(m)
+	}
 	node, err := s.nodes.Node(ctx, m.Status.ProviderID)
 	if err != nil {
 		return fail(err)
 	}
 	if node == nil || !nodes.Ready(node) {
-		deadline := s.enteredAt().Add(r.provisionTimeout())
+		deadline := s.since(s.enteredAt()).Add(r.provisionTimeout())
 		if !s.now.Before(deadline) {
 			return s.failMachine(machinistv1.FailureProvisioningTimeout, fmt.Sprintf(
 				"no Ready Node with providerID %s after %s", m.Status.ProviderID, r.provisionTimeout()))

@@ -10,6 +10,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/internal/admission"
+	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/operation"
 )
 
@@ -57,7 +58,17 @@ func (r *Reconciler) takeRequest(ctx context.Context, s *step, value string) err
 			machinistv1.RequestAnnotation, value)
 		return r.ackRequest(ctx, m, m.Annotations[machinistv1.LastRequestAnnotation])
 	}
-	op, err := operation.Request(m, typ, nil, machinistv1.SourceAnnotation, r.requester(ctx, m), s.now)
+	// An annotation asks for a drain, which a Machine whose cluster
+	// cannot be reached cannot have.
+	unseen, err := r.unseen(ctx, m)
+	if err != nil {
+		return err // read again, the request kept
+	}
+	err = operation.AdmitUnseen(m, typ, nil, unseen)
+	var op *machinistv1.Operation
+	if err == nil {
+		op, err = operation.Request(m, typ, nil, machinistv1.SourceAnnotation, r.requester(ctx, m), s.now)
+	}
 	if err != nil {
 		s.note(corev1.EventTypeWarning, reasonRefused, "Request", "annotation %s=%s: %v", machinistv1.RequestAnnotation, value, err)
 		return r.ackRequest(ctx, m, m.Annotations[machinistv1.LastRequestAnnotation])
@@ -69,6 +80,15 @@ func (r *Reconciler) takeRequest(ctx context.Context, s *step, value string) err
 	s.note(corev1.EventTypeNormal, reasonRequested, "Request", "%s %s requested by annotation%s", operation.Verb(typ), op.ID, by)
 	s.ack, s.requested = op.ID, op.ID
 	return nil
+}
+
+// unseen says why m's cluster cannot be reached; "" when it can.
+func (r *Reconciler) unseen(ctx context.Context, m *machinistv1.Machine) (string, error) {
+	reach, err := nodes.Reachability(ctx, r.Client, m)
+	if err != nil || reach.Down == nil {
+		return "", err
+	}
+	return reach.Down.Unseen(), nil
 }
 
 // requester is who set the request annotation, as far as it is known: the

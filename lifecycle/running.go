@@ -26,6 +26,9 @@ import (
 // without drain.
 func (r *Reconciler) serve(ctx context.Context, s *step) outcome {
 	m := s.m
+	if s.down != nil {
+		return r.serveUnseen(ctx, s)
+	}
 	node, err := s.nodes.Node(ctx, m.Status.ProviderID)
 	if err != nil {
 		return fail(err)
@@ -34,7 +37,15 @@ func (r *Reconciler) serve(ctx context.Context, s *step) outcome {
 	if err != nil {
 		return fail(err)
 	}
-	setHealth(m, h)
+	if until := s.back.Add(returnGrace); !h.Healthy && s.now.Before(until) && unseenHealth(m) {
+		// Back from an outage in which its kubelet could not report:
+		// what the cache shows of its Node and Lease is from before, and
+		// is not taken as the Node's health until the kubelet has had a
+		// lease period to speak.
+		s.after(until.Sub(s.now))
+	} else {
+		setHealth(m, h)
+	}
 	if !h.Recheck.IsZero() {
 		s.after(h.Recheck.Sub(s.now) + time.Second)
 	}
@@ -68,6 +79,54 @@ func (r *Reconciler) serve(ctx context.Context, s *step) outcome {
 		return r.callProvider(ctx, s)
 	}
 	return advance(phases.Drain)
+}
+
+// serveUnseen is serve for a Machine whose cluster cannot be reached: its
+// Node's health is Unknown, nothing is done to the Node, and no update is
+// started (the version the Node runs is not known). An operation that
+// needs no drain is carried out all the same, by the provider; one that
+// drains waits in Draining for the cluster, since pods cannot be evicted
+// through an API that does not answer.
+func (r *Reconciler) serveUnseen(ctx context.Context, s *step) outcome {
+	setUnseenHealth(s)
+	op := s.m.Status.Operation
+	if !operation.InFlight(op) {
+		return s.wait("its cluster cannot be reached", downPoll)
+	}
+	if s.unstored(op) {
+		return s.wait("the operation is not stored yet", 0)
+	}
+	if op.State == machinistv1.OperationPending {
+		if held, err := r.holdForBudget(ctx, s, op); err != nil || held {
+			return outcome{reason: "a disruption budget holds the operation", err: err}
+		}
+		startOperation(s)
+	}
+	if !operation.Drains(op.Type, op.Options) {
+		return r.callProvider(ctx, s)
+	}
+	return advance(phases.Drain)
+}
+
+// setUnseenHealth says that the Node's health is not known: its cluster
+// cannot be reached. Written once per outage: the message does not change
+// while the cluster stays down.
+func setUnseenHealth(s *step) {
+	for _, t := range []string{machinistv1.ConditionNodeHealthy, machinistv1.ConditionReady} {
+		s.unseen(t, metav1.ConditionUnknown, "the Node side is not seen, and nothing is done to the Node until it is")
+	}
+}
+
+// returnGrace is how long after its cluster is back a Machine's Node is
+// not judged unhealthy from what was cached before: a kubelet's Lease
+// duration, the time it has to renew once it can.
+const returnGrace = 40 * time.Second
+
+// unseenHealth reports whether m's NodeHealthy condition says its cluster
+// could not be reached.
+func unseenHealth(m *machinistv1.Machine) bool {
+	c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionNodeHealthy)
+	return c != nil && c.Reason == machinistv1.ReasonClusterUnreachable
 }
 
 // observeNode copies what the Machine records about its Node.

@@ -27,6 +27,13 @@ type step struct {
 	now   time.Time
 	class *machinistv1.MachineClass // nil when it does not exist
 	nodes nodes.Cluster             // where the Machine's Node lives
+	// down says why the Machine's cluster cannot be reached now; nil
+	// when it can. Handlers then do nothing on the Node side.
+	down *nodes.NotConnectedError
+	// back is when the Machine's cluster was last found reachable again
+	// (zero for the manager's own): deadlines that wait on its Node
+	// count from no earlier, since the Node could not report before.
+	back time.Time
 
 	fired   []machinistv1.Transition
 	entered []time.Time // when each fired transition's From phase was entered
@@ -239,7 +246,7 @@ func moves(e ...phases.Event) []phases.Event { return e }
 var live = handlers{
 	machinistv1.MachinePending:      {(*Reconciler).create, moves(phases.Provision, phases.Fail)},
 	machinistv1.MachineProvisioning: {(*Reconciler).awaitNode, moves(phases.Provisioned, phases.Fail)},
-	machinistv1.MachineRunning:      {(*Reconciler).serve, moves(phases.Drain, phases.Reboot)},
+	machinistv1.MachineRunning:      {(*Reconciler).serve, moves(phases.Drain, phases.Reboot, phases.Repair)},
 	machinistv1.MachineDraining:     {(*Reconciler).drainFor, moves(phases.Reboot, phases.Repair, phases.Update, phases.Abort)},
 	machinistv1.MachineRebooting:    {(*Reconciler).awaitBoot, moves(phases.Rebooted, phases.Fail)},
 	machinistv1.MachineRepairing:    {(*Reconciler).awaitBoot, moves(phases.Repaired, phases.Fail)},

@@ -88,6 +88,34 @@ func (l *API) Joined(ctx context.Context, m *machinistv1.Machine) error {
 	return nil
 }
 
+// Address implements Cluster.
+func (l *API) Address() (string, []byte) { return l.Server, l.CAData }
+
+// Publish implements Cluster.
+func (l *API) Publish(ctx context.Context, m *machinistv1.Machine, t bootstrap.Token, ttl time.Duration) error {
+	secrets := l.Kube.CoreV1().Secrets(metav1.NamespaceSystem)
+	_, err := secrets.Create(ctx, bootstrap.TokenSecret(t, bootstrap.TokenOptions{
+		Expiration:  time.Now().Add(ttl),
+		Description: fmt.Sprintf("joins the machine of Machine %s/%s, given while the cluster could not be reached", m.Namespace, m.Name),
+		Labels:      map[string]string{TokenMachineLabel: string(m.UID)},
+	}), metav1.CreateOptions{})
+	if !apierrors.IsAlreadyExists(err) {
+		if err != nil {
+			return fmt.Errorf("making the bootstrap token of Machine %s: %w", m.Name, err)
+		}
+		return nil
+	}
+	// Made by an earlier attempt whose reply was lost, or another's.
+	s, err := secrets.Get(ctx, t.SecretName(), metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("reading the bootstrap token of Machine %s: %w", m.Name, err)
+	}
+	if have, err := bootstrap.TokenFromSecret(s); err != nil || have != t || s.Labels[TokenMachineLabel] != string(m.UID) {
+		return fmt.Errorf("the bootstrap token ID %s of Machine %s is taken by another token", t.ID, m.Name)
+	}
+	return nil
+}
+
 func (l *API) join(t bootstrap.Token) bootstrap.Join {
 	return bootstrap.Join{Server: l.Server, CAData: l.CAData, Token: t.Value()}
 }

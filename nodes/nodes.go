@@ -17,6 +17,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
@@ -55,6 +56,10 @@ type NotConnectedError struct {
 	Reason string
 	// Err is what went wrong; nil while connecting.
 	Err error
+	// Since is when the cluster was last found to change between
+	// reachable and not, when the WorkloadCluster's condition says so;
+	// zero otherwise.
+	Since time.Time
 }
 
 func (e *NotConnectedError) Error() string {
@@ -71,6 +76,56 @@ func NotConnected(err error) (*NotConnectedError, bool) {
 	var nc *NotConnectedError
 	ok := errors.As(err, &nc)
 	return nc, ok
+}
+
+// Reach is what the manager's cache says of whether a Machine's Node side
+// can be seen.
+type Reach struct {
+	// Down says why it cannot; nil when it can, for a Machine of the
+	// manager's own cluster, and while a first connection is being made.
+	Down *NotConnectedError
+	// Back is when the cluster was last found reachable (its Reachable
+	// condition's last turn to True); zero while it is not, and for the
+	// manager's own cluster. What its kubelets reported while it was down
+	// is judged from then on, not from before.
+	Back time.Time
+}
+
+// Reachability reads, from r (the manager's cache), whether the
+// WorkloadCluster of m can be reached. The controllers decide on this
+// rather than on their own failed requests: one answer for every Machine
+// of the cluster, from the prober, kept in the API across a restart.
+func Reachability(ctx context.Context, r client.Reader, m *machinistv1.Machine) (Reach, error) {
+	if m.Spec.ClusterName == "" {
+		return Reach{}, nil
+	}
+	wc := &machinistv1.WorkloadCluster{}
+	key := types.NamespacedName{Namespace: m.Namespace, Name: m.Spec.ClusterName}
+	if err := r.Get(ctx, key, wc); err != nil {
+		return Reach{}, client.IgnoreNotFound(err)
+	}
+	c := meta.FindStatusCondition(wc.Status.Conditions, machinistv1.WorkloadClusterReachable)
+	switch {
+	case c == nil:
+		return Reach{}, nil
+	case c.Status == metav1.ConditionTrue:
+		return Reach{Back: c.LastTransitionTime.Time}, nil
+	case c.Status == metav1.ConditionFalse && c.Reason != machinistv1.ReasonClusterConnecting:
+		return Reach{Down: &NotConnectedError{Cluster: key, Reason: c.Reason, Err: errors.New(c.Message), Since: c.LastTransitionTime.Time}}, nil
+	}
+	return Reach{}, nil
+}
+
+// Unseen says, for a condition's message, that the Node side of a Machine
+// of the cluster is not seen. It names the cluster, its reason and since
+// when, and not the error: that changes from one probe to the next, and a
+// Machine's status must not.
+func (e *NotConnectedError) Unseen() string {
+	since := ""
+	if !e.Since.IsZero() {
+		since = " since " + e.Since.UTC().Format(time.RFC3339)
+	}
+	return fmt.Sprintf("WorkloadCluster %s is not reachable (%s)%s", e.Cluster.Name, e.Reason, since)
 }
 
 // Unreachable reports whether err says that a cluster did not answer, or
@@ -113,6 +168,14 @@ type Cluster interface {
 	// Joined deletes m's bootstrap token: its machine has joined, or
 	// never will.
 	Joined(ctx context.Context, m *machinistv1.Machine) error
+	// Address is how a machine reaches this cluster's API server: its
+	// URL and CA bundle. Known from the connection, whether or not the
+	// cluster answers now.
+	Address() (server string, caData []byte)
+	// Publish makes t m's bootstrap token in this cluster, valid for ttl
+	// from now: a token handed to m's machine while the cluster could
+	// not be reached. Publishing one that is there already is no error.
+	Publish(ctx context.Context, m *machinistv1.Machine, t bootstrap.Token, ttl time.Duration) error
 }
 
 // API is one cluster reached through its API server: reads come from a
@@ -197,4 +260,46 @@ func (l *API) DeletePods(ctx context.Context, node *corev1.Node) (int, error) {
 		}
 	}
 	return gone, nil
+}
+
+// Offline is the Cluster of a Machine whose cluster the manager holds no
+// connection to: every call returns Err. The Machine's handlers, told that
+// the Node side is not seen, call none of it; were one to, it would fail
+// rather than act on a cluster it cannot see.
+type Offline struct{ Err *NotConnectedError }
+
+// Node implements Cluster.
+func (o Offline) Node(context.Context, string) (*corev1.Node, error) { return nil, o.Err }
+
+// Lease implements Cluster.
+func (o Offline) Lease(context.Context, string) (*coordinationv1.Lease, error) { return nil, o.Err }
+
+// Patch implements Cluster.
+func (o Offline) Patch(context.Context, *corev1.Node, client.Patch) error { return o.Err }
+
+// Delete implements Cluster.
+func (o Offline) Delete(context.Context, *corev1.Node) error { return o.Err }
+
+// Drain implements Cluster.
+func (o Offline) Drain(context.Context, *corev1.Node, machinistv1.DrainSettings, bool) (DrainOutcome, error) {
+	return DrainOutcome{}, o.Err
+}
+
+// DeletePods implements Cluster.
+func (o Offline) DeletePods(context.Context, *corev1.Node) (int, error) { return 0, o.Err }
+
+// Join implements Cluster.
+func (o Offline) Join(context.Context, *machinistv1.Machine, time.Duration) (bootstrap.Join, error) {
+	return bootstrap.Join{}, o.Err
+}
+
+// Joined implements Cluster.
+func (o Offline) Joined(context.Context, *machinistv1.Machine) error { return o.Err }
+
+// Address implements Cluster: with no connection made, none is known.
+func (o Offline) Address() (string, []byte) { return "", nil }
+
+// Publish implements Cluster.
+func (o Offline) Publish(context.Context, *machinistv1.Machine, bootstrap.Token, time.Duration) error {
+	return o.Err
 }

@@ -25,8 +25,9 @@ func TestAdmitAsksTheStateMachine(t *testing.T) {
 		{machinistv1.MachineRunning, machinistv1.OperationReboot, nil, true},
 		{machinistv1.MachineRunning, machinistv1.OperationReboot, noDrain, true},
 		{machinistv1.MachineRunning, machinistv1.OperationRepair, nil, true},
-		// Drain=false means nothing to a repair: it always drains.
+		// Drain=false re-images a Running machine at once.
 		{machinistv1.MachineRunning, machinistv1.OperationRepair, noDrain, true},
+		{machinistv1.MachineFailed, machinistv1.OperationRepair, noDrain, true},
 		{"", machinistv1.OperationReboot, nil, false},
 		{machinistv1.MachinePending, machinistv1.OperationReboot, nil, false},
 		{machinistv1.MachineProvisioning, machinistv1.OperationReboot, nil, false},
@@ -167,5 +168,54 @@ func TestARepairStartsAFailedMachineWithoutADrain(t *testing.T) {
 	}
 	if to, ok := phases.Table.Allowed(machinistv1.MachineFailed, phases.Repair); !ok || to != machinistv1.MachineRepairing {
 		t.Errorf("repair in Failed: table says (%s, %v), want Repairing", to, ok)
+	}
+}
+
+func TestFirstEventOfARepairWithoutDrain(t *testing.T) {
+	noDrain := &machinistv1.OperationOptions{Drain: ptr.To(false)}
+	for _, tc := range []struct {
+		typ   machinistv1.OperationType
+		opts  *machinistv1.OperationOptions
+		phase machinistv1.MachinePhase
+		want  phases.Event
+	}{
+		{machinistv1.OperationRepair, nil, machinistv1.MachineRunning, phases.Drain},
+		{machinistv1.OperationRepair, noDrain, machinistv1.MachineRunning, phases.Repair},
+		{machinistv1.OperationRepair, nil, machinistv1.MachineFailed, phases.Repair},
+		{machinistv1.OperationReboot, noDrain, machinistv1.MachineRunning, phases.Reboot},
+		{machinistv1.OperationReboot, nil, machinistv1.MachineRunning, phases.Drain},
+		// An update drains whatever its options say.
+		{machinistv1.OperationUpdate, noDrain, machinistv1.MachineRunning, phases.Drain},
+	} {
+		if got := FirstEvent(tc.typ, tc.opts, tc.phase); got != tc.want {
+			t.Errorf("%s (drain %v) in %s: first event %q, want %q", tc.typ, tc.opts != nil, tc.phase, got, tc.want)
+		}
+	}
+}
+
+func TestAdmitUnseenRefusesOnlyADrain(t *testing.T) {
+	m := &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m1"}}
+	noDrain := &machinistv1.OperationOptions{Drain: ptr.To(false)}
+	const unseen = "WorkloadCluster far is not reachable (Unreachable) since 2026-12-03T04:00:00Z"
+	for _, typ := range []machinistv1.OperationType{machinistv1.OperationReboot, machinistv1.OperationRepair} {
+		if err := AdmitUnseen(m, typ, nil, ""); err != nil {
+			t.Errorf("%s of a Machine whose cluster is reachable: %v", typ, err)
+		}
+		if err := AdmitUnseen(m, typ, noDrain, unseen); err != nil {
+			t.Errorf("%s without a drain of a Machine whose cluster is down: %v", typ, err)
+		}
+		err := AdmitUnseen(m, typ, nil, unseen)
+		if !errors.Is(err, ErrRefused) {
+			t.Fatalf("%s with a drain of a Machine whose cluster is down: got %v, want a refusal", typ, err)
+		}
+		verb := Verb(typ)
+		for _, want := range []string{unseen, "drain: false", "kubectl machine " + verb + " m1 --no-drain"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("%s refused with %q, which does not say %q", typ, err, want)
+			}
+		}
+	}
+	if err := AdmitUnseen(m, machinistv1.OperationUpdate, noDrain, unseen); !errors.Is(err, ErrRefused) {
+		t.Errorf("an update of a Machine whose cluster is down: got %v, want a refusal", err)
 	}
 }

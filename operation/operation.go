@@ -46,9 +46,10 @@ func Held(op *machinistv1.Operation) bool {
 }
 
 // Drains reports whether an operation of typ with opts empties the Machine
-// first.
+// first: always for an update, and for a reboot or repair unless asked
+// not to.
 func Drains(typ machinistv1.OperationType, opts *machinistv1.OperationOptions) bool {
-	return typ != machinistv1.OperationReboot || opts == nil || opts.Drain == nil || *opts.Drain
+	return typ == machinistv1.OperationUpdate || opts == nil || opts.Drain == nil || *opts.Drain
 }
 
 // FirstEvent is the event that starts an operation on a Machine in phase:
@@ -61,6 +62,8 @@ func FirstEvent(typ machinistv1.OperationType, opts *machinistv1.OperationOption
 		return phases.Repair
 	case Drains(typ, opts):
 		return phases.Drain
+	case typ == machinistv1.OperationRepair:
+		return phases.Repair
 	}
 	return phases.Reboot
 }
@@ -91,7 +94,7 @@ func Admit(m *machinistv1.Machine, typ machinistv1.OperationType, opts *machinis
 	}
 	if e := FirstEvent(typ, opts, phase); !phases.New(phase).Can(e) {
 		from := phases.Table.From(e)
-		if typ == machinistv1.OperationRepair {
+		if typ == machinistv1.OperationRepair && Drains(typ, opts) {
 			from = append(phases.Table.From(phases.Drain), machinistv1.MachineFailed)
 		}
 		return refuse("machine %q is %s; a %s can start only when it is %s",
@@ -102,6 +105,24 @@ func Admit(m *machinistv1.Machine, typ machinistv1.OperationType, opts *machinis
 			m.Name, m.Status.FailureReason, verb)
 	}
 	return nil
+}
+
+// AdmitUnseen refuses an operation that drains a Machine whose cluster
+// cannot be reached; unseen says why ("" when it can be). Pods cannot be
+// evicted through an API that does not answer, so going on without a drain
+// must be the requester's choice, which the error names.
+func AdmitUnseen(m *machinistv1.Machine, typ machinistv1.OperationType, opts *machinistv1.OperationOptions, unseen string) error {
+	if unseen == "" || !Drains(typ, opts) {
+		return nil
+	}
+	verb := Verb(typ)
+	if typ == machinistv1.OperationUpdate {
+		return refuse("machine %q cannot be drained for an update: %s, and pods cannot be evicted through an API that does not answer",
+			m.Name, unseen)
+	}
+	return refuse("machine %q cannot be drained: %s, and pods cannot be evicted through an API that does not answer; "+
+		"to %s it without a drain, its pods dying with it, ask with drain: false (kubectl machine %s %s --no-drain)",
+		m.Name, unseen, verb, verb, m.Name)
 }
 
 // Request records a new operation in m's status as Pending. The caller

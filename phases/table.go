@@ -27,7 +27,8 @@ const (
 	Rebooted Event = "rebooted"
 	// Repair: the provider is re-imaging the instance. A Failed Machine
 	// that has an instance can be repaired without a drain: re-imaging is
-	// what brings such a machine back.
+	// what brings such a machine back. A Running one is, when the
+	// request asked for no drain.
 	Repair Event = "repair"
 	// Repaired: the re-imaged Node is Ready with a new boot ID.
 	Repaired Event = "repaired"
@@ -61,7 +62,7 @@ var Table = statemachine.Table[machinistv1.MachinePhase, Event]{
 		{Event: Drain, From: phases(machinistv1.MachineRunning), To: machinistv1.MachineDraining},
 		{Event: Reboot, From: phases(machinistv1.MachineRunning, machinistv1.MachineDraining), To: machinistv1.MachineRebooting},
 		{Event: Rebooted, From: phases(machinistv1.MachineRebooting), To: machinistv1.MachineRunning},
-		{Event: Repair, From: phases(machinistv1.MachineDraining, machinistv1.MachineFailed), To: machinistv1.MachineRepairing},
+		{Event: Repair, From: phases(machinistv1.MachineRunning, machinistv1.MachineDraining, machinistv1.MachineFailed), To: machinistv1.MachineRepairing},
 		{Event: Repaired, From: phases(machinistv1.MachineRepairing), To: machinistv1.MachineRunning},
 		{Event: Update, From: phases(machinistv1.MachineDraining), To: machinistv1.MachineUpdating},
 		{Event: Updated, From: phases(machinistv1.MachineUpdating), To: machinistv1.MachineRunning},

@@ -28,6 +28,7 @@ var moves = []move{
 	{"Provisioning", "fail", "Failed"},
 	{"Running", "drain", "Draining"},
 	{"Running", "reboot", "Rebooting"},
+	{"Running", "repair", "Repairing"},
 	{"Draining", "reboot", "Rebooting"},
 	{"Draining", "repair", "Repairing"},
 	{"Draining", "delete", "Deleting"},

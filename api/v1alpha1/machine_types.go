@@ -362,7 +362,8 @@ type OperationOptions struct {
 	// +kubebuilder:validation:Enum=soft;hard
 	// +optional
 	Mode string `json:"mode,omitempty"`
-	// Drain is false when the Machine is not to be drained first.
+	// Drain is false when the Machine is not to be drained first (a
+	// reboot or a repair; an update always drains).
 	// +optional
 	Drain *bool `json:"drain,omitempty"`
 	// GracePeriodSeconds overrides pods' termination grace period during

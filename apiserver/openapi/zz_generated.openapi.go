@@ -208,7 +208,7 @@ func schema_machinist_api_subresources_v1alpha1_RepairOptions(ref common.Referen
 	return common.OpenAPIDefinition{
 		Schema: spec.Schema{
 			SchemaProps: spec.SchemaProps{
-				Description: "RepairOptions is the body of PUT .../machines/{name}/repair. A repair always drains first; an empty body is a valid request.",
+				Description: "RepairOptions is the body of PUT .../machines/{name}/repair. Every field is optional; an empty body is a repair after a drain.",
 				Type:        []string{"object"},
 				Properties: map[string]spec.Schema{
 					"kind": {
@@ -222,6 +222,13 @@ func schema_machinist_api_subresources_v1alpha1_RepairOptions(ref common.Referen
 						SchemaProps: spec.SchemaProps{
 							Description: "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources",
 							Type:        []string{"string"},
+							Format:      "",
+						},
+					},
+					"drain": {
+						SchemaProps: spec.SchemaProps{
+							Description: "Drain evicts the Machine's pods before the repair. Default true. False re-images the machine under its pods, which then die with it: the way to repair a machine whose cluster cannot be reached, where nothing can be evicted.",
+							Type:        []string{"boolean"},
 							Format:      "",
 						},
 					},

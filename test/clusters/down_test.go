@@ -2,27 +2,36 @@ package clusters
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
-// A health check does not judge a Machine whose cluster cannot be
-// reached, holds nothing against it, and says so on the Machine; once the
-// cluster is back, the Machine is judged again. The cluster here is down
-// for real: its kube-apiserver killed.
-func TestAMachineOfAClusterThatIsDownIsNotJudged(t *testing.T) {
-	ctx := context.Background()
+// A workload cluster whose kube-apiserver is killed for a minute: its
+// Machines stay readable and say that their Node side is not seen, at one
+// write each; a health check judges none of them and says why; a reboot or
+// repair that asks for a drain is refused with 409, one without is carried
+// out by the provider; a deletion and a creation wait for the cluster.
+// Once it is back, the rebooted Node shows a new boot ID, the health check
+// judges again, and nothing was replaced or remediated.
+func TestAClusterDown(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	ns := env.NewNamespace(t, "down", testenv.Small)
 	w, err := testenv.StartWith(testenv.Options{Workload: true, ControllerManager: true})
 	if err != nil {
@@ -30,6 +39,10 @@ func TestAMachineOfAClusterThatIsDownIsNotJudged(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = w.Stop() })
 	kubeconfig, err := os.ReadFile(w.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wkube, err := kubernetes.NewForConfig(w.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,10 +54,15 @@ func TestAMachineOfAClusterThatIsDownIsNotJudged(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "fading"},
 		Spec:       machinistv1.WorkloadClusterSpec{Kubeconfig: machinistv1.KubeconfigReference{SecretName: secret.Name}},
 	}
-	m := &machinistv1.Machine{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "far", Labels: map[string]string{"pool": "far"}},
-		Spec:       machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: testenv.Small.Name}, ClusterName: wc.Name},
+	machine := func(name string) *machinistv1.Machine {
+		return &machinistv1.Machine{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"pool": "far"}},
+			Spec:       machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: testenv.Small.Name}, ClusterName: wc.Name},
+		}
 	}
+	// far is rebooted and mend repaired while the cluster is down, gone
+	// deleted; late is made then.
+	far, mend, gone := machine("far"), machine("mend"), machine("gone")
 	hc := &machinistv1.MachineHealthCheck{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "far"},
 		Spec: machinistv1.MachineHealthCheckSpec{
@@ -55,7 +73,7 @@ func TestAMachineOfAClusterThatIsDownIsNotJudged(t *testing.T) {
 			Remediation: machinistv1.Remediation{Ladder: []machinistv1.Rung{{Action: machinistv1.RemediateReplace}}},
 		},
 	}
-	for _, o := range []client.Object{secret, wc, m, hc} {
+	for _, o := range []client.Object{secret, wc, far, mend, gone, hc} {
 		if err := env.Client.Create(ctx, o); err != nil {
 			t.Fatal(err)
 		}
@@ -69,13 +87,21 @@ func TestAMachineOfAClusterThatIsDownIsNotJudged(t *testing.T) {
 			return nil
 		}
 	}
-	testenv.WaitForObject(t, env.Client, 2*time.Minute, "the Machine Running and judged healthy", m,
-		judged(metav1.ConditionTrue, machinistv1.ReasonPassed))
-	uid := m.UID
+	for _, m := range []*machinistv1.Machine{far, mend, gone} {
+		testenv.WaitForObject(t, env.Client, 2*time.Minute, m.Name+" Running and judged healthy", m,
+			judged(metav1.ConditionTrue, machinistv1.ReasonPassed))
+	}
+	uids := map[string]types.UID{far.Name: far.UID, mend.Name: mend.UID}
+	farBoot, mendBoot := far.Status.BootID, mend.Status.BootID
+	machines, err := env.WatchMachines(ctx, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	if err := w.StopAPIServer(); err != nil {
 		t.Fatal(err)
 	}
+	stopped := time.Now()
 	testenv.WaitForObject(t, env.Client, time.Minute, "the WorkloadCluster Unreachable", wc, func(wc *machinistv1.WorkloadCluster) error {
 		c := meta.FindStatusCondition(wc.Status.Conditions, machinistv1.WorkloadClusterReachable)
 		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != machinistv1.ReasonUnreachable {
@@ -83,42 +109,164 @@ func TestAMachineOfAClusterThatIsDownIsNotJudged(t *testing.T) {
 		}
 		return nil
 	})
-	// The probe (every 5s here) finds it down; the Node's Lease, last
-	// renewed before, would be long expired by the time the Machine is
-	// looked at, were it judged.
-	testenv.WaitForObject(t, env.Client, time.Minute, "the Machine unjudged, and saying why", m,
-		judged(metav1.ConditionUnknown, machinistv1.ReasonClusterUnreachable))
-	c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionHealthCheckSucceeded)
-	if !strings.Contains(c.Message, "WorkloadCluster fading is not reachable (Unreachable)") {
+	// Found down by the prober (every 5s here), the Machines say that
+	// their Node side is not seen, and the health check judges none.
+	unseen := "WorkloadCluster fading is not reachable (Unreachable) since "
+	for _, m := range []*machinistv1.Machine{far, mend, gone} {
+		testenv.WaitForObject(t, env.Client, time.Minute, m.Name+" unjudged, its Node side unknown", m, func(m *machinistv1.Machine) error {
+			if err := judged(metav1.ConditionUnknown, machinistv1.ReasonClusterUnreachable)(m); err != nil {
+				return err
+			}
+			for _, ct := range []string{machinistv1.ConditionNodeHealthy, machinistv1.ConditionReady} {
+				c := meta.FindStatusCondition(m.Status.Conditions, ct)
+				if c == nil || c.Status != metav1.ConditionUnknown || c.Reason != machinistv1.ReasonClusterUnreachable || !strings.Contains(c.Message, unseen) {
+					return fmt.Errorf("%s %+v", ct, c)
+				}
+			}
+			return nil
+		})
+	}
+	c := meta.FindStatusCondition(far.Status.Conditions, machinistv1.ConditionHealthCheckSucceeded)
+	if !strings.Contains(c.Message, unseen) {
 		t.Errorf("the condition's message: %q", c.Message)
 	}
-	// The health check says why, once.
 	testenv.WaitForObject(t, env.Client, 30*time.Second, "the health check saying why", hc, func(hc *machinistv1.MachineHealthCheck) error {
 		c := meta.FindStatusCondition(hc.Status.Conditions, machinistv1.ConditionClustersReachable)
 		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != machinistv1.ReasonClusterUnreachable ||
-			!strings.Contains(c.Message, "WorkloadCluster fading (Unreachable): 1") {
+			!strings.Contains(c.Message, "WorkloadCluster fading (Unreachable): 3") {
 			return fmt.Errorf("%s %+v", machinistv1.ConditionClustersReachable, c)
 		}
 		return nil
 	})
-	// Well past the check's timeout, nothing is held against it.
-	time.Sleep(10 * time.Second) // a window in which nothing may happen, not a wait for a state
-	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(m), m); err != nil {
+
+	// While the cluster stays down, probed every 5s, nothing is written
+	// to its Machines: not one write per Machine per probe.
+	drain(machines)
+	window := 12 * time.Second
+	time.Sleep(window) // a window of writes counted, not a wait for a state
+	if writes := drain(machines); len(writes) > 0 {
+		for _, e := range writes {
+			m := e.Object.(*machinistv1.Machine)
+			t.Logf("%s %s: phase %s, conditions %+v", e.Type, m.Name, m.Status.Phase, m.Status.Conditions)
+		}
+		t.Errorf("the Machines of a cluster that stays down were written %d times in %s", len(writes), window)
+	}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(far), far); err != nil {
 		t.Fatal(err)
 	}
-	if m.UID != uid || !m.DeletionTimestamp.IsZero() || m.Status.Remediation != nil || m.Status.Operation != nil {
+	if far.UID != uids[far.Name] || !far.DeletionTimestamp.IsZero() || far.Status.Remediation != nil || far.Status.Operation != nil {
 		t.Fatalf("a Machine of a cluster that is down was remediated: deleting %v, remediation %+v, operation %+v",
-			!m.DeletionTimestamp.IsZero(), m.Status.Remediation, m.Status.Operation)
+			!far.DeletionTimestamp.IsZero(), far.Status.Remediation, far.Status.Operation)
 	}
 
+	// A verb that asks for a drain is refused, naming the way without.
+	verb := func(m *machinistv1.Machine, name, body string) (int, error) {
+		var code int
+		err := kube(t, "").CoreV1().RESTClient().Put().
+			AbsPath("/apis/subresources.machinist.dev/v1alpha1/namespaces", ns, "machines", m.Name, name).
+			Body([]byte(body)).Do(ctx).StatusCode(&code).Error()
+		return code, err
+	}
+	for _, v := range []string{"reboot", "repair"} {
+		code, err := verb(far, v, `{}`)
+		if code != http.StatusConflict || err == nil || !strings.Contains(err.Error(), unseen) ||
+			!strings.Contains(err.Error(), "kubectl machine "+v+" far --no-drain") {
+			t.Errorf("%s with a drain of a Machine whose cluster is down: %d %v; want 409 naming --no-drain", v, code, err)
+		}
+	}
+	// Without one, both are carried out by the provider.
+	if code, err := verb(far, "reboot", `{"mode":"hard","drain":false}`); code != http.StatusAccepted {
+		t.Fatalf("reboot without drain: %d %v", code, err)
+	}
+	if code, err := verb(mend, "repair", `{"drain":false,"reason":"its cluster is down"}`); code != http.StatusAccepted {
+		t.Fatalf("repair without drain: %d %v", code, err)
+	}
+	testenv.WaitForObject(t, env.Client, 30*time.Second, "far rebooted by its provider", far, func(m *machinistv1.Machine) error {
+		if m.Status.Phase != machinistv1.MachineRebooting {
+			return fmt.Errorf("phase %s, operation %+v", m.Status.Phase, m.Status.Operation)
+		}
+		return nil
+	})
+	testenv.WaitForObject(t, env.Client, 30*time.Second, "mend repaired by its provider", mend, func(m *machinistv1.Machine) error {
+		if m.Status.Phase != machinistv1.MachineRepairing {
+			return fmt.Errorf("phase %s, operation %+v", m.Status.Phase, m.Status.Operation)
+		}
+		return nil
+	})
+	// A deletion waits in its drain, a new Machine for the cluster.
+	if err := env.Client.Delete(ctx, gone); err != nil {
+		t.Fatal(err)
+	}
+	late := machine("late")
+	late.Labels = nil
+	if err := env.Client.Create(ctx, late); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitForObject(t, env.Client, 30*time.Second, "the deleted Machine waiting to drain", gone, func(m *machinistv1.Machine) error {
+		c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionDrained)
+		if m.Status.Phase != machinistv1.MachineDraining || c == nil || c.Reason != machinistv1.ReasonClusterUnreachable || !strings.Contains(c.Message, unseen) {
+			return fmt.Errorf("phase %s, Drained %+v", m.Status.Phase, c)
+		}
+		return nil
+	})
+	testenv.WaitForObject(t, env.Client, 30*time.Second, "the new Machine waiting to be made", late, func(m *machinistv1.Machine) error {
+		c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionReady)
+		if m.Status.Phase != machinistv1.MachinePending || m.Status.ProviderID != "" || c == nil || c.Reason != machinistv1.ReasonClusterUnreachable {
+			return fmt.Errorf("phase %s, providerID %q, Ready %+v", m.Status.Phase, m.Status.ProviderID, c)
+		}
+		return nil
+	})
+
+	// A minute down in all.
+	time.Sleep(time.Until(stopped.Add(time.Minute))) // the outage's length, not a wait for a state
 	if err := w.StartAPIServer(ctx); err != nil {
 		t.Fatal(err)
 	}
-	testenv.WaitForObject(t, env.Client, 2*time.Minute, "the Machine judged again once its cluster is back", m,
-		judged(metav1.ConditionTrue, machinistv1.ReasonPassed))
-	if m.UID != uid || m.Status.Remediation != nil {
-		t.Errorf("the Machine was replaced or remediated: uid %s -> %s, remediation %+v", uid, m.UID, m.Status.Remediation)
+	nodeOf := func(m *machinistv1.Machine) *corev1.Node {
+		list, err := wkube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return nil
+		}
+		for i := range list.Items {
+			if list.Items[i].Spec.ProviderID == m.Status.ProviderID {
+				return &list.Items[i]
+			}
+		}
+		return nil
 	}
+	for _, m := range []*machinistv1.Machine{far, mend} {
+		before := map[string]string{far.Name: farBoot, mend.Name: mendBoot}[m.Name]
+		testenv.WaitForObject(t, env.Client, 2*time.Minute, m.Name+" judged again once its cluster is back, on a new boot", m, func(m *machinistv1.Machine) error {
+			if err := judged(metav1.ConditionTrue, machinistv1.ReasonPassed)(m); err != nil {
+				return err
+			}
+			if op := m.Status.Operation; op == nil || op.State != machinistv1.OperationSucceeded {
+				return fmt.Errorf("operation %+v", op)
+			}
+			if node := nodeOf(m); node == nil || node.Status.NodeInfo.BootID == before || node.Status.NodeInfo.BootID != m.Status.BootID {
+				return fmt.Errorf("boot ID before %s, recorded %s, its Node %+v", before, m.Status.BootID, node)
+			}
+			return nil
+		})
+		if m.UID != uids[m.Name] || m.Status.Remediation != nil {
+			t.Errorf("%s was replaced or remediated: uid %s -> %s, remediation %+v", m.Name, uids[m.Name], m.UID, m.Status.Remediation)
+		}
+	}
+	testenv.WaitFor(t, time.Minute, "the deleted Machine gone, with its Node", func() error {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(gone), gone); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (%v): phase %s", err, gone.Status.Phase)
+		}
+		if nodeOf(gone) != nil {
+			return errors.New("its Node is still there")
+		}
+		return nil
+	})
+	testenv.WaitForObject(t, env.Client, 2*time.Minute, "the new Machine Running once its cluster is back", late, func(m *machinistv1.Machine) error {
+		if m.Status.Phase != machinistv1.MachineRunning {
+			return fmt.Errorf("phase %s", m.Status.Phase)
+		}
+		return nil
+	})
 	testenv.WaitForObject(t, env.Client, 30*time.Second, "the health check saying the cluster is back", hc, func(hc *machinistv1.MachineHealthCheck) error {
 		c := meta.FindStatusCondition(hc.Status.Conditions, machinistv1.ConditionClustersReachable)
 		if c == nil || c.Status != metav1.ConditionTrue || c.Reason != machinistv1.ReasonClustersReachable {

@@ -62,12 +62,19 @@ type RebootOptions struct {
 	OverrideDisruptionBudgets bool `json:"overrideDisruptionBudgets,omitempty"`
 }
 
-// RepairOptions is the body of PUT .../machines/{name}/repair. A repair
-// always drains first; an empty body is a valid request.
+// RepairOptions is the body of PUT .../machines/{name}/repair. Every field
+// is optional; an empty body is a repair after a drain.
 //
 // +kubebuilder:object:root=true
 type RepairOptions struct {
 	metav1.TypeMeta `json:",inline"`
+
+	// Drain evicts the Machine's pods before the repair. Default true.
+	// False re-images the machine under its pods, which then die with
+	// it: the way to repair a machine whose cluster cannot be reached,
+	// where nothing can be evicted.
+	// +optional
+	Drain *bool `json:"drain,omitempty"`
 
 	// Reason says why the Machine needs repair; it is recorded with the
 	// operation. At most 256 characters.

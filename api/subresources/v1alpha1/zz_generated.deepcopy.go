@@ -72,6 +72,11 @@ func (in *RebootOptions) DeepCopyObject() runtime.Object {
 func (in *RepairOptions) DeepCopyInto(out *RepairOptions) {
 	*out = *in
 	out.TypeMeta = in.TypeMeta
+	if in.Drain != nil {
+		in, out := &in.Drain, &out.Drain
+		*out = new(bool)
+		**out = **in
+	}
 	if in.GracePeriodSeconds != nil {
 		in, out := &in.GracePeriodSeconds, &out.GracePeriodSeconds
 		*out = new(int64)

@@ -87,18 +87,28 @@ var repair = verb{
 	past:  "repaired",
 	short: "Repair a Machine: drain its Node and re-image the instance",
 	long: `Repair (re-image) a Machine through the Machinist verbs server. The Node is
-always drained first. --reason is recorded with the operation.
+drained first; --no-drain re-images the machine under its pods, which die
+with it: the way to repair a Machine whose cluster cannot be reached, where
+no pod can be evicted. --reason is recorded with the operation.
 
 Without --wait the command ends once the request is accepted and prints the
 operation ID, which the Machine's status.operation.id then carries. With
 --wait it follows the Machine until the operation has Succeeded or Failed.`,
-	example: `  kubectl machine repair m1 --reason "disk errors in dmesg" --wait`,
+	example: `  kubectl machine repair m1 --reason "disk errors in dmesg" --wait
+
+  # Repair a Machine whose workload cluster is down, without a drain
+  kubectl machine repair m1 --no-drain`,
 	addFlags: func(fs *pflag.FlagSet, f *verbFlags) {
 		fs.StringVar(&f.reason, "reason", "", "why the Machine needs repair; recorded with the operation")
+		fs.BoolVar(&f.noDrain, "no-drain", false, "repair without draining the Node first")
 	},
 	body: func(f verbFlags) (any, error) {
-		return &subresources.RepairOptions{TypeMeta: typeMeta("RepairOptions"), Reason: f.reason, GracePeriodSeconds: gracePeriod(f.grace),
-			OverrideDisruptionBudgets: f.override}, nil
+		body := &subresources.RepairOptions{TypeMeta: typeMeta("RepairOptions"), Reason: f.reason, GracePeriodSeconds: gracePeriod(f.grace),
+			OverrideDisruptionBudgets: f.override}
+		if f.noDrain {
+			body.Drain = ptr.To(false)
+		}
+		return body, nil
 	},
 }
 
