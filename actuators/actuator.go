@@ -80,7 +80,37 @@ type Actuator interface {
 	// InPlace reports whether Update can apply change to an instance of
 	// this provider; a change it cannot apply needs a new instance.
 	InPlace(change Change) bool
+
+	// Describe reports what the provider itself knows of the instance
+	// now: whether it is powered on and the boot ID of its running boot.
+	// The controller asks it while the Machine's cluster cannot be
+	// reached, to complete a reboot on the provider's word, and checks
+	// the word against the Node's boot ID once the cluster answers. A
+	// provider that cannot tell returns a zero Instance, not an error.
+	Describe(ctx context.Context, providerID string) (Instance, error)
 }
+
+// Instance is what a provider knows of an instance without its cluster.
+type Instance struct {
+	// Power is whether the instance runs; PowerUnknown when the provider
+	// cannot tell.
+	Power Power
+	// BootID is the boot ID of the instance's running boot, the one its
+	// kernel gives (/proc/sys/kernel/random/boot_id) and its Node reports
+	// in nodeInfo.bootID; "" when the provider cannot tell, or the
+	// instance is off.
+	BootID string
+}
+
+// Power is an instance's power state.
+type Power string
+
+// Power states.
+const (
+	PowerUnknown Power = ""
+	PowerOn      Power = "On"
+	PowerOff     Power = "Off"
+)
 
 // Operation identifies one reboot, repair or update request, so that
 // providers can carry each out at most once.

@@ -3,10 +3,13 @@ package lifecycle
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -181,7 +184,7 @@ func (r *Reconciler) awaitBoot(ctx context.Context, s *step) outcome {
 	}
 	if s.down != nil {
 		setUnseenHealth(s)
-		return s.wait("its cluster cannot be reached", downPoll)
+		return r.awaitBootUnseen(ctx, s, event, verb)
 	}
 	node, err := s.nodes.Node(ctx, m.Status.ProviderID)
 	if err != nil {
@@ -248,4 +251,96 @@ func (r *Reconciler) awaitBoot(ctx context.Context, s *step) outcome {
 		return s.failMachine(failure, msg)
 	}
 	return s.wait("waiting for the Node to boot anew", deadline.Sub(s.now))
+}
+
+// unseenBootPoll is how often the provider is asked about the new boot of
+// a Machine whose cluster cannot be reached: a call, and no write, per
+// look.
+const unseenBootPoll = 5 * time.Second
+
+// awaitBootUnseen is awaitBoot while the Machine's cluster cannot be
+// reached: the operation completes on the provider's word, once it reports
+// the instance on with a boot other than the one the operation began
+// from. The record says so, and that the Node was not seen; BootConfirmed
+// is Unknown until the Node is (confirmBoot). An update waits for the
+// Node, the only one to say which version runs; so does an operation whose
+// provider cannot tell. No deadline runs meanwhile: it counts from the
+// cluster's return.
+func (r *Reconciler) awaitBootUnseen(ctx context.Context, s *step, event phases.Event, verb string) outcome {
+	m := s.m
+	op := m.Status.Operation
+	if !operation.InFlight(op) || op.Type == machinistv1.OperationUpdate {
+		return s.wait("its cluster cannot be reached", downPoll)
+	}
+	act, why := r.actuatorFor(m, s.class)
+	if why != nil {
+		return s.wait("no provider to ask", downPoll)
+	}
+	in, err := act.Describe(ctx, m.Status.ProviderID)
+	if err != nil {
+		log.FromContext(ctx).V(1).Info("asking the provider about the new boot", "error", err.Error())
+		return s.wait("the provider did not answer", unseenBootPoll)
+	}
+	before := op.BootID
+	if before == "" {
+		before = m.Status.BootID
+	}
+	if in.Power != actuators.PowerOn || in.BootID == "" || in.BootID == before {
+		return s.wait("waiting for the provider to report a new boot", unseenBootPoll)
+	}
+	m.Status.BootID, op.ProviderBootID = in.BootID, in.BootID
+	meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
+		Type: machinistv1.ConditionBootConfirmed, Status: metav1.ConditionUnknown, Reason: machinistv1.ReasonNodeNotSeen,
+		Message: fmt.Sprintf("the provider reported boot ID %s after %s %s; the Node's is checked once its cluster answers",
+			in.BootID, verb, op.ID),
+		ObservedGeneration: m.Generation,
+	})
+	endOperation(s, machinistv1.OperationSucceeded, fmt.Sprintf("%s on the provider's word: boot ID %s -> %s; the Node was not seen: %s",
+		operation.PastTense(verb), before, in.BootID, s.down.Unseen()))
+	return settle(event)
+}
+
+// confirmBoot checks, once the cluster of a Machine whose last operation
+// was completed on its provider's word answers, that its Node reports the
+// boot the provider did. A Node still showing the boot before the
+// operation has not reported since (stale is true): the next change of it
+// wakes the Machine, and meanwhile what the Machine records of its boot is
+// the provider's. A mismatch is a Warning Event and BootConfirmed False;
+// either way the condition is written once.
+func (r *Reconciler) confirmBoot(ctx context.Context, s *step, node *corev1.Node) (stale bool, err error) {
+	m := s.m
+	c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionBootConfirmed)
+	if c == nil || c.Status != metav1.ConditionUnknown || node == nil {
+		return false, nil
+	}
+	op := m.Status.Operation
+	if op == nil || op.ProviderBootID == "" {
+		meta.RemoveStatusCondition(&m.Status.Conditions, machinistv1.ConditionBootConfirmed)
+		return false, nil
+	}
+	have := node.Status.NodeInfo.BootID
+	if have == "" || have == op.BootID {
+		return true, nil
+	}
+	set := func(status metav1.ConditionStatus, reason, message string) {
+		meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
+			Type: machinistv1.ConditionBootConfirmed, Status: status, Reason: reason, Message: message, ObservedGeneration: m.Generation,
+		})
+	}
+	if have != op.ProviderBootID {
+		msg := fmt.Sprintf("after %s %s the provider reported boot ID %s, and Node %s now reports %s: the machine booted again since, or the provider's word was wrong",
+			operation.Verb(op.Type), op.ID, op.ProviderBootID, node.Name, have)
+		set(metav1.ConditionFalse, machinistv1.ReasonBootIDMismatch, msg)
+		s.note(corev1.EventTypeWarning, machinistv1.ReasonBootIDMismatch, "Confirm", "%s", msg)
+		return false, nil
+	}
+	if op.Type == machinistv1.OperationRepair {
+		// The re-imaged machine has joined: its token is spent.
+		if err := s.nodes.Joined(ctx, m); err != nil {
+			return false, err
+		}
+	}
+	set(metav1.ConditionTrue, machinistv1.ReasonBootIDMatches,
+		fmt.Sprintf("Node %s reports boot ID %s, as the provider did after %s %s", node.Name, have, operation.Verb(op.Type), op.ID))
+	return false, nil
 }

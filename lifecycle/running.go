@@ -54,8 +54,14 @@ func (r *Reconciler) serve(ctx context.Context, s *step) outcome {
 		// Lease, and renewals wake no reconcile: look again soon.
 		s.after(r.drainPoll())
 	}
+	stale, err := r.confirmBoot(ctx, s, node)
+	if err != nil {
+		return fail(err)
+	}
 	if node != nil {
-		observeNode(m, node)
+		if !stale {
+			observeNode(m, node)
+		}
 		if err := r.applyNodeSpec(ctx, s, node, false); err != nil {
 			return fail(err)
 		}

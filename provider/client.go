@@ -11,8 +11,10 @@ import (
 
 	"golang.org/x/sync/singleflight"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/machinist-dev/machinist/actuators"
@@ -254,6 +256,29 @@ func (c *Client) Exists(ctx context.Context, providerID string) (bool, error) {
 		return false, fromStatus(c.who(), "Exists", err)
 	}
 	return resp.GetExists(), nil
+}
+
+// Describe asks what the provider knows of the instance now. A provider
+// that does not implement it (UNIMPLEMENTED) cannot tell: a zero
+// Instance, no error.
+func (c *Client) Describe(ctx context.Context, providerID string) (actuators.Instance, error) {
+	ctx, cancel := c.call(ctx)
+	defer cancel()
+	resp, err := c.machines.Describe(ctx, &providerv1.DescribeRequest{ProviderId: providerID})
+	if status.Code(err) == codes.Unimplemented {
+		return actuators.Instance{}, nil
+	}
+	if err != nil {
+		return actuators.Instance{}, fromStatus(c.who(), "Describe", err)
+	}
+	in := actuators.Instance{BootID: resp.GetBootId()}
+	switch resp.GetPower() {
+	case providerv1.PowerState_POWER_STATE_ON:
+		in.Power = actuators.PowerOn
+	case providerv1.PowerState_POWER_STATE_OFF:
+		in.Power, in.BootID = actuators.PowerOff, ""
+	}
+	return in, nil
 }
 
 // Delete destroys the instance.

@@ -126,6 +126,17 @@ func (c *toyCloud) Update(_ context.Context, id string, op actuators.Operation) 
 // instance.
 func (c *toyCloud) InPlace(change actuators.Change) bool { return !change.Class }
 
+// Describe: the toy cloud knows its instances run, but cannot see inside
+// them, so it reports no boot ID.
+func (c *toyCloud) Describe(_ context.Context, id string) (actuators.Instance, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.instances[id]; !ok {
+		return actuators.Instance{}, actuators.Permanent(errors.New("no such instance"))
+	}
+	return actuators.Instance{Power: actuators.PowerOn}, nil
+}
+
 // A provider of one's own is an actuators.Actuator and one call to Serve.
 // The manager reaches it with --provider toy=unix:///run/toy.sock; a
 // MachineClass uses it with spec.provider: toy.

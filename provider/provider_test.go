@@ -101,6 +101,16 @@ func (r *recorder) Update(_ context.Context, id string, op actuators.Operation) 
 
 func (r *recorder) InPlace(c actuators.Change) bool { return r.inPlace && !c.Class }
 
+// Describe reports test://on running boot-1 and test://off off; any other
+// instance the recorder cannot tell.
+func (r *recorder) Describe(_ context.Context, id string) (actuators.Instance, error) {
+	in := map[string]actuators.Instance{
+		"test://on":  {Power: actuators.PowerOn, BootID: "boot-1"},
+		"test://off": {Power: actuators.PowerOff},
+	}[id]
+	return in, r.record("Describe " + id)
+}
+
 // serve offers a on a socket in a temporary directory until the test ends.
 func serve(t *testing.T, a actuators.Actuator, opts provider.ServeOptions) string {
 	t.Helper()
@@ -191,10 +201,23 @@ func TestEveryCallReachesTheActuatorWithWhatItNeeds(t *testing.T) {
 	if err := c.Update(ctx, "test://a", actuators.Operation{ID: "op3", Version: "v1.38.0"}); err != nil || !sameOp(rec.op, actuators.Operation{ID: "op3", Version: "v1.38.0"}) {
 		t.Errorf("Update: %v, op %+v", err, rec.op)
 	}
+	for _, d := range []struct {
+		id   string
+		want actuators.Instance
+	}{
+		{"test://a", actuators.Instance{}},
+		{"test://off", actuators.Instance{Power: actuators.PowerOff}},
+		{"test://on", actuators.Instance{Power: actuators.PowerOn, BootID: "boot-1"}},
+	} {
+		if in, err := c.Describe(ctx, d.id); in != d.want || err != nil {
+			t.Errorf("Describe(%s) = %+v, %v; want %+v", d.id, in, err, d.want)
+		}
+	}
 	if err := c.Delete(ctx, "test://a"); err != nil {
 		t.Errorf("Delete: %v", err)
 	}
-	want := []string{"Create", "Exists test://there", "Exists test://gone", "FindByUID uid-9", "Reboot test://a", "Repair test://a", "Update test://a", "Delete test://a"}
+	want := []string{"Create", "Exists test://there", "Exists test://gone", "FindByUID uid-9", "Reboot test://a", "Repair test://a", "Update test://a",
+		"Describe test://a", "Describe test://off", "Describe test://on", "Delete test://a"}
 	if got := rec.Calls(); strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Errorf("calls = %q, want %q", got, want)
 	}

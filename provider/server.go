@@ -212,6 +212,24 @@ func (s *server) Exists(ctx context.Context, req *providerv1.ExistsRequest) (*pr
 	return &providerv1.ExistsResponse{Exists: ok}, nil
 }
 
+func (s *server) Describe(ctx context.Context, req *providerv1.DescribeRequest) (*providerv1.DescribeResponse, error) {
+	if err := needID(req.GetProviderId()); err != nil {
+		return nil, err
+	}
+	in, err := s.a.Describe(ctx, req.GetProviderId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	power := providerv1.PowerState_POWER_STATE_UNSPECIFIED
+	switch in.Power {
+	case actuators.PowerOn:
+		power = providerv1.PowerState_POWER_STATE_ON
+	case actuators.PowerOff:
+		power = providerv1.PowerState_POWER_STATE_OFF
+	}
+	return &providerv1.DescribeResponse{Power: power, BootId: in.BootID}, nil
+}
+
 func (s *server) Delete(ctx context.Context, req *providerv1.DeleteRequest) (*providerv1.DeleteResponse, error) {
 	if err := needID(req.GetProviderId()); err != nil {
 		return nil, err

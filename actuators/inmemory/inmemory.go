@@ -262,6 +262,29 @@ func (p *Provider) BootID(providerID string) (string, error) {
 	return "", nil
 }
 
+// Describe implements actuators.Actuator: an instance is on from its
+// power-on to its crash or power-off, and its boot ID is that of its
+// latest agent, which a boot starts once the machine has credentials: a
+// repaired machine that has not re-joined yet still reports its last
+// boot's, never one that has not happened.
+func (p *Provider) Describe(_ context.Context, providerID string) (actuators.Instance, error) {
+	in, err := p.lookup(providerID)
+	if err != nil {
+		return actuators.Instance{}, err
+	}
+	in.mu.Lock()
+	on := in.cancel != nil
+	in.mu.Unlock()
+	if !on {
+		return actuators.Instance{Power: actuators.PowerOff}, nil
+	}
+	boot := ""
+	if agent := in.agent(); agent != nil {
+		boot = agent.BootID()
+	}
+	return actuators.Instance{Power: actuators.PowerOn, BootID: boot}, nil
+}
+
 // Crash kills the instance as a hardware failure would: its agent stops at
 // once and its Lease expires, but the instance still exists. Reboot or
 // Repair bring it back.

@@ -461,6 +461,31 @@ func (p *Provider) BootID(providerID string) (string, error) {
 	return strings.TrimSpace(string(b)), err
 }
 
+// Describe implements actuators.Actuator: an instance is on while its
+// agent process runs, and its boot ID is the one that agent chose. An agent
+// just started may not have written its own yet, and the last boot's is
+// reported until it has: never a boot that has not happened.
+func (p *Provider) Describe(ctx context.Context, providerID string) (actuators.Instance, error) {
+	if err := p.takeOver(ctx); err != nil {
+		return actuators.Instance{}, err
+	}
+	m, err := p.lookup(providerID)
+	if err != nil {
+		return actuators.Instance{}, err
+	}
+	m.mu.Lock()
+	running := m.running()
+	m.mu.Unlock()
+	if !running {
+		return actuators.Instance{Power: actuators.PowerOff}, nil
+	}
+	boot, err := p.BootID(providerID)
+	if err != nil {
+		return actuators.Instance{}, err
+	}
+	return actuators.Instance{Power: actuators.PowerOn, BootID: boot}, nil
+}
+
 // Restarts reports how many reboots and repairs the instance has done;
 // tests use it to prove an operation ran exactly once.
 func (p *Provider) Restarts(providerID string) (int, error) {

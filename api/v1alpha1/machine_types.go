@@ -156,6 +156,24 @@ const (
 	// its MachineSet's when no MachineDeployment owns the set. A Machine
 	// of neither has no such condition.
 	ConditionDrifted = "Drifted"
+	// ConditionBootConfirmed is set on a Machine whose reboot was
+	// completed on its provider's word while its cluster could not be
+	// reached: Unknown until the Node is seen again, then True when the
+	// Node reports the boot ID the provider did, False when it does not.
+	ConditionBootConfirmed = "BootConfirmed"
+)
+
+// Reasons of a Machine's BootConfirmed condition.
+const (
+	// ReasonNodeNotSeen: the Node has not been seen since the provider
+	// reported the new boot.
+	ReasonNodeNotSeen = "NodeNotSeen"
+	// ReasonBootIDMatches: the Node reports the boot ID the provider did.
+	ReasonBootIDMatches = "BootIDMatches"
+	// ReasonBootIDMismatch: the Node reports another boot ID than the
+	// provider did: the machine booted again since, or the provider's
+	// word was wrong.
+	ReasonBootIDMismatch = "BootIDMismatch"
 )
 
 // Reasons of a Machine's NodeHealthy condition (and of its Ready
@@ -320,6 +338,13 @@ type Operation struct {
 	// could not store what it did, and then sees the new boot already.
 	// +optional
 	BootID string `json:"bootID,omitempty"`
+	// ProviderBootID is the boot ID the provider reported for the new
+	// boot when the operation was completed on its word, its Node not
+	// seen because the Machine's cluster could not be reached. The
+	// Node's boot ID is checked against it once the cluster answers
+	// (condition BootConfirmed).
+	// +optional
+	ProviderBootID string `json:"providerBootID,omitempty"`
 	// Source is how the request arrived: API (the verbs server),
 	// Annotation (machinist.dev/request), HealthCheck (a
 	// MachineHealthCheck's remediation) or Spec (a change of the Machine's

@@ -403,6 +403,46 @@ func checkOncePerOperation(ctx context.Context, t *trial, verb providerv1.Verb) 
 	return nil
 }
 
+// checkDescribe holds Describe to what the Node of the instance shows: a
+// running instance is not said to be off, and a boot ID, when the
+// provider gives one, is the one the Node reports, before and after a
+// reboot. A provider that cannot tell (no boot ID) passes: the controller
+// then waits for the Node.
+func checkDescribe(ctx context.Context, t *trial) error {
+	_, id, h, err := t.launch(ctx)
+	if err != nil {
+		return err
+	}
+	describe := func(node string) (bool, error) {
+		in, err := t.s.client.Describe(ctx, id)
+		switch {
+		case err != nil:
+			return false, fmt.Errorf("Describe %s: %w", id, err)
+		case in.Power == actuators.PowerOff:
+			return false, fmt.Errorf("Describe says %s is off, while its Node is Ready with boot ID %s", id, node)
+		case in.BootID != "" && in.BootID != node:
+			return false, fmt.Errorf("Describe reports boot ID %s for %s, whose Node reports %s", in.BootID, id, node)
+		}
+		return in.BootID != "", nil
+	}
+	tells, err := describe(h.boot())
+	if err != nil || !tells || !t.s.declares(provider.VerbReboot) {
+		return err
+	}
+	before := len(h.boots)
+	if err := t.s.client.Reboot(ctx, id, actuators.Operation{ID: "conformance-describe-" + suffix()}); err != nil {
+		return fmt.Errorf("reboot: %w", err)
+	}
+	h, err = t.s.nodes.await(ctx, t.s.cfg.Timeout, id, "a new boot ID, Ready, after a reboot", func(h nodeHistory) bool {
+		return len(h.since(before)) >= 1 && h.ready()
+	})
+	if err != nil {
+		return err
+	}
+	_, err = describe(h.boot())
+	return err
+}
+
 // repeat calls op twice at once, as a controller that crashed before it
 // recorded the first call and one of its requeues would, and watches the
 // Node for Settle.

@@ -120,6 +120,7 @@ const (
 	CheckTransient    = "reports a transient failure as transient"
 	CheckJoin         = "joins its machines with the join data it is given"
 	CheckNoTokenLog   = "never logs a bootstrap token"
+	CheckDescribe     = "describes its instances as their Nodes do"
 )
 
 // Run runs every check that applies to the provider, one after another,
@@ -305,6 +306,7 @@ func (s *suite) plan() []check {
 		{CheckAdoptMissing, "adopt", checkAdoptMissing},
 		{CheckInvalid, "invalid", checkInvalid},
 		{CheckDelete, "delete", checkDelete},
+		{CheckDescribe, "describe", checkDescribe},
 	}
 	if s.declares(provider.VerbReboot) {
 		checks = append(checks, check{CheckReboot, "reboot", func(ctx context.Context, t *trial) error {

@@ -150,6 +150,57 @@ func (Change) EnumDescriptor() ([]byte, []int) {
 	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{1}
 }
 
+// PowerState is whether an instance runs.
+type PowerState int32
+
+const (
+	// The provider cannot tell.
+	PowerState_POWER_STATE_UNSPECIFIED PowerState = 0
+	PowerState_POWER_STATE_ON          PowerState = 1
+	PowerState_POWER_STATE_OFF         PowerState = 2
+)
+
+// Enum value maps for PowerState.
+var (
+	PowerState_name = map[int32]string{
+		0: "POWER_STATE_UNSPECIFIED",
+		1: "POWER_STATE_ON",
+		2: "POWER_STATE_OFF",
+	}
+	PowerState_value = map[string]int32{
+		"POWER_STATE_UNSPECIFIED": 0,
+		"POWER_STATE_ON":          1,
+		"POWER_STATE_OFF":         2,
+	}
+)
+
+func (x PowerState) Enum() *PowerState {
+	p := new(PowerState)
+	*p = x
+	return p
+}
+
+func (x PowerState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PowerState) Descriptor() protoreflect.EnumDescriptor {
+	return file_machinist_provider_v1_provider_proto_enumTypes[2].Descriptor()
+}
+
+func (PowerState) Type() protoreflect.EnumType {
+	return &file_machinist_provider_v1_provider_proto_enumTypes[2]
+}
+
+func (x PowerState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PowerState.Descriptor instead.
+func (PowerState) EnumDescriptor() ([]byte, []int) {
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{2}
+}
+
 type GetInfoRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1078,6 +1129,106 @@ func (*RepairResponse) Descriptor() ([]byte, []int) {
 	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{18}
 }
 
+type DescribeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ProviderId    string                 `protobuf:"bytes,1,opt,name=provider_id,json=providerId,proto3" json:"provider_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DescribeRequest) Reset() {
+	*x = DescribeRequest{}
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescribeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescribeRequest) ProtoMessage() {}
+
+func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescribeRequest.ProtoReflect.Descriptor instead.
+func (*DescribeRequest) Descriptor() ([]byte, []int) {
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *DescribeRequest) GetProviderId() string {
+	if x != nil {
+		return x.ProviderId
+	}
+	return ""
+}
+
+type DescribeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Power PowerState             `protobuf:"varint,1,opt,name=power,proto3,enum=machinist.provider.v1.PowerState" json:"power,omitempty"`
+	// boot_id is the boot ID of the running boot, as the instance's kernel
+	// gives it (/proc/sys/kernel/random/boot_id) and its Node reports it in
+	// nodeInfo.bootID; empty when the provider cannot tell or the instance
+	// is off. Never the ID of a boot that has not begun.
+	BootId        string `protobuf:"bytes,2,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DescribeResponse) Reset() {
+	*x = DescribeResponse{}
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescribeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescribeResponse) ProtoMessage() {}
+
+func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescribeResponse.ProtoReflect.Descriptor instead.
+func (*DescribeResponse) Descriptor() ([]byte, []int) {
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *DescribeResponse) GetPower() PowerState {
+	if x != nil {
+		return x.Power
+	}
+	return PowerState_POWER_STATE_UNSPECIFIED
+}
+
+func (x *DescribeResponse) GetBootId() string {
+	if x != nil {
+		return x.BootId
+	}
+	return ""
+}
+
 type UpdateRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	ProviderId string                 `protobuf:"bytes,1,opt,name=provider_id,json=providerId,proto3" json:"provider_id,omitempty"`
@@ -1091,7 +1242,7 @@ type UpdateRequest struct {
 
 func (x *UpdateRequest) Reset() {
 	*x = UpdateRequest{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[19]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1103,7 +1254,7 @@ func (x *UpdateRequest) String() string {
 func (*UpdateRequest) ProtoMessage() {}
 
 func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[19]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1116,7 +1267,7 @@ func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateRequest.ProtoReflect.Descriptor instead.
 func (*UpdateRequest) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{19}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *UpdateRequest) GetProviderId() string {
@@ -1148,7 +1299,7 @@ type UpdateResponse struct {
 
 func (x *UpdateResponse) Reset() {
 	*x = UpdateResponse{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[20]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1160,7 +1311,7 @@ func (x *UpdateResponse) String() string {
 func (*UpdateResponse) ProtoMessage() {}
 
 func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[20]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1173,7 +1324,7 @@ func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateResponse.ProtoReflect.Descriptor instead.
 func (*UpdateResponse) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{20}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{22}
 }
 
 // Failure is the detail a provider may attach to an error status to say
@@ -1189,7 +1340,7 @@ type Failure struct {
 
 func (x *Failure) Reset() {
 	*x = Failure{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[21]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1201,7 +1352,7 @@ func (x *Failure) String() string {
 func (*Failure) ProtoMessage() {}
 
 func (x *Failure) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[21]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1214,7 +1365,7 @@ func (x *Failure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Failure.ProtoReflect.Descriptor instead.
 func (*Failure) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{21}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Failure) GetPermanent() bool {
@@ -1288,7 +1439,13 @@ const file_machinist_provider_v1_provider_proto_rawDesc = "" +
 	"providerId\x12!\n" +
 	"\foperation_id\x18\x02 \x01(\tR\voperationId\x12/\n" +
 	"\x04join\x18\x03 \x01(\v2\x1b.machinist.provider.v1.JoinR\x04join\"\x10\n" +
-	"\x0eRepairResponse\"m\n" +
+	"\x0eRepairResponse\"2\n" +
+	"\x0fDescribeRequest\x12\x1f\n" +
+	"\vprovider_id\x18\x01 \x01(\tR\n" +
+	"providerId\"d\n" +
+	"\x10DescribeResponse\x127\n" +
+	"\x05power\x18\x01 \x01(\x0e2!.machinist.provider.v1.PowerStateR\x05power\x12\x17\n" +
+	"\aboot_id\x18\x02 \x01(\tR\x06bootId\"m\n" +
 	"\rUpdateRequest\x12\x1f\n" +
 	"\vprovider_id\x18\x01 \x01(\tR\n" +
 	"providerId\x12!\n" +
@@ -1306,11 +1463,16 @@ const file_machinist_provider_v1_provider_proto_rawDesc = "" +
 	"\x06Change\x12\x16\n" +
 	"\x12CHANGE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eCHANGE_VERSION\x10\x01\x12\x10\n" +
-	"\fCHANGE_CLASS\x10\x022\xb1\x02\n" +
+	"\fCHANGE_CLASS\x10\x02*R\n" +
+	"\n" +
+	"PowerState\x12\x1b\n" +
+	"\x17POWER_STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
+	"\x0ePOWER_STATE_ON\x10\x01\x12\x13\n" +
+	"\x0fPOWER_STATE_OFF\x10\x022\xb1\x02\n" +
 	"\x0fIdentityService\x12X\n" +
 	"\aGetInfo\x12%.machinist.provider.v1.GetInfoRequest\x1a&.machinist.provider.v1.GetInfoResponse\x12p\n" +
 	"\x0fGetCapabilities\x12-.machinist.provider.v1.GetCapabilitiesRequest\x1a..machinist.provider.v1.GetCapabilitiesResponse\x12R\n" +
-	"\x05Probe\x12#.machinist.provider.v1.ProbeRequest\x1a$.machinist.provider.v1.ProbeResponse2\xfa\x04\n" +
+	"\x05Probe\x12#.machinist.provider.v1.ProbeRequest\x1a$.machinist.provider.v1.ProbeResponse2\xd7\x05\n" +
 	"\x0eMachineService\x12U\n" +
 	"\x06Create\x12$.machinist.provider.v1.CreateRequest\x1a%.machinist.provider.v1.CreateResponse\x12U\n" +
 	"\x06Exists\x12$.machinist.provider.v1.ExistsRequest\x1a%.machinist.provider.v1.ExistsResponse\x12U\n" +
@@ -1318,7 +1480,8 @@ const file_machinist_provider_v1_provider_proto_rawDesc = "" +
 	"\tFindByUID\x12'.machinist.provider.v1.FindByUIDRequest\x1a(.machinist.provider.v1.FindByUIDResponse\x12U\n" +
 	"\x06Reboot\x12$.machinist.provider.v1.RebootRequest\x1a%.machinist.provider.v1.RebootResponse\x12U\n" +
 	"\x06Repair\x12$.machinist.provider.v1.RepairRequest\x1a%.machinist.provider.v1.RepairResponse\x12U\n" +
-	"\x06Update\x12$.machinist.provider.v1.UpdateRequest\x1a%.machinist.provider.v1.UpdateResponseB;Z9github.com/machinist-dev/machinist/provider/v1;providerv1b\x06proto3"
+	"\x06Update\x12$.machinist.provider.v1.UpdateRequest\x1a%.machinist.provider.v1.UpdateResponse\x12[\n" +
+	"\bDescribe\x12&.machinist.provider.v1.DescribeRequest\x1a'.machinist.provider.v1.DescribeResponseB;Z9github.com/machinist-dev/machinist/provider/v1;providerv1b\x06proto3"
 
 var (
 	file_machinist_provider_v1_provider_proto_rawDescOnce sync.Once
@@ -1332,64 +1495,70 @@ func file_machinist_provider_v1_provider_proto_rawDescGZIP() []byte {
 	return file_machinist_provider_v1_provider_proto_rawDescData
 }
 
-var file_machinist_provider_v1_provider_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_machinist_provider_v1_provider_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_machinist_provider_v1_provider_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_machinist_provider_v1_provider_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_machinist_provider_v1_provider_proto_goTypes = []any{
 	(Verb)(0),                       // 0: machinist.provider.v1.Verb
 	(Change)(0),                     // 1: machinist.provider.v1.Change
-	(*GetInfoRequest)(nil),          // 2: machinist.provider.v1.GetInfoRequest
-	(*GetInfoResponse)(nil),         // 3: machinist.provider.v1.GetInfoResponse
-	(*GetCapabilitiesRequest)(nil),  // 4: machinist.provider.v1.GetCapabilitiesRequest
-	(*GetCapabilitiesResponse)(nil), // 5: machinist.provider.v1.GetCapabilitiesResponse
-	(*ProbeRequest)(nil),            // 6: machinist.provider.v1.ProbeRequest
-	(*ProbeResponse)(nil),           // 7: machinist.provider.v1.ProbeResponse
-	(*CreateRequest)(nil),           // 8: machinist.provider.v1.CreateRequest
-	(*Join)(nil),                    // 9: machinist.provider.v1.Join
-	(*CreateResponse)(nil),          // 10: machinist.provider.v1.CreateResponse
-	(*ExistsRequest)(nil),           // 11: machinist.provider.v1.ExistsRequest
-	(*ExistsResponse)(nil),          // 12: machinist.provider.v1.ExistsResponse
-	(*DeleteRequest)(nil),           // 13: machinist.provider.v1.DeleteRequest
-	(*DeleteResponse)(nil),          // 14: machinist.provider.v1.DeleteResponse
-	(*FindByUIDRequest)(nil),        // 15: machinist.provider.v1.FindByUIDRequest
-	(*FindByUIDResponse)(nil),       // 16: machinist.provider.v1.FindByUIDResponse
-	(*RebootRequest)(nil),           // 17: machinist.provider.v1.RebootRequest
-	(*RebootResponse)(nil),          // 18: machinist.provider.v1.RebootResponse
-	(*RepairRequest)(nil),           // 19: machinist.provider.v1.RepairRequest
-	(*RepairResponse)(nil),          // 20: machinist.provider.v1.RepairResponse
-	(*UpdateRequest)(nil),           // 21: machinist.provider.v1.UpdateRequest
-	(*UpdateResponse)(nil),          // 22: machinist.provider.v1.UpdateResponse
-	(*Failure)(nil),                 // 23: machinist.provider.v1.Failure
+	(PowerState)(0),                 // 2: machinist.provider.v1.PowerState
+	(*GetInfoRequest)(nil),          // 3: machinist.provider.v1.GetInfoRequest
+	(*GetInfoResponse)(nil),         // 4: machinist.provider.v1.GetInfoResponse
+	(*GetCapabilitiesRequest)(nil),  // 5: machinist.provider.v1.GetCapabilitiesRequest
+	(*GetCapabilitiesResponse)(nil), // 6: machinist.provider.v1.GetCapabilitiesResponse
+	(*ProbeRequest)(nil),            // 7: machinist.provider.v1.ProbeRequest
+	(*ProbeResponse)(nil),           // 8: machinist.provider.v1.ProbeResponse
+	(*CreateRequest)(nil),           // 9: machinist.provider.v1.CreateRequest
+	(*Join)(nil),                    // 10: machinist.provider.v1.Join
+	(*CreateResponse)(nil),          // 11: machinist.provider.v1.CreateResponse
+	(*ExistsRequest)(nil),           // 12: machinist.provider.v1.ExistsRequest
+	(*ExistsResponse)(nil),          // 13: machinist.provider.v1.ExistsResponse
+	(*DeleteRequest)(nil),           // 14: machinist.provider.v1.DeleteRequest
+	(*DeleteResponse)(nil),          // 15: machinist.provider.v1.DeleteResponse
+	(*FindByUIDRequest)(nil),        // 16: machinist.provider.v1.FindByUIDRequest
+	(*FindByUIDResponse)(nil),       // 17: machinist.provider.v1.FindByUIDResponse
+	(*RebootRequest)(nil),           // 18: machinist.provider.v1.RebootRequest
+	(*RebootResponse)(nil),          // 19: machinist.provider.v1.RebootResponse
+	(*RepairRequest)(nil),           // 20: machinist.provider.v1.RepairRequest
+	(*RepairResponse)(nil),          // 21: machinist.provider.v1.RepairResponse
+	(*DescribeRequest)(nil),         // 22: machinist.provider.v1.DescribeRequest
+	(*DescribeResponse)(nil),        // 23: machinist.provider.v1.DescribeResponse
+	(*UpdateRequest)(nil),           // 24: machinist.provider.v1.UpdateRequest
+	(*UpdateResponse)(nil),          // 25: machinist.provider.v1.UpdateResponse
+	(*Failure)(nil),                 // 26: machinist.provider.v1.Failure
 }
 var file_machinist_provider_v1_provider_proto_depIdxs = []int32{
 	0,  // 0: machinist.provider.v1.GetCapabilitiesResponse.verbs:type_name -> machinist.provider.v1.Verb
 	1,  // 1: machinist.provider.v1.GetCapabilitiesResponse.in_place:type_name -> machinist.provider.v1.Change
-	9,  // 2: machinist.provider.v1.CreateRequest.join:type_name -> machinist.provider.v1.Join
-	9,  // 3: machinist.provider.v1.RepairRequest.join:type_name -> machinist.provider.v1.Join
-	2,  // 4: machinist.provider.v1.IdentityService.GetInfo:input_type -> machinist.provider.v1.GetInfoRequest
-	4,  // 5: machinist.provider.v1.IdentityService.GetCapabilities:input_type -> machinist.provider.v1.GetCapabilitiesRequest
-	6,  // 6: machinist.provider.v1.IdentityService.Probe:input_type -> machinist.provider.v1.ProbeRequest
-	8,  // 7: machinist.provider.v1.MachineService.Create:input_type -> machinist.provider.v1.CreateRequest
-	11, // 8: machinist.provider.v1.MachineService.Exists:input_type -> machinist.provider.v1.ExistsRequest
-	13, // 9: machinist.provider.v1.MachineService.Delete:input_type -> machinist.provider.v1.DeleteRequest
-	15, // 10: machinist.provider.v1.MachineService.FindByUID:input_type -> machinist.provider.v1.FindByUIDRequest
-	17, // 11: machinist.provider.v1.MachineService.Reboot:input_type -> machinist.provider.v1.RebootRequest
-	19, // 12: machinist.provider.v1.MachineService.Repair:input_type -> machinist.provider.v1.RepairRequest
-	21, // 13: machinist.provider.v1.MachineService.Update:input_type -> machinist.provider.v1.UpdateRequest
-	3,  // 14: machinist.provider.v1.IdentityService.GetInfo:output_type -> machinist.provider.v1.GetInfoResponse
-	5,  // 15: machinist.provider.v1.IdentityService.GetCapabilities:output_type -> machinist.provider.v1.GetCapabilitiesResponse
-	7,  // 16: machinist.provider.v1.IdentityService.Probe:output_type -> machinist.provider.v1.ProbeResponse
-	10, // 17: machinist.provider.v1.MachineService.Create:output_type -> machinist.provider.v1.CreateResponse
-	12, // 18: machinist.provider.v1.MachineService.Exists:output_type -> machinist.provider.v1.ExistsResponse
-	14, // 19: machinist.provider.v1.MachineService.Delete:output_type -> machinist.provider.v1.DeleteResponse
-	16, // 20: machinist.provider.v1.MachineService.FindByUID:output_type -> machinist.provider.v1.FindByUIDResponse
-	18, // 21: machinist.provider.v1.MachineService.Reboot:output_type -> machinist.provider.v1.RebootResponse
-	20, // 22: machinist.provider.v1.MachineService.Repair:output_type -> machinist.provider.v1.RepairResponse
-	22, // 23: machinist.provider.v1.MachineService.Update:output_type -> machinist.provider.v1.UpdateResponse
-	14, // [14:24] is the sub-list for method output_type
-	4,  // [4:14] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	10, // 2: machinist.provider.v1.CreateRequest.join:type_name -> machinist.provider.v1.Join
+	10, // 3: machinist.provider.v1.RepairRequest.join:type_name -> machinist.provider.v1.Join
+	2,  // 4: machinist.provider.v1.DescribeResponse.power:type_name -> machinist.provider.v1.PowerState
+	3,  // 5: machinist.provider.v1.IdentityService.GetInfo:input_type -> machinist.provider.v1.GetInfoRequest
+	5,  // 6: machinist.provider.v1.IdentityService.GetCapabilities:input_type -> machinist.provider.v1.GetCapabilitiesRequest
+	7,  // 7: machinist.provider.v1.IdentityService.Probe:input_type -> machinist.provider.v1.ProbeRequest
+	9,  // 8: machinist.provider.v1.MachineService.Create:input_type -> machinist.provider.v1.CreateRequest
+	12, // 9: machinist.provider.v1.MachineService.Exists:input_type -> machinist.provider.v1.ExistsRequest
+	14, // 10: machinist.provider.v1.MachineService.Delete:input_type -> machinist.provider.v1.DeleteRequest
+	16, // 11: machinist.provider.v1.MachineService.FindByUID:input_type -> machinist.provider.v1.FindByUIDRequest
+	18, // 12: machinist.provider.v1.MachineService.Reboot:input_type -> machinist.provider.v1.RebootRequest
+	20, // 13: machinist.provider.v1.MachineService.Repair:input_type -> machinist.provider.v1.RepairRequest
+	24, // 14: machinist.provider.v1.MachineService.Update:input_type -> machinist.provider.v1.UpdateRequest
+	22, // 15: machinist.provider.v1.MachineService.Describe:input_type -> machinist.provider.v1.DescribeRequest
+	4,  // 16: machinist.provider.v1.IdentityService.GetInfo:output_type -> machinist.provider.v1.GetInfoResponse
+	6,  // 17: machinist.provider.v1.IdentityService.GetCapabilities:output_type -> machinist.provider.v1.GetCapabilitiesResponse
+	8,  // 18: machinist.provider.v1.IdentityService.Probe:output_type -> machinist.provider.v1.ProbeResponse
+	11, // 19: machinist.provider.v1.MachineService.Create:output_type -> machinist.provider.v1.CreateResponse
+	13, // 20: machinist.provider.v1.MachineService.Exists:output_type -> machinist.provider.v1.ExistsResponse
+	15, // 21: machinist.provider.v1.MachineService.Delete:output_type -> machinist.provider.v1.DeleteResponse
+	17, // 22: machinist.provider.v1.MachineService.FindByUID:output_type -> machinist.provider.v1.FindByUIDResponse
+	19, // 23: machinist.provider.v1.MachineService.Reboot:output_type -> machinist.provider.v1.RebootResponse
+	21, // 24: machinist.provider.v1.MachineService.Repair:output_type -> machinist.provider.v1.RepairResponse
+	25, // 25: machinist.provider.v1.MachineService.Update:output_type -> machinist.provider.v1.UpdateResponse
+	23, // 26: machinist.provider.v1.MachineService.Describe:output_type -> machinist.provider.v1.DescribeResponse
+	16, // [16:27] is the sub-list for method output_type
+	5,  // [5:16] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_machinist_provider_v1_provider_proto_init() }
@@ -1402,8 +1571,8 @@ func file_machinist_provider_v1_provider_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_machinist_provider_v1_provider_proto_rawDesc), len(file_machinist_provider_v1_provider_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   22,
+			NumEnums:      3,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -241,6 +241,7 @@ const (
 	MachineService_Reboot_FullMethodName    = "/machinist.provider.v1.MachineService/Reboot"
 	MachineService_Repair_FullMethodName    = "/machinist.provider.v1.MachineService/Repair"
 	MachineService_Update_FullMethodName    = "/machinist.provider.v1.MachineService/Update"
+	MachineService_Describe_FullMethodName  = "/machinist.provider.v1.MachineService/Describe"
 )
 
 // MachineServiceClient is the client API for MachineService service.
@@ -273,6 +274,13 @@ type MachineServiceClient interface {
 	// At most once per operation_id; asked only for a change the provider
 	// declared in GetCapabilitiesResponse.in_place.
 	Update(ctx context.Context, in *UpdateRequest, opts ...grpc.CallOption) (*UpdateResponse, error)
+	// Describe reports what the provider itself knows of the instance now:
+	// its power state and the boot ID of its running boot. The controller
+	// asks it while the Machine's cluster cannot be reached, to complete a
+	// reboot on the provider's word, and checks that word against the
+	// Node's boot ID once the cluster answers. A provider that cannot tell
+	// answers POWER_STATE_UNSPECIFIED and no boot ID, or UNIMPLEMENTED.
+	Describe(ctx context.Context, in *DescribeRequest, opts ...grpc.CallOption) (*DescribeResponse, error)
 }
 
 type machineServiceClient struct {
@@ -353,6 +361,16 @@ func (c *machineServiceClient) Update(ctx context.Context, in *UpdateRequest, op
 	return out, nil
 }
 
+func (c *machineServiceClient) Describe(ctx context.Context, in *DescribeRequest, opts ...grpc.CallOption) (*DescribeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DescribeResponse)
+	err := c.cc.Invoke(ctx, MachineService_Describe_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MachineServiceServer is the server API for MachineService service.
 // All implementations must embed UnimplementedMachineServiceServer
 // for forward compatibility.
@@ -383,6 +401,13 @@ type MachineServiceServer interface {
 	// At most once per operation_id; asked only for a change the provider
 	// declared in GetCapabilitiesResponse.in_place.
 	Update(context.Context, *UpdateRequest) (*UpdateResponse, error)
+	// Describe reports what the provider itself knows of the instance now:
+	// its power state and the boot ID of its running boot. The controller
+	// asks it while the Machine's cluster cannot be reached, to complete a
+	// reboot on the provider's word, and checks that word against the
+	// Node's boot ID once the cluster answers. A provider that cannot tell
+	// answers POWER_STATE_UNSPECIFIED and no boot ID, or UNIMPLEMENTED.
+	Describe(context.Context, *DescribeRequest) (*DescribeResponse, error)
 	mustEmbedUnimplementedMachineServiceServer()
 }
 
@@ -413,6 +438,9 @@ func (UnimplementedMachineServiceServer) Repair(context.Context, *RepairRequest)
 }
 func (UnimplementedMachineServiceServer) Update(context.Context, *UpdateRequest) (*UpdateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Update not implemented")
+}
+func (UnimplementedMachineServiceServer) Describe(context.Context, *DescribeRequest) (*DescribeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Describe not implemented")
 }
 func (UnimplementedMachineServiceServer) mustEmbedUnimplementedMachineServiceServer() {}
 func (UnimplementedMachineServiceServer) testEmbeddedByValue()                        {}
@@ -561,6 +589,24 @@ func _MachineService_Update_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _MachineService_Describe_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DescribeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MachineServiceServer).Describe(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MachineService_Describe_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MachineServiceServer).Describe(ctx, req.(*DescribeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // MachineService_ServiceDesc is the grpc.ServiceDesc for MachineService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -595,6 +641,10 @@ var MachineService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Update",
 			Handler:    _MachineService_Update_Handler,
+		},
+		{
+			MethodName: "Describe",
+			Handler:    _MachineService_Describe_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -181,12 +181,27 @@ func TestAClusterDown(t *testing.T) {
 	if code, err := verb(mend, "repair", `{"drain":false,"reason":"its cluster is down"}`); code != http.StatusAccepted {
 		t.Fatalf("repair without drain: %d %v", code, err)
 	}
-	testenv.WaitForObject(t, env.Client, 30*time.Second, "far rebooted by its provider", far, func(m *machinistv1.Machine) error {
-		if m.Status.Phase != machinistv1.MachineRebooting {
-			return fmt.Errorf("phase %s, operation %+v", m.Status.Phase, m.Status.Operation)
+	// The reboot completes on the provider's word, which the record says,
+	// with the Node's side still unknown.
+	testenv.WaitForObject(t, env.Client, 30*time.Second, "far rebooted on its provider's word", far, func(m *machinistv1.Machine) error {
+		op := m.Status.Operation
+		if m.Status.Phase != machinistv1.MachineRunning || op == nil || op.State != machinistv1.OperationSucceeded {
+			return fmt.Errorf("phase %s, operation %+v", m.Status.Phase, op)
+		}
+		if !strings.Contains(op.Message, "on the provider's word") || !strings.Contains(op.Message, "the Node was not seen: "+unseen) ||
+			op.ProviderBootID == "" || op.ProviderBootID == farBoot || m.Status.BootID != op.ProviderBootID {
+			return fmt.Errorf("operation %+v, boot ID %s (before %s)", op, m.Status.BootID, farBoot)
+		}
+		c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionBootConfirmed)
+		if c == nil || c.Status != metav1.ConditionUnknown || c.Reason != machinistv1.ReasonNodeNotSeen {
+			return fmt.Errorf("%s %+v", machinistv1.ConditionBootConfirmed, c)
+		}
+		if c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionNodeHealthy); c == nil || c.Status != metav1.ConditionUnknown {
+			return fmt.Errorf("%s %+v", machinistv1.ConditionNodeHealthy, c)
 		}
 		return nil
 	})
+	farProviderBoot := far.Status.Operation.ProviderBootID
 	testenv.WaitForObject(t, env.Client, 30*time.Second, "mend repaired by its provider", mend, func(m *machinistv1.Machine) error {
 		if m.Status.Phase != machinistv1.MachineRepairing {
 			return fmt.Errorf("phase %s, operation %+v", m.Status.Phase, m.Status.Operation)
@@ -252,6 +267,14 @@ func TestAClusterDown(t *testing.T) {
 			t.Errorf("%s was replaced or remediated: uid %s -> %s, remediation %+v", m.Name, uids[m.Name], m.UID, m.Status.Remediation)
 		}
 	}
+	// The Node of far came back on the boot its provider reported.
+	testenv.WaitForObject(t, env.Client, 30*time.Second, "far's boot confirmed by its Node", far, func(m *machinistv1.Machine) error {
+		c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionBootConfirmed)
+		if c == nil || c.Status != metav1.ConditionTrue || c.Reason != machinistv1.ReasonBootIDMatches || m.Status.BootID != farProviderBoot {
+			return fmt.Errorf("%s %+v, boot ID %s, the provider's %s", machinistv1.ConditionBootConfirmed, c, m.Status.BootID, farProviderBoot)
+		}
+		return nil
+	})
 	testenv.WaitFor(t, time.Minute, "the deleted Machine gone, with its Node", func() error {
 		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(gone), gone); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("still there (%v): phase %s", err, gone.Status.Phase)

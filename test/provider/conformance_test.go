@@ -60,8 +60,8 @@ func TestCommandPassesForInmemory(t *testing.T) {
 			t.Errorf("no PASS line for %q", name)
 		}
 	}
-	if !strings.Contains(out, "14 checks: 14 passed, 0 failed") {
-		t.Errorf("no summary of 14 checks passed")
+	if !strings.Contains(out, "15 checks: 15 passed, 0 failed") {
+		t.Errorf("no summary of 15 checks passed")
 	}
 	if t.Failed() {
 		t.Logf("output:\n%s", out)
@@ -166,6 +166,42 @@ func (r *racyCreate) Delete(ctx context.Context, providerID string) error {
 	return nil
 }
 
+// staleDescribe answers Describe with what it first found, as a provider
+// that caches what it learns of its instances and never looks again.
+type staleDescribe struct {
+	*inmemory.Provider
+
+	mu   sync.Mutex
+	seen map[string]actuators.Instance
+}
+
+func (s *staleDescribe) Describe(ctx context.Context, providerID string) (actuators.Instance, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if in, ok := s.seen[providerID]; ok {
+		return in, nil
+	}
+	in, err := s.Provider.Describe(ctx, providerID)
+	if err == nil {
+		s.seen[providerID] = in
+	}
+	return in, err
+}
+
+func TestSuiteFailsADescribeThatDoesNotFollowTheBoot(t *testing.T) {
+	t.Parallel()
+	p := newInmemory(t)
+	endpoint := serveInProcess(t, &staleDescribe{Provider: p, seen: map[string]actuators.Instance{}}, provider.ServeOptions{})
+	results := run(t, config(endpoint, "conformance-describe"))
+	onlyFailed(t, results, allChecks, conformance.CheckDescribe)
+	for _, r := range results {
+		if r.Name == conformance.CheckDescribe && (r.Err == nil || !strings.Contains(r.Err.Error(), "whose Node reports")) {
+			t.Errorf("the describe check failed for another reason: %v", r.Err)
+		}
+	}
+	nothingLeft(t, p, "conformance-describe")
+}
+
 func TestSuiteFailsACreateThatRaces(t *testing.T) {
 	t.Parallel()
 	p := newInmemory(t)
@@ -188,6 +224,7 @@ var rebootOnlyChecks = []string{
 	conformance.CheckAdoptMissing,
 	conformance.CheckInvalid,
 	conformance.CheckDelete,
+	conformance.CheckDescribe,
 	conformance.CheckReboot,
 	conformance.CheckUndeclared,
 	conformance.CheckCancelled,

@@ -215,6 +215,7 @@ var allChecks = []string{
 	conformance.CheckAdoptMissing,
 	conformance.CheckInvalid,
 	conformance.CheckDelete,
+	conformance.CheckDescribe,
 	conformance.CheckReboot,
 	conformance.CheckRepair,
 	conformance.CheckUpdate,
