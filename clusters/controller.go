@@ -37,6 +37,12 @@ import (
 // for counts alone: at most one write per period.
 const DefaultProbePeriod = 30 * time.Second
 
+// DefaultUnreachableAfter is how long a cluster that answered must fail
+// its probes before it is called unreachable: a kubelet's Lease duration,
+// so that one lost answer does not freeze its health checks and write
+// every one of its Machines twice.
+const DefaultUnreachableAfter = 40 * time.Second
+
 // Backoff after a failed connection: the first retry after
 // retryBase, doubling to retryCap.
 const (
@@ -62,14 +68,19 @@ type Reconciler struct {
 	Recorder events.EventRecorder
 	// ProbePeriod: zero means DefaultProbePeriod.
 	ProbePeriod time.Duration
+	// UnreachableAfter: zero means DefaultUnreachableAfter.
+	UnreachableAfter time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 
 	mu sync.Mutex
 	// probed is when each cluster was last probed; failures counts the
-	// connection failures in a row, for the backoff.
+	// connection failures in a row, for the backoff; failing is when a
+	// cluster that answered first failed a probe. All three are lost with
+	// the process, which only starts a grace period afresh.
 	probed   map[types.NamespacedName]time.Time
 	failures map[types.NamespacedName]int
+	failing  map[types.NamespacedName]time.Time
 }
 
 // SetupWithManager registers the controller and the registry (which runs
@@ -178,10 +189,23 @@ func (r *Reconciler) connect(ctx context.Context, wc *machinistv1.WorkloadCluste
 	fail := func(reason string, err error) reconcile.Result {
 		r.Registry.Fail(key, reason, err)
 		was := meta.FindStatusCondition(wc.Status.Conditions, machinistv1.WorkloadClusterReachable)
+		since := now
+		if was != nil && was.Status == metav1.ConditionTrue {
+			// A cluster that answered until now is called unreachable
+			// only once it has failed for UnreachableAfter, and since
+			// its first failure.
+			since = r.failingSince(key, now)
+			if wait := since.Add(r.unreachableAfter()).Sub(now); wait > 0 {
+				return reconcile.Result{RequeueAfter: min(r.backoff(key), wait)}
+			}
+		}
 		if was == nil || was.Reason != reason {
 			r.event(wc, corev1.EventTypeWarning, reason, "Connect", err.Error())
 		}
-		setReachable(wc, metav1.ConditionFalse, reason, err.Error())
+		meta.SetStatusCondition(&wc.Status.Conditions, metav1.Condition{
+			Type: machinistv1.WorkloadClusterReachable, Status: metav1.ConditionFalse, Reason: reason, Message: err.Error(),
+			LastTransitionTime: metav1.NewTime(since), ObservedGeneration: wc.Generation,
+		})
 		return reconcile.Result{RequeueAfter: r.backoff(key)}
 	}
 	if readErr != nil {
@@ -200,6 +224,7 @@ func (r *Reconciler) connect(ctx context.Context, wc *machinistv1.WorkloadCluste
 	}
 	r.mu.Lock()
 	delete(r.failures, key)
+	delete(r.failing, key)
 	r.mu.Unlock()
 	if was := meta.FindStatusCondition(wc.Status.Conditions, machinistv1.WorkloadClusterReachable); was == nil || was.Status != metav1.ConditionTrue {
 		r.event(wc, corev1.EventTypeNormal, machinistv1.ReasonClusterConnected, "Connect", "connected to "+p.Server+", "+p.Version)
@@ -345,6 +370,29 @@ func (r *Reconciler) forget(key types.NamespacedName) {
 	defer r.mu.Unlock()
 	delete(r.probed, key)
 	delete(r.failures, key)
+	delete(r.failing, key)
+}
+
+// failingSince is when the cluster's current run of failed probes began,
+// now for the first.
+func (r *Reconciler) failingSince(key types.NamespacedName, now time.Time) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.failing == nil {
+		r.failing = map[types.NamespacedName]time.Time{}
+	}
+	if at, ok := r.failing[key]; ok {
+		return at
+	}
+	r.failing[key] = now
+	return now
+}
+
+func (r *Reconciler) unreachableAfter() time.Duration {
+	if r.UnreachableAfter > 0 {
+		return r.UnreachableAfter
+	}
+	return DefaultUnreachableAfter
 }
 
 func (r *Reconciler) event(wc *machinistv1.WorkloadCluster, kind, reason, action, note string) {

@@ -11,6 +11,7 @@ package clusters
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -22,6 +23,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/version"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -49,6 +51,9 @@ const (
 	// DefaultRequestTimeout bounds each request to a workload cluster, so
 	// that one that stops answering holds a worker no longer than this.
 	DefaultRequestTimeout = 30 * time.Second
+	// probeTimeout bounds a probe: asking a version is cheap, and a
+	// cluster that takes longer to answer it is as good as gone.
+	probeTimeout = 10 * time.Second
 )
 
 // Options configure a Registry.
@@ -260,9 +265,14 @@ func (r *Registry) Probe(ctx context.Context, key types.NamespacedName) (Probe, 
 	if !ok {
 		return Probe{}, &nodes.NotConnectedError{Cluster: key, Reason: machinistv1.ReasonClusterConnecting}
 	}
-	v, err := c.kube.Discovery().ServerVersion()
+	body, err := serverVersion(ctx, c.kube, probeTimeout)
 	if err != nil {
 		return Probe{}, &nodes.NotConnectedError{Cluster: key, Reason: machinistv1.ReasonUnreachable, Err: err}
+	}
+	var v version.Info
+	if err := json.Unmarshal([]byte(body), &v); err != nil {
+		return Probe{}, &nodes.NotConnectedError{Cluster: key, Reason: machinistv1.ReasonUnreachable,
+			Err: fmt.Errorf("its /version answered what is not a version: %w", err)}
 	}
 	var list corev1.NodeList
 	if err := c.cache.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {

@@ -108,6 +108,10 @@ type Options struct {
 	// ClusterProbePeriod is how often each workload cluster is probed;
 	// zero takes clusters.DefaultProbePeriod.
 	ClusterProbePeriod time.Duration
+	// ClusterUnreachableAfter is how long a workload cluster that answered
+	// must fail its probes before it is called unreachable; zero takes
+	// clusters.DefaultUnreachableAfter.
+	ClusterUnreachableAfter time.Duration
 	// Now is the calendar: the clock the disruption budgets' windows
 	// open and close on, for every controller that asks them and for the
 	// budgets' own status. time.Now when nil. Tests move it to open a
@@ -221,6 +225,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	workload := &clusters.Reconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Registry: nodeSide,
 		Recorder: mgr.GetEventRecorder("machinist-workloadcluster"), ProbePeriod: opts.ClusterProbePeriod,
+		UnreachableAfter: opts.ClusterUnreachableAfter,
 	}
 	if err := workload.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err

@@ -381,6 +381,31 @@ func (e *Env) ownAPIServers() []int {
 	return own
 }
 
+// FreezeAPIServer stops kube-apiserver with SIGSTOP: it keeps its port and
+// its connections, which now hang instead of failing, as a host that has
+// stopped answering does. ThawAPIServer resumes it.
+func (e *Env) FreezeAPIServer() error { return e.signalAPIServer(syscall.SIGSTOP) }
+
+// ThawAPIServer resumes a kube-apiserver FreezeAPIServer stopped.
+func (e *Env) ThawAPIServer() error { return e.signalAPIServer(syscall.SIGCONT) }
+
+func (e *Env) signalAPIServer(sig syscall.Signal) error {
+	pid := 0
+	if e.apiserver != nil {
+		pid = e.apiserver.Process.Pid
+	} else {
+		pids := e.ownAPIServers()
+		if len(pids) != 1 {
+			return fmt.Errorf("testenv: found %d kube-apiserver processes of this control plane, want 1", len(pids))
+		}
+		pid = pids[0]
+	}
+	if err := syscall.Kill(pid, sig); err != nil {
+		return fmt.Errorf("testenv: %s to kube-apiserver %d: %w", sig, pid, err)
+	}
+	return nil
+}
+
 // StartAPIServer starts kube-apiserver again after StopAPIServer, with the
 // same flags, certificates and port, over the same etcd, and waits until it
 // is ready.

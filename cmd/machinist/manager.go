@@ -135,6 +135,8 @@ logging "waiting for kube-apiserver", instead of exiting again.`,
 	fs.Float32Var(&opts.ClusterQPS, "cluster-api-qps", 0, "requests per second to each workload cluster's API server, apart from --kube-api-qps; a Machine joining one costs about 3 (0: 100)")
 	fs.IntVar(&opts.ClusterBurst, "cluster-api-burst", 0, "burst of requests to each workload cluster's API server (0: 200)")
 	fs.DurationVar(&opts.ClusterProbePeriod, "cluster-probe-period", 0, "how often each workload cluster is probed and its status counted (0: 30s)")
+	fs.DurationVar(&opts.ClusterUnreachableAfter, "cluster-unreachable-after", 0,
+		"how long a workload cluster that answered must fail its probes before it is called unreachable, its health checks frozen and its drains held (0: 40s)")
 	fs.Float32Var(&opts.QPS, "kube-api-qps", 200, "requests per second to the API server")
 	fs.IntVar(&opts.Burst, "kube-api-burst", 400, "burst of requests to the API server")
 	fs.DurationVar(&opts.ProvisionTimeout, "provision-timeout", 0, "how long a Machine may provision before it is Failed (0: 10m)")

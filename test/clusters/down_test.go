@@ -109,6 +109,14 @@ func TestAClusterDown(t *testing.T) {
 		}
 		return nil
 	})
+	// Called unreachable only after failing for --cluster-unreachable-after
+	// (5s here), and since its first failure, which came after the stop
+	// (the condition's time is kept to the second).
+	since := meta.FindStatusCondition(wc.Status.Conditions, machinistv1.WorkloadClusterReachable).LastTransitionTime.Time
+	if seen := time.Now(); since.Before(stopped.Truncate(time.Second)) || seen.Sub(since) < 5*time.Second {
+		t.Errorf("stopped at %s, the cluster unreachable since %s, seen so at %s: want since after the stop, and seen at least 5s later",
+			stopped.Format(time.RFC3339Nano), since.Format(time.RFC3339), seen.Format(time.RFC3339Nano))
+	}
 	// Found down by the prober (every 5s here), the Machines say that
 	// their Node side is not seen, and the health check judges none.
 	unseen := "WorkloadCluster fading is not reachable (Unreachable) since "

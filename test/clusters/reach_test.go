@@ -165,7 +165,11 @@ func drain(ch <-chan watch.Event) []watch.Event {
 	var out []watch.Event
 	for {
 		select {
-		case e := <-ch:
+		case e, ok := <-ch:
+			if !ok {
+				// The watch ended: what it would have shown is not known.
+				return append(out, watch.Event{Type: watch.Error})
+			}
 			out = append(out, e)
 		case <-time.After(time.Second):
 			return out

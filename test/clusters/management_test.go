@@ -1,0 +1,138 @@
+package clusters
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/testenv"
+)
+
+// The management cluster's kube-apiserver killed for 30 seconds: the
+// workload cluster does not notice. Its machines need nothing from the
+// management cluster, so their kubelets renew their Leases and keep their
+// Nodes Ready, and nothing is cordoned or drained; once the API is back
+// the manager resumes with no Machine replaced and no write storm.
+func TestTheManagementClusterDown(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ns := env.NewNamespace(t, "mgmt", testenv.Small)
+	serve(t, ns)
+	md := testenv.MachineDeployment(ns, "steady", 3)
+	md.Spec.Template.Spec.ClusterName = blue
+	hc := &machinistv1.MachineHealthCheck{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "steady"},
+		Spec: machinistv1.MachineHealthCheckSpec{
+			Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": "steady"}},
+			UnhealthyNodeConditions: []machinistv1.UnhealthyNodeCondition{
+				{Type: "Ready", Status: "Unknown", Timeout: metav1.Duration{Duration: 3 * time.Second}},
+				{Type: "Ready", Status: "False", Timeout: metav1.Duration{Duration: 3 * time.Second}},
+			},
+			Remediation: machinistv1.Remediation{Ladder: []machinistv1.Rung{{Action: machinistv1.RemediateReplace}}},
+		},
+	}
+	for _, o := range []client.Object{md, hc} {
+		if err := env.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ms := running(t, ns, 3, 2*time.Minute, client.MatchingLabels{"pool": "steady"})
+	uids := map[types.UID]bool{}
+	nodeNames := map[string]bool{}
+	for i := range ms {
+		uids[ms[i].UID] = true
+		nodeNames[joinedOnlyTo(t, &ms[i], blue).Name] = true
+	}
+
+	// Watched from the workload cluster throughout: every Node Ready and
+	// schedulable, every Lease renewed.
+	var (
+		mu      sync.Mutex
+		trouble []string
+		renewed = map[string]time.Time{}
+	)
+	watching, stopWatching := context.WithCancel(ctx)
+	var watched sync.WaitGroup
+	watched.Go(func() {
+		k := kube(t, blue)
+		for watching.Err() == nil {
+			nodes, err := k.CoreV1().Nodes().List(watching, metav1.ListOptions{})
+			leases, lerr := k.CoordinationV1().Leases(corev1.NamespaceNodeLease).List(watching, metav1.ListOptions{})
+			mu.Lock()
+			if err == nil && lerr == nil {
+				for _, n := range nodes.Items {
+					if !nodeNames[n.Name] {
+						continue
+					}
+					ready := false
+					for _, c := range n.Status.Conditions {
+						if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+							ready = true
+						}
+					}
+					if !ready || n.Spec.Unschedulable {
+						trouble = append(trouble, fmt.Sprintf("%s: Node %s ready=%v unschedulable=%v", time.Now().Format(time.RFC3339), n.Name, ready, n.Spec.Unschedulable))
+					}
+				}
+				for _, l := range leases.Items {
+					if nodeNames[l.Name] && l.Spec.RenewTime != nil {
+						renewed[l.Name] = l.Spec.RenewTime.Time
+					}
+				}
+			}
+			mu.Unlock()
+			select {
+			case <-watching.Done():
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+	})
+
+	// A Machine written from here on, the outage's return included, has
+	// another resourceVersion after.
+	before := map[string]string{}
+	for _, m := range running(t, ns, 3, time.Minute, client.MatchingLabels{"pool": "steady"}) {
+		before[m.Name] = m.ResourceVersion
+	}
+	if err := env.StopAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	time.Sleep(30 * time.Second) // the outage's length, not a wait for a state
+	startCtx, cancelStart := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancelStart()
+	if err := env.StartAPIServer(startCtx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the management kube-apiserver was down %s", time.Since(stopped).Round(time.Second))
+	back := time.Now()
+	time.Sleep(20 * time.Second) // a window of writes counted, not a wait for a state
+	stopWatching()
+	watched.Wait()
+
+	for _, line := range trouble {
+		t.Error(line)
+	}
+	for name := range nodeNames {
+		if at := renewed[name]; !at.After(stopped.Add(20 * time.Second)) {
+			t.Errorf("the Lease of Node %s was last seen renewed at %s, the management cluster down from %s to %s", name, at, stopped, back)
+		}
+	}
+	for _, m := range running(t, ns, 3, time.Minute, client.MatchingLabels{"pool": "steady"}) {
+		if m.ResourceVersion != before[m.Name] {
+			t.Errorf("Machine %s was written across the outage and the 20s after it (resourceVersion %s -> %s): phase %s, conditions %+v",
+				m.Name, before[m.Name], m.ResourceVersion, m.Status.Phase, m.Status.Conditions)
+		}
+		if !uids[m.UID] || m.Status.Operation != nil || m.Status.Remediation != nil && m.Status.Remediation.Phase != machinistv1.RemediationHealthy {
+			t.Errorf("Machine %s: new %v, operation %+v, remediation %+v", m.Name, !uids[m.UID], m.Status.Operation, m.Status.Remediation)
+		}
+	}
+}
