@@ -231,18 +231,7 @@ func TestKillDuringRemediation(t *testing.T) {
 		}
 		// The rung's write is pushed by the watch at once; a reboot of a
 		// process machine is over within a second, too soon for a poll.
-		climbing := func(obj client.Object) bool {
-			m, ok := obj.(*machinistv1.Machine)
-			if !ok || m.UID != victim.UID || m.Status.Remediation == nil {
-				return false
-			}
-			switch m.Status.Remediation.Phase {
-			case machinistv1.RemediationRebooting, machinistv1.RemediationRepairing, machinistv1.RemediationReplacing:
-				return true
-			}
-			return false
-		}
-		if !r.monitor.awaitVersion(crashed, climbing, 3*time.Minute) {
+		if !r.monitor.awaitVersion(crashed, climbing(victim), 3*time.Minute) {
 			t.Fatalf("no rung of the ladder started for %s: %s", victim.Name, r.remediationOf(victim))
 		}
 		// On purpose: a random moment into the rung.

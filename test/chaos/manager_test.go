@@ -45,8 +45,9 @@ type exit struct {
 	Tail   string // its last lines of output
 }
 
-// startReplica starts a manager replica and its supervisor.
-func (r *run) startReplica(name string) *replica {
+// startReplica starts a manager replica and its supervisor; extra are
+// further flags of its command line.
+func (r *run) startReplica(name string, extra ...string) *replica {
 	metrics := freeAddress(r)
 	rep := &replica{
 		name:    name,
@@ -68,6 +69,7 @@ func (r *run) startReplica(name string) *replica {
 		},
 		done: make(chan struct{}),
 	}
+	rep.args = append(rep.args, extra...)
 	started := make(chan struct{})
 	go rep.supervise(started)
 	<-started
