@@ -167,10 +167,11 @@ func (r *Reconciler) connect(ctx context.Context, wc *machinistv1.WorkloadCluste
 	needed := machines > 0
 	key := client.ObjectKeyFromObject(wc)
 	now := r.now()
-	if r.Registry.Has(key) && !r.due(key, now) {
+	if r.Registry.Has(key) && !r.due(key, now) && !r.isFailing(key) {
 		// Woken by a Machine's arrival or going: nothing to do before
 		// the next probe, not even reading the Secret (a scale-up of
-		// thousands wakes this once per Machine).
+		// thousands wakes this once per Machine). A cluster failing its
+		// probes is probed again on its backoff instead.
 		return reconcile.Result{RequeueAfter: r.untilProbe(key, now)}
 	}
 	kubeconfig, readErr := r.kubeconfig(ctx, wc)
@@ -206,7 +207,14 @@ func (r *Reconciler) connect(ctx context.Context, wc *machinistv1.WorkloadCluste
 			Type: machinistv1.WorkloadClusterReachable, Status: metav1.ConditionFalse, Reason: reason, Message: err.Error(),
 			LastTransitionTime: metav1.NewTime(since), ObservedGeneration: wc.Generation,
 		})
-		return reconcile.Result{RequeueAfter: r.backoff(key)}
+		retry := r.backoff(key)
+		if r.Registry.Has(key) {
+			// Connected before: its return is looked for at least every
+			// probe period, so that its Machines are not held for the
+			// backoff's minutes after it answers again.
+			retry = min(retry, r.probePeriod())
+		}
+		return reconcile.Result{RequeueAfter: retry}
 	}
 	if readErr != nil {
 		return fail(machinistv1.ReasonKubeconfigSecretMissing, readErr)
@@ -371,6 +379,13 @@ func (r *Reconciler) forget(key types.NamespacedName) {
 	delete(r.probed, key)
 	delete(r.failures, key)
 	delete(r.failing, key)
+}
+
+// isFailing reports whether the cluster's last probe or connection failed.
+func (r *Reconciler) isFailing(key types.NamespacedName) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.failures[key] > 0
 }
 
 // failingSince is when the cluster's current run of failed probes began,
