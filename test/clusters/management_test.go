@@ -2,12 +2,14 @@ package clusters
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -126,7 +128,8 @@ func TestTheManagementClusterDown(t *testing.T) {
 			t.Errorf("the Lease of Node %s was last seen renewed at %s, the management cluster down from %s to %s", name, at, stopped, back)
 		}
 	}
-	for _, m := range running(t, ns, 3, time.Minute, client.MatchingLabels{"pool": "steady"}) {
+	ms = running(t, ns, 3, time.Minute, client.MatchingLabels{"pool": "steady"})
+	for _, m := range ms {
 		if m.ResourceVersion != before[m.Name] {
 			t.Errorf("Machine %s was written across the outage and the 20s after it (resourceVersion %s -> %s): phase %s, conditions %+v",
 				m.Name, before[m.Name], m.ResourceVersion, m.Status.Phase, m.Status.Conditions)
@@ -135,4 +138,26 @@ func TestTheManagementClusterDown(t *testing.T) {
 			t.Errorf("Machine %s: new %v, operation %+v, remediation %+v", m.Name, !uids[m.UID], m.Status.Operation, m.Status.Remediation)
 		}
 	}
+	// And it acts again: its caches, whose watches failed for the outage,
+	// are back, and a scale-up is carried out.
+	if err := env.Client.Patch(ctx, md, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"replicas":4}}`))); err != nil {
+		t.Fatal(err)
+	}
+	running(t, ns, 4, 3*time.Minute, client.MatchingLabels{"pool": "steady"})
+	t.Logf("a scale-up carried out %s after the management cluster returned", time.Since(back).Round(time.Second))
+	// So does the WorkloadCluster controller, whose watch failed too.
+	later := &machinistv1.WorkloadCluster{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "later"},
+		Spec:       machinistv1.WorkloadClusterSpec{Kubeconfig: machinistv1.KubeconfigReference{SecretName: "later-kubeconfig"}},
+	}
+	if err := env.Client.Create(ctx, later); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitForObject(t, env.Client, 3*time.Minute, "a new WorkloadCluster given its status", later, func(wc *machinistv1.WorkloadCluster) error {
+		if c := meta.FindStatusCondition(wc.Status.Conditions, machinistv1.WorkloadClusterReachable); c == nil {
+			return errors.New("no Reachable condition")
+		}
+		return nil
+	})
+	t.Logf("a new WorkloadCluster given its status %s after the management cluster returned", time.Since(back).Round(time.Second))
 }
