@@ -72,19 +72,7 @@ func (r *Reconciler) serve(ctx context.Context, s *step) outcome {
 			return s.wait("", 0)
 		}
 	}
-	if s.unstored(op) {
-		return s.wait("the operation is not stored yet", 0)
-	}
-	if op.State == machinistv1.OperationPending {
-		if held, err := r.holdForBudget(ctx, s, op); err != nil || held {
-			return outcome{reason: "a disruption budget holds the operation", err: err}
-		}
-		startOperation(s)
-	}
-	if !operation.Drains(op.Type, op.Options) {
-		return r.callProvider(ctx, s)
-	}
-	return advance(phases.Drain)
+	return r.carryOut(ctx, s, op)
 }
 
 // serveUnseen is serve for a Machine whose cluster cannot be reached: its
@@ -99,6 +87,13 @@ func (r *Reconciler) serveUnseen(ctx context.Context, s *step) outcome {
 	if !operation.InFlight(op) {
 		return s.wait("its cluster cannot be reached", downPoll)
 	}
+	return r.carryOut(ctx, s, op)
+}
+
+// carryOut starts the operation in flight once it is stored and the
+// budgets allow: by draining first, or by calling the provider at once for
+// an operation without drain.
+func (r *Reconciler) carryOut(ctx context.Context, s *step, op *machinistv1.Operation) outcome {
 	if s.unstored(op) {
 		return s.wait("the operation is not stored yet", 0)
 	}
