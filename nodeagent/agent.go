@@ -84,6 +84,11 @@ type Config struct {
 	// NeverReady registers the Node with Ready=False, like a kubelet whose
 	// container runtime never comes up. It still renews its Lease.
 	NeverReady bool
+	// BootID is the boot's ID as the machine knows it from the moment it
+	// boots, before it has joined (a kernel's
+	// /proc/sys/kernel/random/boot_id): every Run reports it, so an agent
+	// given one runs for one boot. Empty, each Run picks a new one.
+	BootID string
 }
 
 // Agent is one machine's kubelet. Run it, cancel it (a crash or power-off),
@@ -139,7 +144,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("nodeagent: agent for node %q is already running", a.cfg.NodeName)
 	}
 	a.running = true
-	a.bootID = string(uuid.NewUUID())
+	a.bootID = a.cfg.BootID
+	if a.bootID == "" {
+		a.bootID = string(uuid.NewUUID())
+	}
 	bootID := a.bootID
 	a.mu.Unlock()
 	defer func() {

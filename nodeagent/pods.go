@@ -63,10 +63,13 @@ func newPods(client kubernetes.Interface, nodeName, hostIP string) *pods {
 
 // run watches the pods and works on them until ctx is cancelled. It
 // returns once no write is under way, and sync sends none after ctx ends,
-// so that no pod write of a boot lands after the boot has crashed.
+// so that no pod write of a boot lands after the boot has crashed. It does
+// not wait for the informer, which only reads: while its API server is
+// down, client-go's watch-list backs off for up to 30 s without heeding
+// the stop, and a crash must not take that long.
 func (p *pods) run(ctx context.Context) {
+	go p.informer.Run(ctx.Done())
 	var wg sync.WaitGroup
-	wg.Go(func() { p.informer.Run(ctx.Done()) })
 	wg.Go(func() {
 		for p.work(ctx) {
 		}

@@ -25,6 +25,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/kubernetes"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -249,24 +250,20 @@ func (p *Provider) NodeName(providerID string) (string, error) {
 	return in.nodeName, nil
 }
 
-// BootID returns the current boot ID of the instance providerID names,
-// empty if it has not booted yet (nor joined its cluster).
+// BootID returns the boot ID of the current or last boot of the instance
+// providerID names, empty if it has never booted.
 func (p *Provider) BootID(providerID string) (string, error) {
 	in, err := p.lookup(providerID)
 	if err != nil {
 		return "", err
 	}
-	if agent := in.agent(); agent != nil {
-		return agent.BootID(), nil
-	}
-	return "", nil
+	return in.bootID(), nil
 }
 
 // Describe implements actuators.Actuator: an instance is on from its
-// power-on to its crash or power-off, and its boot ID is that of its
-// latest agent, which a boot starts once the machine has credentials: a
-// repaired machine that has not re-joined yet still reports its last
-// boot's, never one that has not happened.
+// power-on to its crash or power-off, and its boot ID is the one its
+// power-on chose, as a kernel's is: known before the machine joins, so a
+// machine repaired while its cluster is down reports its new boot.
 func (p *Provider) Describe(_ context.Context, providerID string) (actuators.Instance, error) {
 	in, err := p.lookup(providerID)
 	if err != nil {
@@ -278,11 +275,7 @@ func (p *Provider) Describe(_ context.Context, providerID string) (actuators.Ins
 	if !on {
 		return actuators.Instance{Power: actuators.PowerOff}, nil
 	}
-	boot := ""
-	if agent := in.agent(); agent != nil {
-		boot = agent.BootID()
-	}
-	return actuators.Instance{Power: actuators.PowerOn, BootID: boot}, nil
+	return actuators.Instance{Power: actuators.PowerOn, BootID: in.bootID()}, nil
 }
 
 // Crash kills the instance as a hardware failure would: its agent stops at
@@ -679,10 +672,10 @@ type instance struct {
 	join actuators.Join
 	kube kubernetes.Interface
 
-	// booted guards current, the agent of the current or last boot, which
-	// the boot sets as it starts it.
-	booted  sync.Mutex
-	current *nodeagent.Agent
+	// booted guards bootedAs, the ID of the current or last boot, which
+	// its power-on chooses.
+	booted   sync.Mutex
+	bootedAs string
 
 	mu      sync.Mutex
 	cancel  context.CancelFunc
@@ -720,12 +713,11 @@ func (in *instance) powerOnAfter(d time.Duration) {
 	}()
 }
 
-// agent is the agent of the current or last boot, nil before the
-// machine first joined.
-func (in *instance) agent() *nodeagent.Agent {
+// bootID is the ID of the current or last boot, empty before the first.
+func (in *instance) bootID() string {
 	in.booted.Lock()
 	defer in.booted.Unlock()
-	return in.current
+	return in.bootedAs
 }
 
 // reimage wipes the machine's credentials and leaves join for its next
@@ -747,11 +739,7 @@ func (in *instance) boot(ctx context.Context, cfg nodeagent.Config) error {
 		return err
 	}
 	cfg.Client = kube
-	agent := nodeagent.New(cfg)
-	in.booted.Lock()
-	in.current = agent
-	in.booted.Unlock()
-	return agent.Run(ctx)
+	return nodeagent.New(cfg).Run(ctx)
 }
 
 // credentials returns a client acting as the machine's Node, joining the
@@ -819,6 +807,10 @@ func (in *instance) powerOn() {
 	done := make(chan struct{})
 	in.cancel, in.stopped = cancel, done
 	cfg := in.cfg
+	cfg.BootID = string(uuid.NewUUID())
+	in.booted.Lock()
+	in.bootedAs = cfg.BootID
+	in.booted.Unlock()
 	go func() {
 		defer p.wg.Done()
 		defer close(done)

@@ -701,5 +701,7 @@ func TestAMachineWithATokenTheClusterRefusesRegistersNoNode(t *testing.T) {
 		_, err := clientset.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 		return err == nil
 	}).WithTimeout(5 * time.Second).Should(BeFalse())
-	g.Expect(p.BootID(id)).To(BeEmpty(), "the machine's agent never started")
+	// It booted all the same, as a machine does before it joins: its
+	// provider knows the boot, which no Node reports.
+	g.Expect(p.BootID(id)).NotTo(BeEmpty(), "the machine booted")
 }

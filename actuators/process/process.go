@@ -462,9 +462,10 @@ func (p *Provider) BootID(providerID string) (string, error) {
 }
 
 // Describe implements actuators.Actuator: an instance is on while its
-// agent process runs, and its boot ID is the one that agent chose. An agent
-// just started may not have written its own yet, and the last boot's is
-// reported until it has: never a boot that has not happened.
+// agent process runs, and its boot ID is the one that process chose as it
+// started, before joining. A process just started may not have written
+// its own yet, and the last boot's is reported until it has: never a boot
+// that has not happened.
 func (p *Provider) Describe(ctx context.Context, providerID string) (actuators.Instance, error) {
 	if err := p.takeOver(ctx); err != nil {
 		return actuators.Instance{}, err

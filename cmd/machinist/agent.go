@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -75,7 +76,7 @@ its name, so that its Node registers afresh. Without --bootstrap-kubeconfig,
 	f.StringVar(&o.version, "version", "", "kubelet version to report in status.nodeInfo")
 	f.Int32Var(&o.leaseSeconds, "lease-duration-seconds", nodeagent.DefaultLeaseDurationSeconds, "the Lease's duration")
 	f.DurationVar(&o.renew, "renew-interval", nodeagent.DefaultRenewInterval, "how often the Lease is renewed")
-	f.StringVar(&o.bootIDFile, "boot-id-file", "", "file to write this boot's ID to, once chosen")
+	f.StringVar(&o.bootIDFile, "boot-id-file", "", "file to write this boot's ID to as the process starts, before it joins")
 	f.StringToStringVar(&o.capacity, "capacity", nil, "resources the Node offers over the defaults, e.g. cpu=16,memory=64Gi")
 	f.BoolVar(&o.neverReady, "never-ready", false, "report the Node Ready=False (while renewing the Lease)")
 	_ = cmd.MarkFlagRequired("node-name")
@@ -98,6 +99,17 @@ func runAgent(ctx context.Context, o agentOptions) error {
 		}
 		capacity[corev1.ResourceName(name)] = q
 	}
+	// The process's start is the machine's boot: its ID is known, and
+	// told to a provider that asks, before the machine has joined (a
+	// repaired one may wait long for a cluster that is down).
+	bootID := string(uuid.NewUUID())
+	if o.bootIDFile != "" {
+		// A failure ends the process, and so the boot: a provider that
+		// asked for the file relies on it.
+		if err := writeFileAtomic(o.bootIDFile, []byte(bootID+"\n")); err != nil {
+			return fmt.Errorf("--boot-id-file: %w", err)
+		}
+	}
 	cfg, err := agentRESTConfig(ctx, o)
 	if ctx.Err() != nil {
 		// Stopped while joining: a clean stop, as one while running is.
@@ -119,29 +131,9 @@ func runAgent(ctx context.Context, o agentOptions) error {
 		LeaseDurationSeconds: o.leaseSeconds,
 		RenewInterval:        o.renew,
 		NeverReady:           o.neverReady,
+		BootID:               bootID,
 	})
-
-	done := make(chan error, 1)
-	go func() { done <- agent.Run(ctx) }()
-	if o.bootIDFile != "" {
-		// Run picks the boot ID as it starts; poll for it rather than
-		// widen nodeagent's API for one caller.
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		for agent.BootID() == "" {
-			select {
-			case err := <-done:
-				return err
-			case <-tick.C:
-			}
-		}
-		// A failure ends the process, and so the agent: a provider that
-		// asked for the file relies on it.
-		if err := writeFileAtomic(o.bootIDFile, []byte(agent.BootID()+"\n")); err != nil {
-			return fmt.Errorf("--boot-id-file: %w", err)
-		}
-	}
-	return <-done
+	return agent.Run(ctx)
 }
 
 func agentRESTConfig(ctx context.Context, o agentOptions) (*rest.Config, error) {
