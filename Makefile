@@ -81,6 +81,14 @@ CHAOS_SCENARIO ?=
 chaos: controlplane ## Kill, fail over, starve and fault the manager over many seeds (CHAOS_RUNS, CHAOS_SEED, CHAOS_TESTS, CHAOS_SCENARIO); see docs/reliability.md.
 	CHAOS_RUNS=$(CHAOS_RUNS) CHAOS_SEED=$(CHAOS_SEED) CHAOS_SCENARIO='$(CHAOS_SCENARIO)' go test -count=1 -timeout 0 -v -run '$(CHAOS_TESTS)' ./test/chaos/ | tee chaos.out
 
+# make outage: the workload-cluster outage test with its cluster down for
+# OUTAGE (ten minutes) instead of one; see docs/reliability.md.
+OUTAGE ?= 10m
+
+.PHONY: outage
+outage: controlplane ## Keep a workload cluster down for OUTAGE (10m) under TestAClusterDown; see docs/reliability.md.
+	CLUSTERS_OUTAGE=$(OUTAGE) go test -count=1 -timeout 0 -v -run '^TestAClusterDown$$' ./test/clusters/ | tee outage.out
+
 .PHONY: bench
 bench: controlplane ## Run the benchmarks against the real control plane (not part of make test).
 	go test -run '^$$' -bench . -benchtime 1x -timeout 180m ./test/bench/ | tee bench.out

@@ -85,7 +85,12 @@ type Registry struct {
 	// failed says why the last connection to a cluster failed, for the
 	// Machines that wait on it.
 	failed map[types.NamespacedName]*nodes.NotConnectedError
-	hooks  []func(context.Context, types.NamespacedName, cache.Cache) error
+	// addresses are the API server addresses the clusters' kubeconfigs
+	// name, kept from the last one read whether or not it connected: a
+	// cluster down since the manager started still has an address to
+	// give a machine repaired meanwhile.
+	addresses map[types.NamespacedName]address
+	hooks     []func(context.Context, types.NamespacedName, cache.Cache) error
 	// ctx is the manager's: every connection's cache runs under it.
 	ctx context.Context
 }
@@ -100,6 +105,12 @@ type conn struct {
 	done    chan struct{} // closed once its cache has stopped
 }
 
+// address is an API server's address and the PEM that verifies it.
+type address struct {
+	server string
+	ca     []byte
+}
+
 // NewRegistry returns a Registry; Start must run before it connects.
 func NewRegistry(opts Options) (*Registry, error) {
 	if opts.Local == nil {
@@ -110,10 +121,11 @@ func NewRegistry(opts Options) (*Registry, error) {
 		return nil, err
 	}
 	return &Registry{
-		opts:   opts,
-		scheme: scheme,
-		conns:  map[types.NamespacedName]*conn{},
-		failed: map[types.NamespacedName]*nodes.NotConnectedError{},
+		opts:      opts,
+		scheme:    scheme,
+		conns:     map[types.NamespacedName]*conn{},
+		failed:    map[types.NamespacedName]*nodes.NotConnectedError{},
+		addresses: map[types.NamespacedName]address{},
 	}, nil
 }
 
@@ -152,7 +164,10 @@ func (r *Registry) For(_ context.Context, m *machinistv1.Machine) (nodes.Cluster
 		return c.cluster, nil
 	}
 	if err, ok := r.failed[key]; ok {
-		return nil, err
+		nc := *err
+		a := r.addresses[key]
+		nc.Server, nc.CAData = a.server, a.ca
+		return nil, &nc
 	}
 	return nil, &nodes.NotConnectedError{Cluster: key, Reason: machinistv1.ReasonClusterConnecting}
 }
@@ -243,6 +258,7 @@ func (r *Registry) Disconnect(key types.NamespacedName) {
 	c, ok := r.conns[key]
 	delete(r.conns, key)
 	delete(r.failed, key)
+	delete(r.addresses, key)
 	r.mu.Unlock()
 	if ok {
 		c.close()
@@ -297,6 +313,9 @@ func (r *Registry) connect(ctx context.Context, key types.NamespacedName, kubeco
 	if err != nil {
 		return nil, &nodes.NotConnectedError{Cluster: key, Reason: machinistv1.ReasonKubeconfigInvalid, Err: err}
 	}
+	r.mu.Lock()
+	r.addresses[key] = address{server: cfg.Host, ca: caData}
+	r.mu.Unlock()
 	cfg.QPS, cfg.Burst = r.opts.QPS, r.opts.Burst
 	if cfg.QPS <= 0 {
 		cfg.QPS = DefaultQPS

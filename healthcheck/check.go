@@ -5,6 +5,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 )
@@ -65,7 +67,17 @@ func judge(c checks, m *machinistv1.Machine, node *corev1.Node, now time.Time, t
 		// way, and it ends in Running or Failed.
 		return verdict{}
 	}
+	trusted := t.Since.Add(t.Grace)
+	if bc := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionBootConfirmed); bc != nil &&
+		bc.Status == metav1.ConditionUnknown && bc.Reason == machinistv1.ReasonNodeNotSeen {
+		return unconfirmed(c, bc, now, t)
+	}
 	if node == nil {
+		if now.Before(trusted) {
+			// A cache that has just listed again, after an outage or at
+			// the start, may not show a Node that exists.
+			return verdict{recheck: trusted}
+		}
 		name := "its Node"
 		if m.Status.NodeRef != nil {
 			name = "Node " + m.Status.NodeRef.Name
@@ -76,7 +88,6 @@ func judge(c checks, m *machinistv1.Machine, node *corev1.Node, now time.Time, t
 	if ready := condition(node, corev1.NodeReady); ready != nil && ready.Status == corev1.ConditionUnknown {
 		v.unreachable = true
 	}
-	trusted := t.Since.Add(t.Grace)
 	for _, rule := range c.conditions {
 		nc := condition(node, corev1.NodeConditionType(rule.Type))
 		if nc == nil || string(nc.Status) != rule.Status {
@@ -100,6 +111,32 @@ func judge(c checks, m *machinistv1.Machine, node *corev1.Node, now time.Time, t
 			nc.LastTransitionTime.UTC().Format(time.RFC3339), rule.Timeout.Duration)}
 	}
 	return v
+}
+
+// unconfirmed judges a Machine whose last reboot or repair completed on
+// its provider's word while its cluster could not be reached (its
+// BootConfirmed condition, Unknown, is confirmed): its Node has not
+// reported that boot yet, and a repaired machine has yet to join again.
+// Like a new Machine it has the startup timeout to, counted from when its
+// Node could first report: the later of the boot and the return of what
+// the manager watches. Neither time is in the message, which must not
+// change from pass to pass.
+func unconfirmed(c checks, confirmed *metav1.Condition, now time.Time, t trust) verdict {
+	v := verdict{known: true, healthy: true, reason: machinistv1.ReasonPassed,
+		message: "booted anew on its provider's word while its cluster could not be reached; waiting for its Node to report that boot"}
+	if c.startup <= 0 {
+		return v
+	}
+	began := confirmed.LastTransitionTime.Time
+	if t.Since.After(began) {
+		began = t.Since
+	}
+	if until := began.Add(c.startup); now.Before(until) {
+		v.recheck = until
+		return v
+	}
+	return verdict{known: true, reason: machinistv1.ReasonNodeStartupTimeout, message: fmt.Sprintf(
+		"no Node reported the boot its provider did %s after it could (nodeStartupTimeout)", c.startup)}
 }
 
 // startup judges a Machine that has no Ready Node yet.

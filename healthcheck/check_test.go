@@ -42,6 +42,14 @@ func TestJudge(t *testing.T) {
 		return corev1.NodeCondition{Type: t, Status: s, LastTransitionTime: ago(since)}
 	}
 	ready := cond(corev1.NodeReady, corev1.ConditionTrue, time.Hour)
+	// unconfirmed is a Running Machine whose reboot completed on its
+	// provider's word, booted ago, with no Node reporting it since.
+	unconfirmed := func(ago time.Duration) *machinistv1.Machine {
+		m := machine(machinistv1.MachineRunning, ago)
+		m.Status.Conditions = []metav1.Condition{{Type: machinistv1.ConditionBootConfirmed, Status: metav1.ConditionUnknown,
+			Reason: machinistv1.ReasonNodeNotSeen, LastTransitionTime: metav1.NewTime(now.Add(-ago))}}
+		return m
+	}
 
 	for _, tc := range []struct {
 		name        string
@@ -94,6 +102,22 @@ func TestJudge(t *testing.T) {
 			known: true, healthy: true, unreachable: true, recheck: now.Add(10 * time.Second)},
 		{name: "the grace does not hide a healthy node", m: machine(machinistv1.MachineRunning, time.Hour),
 			node: node(ready), trust: trust{Since: now, Grace: 40 * time.Second}, known: true, healthy: true},
+		{name: "just started: a node not listed yet is not held against it", m: machine(machinistv1.MachineRunning, time.Hour),
+			trust: trust{Since: now.Add(-10 * time.Second), Grace: 40 * time.Second}, recheck: now.Add(30 * time.Second)},
+		{name: "booted on its provider's word: waits for its node", m: unconfirmed(2 * time.Minute), trust: old,
+			known: true, healthy: true, recheck: now.Add(8 * time.Minute), message: "waiting for its Node to report that boot"},
+		{name: "booted on its provider's word: a stale node is not judged", m: unconfirmed(2 * time.Minute),
+			node: node(cond(corev1.NodeReady, corev1.ConditionUnknown, time.Hour)), trust: old,
+			known: true, healthy: true, recheck: now.Add(8 * time.Minute)},
+		{name: "booted on its provider's word: the timeout counts from the return", m: unconfirmed(time.Hour),
+			trust: trust{Since: now.Add(-time.Minute), Grace: 40 * time.Second}, known: true, healthy: true, recheck: now.Add(9 * time.Minute)},
+		{name: "booted on its provider's word: no node past the startup timeout", m: unconfirmed(11 * time.Minute), trust: old,
+			known: true, reason: machinistv1.ReasonNodeStartupTimeout, message: "no Node reported the boot its provider did"},
+		{name: "a confirmed boot is judged as ever", m: func() *machinistv1.Machine {
+			m := unconfirmed(time.Minute)
+			m.Status.Conditions[0].Status, m.Status.Conditions[0].Reason = metav1.ConditionTrue, machinistv1.ReasonBootIDMatches
+			return m
+		}(), trust: old, known: true, reason: machinistv1.ReasonNodeNotFound},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			v := judge(c, tc.m, tc.node, now, tc.trust)

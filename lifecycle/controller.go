@@ -187,7 +187,17 @@ func (r *Reconciler) prepare(ctx context.Context, s *step) (bool, error) {
 		}
 		// No connection (a bad kubeconfig, or a cluster down since the
 		// manager started): the handlers still run, for what needs no
-		// Node side, such as a reboot without drain.
+		// Node side, such as a reboot without drain. Once the
+		// WorkloadCluster says so, its reason and since when are the
+		// Machine's, as they would be had the manager been connected: a
+		// restart during an outage rewrites no Machine.
+		reach, err := nodes.Reachability(ctx, r.Client, m)
+		if err != nil {
+			return false, err
+		}
+		if reach.Down != nil {
+			nc.Reason, nc.Since = reach.Down.Reason, reach.Down.Since
+		}
 		s.nodes, s.down = nodes.Offline{Err: nc}, nc
 		return true, nil
 	}

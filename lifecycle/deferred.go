@@ -33,12 +33,13 @@ func deferredJoinName(m *machinistv1.Machine) string { return "machinist-join-" 
 
 // deferJoin returns what the machine of a Machine repaired while its
 // cluster cannot be reached joins with: the cluster's address as last
-// connected, and the token kept for it (made on the first call).
+// connected or as its kubeconfig names it, and the token kept for it (made
+// on the first call).
 func (r *Reconciler) deferJoin(ctx context.Context, s *step) (bootstrap.Join, error) {
 	m := s.m
 	server, ca := s.nodes.Address()
 	if server == "" {
-		return bootstrap.Join{}, errors.New("the manager has not reached the cluster since it started, so it does not know the address to give the machine")
+		return bootstrap.Join{}, errors.New("the manager has neither reached the cluster since it started nor read an API server address in its kubeconfig, so it has no address to give the machine")
 	}
 	if r.APIReader == nil {
 		return bootstrap.Join{}, errors.New("the manager cannot read Secrets past its cache")

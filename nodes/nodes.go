@@ -60,6 +60,12 @@ type NotConnectedError struct {
 	// reachable and not, when the WorkloadCluster's condition says so;
 	// zero otherwise.
 	Since time.Time
+	// Server and CAData are the API server's address and the PEM that
+	// verifies it, as the cluster's kubeconfig names them, when it could
+	// be read: what a machine repaired meanwhile is told to join, though
+	// the manager has not reached the cluster since it started.
+	Server string
+	CAData []byte
 }
 
 func (e *NotConnectedError) Error() string {
@@ -296,8 +302,9 @@ func (o Offline) Join(context.Context, *machinistv1.Machine, time.Duration) (boo
 // Joined implements Cluster.
 func (o Offline) Joined(context.Context, *machinistv1.Machine) error { return o.Err }
 
-// Address implements Cluster: with no connection made, none is known.
-func (o Offline) Address() (string, []byte) { return "", nil }
+// Address implements Cluster: the address the cluster's kubeconfig names,
+// or none when it could not be read.
+func (o Offline) Address() (string, []byte) { return o.Err.Server, o.Err.CAData }
 
 // Publish implements Cluster.
 func (o Offline) Publish(context.Context, *machinistv1.Machine, bootstrap.Token, time.Duration) error {
