@@ -208,10 +208,13 @@ func (r *Reconciler) connect(ctx context.Context, wc *machinistv1.WorkloadCluste
 			LastTransitionTime: metav1.NewTime(since), ObservedGeneration: wc.Generation,
 		})
 		retry := r.backoff(key)
-		if r.Registry.Has(key) {
-			// Connected before: its return is looked for at least every
-			// probe period, so that its Machines are not held for the
-			// backoff's minutes after it answers again.
+		if r.Registry.Has(key) || wc.Status.Version != "" {
+			// Connected before, by this manager or one before it (the
+			// version it answered stays in the status): its return is
+			// looked for at least every probe period, so that its
+			// Machines are not held for the backoff's minutes after it
+			// answers again. A manager restarted during a ten-minute
+			// outage would otherwise find it back five minutes late.
 			retry = min(retry, r.probePeriod())
 		}
 		return reconcile.Result{RequeueAfter: retry}

@@ -245,16 +245,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 				// Its Node cannot be seen: nothing is known of its
 				// health, and nothing is held against it.
 				cluster, t.unseen = nil, nc
-				if nc.Err == nil {
-					// Connecting (a manager that has just started): the
-					// WorkloadCluster says whether the cluster was found
-					// down, so that a restart during an outage does not
-					// call it reachable for a moment.
-					if down, err := r.down(ctx, p, m); err != nil {
-						return reconcile.Result{}, err
-					} else if down != nil {
-						t.unseen = down
-					}
+				// The WorkloadCluster says whether, why and since when the
+				// cluster was found down, as it does for every controller:
+				// a manager that has just started, connecting or failing
+				// to, neither calls it reachable for a moment nor rewrites
+				// its Machines' messages.
+				if down, err := r.down(ctx, p, m); err != nil {
+					return reconcile.Result{}, err
+				} else if down != nil {
+					t.unseen = down
 				}
 			} else if err != nil {
 				return reconcile.Result{}, err

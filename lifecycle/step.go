@@ -269,3 +269,32 @@ var deleting = handlers{
 	machinistv1.MachineFailed:       {(*Reconciler).startDeleting, moves(phases.Delete)},
 	machinistv1.MachineDeleting:     {(*Reconciler).destroy, moves(phases.Deleted)},
 }
+
+// downPoll is how often a Machine waiting for its cluster looks again,
+// should the WorkloadCluster's change that wakes it be missed. A look that
+// finds nothing new writes nothing.
+const downPoll = time.Minute
+
+// unseen has a Machine whose cluster cannot be reached wait for it, saying
+// so in its condition t (False, or Unknown for what cannot be known) with
+// reason ClusterUnreachable. The message names the cluster and since when,
+// never the error, which changes from probe to probe: the Machine is
+// written once when its cluster goes and once when it returns, not per
+// probe or per retry.
+func (s *step) unseen(t string, status metav1.ConditionStatus, what string) outcome {
+	meta.SetStatusCondition(&s.m.Status.Conditions, metav1.Condition{
+		Type: t, Status: status, Reason: machinistv1.ReasonClusterUnreachable,
+		Message:            fmt.Sprintf("%s: %s", s.down.Unseen(), what),
+		ObservedGeneration: s.m.Generation,
+	})
+	return s.wait("its cluster cannot be reached", downPoll)
+}
+
+// since is the later of t and the time the Machine's cluster was last
+// found reachable again: when a wait on its Node starts counting.
+func (s *step) since(t time.Time) time.Time {
+	if s.back.After(t) {
+		return s.back
+	}
+	return t
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -36,26 +37,10 @@ func TestAClusterDown(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ns := env.NewNamespace(t, "down", testenv.Small)
-	w, err := testenv.StartWith(testenv.Options{Workload: true, ControllerManager: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = w.Stop() })
-	kubeconfig, err := os.ReadFile(w.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
+	w, wc := ownCluster(t, ns, "fading")
 	wkube, err := kubernetes.NewForConfig(w.Config)
 	if err != nil {
 		t.Fatal(err)
-	}
-	secret := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "fading-kubeconfig"},
-		Data:       map[string][]byte{machinistv1.DefaultKubeconfigKey: kubeconfig},
-	}
-	wc := &machinistv1.WorkloadCluster{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "fading"},
-		Spec:       machinistv1.WorkloadClusterSpec{Kubeconfig: machinistv1.KubeconfigReference{SecretName: secret.Name}},
 	}
 	machine := func(name string) *machinistv1.Machine {
 		return &machinistv1.Machine{
@@ -76,7 +61,7 @@ func TestAClusterDown(t *testing.T) {
 			Remediation: machinistv1.Remediation{Ladder: []machinistv1.Rung{{Action: machinistv1.RemediateReplace}}},
 		},
 	}
-	for _, o := range []client.Object{secret, wc, far, mend, gone, hc} {
+	for _, o := range []client.Object{far, mend, gone, hc} {
 		if err := env.Client.Create(ctx, o); err != nil {
 			t.Fatal(err)
 		}
@@ -216,6 +201,17 @@ func TestAClusterDown(t *testing.T) {
 	if err := ctrls.RestartManager(); err != nil {
 		t.Fatal(err)
 	}
+	// The token kept for mend's repair is there already, as if an
+	// earlier call had made it and lost the reply: the repair hands the
+	// machine that one, and it is the one the machine joins with.
+	kept := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "machinist-join-" + string(mend.UID),
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: machinistv1.GroupVersion.String(), Kind: "Machine", Name: mend.Name, UID: mend.UID}}},
+		Data: map[string][]byte{"token": []byte(keptToken)},
+	}
+	if err := env.Client.Create(ctx, kept); err != nil {
+		t.Fatal(err)
+	}
 	if code, err := verb(mend, "repair", `{"drain":false,"reason":"its cluster is down"}`); code != http.StatusAccepted {
 		t.Fatalf("repair without drain: %d %v", code, err)
 	}
@@ -300,6 +296,25 @@ func TestAClusterDown(t *testing.T) {
 			t.Errorf("%s was replaced or remediated: uid %s -> %s, remediation %+v", m.Name, uids[m.Name], m.UID, m.Status.Remediation)
 		}
 	}
+	// mend joined with the kept token, which is the cluster's now and
+	// no longer kept.
+	testenv.WaitFor(t, 30*time.Second, "the kept token published and forgotten", func() error {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(kept), kept); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("the kept token's Secret is still there (%v)", err)
+		}
+		return nil
+	})
+	csrs, err := wkube.CertificatesV1().CertificateSigningRequests().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var askers []string
+	for _, csr := range csrs.Items {
+		askers = append(askers, csr.Spec.Username)
+	}
+	if want := "system:bootstrap:" + strings.Split(keptToken, ".")[0]; !slices.Contains(askers, want) {
+		t.Errorf("no certificate was asked for with the kept token (%s); asked by %v", want, askers)
+	}
 	// The Node of far came back on the boot its provider reported.
 	testenv.WaitForObject(t, env.Client, 30*time.Second, "far's boot confirmed by its Node", far, func(m *machinistv1.Machine) error {
 		c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionBootConfirmed)
@@ -348,6 +363,9 @@ func TestAClusterDown(t *testing.T) {
 		return nil
 	})
 }
+
+// keptToken is the bootstrap token TestAClusterDown keeps for its repair.
+const keptToken = "k3pt00.0123456789abcdef"
 
 // outage is how long TestAClusterDown keeps its cluster down: a minute,
 // or CLUSTERS_OUTAGE. A minute is many times every timeout the test's

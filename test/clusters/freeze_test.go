@@ -4,12 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -29,34 +27,12 @@ func TestAFrozenClusterHoldsNoWorker(t *testing.T) {
 	ctx := context.Background()
 	ns := env.NewNamespace(t, "frozen", testenv.Small)
 	serve(t, ns)
-	w, err := testenv.StartWith(testenv.Options{Workload: true, ControllerManager: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	thawed := true
-	t.Cleanup(func() {
-		if !thawed {
-			_ = w.ThawAPIServer()
-		}
-		_ = w.Stop()
-	})
-	kubeconfig, err := os.ReadFile(w.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	secret := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "stiff-kubeconfig"},
-		Data:       map[string][]byte{machinistv1.DefaultKubeconfigKey: kubeconfig},
-	}
-	wc := &machinistv1.WorkloadCluster{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "stiff"},
-		Spec:       machinistv1.WorkloadClusterSpec{Kubeconfig: machinistv1.KubeconfigReference{SecretName: secret.Name}},
-	}
+	w, wc := ownCluster(t, ns, "stiff")
 	stiff := testenv.MachineDeployment(ns, "stiff", 2)
 	stiff.Spec.Template.Spec.ClusterName = wc.Name
 	pool := testenv.MachineDeployment(ns, "rolling", 3)
 	pool.Spec.Template.Spec.ClusterName = blue
-	for _, o := range []client.Object{secret, wc, stiff, pool} {
+	for _, o := range []client.Object{stiff, pool} {
 		if err := env.Client.Create(ctx, o); err != nil {
 			t.Fatal(err)
 		}
@@ -100,7 +76,6 @@ func TestAFrozenClusterHoldsNoWorker(t *testing.T) {
 	if err := w.FreezeAPIServer(); err != nil {
 		t.Fatal(err)
 	}
-	thawed = false
 	frozenAt := time.Now()
 	during := roll("v1.37.4")
 	t.Logf("a rolling update of 3 Machines in cluster blue: %s with nothing frozen, %s with cluster stiff frozen", quiet.Round(100*time.Millisecond), during.Round(100*time.Millisecond))
@@ -124,7 +99,7 @@ func TestAFrozenClusterHoldsNoWorker(t *testing.T) {
 		return nil
 	})
 	var code int
-	err = kube(t, "").CoreV1().RESTClient().Put().
+	err := kube(t, "").CoreV1().RESTClient().Put().
 		AbsPath("/apis/subresources.machinist.dev/v1alpha1/namespaces", ns, "machines", m.Name, "reboot").
 		Body([]byte(`{"drain":false}`)).Do(ctx).StatusCode(&code).Error()
 	if code != http.StatusAccepted {
@@ -141,7 +116,6 @@ func TestAFrozenClusterHoldsNoWorker(t *testing.T) {
 	if err := w.ThawAPIServer(); err != nil {
 		t.Fatal(err)
 	}
-	thawed = true
 	testenv.WaitForObject(t, env.Client, 2*time.Minute, m.Name+"'s boot confirmed once its cluster is back", m, func(m *machinistv1.Machine) error {
 		c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionBootConfirmed)
 		h := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionNodeHealthy)

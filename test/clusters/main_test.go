@@ -123,6 +123,40 @@ func serve(t *testing.T, ns string) {
 	}
 }
 
+// ownCluster starts a workload cluster of the test's own, to stop or
+// freeze without touching blue and green, and serves it in ns as the
+// WorkloadCluster name. At the end it is thawed, should the test have
+// frozen it, and stopped.
+func ownCluster(t *testing.T, ns, name string) (*testenv.Env, *machinistv1.WorkloadCluster) {
+	t.Helper()
+	w, err := testenv.StartWith(testenv.Options{Workload: true, ControllerManager: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = w.ThawAPIServer()
+		_ = w.Stop()
+	})
+	kubeconfig, err := os.ReadFile(w.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-kubeconfig"},
+		Data:       map[string][]byte{machinistv1.DefaultKubeconfigKey: kubeconfig},
+	}
+	wc := &machinistv1.WorkloadCluster{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:       machinistv1.WorkloadClusterSpec{Kubeconfig: machinistv1.KubeconfigReference{SecretName: secret.Name}},
+	}
+	for _, o := range []client.Object{secret, wc} {
+		if err := env.Client.Create(context.Background(), o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return w, wc
+}
+
 // readKubeconfig is an admin kubeconfig of the named workload cluster.
 func readKubeconfig(name string) ([]byte, error) { return os.ReadFile(workloads[name].Kubeconfig) }
 
