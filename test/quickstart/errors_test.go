@@ -1,7 +1,9 @@
 package quickstart
 
 import (
+	"strings"
 	"testing"
+	"time"
 
 	. "github.com/onsi/gomega"
 )
@@ -27,4 +29,21 @@ func TestErrorLinesTellStrangersFromTheRun(t *testing.T) {
 	g.Expect(foreign).To(BeEmpty())
 
 	g.Expect(keyID([]byte{0x61, 0x86, 0x0a})).To(Equal("61:86:0A"))
+}
+
+func TestOutageLinesAreTheFrozenClustersAlone(t *testing.T) {
+	g := NewWithT(t)
+	from, to := time.Date(2026, 12, 3, 9, 26, 0, 0, time.UTC), time.Date(2026, 12, 3, 9, 28, 0, 0, time.UTC)
+	watch := "2026-12-03T09:26:30Z\tERROR\tFailed to watch\t{\"error\": \"Get \\\"https://127.0.0.1:4443/api/v1/nodes\\\": dial tcp\"}"
+	probe := "2026-12-03T09:27:00Z\tERROR\tUnexpected error when reading response body\t" +
+		`{"controller": "workloadcluster", "name": "workload", "error": "context deadline exceeded"}`
+	otherHost := "2026-12-03T09:26:40Z\tERROR\tFailed to watch\t{\"error\": \"Get \\\"https://127.0.0.1:5555/api/v1/nodes\\\"\"}"
+	otherController := "2026-12-03T09:27:10Z\tERROR\tUnexpected error when reading response body\t" +
+		`{"controller": "machine", "error": "context deadline exceeded"}`
+	late := "2026-12-03T09:29:00Z\tERROR\tFailed to watch\t{\"error\": \"Get \\\"https://127.0.0.1:4443/api/v1/nodes\\\"\"}"
+	out := strings.Join([]string{watch, probe, otherHost, otherController, late}, "\n")
+
+	kept, outage := outageLines(out, "127.0.0.1:4443", from, to)
+	g.Expect(outage).To(Equal([]string{watch, probe}))
+	g.Expect(strings.Split(kept, "\n")).To(Equal([]string{otherHost, otherController, late}))
 }

@@ -226,17 +226,19 @@ func keyID(id []byte) string {
 	return strings.Join(parts, ":")
 }
 
-// noOwnErrors fails g on any error line the run logged itself, and logs
-// the foreign ones.
-// outageLines splits from out the errors of failed watches of the cluster
-// at host logged between from and to (machinist run's lines begin with an
-// RFC 3339 time), and returns the rest.
+// outageLines splits from out the errors of requests to the cluster at
+// host that it did not answer, logged between from and to (machinist run's
+// lines begin with an RFC 3339 time), and returns the rest: failed watches,
+// and a probe of the WorkloadCluster's that timed out reading its answer
+// (client-go logs that without naming the host).
 func outageLines(out, host string, from, to time.Time) (kept string, outage []string) {
 	var rest []string
 	for _, line := range strings.Split(out, "\n") {
 		at, err := time.Parse(time.RFC3339, strings.SplitN(line, "\t", 2)[0])
-		if err == nil && strings.Contains(line, "Failed to watch") && strings.Contains(line, host+"/") &&
-			!at.Before(from.Truncate(time.Second)) && !at.After(to) {
+		watch := strings.Contains(line, "Failed to watch") && strings.Contains(line, host+"/")
+		probe := strings.Contains(line, "Unexpected error when reading response body") &&
+			strings.Contains(line, `"controller": "workloadcluster"`) && strings.Contains(line, "context deadline exceeded")
+		if err == nil && (watch || probe) && !at.Before(from.Truncate(time.Second)) && !at.After(to) {
 			outage = append(outage, line)
 			continue
 		}
@@ -245,6 +247,8 @@ func outageLines(out, host string, from, to time.Time) (kept string, outage []st
 	return strings.Join(rest, "\n"), outage
 }
 
+// noOwnErrors fails g on any error line the run logged itself, and logs
+// the foreign ones.
 func noOwnErrors(t *testing.T, g Gomega, out, when string, cs ...client.Client) {
 	t.Helper()
 	own, foreign := errorLines(out, runCAs(g, cs...))
