@@ -121,3 +121,54 @@ func TestAMachinesTokenIsFoundAgainAfterARestart(t *testing.T) {
 		}
 	}
 }
+
+// A token kept for a Machine repaired while its cluster was down is
+// published once it answers. A second publication, as after a lost reply,
+// finds its own token and succeeds; a token of the same ID that is not the
+// Machine's (another Machine's, or another secret) is refused, not taken.
+func TestAKeptTokenIsPublishedOnce(t *testing.T) {
+	w, err := testenv.StartWith(testenv.Options{Workload: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Stop() })
+	ctx := context.Background()
+	kube := kubernetes.NewForConfigOrDie(w.Config)
+	cluster := &nodes.API{Kube: kube, Server: w.Config.Host}
+	m := &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "m", UID: "6a1f0c3e-0000-4000-8000-000000000003"}}
+	kept, err := bootstrap.ParseToken("k3pt01.0123456789abcdef")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := cluster.Publish(ctx, m, kept, time.Hour); err != nil {
+			t.Fatalf("publishing the kept token: %v", err)
+		}
+	}
+	s, err := kube.CoreV1().Secrets(metav1.NamespaceSystem).Get(ctx, kept.SecretName(), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := bootstrap.TokenFromSecret(s); err != nil || got != kept || s.Labels[nodes.TokenMachineLabel] != string(m.UID) {
+		t.Errorf("the published token: %v %v, labels %v", got, err, s.Labels)
+	}
+
+	// The same ID for another Machine, and another secret for this one.
+	other := &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "other", UID: "6a1f0c3e-0000-4000-8000-000000000004"}}
+	impostor, err := bootstrap.ParseToken("k3pt01.fedcba9876543210")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, try := range []struct {
+		m *machinistv1.Machine
+		t bootstrap.Token
+	}{{other, kept}, {m, impostor}} {
+		err := cluster.Publish(ctx, try.m, try.t, time.Hour)
+		if err == nil || !strings.Contains(err.Error(), "is taken by another token") {
+			t.Errorf("publishing %s for Machine %s over another's: %v", try.t, try.m.Name, err)
+		}
+	}
+	if s, err := kube.CoreV1().Secrets(metav1.NamespaceSystem).Get(ctx, kept.SecretName(), metav1.GetOptions{}); err != nil || s.Labels[nodes.TokenMachineLabel] != string(m.UID) {
+		t.Errorf("the first token was changed: %v %v", err, s.Labels)
+	}
+}

@@ -156,7 +156,7 @@ const (
 	// its MachineSet's when no MachineDeployment owns the set. A Machine
 	// of neither has no such condition.
 	ConditionDrifted = "Drifted"
-	// ConditionBootConfirmed is set on a Machine whose reboot was
+	// ConditionBootConfirmed is set on a Machine whose reboot or repair was
 	// completed on its provider's word while its cluster could not be
 	// reached: Unknown until the Node is seen again, then True when the
 	// Node reports the boot ID the provider did, False when it does not.
