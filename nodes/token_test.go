@@ -23,14 +23,9 @@ import (
 // Machine that happens to hold its ID is left alone; one too close to its
 // expiry is replaced; Joined deletes them all.
 func TestAMachinesTokenIsFoundAgainAfterARestart(t *testing.T) {
-	w, err := testenv.StartWith(testenv.Options{Workload: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = w.Stop() })
 	ctx := context.Background()
-	kube := kubernetes.NewForConfigOrDie(w.Config)
-	manager := func() *nodes.API { return &nodes.API{Kube: kube, Server: w.Config.Host} }
+	kube, host := workload(t)
+	manager := func() *nodes.API { return &nodes.API{Kube: kube, Server: host} }
 	m := &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "m", UID: "6a1f0c3e-0000-4000-8000-000000000001"}}
 	tokens := func() []corev1.Secret {
 		list, err := kube.CoreV1().Secrets(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{LabelSelector: nodes.TokenMachineLabel + "=" + string(m.UID)})
@@ -127,14 +122,9 @@ func TestAMachinesTokenIsFoundAgainAfterARestart(t *testing.T) {
 // finds its own token and succeeds; a token of the same ID that is not the
 // Machine's (another Machine's, or another secret) is refused, not taken.
 func TestAKeptTokenIsPublishedOnce(t *testing.T) {
-	w, err := testenv.StartWith(testenv.Options{Workload: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = w.Stop() })
 	ctx := context.Background()
-	kube := kubernetes.NewForConfigOrDie(w.Config)
-	cluster := &nodes.API{Kube: kube, Server: w.Config.Host}
+	kube, host := workload(t)
+	cluster := &nodes.API{Kube: kube, Server: host}
 	m := &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "m", UID: "6a1f0c3e-0000-4000-8000-000000000003"}}
 	kept, err := bootstrap.ParseToken("k3pt01.0123456789abcdef")
 	if err != nil {
@@ -171,4 +161,16 @@ func TestAKeptTokenIsPublishedOnce(t *testing.T) {
 	if s, err := kube.CoreV1().Secrets(metav1.NamespaceSystem).Get(ctx, kept.SecretName(), metav1.GetOptions{}); err != nil || s.Labels[nodes.TokenMachineLabel] != string(m.UID) {
 		t.Errorf("the first token was changed: %v %v", err, s.Labels)
 	}
+}
+
+// workload starts a workload cluster for the test and returns an admin
+// client of it and its API server's address.
+func workload(t *testing.T) (kubernetes.Interface, string) {
+	t.Helper()
+	w, err := testenv.StartWith(testenv.Options{Workload: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Stop() })
+	return kubernetes.NewForConfigOrDie(w.Config), w.Config.Host
 }

@@ -225,6 +225,19 @@ func TestAClusterDown(t *testing.T) {
 		}
 		return nil
 	})
+	// The restarted manager says what its predecessor said, since when
+	// included: it took the cluster's state from the WorkloadCluster,
+	// not from its own failure to connect, and so rewrote no Machine.
+	for _, m := range []*machinistv1.Machine{far, mend, gone} {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(m), m); err != nil {
+			t.Fatal(err)
+		}
+		for _, ct := range []string{machinistv1.ConditionNodeHealthy, machinistv1.ConditionHealthCheckSucceeded} {
+			if c := meta.FindStatusCondition(m.Status.Conditions, ct); c == nil || !strings.Contains(c.Message, unseen) {
+				t.Errorf("%s after the restart: %s %+v; want its message to begin %q", m.Name, ct, c, unseen)
+			}
+		}
+	}
 	// A deletion waits in its drain, a new Machine for the cluster.
 	if err := env.Client.Delete(ctx, gone); err != nil {
 		t.Fatal(err)
@@ -266,6 +279,20 @@ func TestAClusterDown(t *testing.T) {
 	if err := w.StartAPIServer(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The manager restarted during the outage has never reached the
+	// cluster, yet looks for it every probe period (5s here), because
+	// the cluster answered a manager before: on the backoff of a cluster
+	// never reached, it would be 2, 4, 8, 16, 32s between its attempts,
+	// and so 15 to 30s late at this point of the outage.
+	back := time.Now()
+	testenv.WaitForObject(t, env.Client, 20*time.Second, "the WorkloadCluster Reachable again within a probe period or so", wc,
+		func(wc *machinistv1.WorkloadCluster) error {
+			if c := meta.FindStatusCondition(wc.Status.Conditions, machinistv1.WorkloadClusterReachable); c == nil || c.Status != metav1.ConditionTrue {
+				return fmt.Errorf("Reachable %+v", c)
+			}
+			return nil
+		})
+	t.Logf("the restarted manager found the cluster back %s after its kube-apiserver answered", time.Since(back).Round(time.Second))
 	nodeOf := func(m *machinistv1.Machine) *corev1.Node {
 		list, err := wkube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 		if err != nil {
