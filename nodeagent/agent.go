@@ -89,6 +89,10 @@ type Config struct {
 	// /proc/sys/kernel/random/boot_id): every Run reports it, so an agent
 	// given one runs for one boot. Empty, each Run picks a new one.
 	BootID string
+	// KernelVersion and OSImage are reported in status.nodeInfo; empty,
+	// the agent says it is a simulated machine.
+	KernelVersion string
+	OSImage       string
 }
 
 // Agent is one machine's kubelet. Run it, cancel it (a crash or power-off),
@@ -114,6 +118,12 @@ func New(cfg Config) *Agent {
 		capacity[name] = q.DeepCopy()
 	}
 	cfg.Capacity = capacity
+	if cfg.KernelVersion == "" {
+		cfg.KernelVersion = "inmemory"
+	}
+	if cfg.OSImage == "" {
+		cfg.OSImage = "Machinist in-memory machine"
+	}
 	return &Agent{cfg: cfg}
 }
 
@@ -293,8 +303,8 @@ func (a *Agent) setStatus(s *corev1.NodeStatus, bootID string, now metav1.Time) 
 		MachineID:               a.cfg.NodeName,
 		SystemUUID:              a.cfg.NodeName,
 		BootID:                  bootID,
-		KernelVersion:           "inmemory",
-		OSImage:                 "Machinist in-memory machine",
+		KernelVersion:           a.cfg.KernelVersion,
+		OSImage:                 a.cfg.OSImage,
 		ContainerRuntimeVersion: "inmemory://1.0.0",
 		KubeletVersion:          a.cfg.Version,
 		OperatingSystem:         "linux",

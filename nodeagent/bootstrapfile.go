@@ -24,7 +24,7 @@ import (
 // machine alone.
 func BootstrapKubeconfig(j bootstrap.Join) ([]byte, error) {
 	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["cluster"] = &clientcmdapi.Cluster{Server: j.Server, CertificateAuthorityData: j.CAData}
+	cfg.Clusters["cluster"] = &clientcmdapi.Cluster{Server: j.Server, CertificateAuthorityData: j.CAData, TLSServerName: j.TLSServerName}
 	cfg.AuthInfos["bootstrap"] = &clientcmdapi.AuthInfo{Token: j.Token}
 	cfg.Contexts["bootstrap"] = &clientcmdapi.Context{Cluster: "cluster", AuthInfo: "bootstrap"}
 	cfg.CurrentContext = "bootstrap"
@@ -46,7 +46,7 @@ func JoinFromBootstrapKubeconfig(data []byte) (bootstrap.Join, error) {
 	if cluster == nil || auth == nil || cluster.Server == "" || auth.Token == "" {
 		return bootstrap.Join{}, errors.New("bootstrap kubeconfig holds no server and token")
 	}
-	return bootstrap.Join{Server: cluster.Server, CAData: cluster.CertificateAuthorityData, Token: auth.Token}, nil
+	return bootstrap.Join{Server: cluster.Server, CAData: cluster.CertificateAuthorityData, TLSServerName: cluster.TLSServerName, Token: auth.Token}, nil
 }
 
 // Bootstrap is a kubelet's start with --bootstrap-kubeconfig and
@@ -152,10 +152,24 @@ func writePrivate(path string, data []byte) error {
 		_ = tmp.Close()
 		return err
 	}
+	// On the disk before it counts: a machine that loses power right
+	// after joining (a VM's QEMU killed) must not come back with half a
+	// file, or none, in its place.
+	if err := tmp.Sync(); err != nil {
+		_ = tmp.Close()
+		return err
+	}
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	return os.Rename(tmp.Name(), path)
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
+		_ = d.Sync()
+		_ = d.Close()
+	}
+	return nil
 }
 
 // WriteBootstrapKubeconfig writes j to path as BootstrapKubeconfig does,

@@ -31,6 +31,9 @@ type Credentials struct {
 	// verifies it, from the Join the credentials were got with.
 	Server string
 	CAData []byte
+	// TLSServerName is the name Server's certificate is verified
+	// against, when it is not Server's host.
+	TLSServerName string
 	// CertPEM and KeyPEM are the client certificate and its private key.
 	CertPEM, KeyPEM []byte
 }
@@ -39,14 +42,14 @@ type Credentials struct {
 func (c Credentials) Config() *rest.Config {
 	return &rest.Config{
 		Host:            c.Server,
-		TLSClientConfig: rest.TLSClientConfig{CAData: c.CAData, CertData: c.CertPEM, KeyData: c.KeyPEM},
+		TLSClientConfig: rest.TLSClientConfig{CAData: c.CAData, CertData: c.CertPEM, KeyData: c.KeyPEM, ServerName: c.TLSServerName},
 	}
 }
 
 // Kubeconfig is the same as a kubeconfig file, as a kubelet keeps it.
 func (c Credentials) Kubeconfig() ([]byte, error) {
 	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["cluster"] = &clientcmdapi.Cluster{Server: c.Server, CertificateAuthorityData: c.CAData}
+	cfg.Clusters["cluster"] = &clientcmdapi.Cluster{Server: c.Server, CertificateAuthorityData: c.CAData, TLSServerName: c.TLSServerName}
 	cfg.AuthInfos["node"] = &clientcmdapi.AuthInfo{ClientCertificateData: c.CertPEM, ClientKeyData: c.KeyPEM}
 	cfg.Contexts["node"] = &clientcmdapi.Context{Cluster: "cluster", AuthInfo: "node"}
 	cfg.CurrentContext = "node"
@@ -67,7 +70,8 @@ func CredentialsFromKubeconfig(data []byte) (Credentials, error) {
 	if cluster == nil || auth == nil || len(auth.ClientCertificateData) == 0 || len(auth.ClientKeyData) == 0 {
 		return Credentials{}, errors.New("kubeconfig holds no client certificate and key")
 	}
-	return Credentials{Server: cluster.Server, CAData: cluster.CertificateAuthorityData, CertPEM: auth.ClientCertificateData, KeyPEM: auth.ClientKeyData}, nil
+	return Credentials{Server: cluster.Server, CAData: cluster.CertificateAuthorityData, TLSServerName: cluster.TLSServerName,
+		CertPEM: auth.ClientCertificateData, KeyPEM: auth.ClientKeyData}, nil
 }
 
 // Join gets the machine named nodeName its own credentials, as a kubelet's
@@ -83,7 +87,7 @@ func Join(ctx context.Context, j bootstrap.Join, nodeName string) (Credentials, 
 	cfg := &rest.Config{
 		Host:            j.Server,
 		BearerToken:     j.Token,
-		TLSClientConfig: rest.TLSClientConfig{CAData: j.CAData},
+		TLSClientConfig: rest.TLSClientConfig{CAData: j.CAData, ServerName: j.TLSServerName},
 		Timeout:         30 * time.Second,
 	}
 	kube, err := kubernetes.NewForConfig(cfg)
@@ -115,5 +119,5 @@ func Join(ctx context.Context, j bootstrap.Join, nodeName string) (Credentials, 
 		return Credentials{}, err
 	}
 	keyPEM := pem.EncodeToMemory(&pem.Block{Type: keyutil.ECPrivateKeyBlockType, Bytes: der})
-	return Credentials{Server: j.Server, CAData: j.CAData, CertPEM: cert, KeyPEM: keyPEM}, nil
+	return Credentials{Server: j.Server, CAData: j.CAData, TLSServerName: j.TLSServerName, CertPEM: cert, KeyPEM: keyPEM}, nil
 }

@@ -314,9 +314,10 @@ func (e *Env) Namespace(ctx context.Context, prefix string) (string, error) {
 // Build compiles the repository's package pkg (such as "./cmd/machinist")
 // into the file out, for tests that run Machinist's binaries as processes.
 func Build(pkg, out string) error {
-	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd := exec.Command("go", "build", "-ldflags=-s -w", "-o", out, pkg)
 	cmd.Dir = Root()
-	// As the Makefile builds everything: see its note on CGO_ENABLED.
+	// As the Makefile builds everything: see its notes on CGO_ENABLED and
+	// GO_LDFLAGS.
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if output, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build %s: %w\n%s", pkg, err, output)

@@ -36,17 +36,14 @@
 package process
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -60,26 +57,10 @@ import (
 
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/nodeagent"
 )
 
 // Name is the provider name MachineClasses use for this provider.
 const Name = "process"
-
-// Files in a machine's directory.
-const (
-	stateFile  = "state.json"
-	logFile    = "agent.log"
-	bootIDFile = "boot-id"
-	// bootstrapFile holds the join data the agent joins with; its own
-	// credentials go to nodeKubeconfigFile.
-	bootstrapFile      = "bootstrap-kubeconfig"
-	nodeKubeconfigFile = "kubeconfig"
-	// nextBootstrapFile is a repair's join data, written before the repair
-	// is recorded pending and put in bootstrapFile's place by its wipe, so
-	// that a provider killed halfway through leaves it for the next one.
-	nextBootstrapFile = bootstrapFile + ".next"
-)
 
 // DefaultStopTimeout is how long an agent is given to exit after SIGTERM
 // before it is killed.
@@ -109,6 +90,9 @@ type Options struct {
 	// adopts them; on, as in `machinist run`, whose control plane dies
 	// with it too, so that adopted agents would talk to a dead apiserver.
 	ExitWithParent bool
+	// Hardware is what each boot runs as; nil means an agent process
+	// (AgentBinary, LeaseDurationSeconds and RenewInterval are its).
+	Hardware Hardware
 }
 
 // Provider is the process actuators.Actuator. Machines run until deleted or
@@ -116,6 +100,7 @@ type Options struct {
 // first call.
 type Provider struct {
 	opts Options
+	hw   Hardware
 
 	// loadMu makes concurrent first calls take over once; loaded is set
 	// once a takeover has succeeded.
@@ -136,6 +121,8 @@ type state struct {
 	NodeName   string              `json:"nodeName"`
 	Version    string              `json:"version,omitempty"`
 	Capacity   corev1.ResourceList `json:"capacity,omitempty"`
+	// Spec is the class's provider spec when the machine was created.
+	Spec json.RawMessage `json:"spec,omitempty"`
 	// PID is the agent's process ID, zero when it is not running.
 	PID int `json:"pid,omitempty"`
 	// LastOperation is the ID of the last reboot or repair carried out,
@@ -212,7 +199,11 @@ func New(opts Options) (*Provider, error) {
 	if err := os.MkdirAll(opts.StateDir, 0o755); err != nil {
 		return nil, fmt.Errorf("process: %w", err)
 	}
-	return &Provider{opts: opts, machines: map[string]*machine{}}, nil
+	hw := opts.Hardware
+	if hw == nil {
+		hw = agents{opts: opts}
+	}
+	return &Provider{opts: opts, hw: hw, machines: map[string]*machine{}}, nil
 }
 
 // TakeOver takes the machines in StateDir over now rather than on the
@@ -251,12 +242,12 @@ func (p *Provider) load(ctx context.Context) error {
 	}
 	entries, err := os.ReadDir(p.opts.StateDir)
 	if err != nil {
-		return fmt.Errorf("process: %w", err)
+		return p.errorf("%w", err)
 	}
 	// One scan for all machines: the agents found are started by no one
 	// else meanwhile (a provider that might is dead or not leading), and
 	// adopt checks each again.
-	running, err := scanAgents()
+	running, err := p.scan()
 	if err != nil {
 		return err
 	}
@@ -266,7 +257,7 @@ func (p *Provider) load(ctx context.Context) error {
 			continue
 		}
 		dir := filepath.Join(p.opts.StateDir, e.Name())
-		st, err := readState(dir)
+		st, err := p.readState(dir)
 		if errors.Is(err, fs.ErrNotExist) {
 			// A Create that died before writing the state: the Machine has
 			// no providerID yet, nor an agent (started only after the
@@ -337,7 +328,7 @@ func (p *Provider) adoptOrBoot(ctx context.Context, m *machine, pids []int) erro
 	kept := 0
 	var errs []error
 	for _, pid := range candidates {
-		if kept == 0 && m.adopt(pid) {
+		if kept == 0 && p.adopt(m, pid) {
 			kept = pid
 			continue
 		}
@@ -377,7 +368,7 @@ func (p *Provider) adoptOrBoot(ctx context.Context, m *machine, pids []int) erro
 	if next.PID == m.st.PID && next.Pending == m.st.Pending {
 		return nil
 	}
-	if err := writeState(m.dir, next); err != nil {
+	if err := p.writeState(m.dir, next); err != nil {
 		return err
 	}
 	m.st = next
@@ -439,7 +430,7 @@ func (p *Provider) PID(providerID string) (int, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.running() {
-		return 0, fmt.Errorf("process: the agent of %q is not running", providerID)
+		return 0, p.errorf("the agent of %q is not running", providerID)
 	}
 	return m.proc.Pid, nil
 }
@@ -454,11 +445,11 @@ func (p *Provider) BootID(providerID string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	b, err := os.ReadFile(filepath.Join(m.dir, bootIDFile))
-	if errors.Is(err, fs.ErrNotExist) {
-		return "", nil
+	id, err := p.hw.BootID(m.dir)
+	if err != nil {
+		return "", p.errorf("reading the boot ID of %s: %w", providerID, err)
 	}
-	return strings.TrimSpace(string(b)), err
+	return id, nil
 }
 
 // Describe implements actuators.Actuator: an instance is on while its
@@ -506,7 +497,7 @@ func (p *Provider) Restarts(providerID string) (int, error) {
 // Machine alone, so a repeated call finds the same directory and starts the
 // agent only if it is not running.
 func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class *machinistv1.MachineClass, join actuators.Join) (string, error) {
-	if err := actuators.RequireJoin(join, fmt.Sprintf("process: creating an instance for machine %s/%s", mach.Namespace, mach.Name)); err != nil {
+	if err := actuators.RequireJoin(join, fmt.Sprintf(p.hw.Name()+": creating an instance for machine %s/%s", mach.Namespace, mach.Name)); err != nil {
 		return "", err
 	}
 	if err := p.takeOver(ctx); err != nil {
@@ -525,7 +516,7 @@ func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class 
 	if mach.UID == "" {
 		return "", actuators.Permanent(fmt.Errorf("machine %s/%s has no UID", mach.Namespace, mach.Name))
 	}
-	id := actuators.ProviderID(Name, mach)
+	id := actuators.ProviderID(p.hw.Name(), mach)
 	p.mu.Lock()
 	if p.stopped {
 		p.mu.Unlock()
@@ -545,23 +536,26 @@ func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class 
 		if class != nil && class.Spec.NodeTemplate != nil {
 			st.Capacity = class.Spec.NodeTemplate.Capacity.DeepCopy()
 		}
+		if class != nil && len(class.Spec.ProviderSpec.Raw) > 0 {
+			st.Spec = slices.Clone(class.Spec.ProviderSpec.Raw)
+		}
 		if err := os.MkdirAll(m.dir, 0o755); err != nil {
-			return "", fmt.Errorf("process: creating %s: %w", id, err)
+			return "", p.errorf("creating %s: %w", id, err)
 		}
 		// The join data first: a machine with a state file is one the
 		// takeover boots.
-		if err := writeJoin(filepath.Join(m.dir, bootstrapFile), join); err != nil {
-			return "", fmt.Errorf("process: creating %s: %w", id, err)
+		if err := p.hw.Provision(m.dir, join); err != nil {
+			return "", p.errorf("creating %s: %w", id, err)
 		}
-		if err := writeState(m.dir, st); err != nil {
+		if err := p.writeState(m.dir, st); err != nil {
 			return "", err
 		}
 		m.st, m.live = st, true
-	} else if !exists(filepath.Join(m.dir, nodeKubeconfigFile)) {
+	} else if !p.hw.Joined(m.dir) {
 		// Not joined yet, perhaps for a token that expired: the next boot
 		// tries the newer one.
-		if err := writeJoin(filepath.Join(m.dir, bootstrapFile), join); err != nil {
-			return "", fmt.Errorf("process: creating %s: %w", id, err)
+		if err := p.hw.Provision(m.dir, join); err != nil {
+			return "", p.errorf("creating %s: %w", id, err)
 		}
 	}
 	if m.running() {
@@ -579,7 +573,7 @@ func (p *Provider) Exists(ctx context.Context, providerID string) (bool, error) 
 	if err := p.takeOver(ctx); err != nil {
 		return false, err
 	}
-	ns, name, uid, err := parseProviderID(providerID)
+	ns, name, uid, err := p.parse(providerID)
 	if err != nil {
 		return false, actuators.Permanent(err)
 	}
@@ -606,9 +600,9 @@ func (p *Provider) FindByUID(ctx context.Context, uid types.UID) (string, error)
 	}
 	parts := strings.Split(filepath.Base(dirs[0]), "_")
 	if len(parts) != 3 {
-		return "", fmt.Errorf("process: %s is not named <namespace>_<name>_<uid>", dirs[0])
+		return "", p.errorf("%s is not named <namespace>_<name>_<uid>", dirs[0])
 	}
-	return actuators.ProviderID(Name, &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{
+	return actuators.ProviderID(p.hw.Name(), &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{
 		Namespace: parts[0], Name: parts[1], UID: uid}}), nil
 }
 
@@ -618,7 +612,7 @@ func (p *Provider) Delete(ctx context.Context, providerID string) error {
 	if err := p.takeOver(ctx); err != nil {
 		return err
 	}
-	ns, name, uid, err := parseProviderID(providerID)
+	ns, name, uid, err := p.parse(providerID)
 	if err != nil {
 		return actuators.Permanent(err)
 	}
@@ -628,14 +622,14 @@ func (p *Provider) Delete(ctx context.Context, providerID string) error {
 	if !ok {
 		// Not ours to stop (a directory without a state file), but still
 		// ours to remove.
-		return removeDir(p.dir(ns, name, uid))
+		return p.removeDir(p.dir(ns, name, uid))
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.live && !m.st.Deleting {
 		next := m.st
 		next.Deleting = true
-		if err := writeState(m.dir, next); err != nil {
+		if err := p.writeState(m.dir, next); err != nil {
 			return err
 		}
 		m.st = next
@@ -643,7 +637,7 @@ func (p *Provider) Delete(ctx context.Context, providerID string) error {
 	if err := p.halt(ctx, m, false); err != nil {
 		return err
 	}
-	if err := removeDir(m.dir); err != nil {
+	if err := p.removeDir(m.dir); err != nil {
 		return err
 	}
 	m.live = false
@@ -664,7 +658,7 @@ func (p *Provider) Reboot(ctx context.Context, providerID string, op actuators.O
 // machine the next one boots with the new version, once.
 func (p *Provider) Update(ctx context.Context, providerID string, op actuators.Operation) error {
 	if op.Version == "" {
-		return actuators.Permanent(fmt.Errorf("process: updating %s: no version to update to", providerID))
+		return actuators.Permanent(p.errorf("updating %s: no version to update to", providerID))
 	}
 	return p.restart(ctx, providerID, op, false)
 }
@@ -679,7 +673,7 @@ func (p *Provider) InPlace(change actuators.Change) bool { return !change.Class 
 // the machine joins again with op.Join and its Node registers afresh
 // without the labels and taints others had put on it.
 func (p *Provider) Repair(ctx context.Context, providerID string, op actuators.Operation) error {
-	if err := actuators.RequireJoin(op.Join, "process: repairing "+providerID); err != nil {
+	if err := actuators.RequireJoin(op.Join, p.hw.Name()+": repairing "+providerID); err != nil {
 		return err
 	}
 	return p.restart(ctx, providerID, op, true)
@@ -720,7 +714,7 @@ func (p *Provider) restart(ctx context.Context, providerID string, op actuators.
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.live {
-		return actuators.Permanent(fmt.Errorf("process: no instance %q", providerID))
+		return actuators.Permanent(p.errorf("no instance %q", providerID))
 	}
 	if op.ID != "" && m.st.LastOperation == op.ID {
 		return nil
@@ -728,8 +722,8 @@ func (p *Provider) restart(ctx context.Context, providerID string, op actuators.
 	if wipe {
 		// Before the repair is pending: whoever finishes it finds the join
 		// data the wipe keeps.
-		if err := writeJoin(filepath.Join(m.dir, nextBootstrapFile), op.Join); err != nil {
-			return fmt.Errorf("process: repairing %s: %w", providerID, err)
+		if err := p.hw.PrepareReimage(m.dir, op.Join); err != nil {
+			return p.errorf("repairing %s: %w", providerID, err)
 		}
 	}
 	// Write-ahead. A pending operation of another ID was abandoned by its
@@ -738,7 +732,7 @@ func (p *Provider) restart(ctx context.Context, providerID string, op actuators.
 	if m.st.Pending == nil || *m.st.Pending != *pending {
 		next := m.st
 		next.Pending = pending
-		if err := writeState(m.dir, next); err != nil {
+		if err := p.writeState(m.dir, next); err != nil {
 			return err
 		}
 		m.st = next
@@ -756,24 +750,8 @@ func (p *Provider) restart(ctx context.Context, providerID string, op actuators.
 // Done again after a provider was killed halfway, it finds the repair's
 // join data in place already and keeps it. Callers hold m.mu.
 func (p *Provider) wipe(m *machine) error {
-	entries, err := os.ReadDir(m.dir)
-	if err != nil {
-		return fmt.Errorf("process: repairing %s: %w", m.st.ProviderID, err)
-	}
-	for _, e := range entries {
-		switch e.Name() {
-		case stateFile, bootstrapFile, nextBootstrapFile:
-			continue
-		}
-		if err := os.RemoveAll(filepath.Join(m.dir, e.Name())); err != nil {
-			return fmt.Errorf("process: repairing %s: %w", m.st.ProviderID, err)
-		}
-	}
-	next := filepath.Join(m.dir, nextBootstrapFile)
-	if exists(next) {
-		if err := os.Rename(next, filepath.Join(m.dir, bootstrapFile)); err != nil {
-			return fmt.Errorf("process: repairing %s: %w", m.st.ProviderID, err)
-		}
+	if err := p.hw.Reimage(m.dir); err != nil {
+		return p.errorf("repairing %s: %w", m.st.ProviderID, err)
 	}
 	return nil
 }
@@ -818,20 +796,22 @@ func (p *Provider) start(m *machine, commit func(*state)) error {
 	if p.isStopped() {
 		return errStopped
 	}
-	log, err := os.OpenFile(filepath.Join(m.dir, logFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return fmt.Errorf("process: starting %s: %w", m.st.ProviderID, err)
-	}
-	defer log.Close() // the agent has its own descriptor
 	// The state as it will be recorded: an update's agent boots its new
 	// version.
 	next := m.st
 	if commit != nil {
 		commit(&next)
 	}
-	cmd := exec.Command(p.opts.AgentBinary, p.agentArgs(next, m.dir)...)
-	cmd.Dir = m.dir
-	cmd.Stdout, cmd.Stderr = log, log
+	cmd, err := p.hw.Command(Boot{Dir: m.dir, ProviderID: next.ProviderID, NodeName: next.NodeName,
+		Version: next.Version, Capacity: next.Capacity, Spec: next.Spec})
+	if err != nil {
+		if actuators.IsPermanent(err) {
+			return err
+		}
+		return p.errorf("starting %s: %w", m.st.ProviderID, err)
+	}
+	// The process has its own descriptors.
+	defer closeOutput(cmd)
 	// Its own process group: a Ctrl-C meant for the provider's terminal is
 	// not a machine crash, and Stop then ends the agents in order.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -839,7 +819,7 @@ func (p *Provider) start(m *machine, commit func(*state)) error {
 		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("process: starting %s: %w", m.st.ProviderID, err)
+		return p.errorf("starting %s: %w", m.st.ProviderID, err)
 	}
 	exit := make(chan struct{})
 	go func() {
@@ -848,7 +828,7 @@ func (p *Provider) start(m *machine, commit func(*state)) error {
 	}()
 	m.proc, m.exit = cmd.Process, exit
 	next.PID = cmd.Process.Pid
-	if err := writeState(m.dir, next); err != nil {
+	if err := p.writeState(m.dir, next); err != nil {
 		// Not recorded, the agent is not started: the state stays as it
 		// was, naming no running agent.
 		return errors.Join(err, p.halt(context.Background(), m, true))
@@ -857,44 +837,14 @@ func (p *Provider) start(m *machine, commit func(*state)) error {
 	return nil
 }
 
-// agentArgs are the agent's flags, each one argument so that isAgent can
-// recognise the process by its command line.
-func (p *Provider) agentArgs(st state, dir string) []string {
-	args := []string{"agent",
-		"--bootstrap-kubeconfig=" + filepath.Join(dir, bootstrapFile),
-		"--kubeconfig=" + filepath.Join(dir, nodeKubeconfigFile),
-		"--node-name=" + st.NodeName,
-		"--provider-id=" + st.ProviderID,
-		"--version=" + st.Version,
-		"--boot-id-file=" + filepath.Join(dir, bootIDFile),
-	}
-	if p.opts.LeaseDurationSeconds > 0 {
-		args = append(args, "--lease-duration-seconds="+strconv.Itoa(int(p.opts.LeaseDurationSeconds)))
-	}
-	if p.opts.RenewInterval > 0 {
-		args = append(args, "--renew-interval="+p.opts.RenewInterval.String())
-	}
-	if len(st.Capacity) > 0 {
-		pairs := make([]string, 0, len(st.Capacity))
-		for name, q := range st.Capacity {
-			pairs = append(pairs, string(name)+"="+q.String())
-		}
-		sort.Strings(pairs)
-		args = append(args, "--capacity="+strings.Join(pairs, ","))
-	}
-	return args
-}
-
 // halt stops the machine's agent, if one runs, and waits until it is gone:
 // SIGTERM first (SIGKILL at once when hard), SIGKILL after StopTimeout or
 // when ctx ends. Callers hold m.mu.
 func (p *Provider) halt(ctx context.Context, m *machine, hard bool) error {
 	if m.running() {
-		sig := syscall.SIGTERM
-		if hard {
-			sig = syscall.SIGKILL
+		if err := p.hw.Halt(m.dir, m.proc, hard); err != nil {
+			_ = m.proc.Kill()
 		}
-		_ = m.proc.Signal(sig)
 		timer := time.NewTimer(p.opts.StopTimeout)
 		defer timer.Stop()
 		select {
@@ -913,7 +863,7 @@ func (p *Provider) halt(ctx context.Context, m *machine, hard bool) error {
 	}
 	next := m.st
 	next.PID = 0
-	if err := writeState(m.dir, next); err != nil {
+	if err := p.writeState(m.dir, next); err != nil {
 		return err
 	}
 	m.st = next
@@ -936,20 +886,20 @@ func (m *machine) running() bool {
 // adopt takes over pid, if it is a running agent of the machine, and
 // reports whether it did. It is not our child, so nothing tells us when it
 // exits: that is polled. Callers hold m.mu.
-func (m *machine) adopt(pid int) bool {
+func (p *Provider) adopt(m *machine, pid int) bool {
 	id := m.st.ProviderID
-	if pid == 0 || !isAgent(pid, id) {
+	if pid == 0 || !p.isBoot(pid, id) {
 		return false
 	}
 	proc, err := os.FindProcess(pid)
 	// Checked again now that proc pins the process: it may have exited,
 	// and its PID been reused, in between.
-	if err != nil || !isAgent(pid, id) {
+	if err != nil || !p.isBoot(pid, id) {
 		return false
 	}
 	exit := make(chan struct{})
 	go func() {
-		for isAgent(pid, id) {
+		for p.isBoot(pid, id) {
 			time.Sleep(100 * time.Millisecond)
 		}
 		close(exit)
@@ -962,28 +912,27 @@ func (m *machine) adopt(pid int) bool {
 // it is gone.
 func (p *Provider) kill(pid int, providerID string) error {
 	proc, err := os.FindProcess(pid)
-	if err != nil || !isAgent(pid, providerID) {
+	if err != nil || !p.isBoot(pid, providerID) {
 		return nil // gone
 	}
 	defer proc.Release()
 	_ = proc.Kill()
 	deadline := time.Now().Add(p.opts.StopTimeout)
-	for isAgent(pid, providerID) {
+	for p.isBoot(pid, providerID) {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("process: a duplicate agent of %s, PID %d, survives SIGKILL", providerID, pid)
+			return p.errorf("a duplicate boot of %s, PID %d, survives SIGKILL", providerID, pid)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	return nil
 }
 
-// scanAgents finds the live agents in /proc, by providerID: processes whose
-// argv[1] is "agent" and which have an argument --provider-id=<id>, as
-// isAgent checks for one PID.
-func scanAgents() (map[string][]int, error) {
+// scan finds the live boots in /proc, by providerID, as isBoot checks
+// for one PID.
+func (p *Provider) scan() (map[string][]int, error) {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
-		return nil, fmt.Errorf("process: finding agents: %w", err)
+		return nil, p.errorf("finding the machines' processes: %w", err)
 	}
 	found := map[string][]int{}
 	for _, e := range entries {
@@ -991,44 +940,29 @@ func scanAgents() (map[string][]int, error) {
 		if err != nil || pid <= 0 {
 			continue
 		}
-		args := agentArgv(pid)
-		if args == nil {
-			continue
-		}
-		for _, a := range args[2:] {
-			if id, ok := strings.CutPrefix(string(a), "--provider-id="); ok && !slices.Contains(found[id], pid) {
-				found[id] = append(found[id], pid)
-			}
+		if id := p.hw.Owner(argv(pid)); id != "" {
+			found[id] = append(found[id], pid)
 		}
 	}
 	return found, nil
 }
 
-// isAgent reports whether pid is a live agent of providerID. A PID alone
+// isBoot reports whether pid is a live boot of providerID. A PID alone
 // could by now be any process's; the command line tells ours apart, and a
 // zombie has none.
-func isAgent(pid int, providerID string) bool {
+func (p *Provider) isBoot(pid int, providerID string) bool {
 	if syscall.Kill(pid, 0) != nil {
 		return false
 	}
-	return slices.ContainsFunc(agentArgv(pid), func(a []byte) bool { return string(a) == "--provider-id="+providerID })
+	return p.hw.Owner(argv(pid)) == providerID
 }
 
-// agentArgv is pid's command line if it is an agent's (its argv[1] is
-// "agent"), else nil; a process that exited, even a zombie, has none.
-func agentArgv(pid int) [][]byte {
-	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-	if err != nil {
-		return nil
-	}
-	args := bytes.Split(bytes.TrimRight(cmdline, "\x00"), []byte{0})
-	if len(args) < 2 || string(args[1]) != "agent" {
-		return nil
-	}
-	return args
+// errorf makes an error that names the provider.
+func (p *Provider) errorf(format string, args ...any) error {
+	return fmt.Errorf(p.hw.Name()+": "+format, args...)
 }
 
-var errStopped = errors.New("process: provider is stopped")
+var errStopped = errors.New("the provider is stopped")
 
 func (p *Provider) isStopped() bool {
 	p.mu.Lock()
@@ -1038,7 +972,7 @@ func (p *Provider) isStopped() bool {
 
 // lookup returns the live machine providerID names.
 func (p *Provider) lookup(providerID string) (*machine, error) {
-	if _, _, _, err := parseProviderID(providerID); err != nil {
+	if _, _, _, err := p.parse(providerID); err != nil {
 		return nil, err
 	}
 	p.mu.Lock()
@@ -1050,7 +984,7 @@ func (p *Provider) lookup(providerID string) (*machine, error) {
 		m.mu.Unlock()
 	}
 	if !ok {
-		return nil, fmt.Errorf("process: no instance %q", providerID)
+		return nil, p.errorf("no instance %q", providerID)
 	}
 	return m, nil
 }
@@ -1061,41 +995,36 @@ func (p *Provider) dir(namespace, name string, uid types.UID) string {
 	return filepath.Join(p.opts.StateDir, namespace+"_"+name+"_"+string(uid))
 }
 
-func readState(dir string) (state, error) {
+func (p *Provider) readState(dir string) (state, error) {
 	var st state
-	b, err := os.ReadFile(filepath.Join(dir, stateFile))
+	b, err := os.ReadFile(filepath.Join(dir, StateFile))
 	if err != nil {
 		return st, err
 	}
 	if err := json.Unmarshal(b, &st); err != nil {
-		return st, fmt.Errorf("process: %s: %w", filepath.Join(dir, stateFile), err)
+		return st, p.errorf("%s: %w", filepath.Join(dir, StateFile), err)
 	}
-	if _, _, _, err := parseProviderID(st.ProviderID); err != nil {
-		return st, fmt.Errorf("process: %s: %w", filepath.Join(dir, stateFile), err)
+	if _, _, _, err := p.parse(st.ProviderID); err != nil {
+		return st, p.errorf("%s: %w", filepath.Join(dir, StateFile), err)
 	}
 	return st, nil
 }
 
 // writeState replaces the state file by renaming, so a crash never leaves
 // half of one.
-func writeState(dir string, st state) error {
+func (p *Provider) writeState(dir string, st state) error {
 	b, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(dir, stateFile+".tmp")
+	tmp := filepath.Join(dir, StateFile+".tmp")
 	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return fmt.Errorf("process: writing state of %s: %w", st.ProviderID, err)
+		return p.errorf("writing state of %s: %w", st.ProviderID, err)
 	}
-	if err := os.Rename(tmp, filepath.Join(dir, stateFile)); err != nil {
-		return fmt.Errorf("process: writing state of %s: %w", st.ProviderID, err)
+	if err := os.Rename(tmp, filepath.Join(dir, StateFile)); err != nil {
+		return p.errorf("writing state of %s: %w", st.ProviderID, err)
 	}
 	return nil
-}
-
-// writeJoin writes j to path as the agent's bootstrap kubeconfig.
-func writeJoin(path string, j actuators.Join) error {
-	return nodeagent.WriteBootstrapKubeconfig(path, j)
 }
 
 func exists(path string) bool {
@@ -1103,15 +1032,15 @@ func exists(path string) bool {
 	return err == nil
 }
 
-func removeDir(dir string) error {
+func (p *Provider) removeDir(dir string) error {
 	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("process: %w", err)
+		return p.errorf("%w", err)
 	}
 	return nil
 }
 
-// parseProviderID splits one of this provider's providerIDs
+// parse splits one of this provider's providerIDs
 // (actuators.ProviderID) into its Machine's namespace, name and UID.
-func parseProviderID(providerID string) (namespace, name string, uid types.UID, err error) {
-	return actuators.ParseProviderID(Name, providerID)
+func (p *Provider) parse(providerID string) (namespace, name string, uid types.UID, err error) {
+	return actuators.ParseProviderID(p.hw.Name(), providerID)
 }

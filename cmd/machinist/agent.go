@@ -35,6 +35,7 @@ type agentOptions struct {
 	bootIDFile   string
 	capacity     map[string]string
 	neverReady   bool
+	hostInfo     bool
 }
 
 // agentCommand runs one node agent as its own OS process: the machine of the
@@ -79,6 +80,7 @@ its name, so that its Node registers afresh. Without --bootstrap-kubeconfig,
 	f.StringVar(&o.bootIDFile, "boot-id-file", "", "file to write this boot's ID to as the process starts, before it joins")
 	f.StringToStringVar(&o.capacity, "capacity", nil, "resources the Node offers over the defaults, e.g. cpu=16,memory=64Gi")
 	f.BoolVar(&o.neverReady, "never-ready", false, "report the Node Ready=False (while renewing the Lease)")
+	f.BoolVar(&o.hostInfo, "host-info", false, "report this host's kernel boot ID, kernel version and OS image (on a real machine, such as a qemu provider's VM) rather than a boot of this process's own")
 	_ = cmd.MarkFlagRequired("node-name")
 	_ = cmd.MarkFlagRequired("provider-id")
 	return cmd
@@ -103,6 +105,14 @@ func runAgent(ctx context.Context, o agentOptions) error {
 	// told to a provider that asks, before the machine has joined (a
 	// repaired one may wait long for a cluster that is down).
 	bootID := string(uuid.NewUUID())
+	var host nodeagent.Host
+	if o.hostInfo {
+		var err error
+		if host, err = nodeagent.ReadHost(); err != nil {
+			return fmt.Errorf("--host-info: %w", err)
+		}
+		bootID = host.BootID
+	}
 	if o.bootIDFile != "" {
 		// A failure ends the process, and so the boot: a provider that
 		// asked for the file relies on it.
@@ -132,6 +142,8 @@ func runAgent(ctx context.Context, o agentOptions) error {
 		RenewInterval:        o.renew,
 		NeverReady:           o.neverReady,
 		BootID:               bootID,
+		KernelVersion:        host.KernelVersion,
+		OSImage:              host.OSImage,
 	})
 	return agent.Run(ctx)
 }

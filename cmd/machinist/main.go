@@ -8,9 +8,15 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/grpclog"
+
+	"github.com/machinist-dev/machinist/actuators/qemu/guest"
 )
 
 func main() {
+	// Booted as a qemu machine's init (PID 1), from its initramfs.
+	if guest.IsInit() {
+		guest.Init(os.Args[1:])
+	}
 	// gRPC's own warnings (a provider that does not answer yet) reach
 	// people as the Machines' conditions; on the terminal they are noise.
 	grpclog.SetLoggerV2(grpclog.NewLoggerV2(io.Discard, io.Discard, os.Stderr))

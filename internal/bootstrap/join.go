@@ -15,6 +15,10 @@ type Join struct {
 	Server string
 	// CAData is the PEM bundle that verifies the API server's certificate.
 	CAData []byte
+	// TLSServerName, when set, is the name the API server's certificate
+	// is verified against, where Server reaches it under another name: a
+	// VM reaches its host's loopback through its gateway's address.
+	TLSServerName string
 	// Token is the bootstrap token, "<id>.<secret>". It is a credential:
 	// never log it (String and GoString leave it out).
 	Token string

@@ -1,0 +1,468 @@
+// Package qemu is a provider whose machines are QEMU VMs booting a real
+// Linux kernel: the host's packaged one (Debian's linux-image-cloud-amd64
+// here), with an initramfs the provider builds around the static
+// machinist binary, which runs as the VM's init (package guest) and
+// starts the node agent. The Node reports the guest kernel's version and
+// boot ID. Each Machine is one directory of the state directory:
+//
+//	<StateDir>/<namespace>_<name>_<uid>/
+//	    state.json     the provider's record (package process keeps it)
+//	    disk.img       the machine's own disk (ext4): its Node credentials
+//	                   and whatever else must survive a reboot
+//	    join           the join data (0600), given to the guest through
+//	                   QEMU's fw_cfg as a cloud gives user data
+//	    qmp.sock       the VM's QMP socket
+//	    console.log    the serial console of the running boot, and
+//	    console.log.1  of the boot before
+//	    qemu.log       QEMU's own messages
+//	    disk.img.next, join.next  a repair's fresh disk and join data,
+//	                   until its wipe puts them in place
+//	<StateDir>/boot/   the initramfs images, one per guest binary
+//
+// Every boot is one QEMU process, run with -no-reboot: a reboot ends it
+// and the provider starts the next, so that the books package process
+// keeps for its agent processes (write-ahead operations, adoption of the
+// VMs a previous provider left, at most one boot per machine) hold for
+// VMs unchanged. A soft reboot is Ctrl-Alt-Del through QMP, on which the
+// guest's init stops the agent, unmounts the disk and restarts; a hard one
+// is QMP system_reset. kill -9 of a QEMU process is a power loss.
+//
+// The guest reaches kube-apiserver through QEMU's user-mode network, where
+// 10.0.2.2 is the host's loopback: a join data's server on the host's
+// loopback is reached there, and TLS still verifies the name the server's
+// certificate was issued for (the kubeconfig's tls-server-name).
+package qemu
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/machinist-dev/machinist/actuators"
+	"github.com/machinist-dev/machinist/actuators/process"
+	"github.com/machinist-dev/machinist/actuators/qemu/guest"
+	"github.com/machinist-dev/machinist/nodeagent"
+)
+
+// Name is the provider name MachineClasses use for this provider.
+const Name = "qemu"
+
+// Files in a machine's directory.
+const (
+	diskFile    = "disk.img"
+	joinFile    = "join"
+	qmpSocket   = "qmp.sock"
+	consoleFile = "console.log"
+	qemuLog     = "qemu.log"
+	nextSuffix  = ".next"
+)
+
+// Defaults of a machine's provider spec.
+const (
+	DefaultCPUs   = 1
+	DefaultMemory = "256Mi"
+	// diskSize is each machine's disk: a sparse file, mostly empty.
+	diskSize = "64M"
+)
+
+// DefaultStopTimeout is how long a VM has to end after it was asked to:
+// an orderly restart under TCG takes a few seconds.
+const DefaultStopTimeout = 30 * time.Second
+
+// Accelerators QEMU can run the VMs with.
+const (
+	AccelKVM = "kvm"
+	AccelTCG = "tcg"
+)
+
+// Options configure a Provider. Like the process provider's, it holds no
+// credentials for any cluster.
+type Options struct {
+	// StateDir holds one directory per machine (see the package doc).
+	// Required; created if missing.
+	StateDir string
+	// GuestBinary is the static machinist binary each VM runs as its
+	// init; empty means this process's own executable.
+	GuestBinary string
+	// QEMU is the qemu-system-x86_64 binary; empty means the one on PATH.
+	QEMU string
+	// Kernel is what the VMs boot; zero means FindKernel's.
+	Kernel Kernel
+	// Accel is AccelKVM or AccelTCG; empty means KVM if a probe boot
+	// under KVM reaches the guest's init within ProbeTimeout, else TCG.
+	Accel string
+	// ProbeTimeout bounds the KVM probe boot; zero means 15 s.
+	ProbeTimeout time.Duration
+	// LeaseDurationSeconds and RenewInterval are the Nodes' Lease
+	// duration and renewal period; zero means the agent's defaults.
+	LeaseDurationSeconds int32
+	RenewInterval        time.Duration
+	// StopTimeout is how long a VM has to end once asked before its QEMU
+	// process is killed; zero means DefaultStopTimeout.
+	StopTimeout time.Duration
+	// ExitWithParent kills the VMs when this process dies (machinist
+	// run, whose control plane dies with it); off, they outlive it and a
+	// new Provider adopts them.
+	ExitWithParent bool
+	// Log says which accelerator was chosen and why.
+	Log logr.Logger
+}
+
+// Spec is a MachineClass's providerSpec for this provider.
+type Spec struct {
+	// CPUs is the VM's vCPU count; zero means DefaultCPUs.
+	CPUs int `json:"cpus,omitempty"`
+	// Memory is the VM's memory, a quantity such as 512Mi; empty means
+	// DefaultMemory.
+	Memory string `json:"memory,omitempty"`
+}
+
+// New makes a Provider: the process provider's books over VMs. It finds
+// the kernel and QEMU now, so that a host missing either fails at once
+// with what to install; the initramfs and the accelerator are settled on
+// the first boot.
+func New(opts Options) (*process.Provider, error) {
+	if opts.StateDir == "" {
+		return nil, errors.New("qemu: Options needs a StateDir")
+	}
+	var err error
+	if opts.StateDir, err = filepath.Abs(opts.StateDir); err != nil {
+		return nil, err
+	}
+	if opts.QEMU == "" {
+		if opts.QEMU, err = exec.LookPath("qemu-system-x86_64"); err != nil {
+			return nil, errors.New("qemu: no qemu-system-x86_64 on PATH: install QEMU (Debian: apt-get install qemu-system-x86)")
+		}
+	}
+	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
+		return nil, errors.New("qemu: no mkfs.ext4 on PATH, which makes the machines' disks: install e2fsprogs")
+	}
+	if opts.Kernel == (Kernel{}) {
+		if opts.Kernel, err = FindKernel(); err != nil {
+			return nil, fmt.Errorf("qemu: %w", err)
+		}
+	}
+	if opts.GuestBinary == "" {
+		if opts.GuestBinary, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("qemu: finding the guest binary: %w", err)
+		}
+	}
+	switch opts.Accel {
+	case "", AccelKVM, AccelTCG:
+	default:
+		return nil, fmt.Errorf("qemu: accelerator %q: want %s, %s or empty to probe", opts.Accel, AccelKVM, AccelTCG)
+	}
+	if opts.ProbeTimeout <= 0 {
+		opts.ProbeTimeout = 15 * time.Second
+	}
+	if opts.StopTimeout <= 0 {
+		opts.StopTimeout = DefaultStopTimeout
+	}
+	if opts.Log.GetSink() == nil {
+		opts.Log = logr.Discard()
+	}
+	return process.New(process.Options{
+		StateDir:       opts.StateDir,
+		StopTimeout:    opts.StopTimeout,
+		ExitWithParent: opts.ExitWithParent,
+		Hardware:       &vms{opts: opts},
+	})
+}
+
+// vms is the process.Hardware of VMs.
+type vms struct {
+	opts Options
+
+	// once settles what every boot needs: the initramfs and the
+	// accelerator, both kept for the Provider's life.
+	once   sync.Once
+	initrd string
+	accel  string
+	err    error
+}
+
+var _ process.Hardware = (*vms)(nil)
+
+func (*vms) Name() string { return Name }
+
+// prepare builds the initramfs and picks the accelerator, once.
+func (h *vms) prepare() (initrd, accel string, err error) {
+	h.once.Do(func() {
+		r := initramfs{kernel: h.opts.Kernel, binary: h.opts.GuestBinary,
+			osImage: "Machinist guest (Linux " + h.opts.Kernel.Version + ")"}
+		h.initrd, h.err = r.build(filepath.Join(h.opts.StateDir, "boot"))
+		if h.err != nil {
+			h.err = fmt.Errorf("building the initramfs: %w", h.err)
+			return
+		}
+		h.accel = h.chooseAccel()
+	})
+	return h.initrd, h.accel, h.err
+}
+
+func (h *vms) Command(b process.Boot) (*exec.Cmd, error) {
+	spec, err := parseSpec(b.Spec)
+	if err != nil {
+		return nil, actuators.Permanent(err)
+	}
+	initrd, accel, err := h.prepare()
+	if err != nil {
+		return nil, err
+	}
+	// One console log per boot, and the one before it: a crash's last
+	// words survive the next boot.
+	console := filepath.Join(b.Dir, consoleFile)
+	if err := os.Rename(console, console+".1"); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	log, err := os.OpenFile(filepath.Join(b.Dir, qemuLog), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	args := h.args(b, spec, initrd, accel)
+	cmd := exec.Command(h.opts.QEMU, args...)
+	cmd.Dir = b.Dir
+	cmd.Stdout, cmd.Stderr = log, log
+	return cmd, nil
+}
+
+// args are QEMU's arguments for one boot. The machine's files are named
+// relative to its directory, QEMU's working directory, so that a deep
+// state directory cannot make the QMP socket's path too long.
+func (h *vms) args(b process.Boot, spec Spec, initrd, accel string) []string {
+	mem := resource.MustParse(spec.Memory)
+	agent := []string{"agent",
+		"--bootstrap-kubeconfig=" + guest.BootstrapKubeconfig,
+		"--kubeconfig=" + guest.Kubeconfig,
+		"--node-name=" + b.NodeName,
+		"--provider-id=" + b.ProviderID,
+		"--version=" + b.Version,
+		"--host-info",
+		"--capacity=" + capacity(b, spec),
+	}
+	if h.opts.LeaseDurationSeconds > 0 {
+		agent = append(agent, "--lease-duration-seconds="+strconv.Itoa(int(h.opts.LeaseDurationSeconds)))
+	}
+	if h.opts.RenewInterval > 0 {
+		agent = append(agent, "--renew-interval="+h.opts.RenewInterval.String())
+	}
+	accelArg, cpu := "kvm", "host"
+	if accel == AccelTCG {
+		// A bounded translation cache: QEMU's default reserves 1 GiB.
+		accelArg, cpu = "tcg,tb-size=64", "max"
+	}
+	return []string{
+		"-name", "machinist",
+		"-nodefaults", "-no-user-config", "-display", "none",
+		"-machine", "pc", "-accel", accelArg, "-cpu", cpu,
+		"-smp", strconv.Itoa(spec.CPUs), "-m", strconv.FormatInt(mem.Value()>>20, 10),
+		"-kernel", h.opts.Kernel.Image, "-initrd", initrd,
+		// After "--", the kernel hands the words to init as arguments.
+		"-append", "console=ttyS0 panic=-1 quiet -- " + strings.Join(agent, " "),
+		"-drive", "file=" + diskFile + ",format=raw,if=virtio",
+		"-netdev", "user,id=net0", "-device", "virtio-net-pci,netdev=net0,romfile=",
+		"-fw_cfg", "name=" + guest.JoinName + ",file=" + joinFile,
+		"-qmp", "unix:" + qmpSocket + ",server=on,wait=off",
+		"-serial", "file:" + consoleFile,
+		"-no-reboot",
+	}
+}
+
+// capacity is what the Node offers: the VM's CPUs and memory, unless the
+// class's node template says otherwise.
+func capacity(b process.Boot, spec Spec) string {
+	pairs := map[string]string{"cpu": strconv.Itoa(spec.CPUs), "memory": spec.Memory}
+	for name, q := range b.Capacity {
+		pairs[string(name)] = q.String()
+	}
+	out := make([]string, 0, len(pairs))
+	for name, v := range pairs {
+		out = append(out, name+"="+v)
+	}
+	// Sorted: the same machine has the same command line every boot.
+	sort.Strings(out)
+	return strings.Join(out, ",")
+}
+
+// parseSpec reads a provider spec, refusing what it does not know.
+func parseSpec(raw json.RawMessage) (Spec, error) {
+	var s Spec
+	if len(raw) > 0 {
+		dec := json.NewDecoder(strings.NewReader(string(raw)))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&s); err != nil {
+			return s, fmt.Errorf("qemu: the class's providerSpec: %w (it takes cpus and memory)", err)
+		}
+	}
+	if s.CPUs == 0 {
+		s.CPUs = DefaultCPUs
+	}
+	if s.Memory == "" {
+		s.Memory = DefaultMemory
+	}
+	if s.CPUs < 1 || s.CPUs > 64 {
+		return s, fmt.Errorf("qemu: the class's providerSpec: cpus %d: want 1 to 64", s.CPUs)
+	}
+	q, err := resource.ParseQuantity(s.Memory)
+	if err != nil {
+		return s, fmt.Errorf("qemu: the class's providerSpec: memory %q: %w", s.Memory, err)
+	}
+	// The guest holds its initramfs, the machinist binary included, in
+	// memory: less than this does not boot.
+	if q.Value() < 192<<20 || q.Value() > 64<<30 {
+		return s, fmt.Errorf("qemu: the class's providerSpec: memory %s: want 192Mi to 64Gi", s.Memory)
+	}
+	return s, nil
+}
+
+// Owner recognises a VM by its QEMU binary and the --provider-id its
+// guest's agent is given on the kernel command line.
+func (*vms) Owner(argv []string) string {
+	if len(argv) == 0 || !strings.HasPrefix(filepath.Base(argv[0]), "qemu-system") {
+		return ""
+	}
+	for i, a := range argv {
+		if a != "-append" || i+1 == len(argv) {
+			continue
+		}
+		for _, f := range strings.Fields(argv[i+1]) {
+			if id, ok := strings.CutPrefix(f, "--provider-id="); ok {
+				return id
+			}
+		}
+	}
+	return ""
+}
+
+// Halt presses Ctrl-Alt-Del, on which the guest restarts in order, or
+// resets the VM at once; with -no-reboot either ends the QEMU process.
+func (h *vms) Halt(dir string, _ *os.Process, hard bool) error {
+	cmd := `{"execute":"send-key","arguments":{"keys":[{"type":"qcode","data":"ctrl"},{"type":"qcode","data":"alt"},{"type":"qcode","data":"delete"}]}}`
+	if hard {
+		cmd = `{"execute":"system_reset"}`
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return runQMP(ctx, dir, cmd)
+}
+
+// Provision writes the join data the guest reads through fw_cfg. The
+// guest uses it only while its disk holds no credentials, so writing
+// newer data for a machine that has joined changes nothing.
+func (*vms) Provision(dir string, join actuators.Join) error {
+	if err := writeJoin(filepath.Join(dir, joinFile), join); err != nil {
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(dir, diskFile)); err == nil {
+		return nil
+	}
+	return makeDisk(filepath.Join(dir, diskFile))
+}
+
+// Joined is false: the join data is the guest's to ignore once it has
+// credentials (see Provision), so it is always kept current.
+func (*vms) Joined(string) bool { return false }
+
+// PrepareReimage makes the repair's fresh disk and writes its join data,
+// both aside.
+func (*vms) PrepareReimage(dir string, join actuators.Join) error {
+	if err := writeJoin(filepath.Join(dir, joinFile+nextSuffix), join); err != nil {
+		return err
+	}
+	return makeDisk(filepath.Join(dir, diskFile+nextSuffix))
+}
+
+// Reimage puts the fresh disk and join data in place of the old. Done
+// again after a provider was killed halfway, it finds one or both in
+// place already.
+func (*vms) Reimage(dir string) error {
+	for _, f := range []string{diskFile, joinFile} {
+		err := os.Rename(filepath.Join(dir, f+nextSuffix), filepath.Join(dir, f))
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
+}
+
+// BootID is the last boot ID the guest's init printed on the console:
+// this boot's, else the boot before's.
+func (*vms) BootID(dir string) (string, error) {
+	for _, name := range []string{consoleFile, consoleFile + ".1"} {
+		id, err := lastBootID(filepath.Join(dir, name))
+		if err != nil || id != "" {
+			return id, err
+		}
+	}
+	return "", nil
+}
+
+func lastBootID(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	i := strings.LastIndex(string(b), guest.BootLine)
+	if i < 0 {
+		return "", nil
+	}
+	line, _, complete := strings.Cut(string(b[i+len(guest.BootLine):]), "\n")
+	if !complete {
+		return "", nil
+	}
+	return strings.TrimSpace(line), nil
+}
+
+// writeJoin writes the join data as the guest's bootstrap kubeconfig. A
+// server on the host's loopback is the user-mode net's gateway to the
+// guest; TLS verifies the name the server was given as.
+func writeJoin(path string, j actuators.Join) error {
+	u, err := url.Parse(j.Server)
+	if err != nil {
+		return fmt.Errorf("the join data's server %q: %w", j.Server, err)
+	}
+	if isLoopback(u.Hostname()) {
+		if j.TLSServerName == "" {
+			j.TLSServerName = u.Hostname()
+		}
+		u.Host = net.JoinHostPort(guest.Gateway, u.Port())
+		j.Server = u.String()
+	}
+	return nodeagent.WriteBootstrapKubeconfig(path, j)
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// makeDisk makes an empty ext4 disk image at path.
+func makeDisk(path string) error {
+	_ = os.Remove(path)
+	out, err := exec.Command("mkfs.ext4", "-q", "-F", "-L", "machinist", path, diskSize).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("making the disk: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}

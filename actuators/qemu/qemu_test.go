@@ -1,0 +1,262 @@
+package qemu_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/machinist-dev/machinist/actuators"
+	"github.com/machinist-dev/machinist/actuators/process"
+	"github.com/machinist-dev/machinist/actuators/qemu"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/testenv"
+)
+
+var (
+	env       *testenv.Env
+	clientset kubernetes.Interface
+	// guestBinary is the machinist binary built for this run, each VM's
+	// init.
+	guestBinary string
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(testenv.RunWithOptions(m, testenv.Options{ControllerManager: true}, func(e *testenv.Env) (func(), error) {
+		env = e
+		clientset = kubernetes.NewForConfigOrDie(e.Config)
+		dir, err := os.MkdirTemp("", "machinist-qemu-test-")
+		if err != nil {
+			return nil, err
+		}
+		guestBinary = filepath.Join(dir, "machinist")
+		return func() { _ = os.RemoveAll(dir) }, testenv.Build("./cmd/machinist", guestBinary)
+	}))
+}
+
+// Boots under TCG take seconds; the wait is for a loaded 2-core host.
+const (
+	leaseSeconds = 10
+	renew        = 2 * time.Second
+	wait         = 3 * time.Minute
+)
+
+func newProvider(t *testing.T, dir string) *process.Provider {
+	t.Helper()
+	p, err := qemu.New(qemu.Options{
+		StateDir:             dir,
+		GuestBinary:          guestBinary,
+		LeaseDurationSeconds: leaseSeconds,
+		RenewInterval:        renew,
+		Log:                  zap.New(zap.WriteTo(testWriter{t})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(b)))
+	return len(b), nil
+}
+
+// showConsoles logs every VM's console when the test failed.
+func showConsoles(t *testing.T, dir string) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		logs, _ := filepath.Glob(filepath.Join(dir, "*", "*.log*"))
+		for _, l := range logs {
+			b, _ := os.ReadFile(l)
+			t.Logf("%s:\n%s", l, b)
+		}
+	})
+}
+
+func machine(name string) *machinistv1.Machine {
+	return &machinistv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "vm", Name: name, UID: uuid.NewUUID()},
+		Spec:       machinistv1.MachineSpec{Version: "v1.37.2"},
+	}
+}
+
+// booted waits until the instance's Node is Ready with a boot ID other
+// than notBootID, and returns it.
+func booted(t *testing.T, p *process.Provider, providerID, notBootID string) *corev1.Node {
+	t.Helper()
+	name, err := p.NodeName(providerID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n *corev1.Node
+	NewWithT(t).Eventually(func(g Gomega) {
+		var err error
+		n, err = clientset.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(n.Status.NodeInfo.BootID).NotTo(BeEmpty())
+		g.Expect(n.Status.NodeInfo.BootID).NotTo(Equal(notBootID))
+		g.Expect(n.Status.Conditions).To(ContainElement(And(
+			HaveField("Type", corev1.NodeReady), HaveField("Status", corev1.ConditionTrue))))
+	}).WithTimeout(wait).WithPolling(time.Second).Should(Succeed())
+	return n
+}
+
+// vms lists the live QEMU processes of providerID, from /proc.
+func vms(providerID string) []int {
+	var pids []int
+	cmdlines, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range cmdlines {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		if bytes.HasPrefix(b, []byte("qemu-system")) || bytes.Contains(b, []byte("/qemu-system")) {
+			if bytes.Contains(b, []byte(" --provider-id="+providerID+" ")) {
+				pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
+}
+
+// csrs counts the certificate requests made for the Node name: one per
+// join.
+func csrs(g Gomega, node string) int {
+	list, err := clientset.CertificatesV1().CertificateSigningRequests().List(context.Background(), metav1.ListOptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+	n := 0
+	for _, c := range list.Items {
+		block, _ := pem.Decode(c.Spec.Request)
+		g.Expect(block).NotTo(BeNil())
+		req, err := x509.ParseCertificateRequest(block.Bytes)
+		g.Expect(err).NotTo(HaveOccurred())
+		if c.Spec.SignerName == certificatesv1.KubeAPIServerClientKubeletSignerName && req.Subject.CommonName == "system:node:"+node {
+			n++
+		}
+	}
+	return n
+}
+
+// TestAMachineLivesItsOwnLife boots a VM and carries it through its life:
+// the Node reports the guest kernel, a soft and a hard reboot each give
+// a new kernel boot ID, an update boots the new version on the same Node,
+// a repair gives it a fresh disk (it joins again), a provider that went
+// away without stopping it adopts it without booting it twice, a kill -9
+// of QEMU is a power loss a reboot heals, and delete leaves nothing.
+func TestAMachineLivesItsOwnLife(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	showConsoles(t, dir)
+	p := newProvider(t, dir)
+	m := machine("life")
+	class := &machinistv1.MachineClass{Spec: machinistv1.MachineClassSpec{
+		Provider:     qemu.Name,
+		ProviderSpec: runtime.RawExtension{Raw: []byte(`{"cpus":1,"memory":"256Mi"}`)},
+	}}
+	id, err := p.Create(ctx, m, class, env.JoinData(t))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(id).To(HavePrefix("qemu:///vm/life/"))
+	n := booted(t, p, id, "")
+	kernel := filepath.Base(qemuKernel(t))
+	g.Expect(n.Status.NodeInfo.KernelVersion).To(Equal(strings.TrimPrefix(kernel, "vmlinuz-")))
+	g.Expect(n.Status.NodeInfo.OSImage).To(ContainSubstring("Machinist guest"))
+	g.Expect(n.Status.NodeInfo.KubeletVersion).To(Equal("v1.37.2"))
+	g.Expect(n.Status.Capacity.Memory().String()).To(Equal("256Mi"))
+	inst, err := p.Describe(ctx, id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(inst).To(Equal(actuators.Instance{Power: actuators.PowerOn, BootID: n.Status.NodeInfo.BootID}))
+	g.Expect(vms(id)).To(HaveLen(1))
+	joins := csrs(g, n.Name)
+	g.Expect(joins).To(Equal(1))
+
+	// A soft reboot: Ctrl-Alt-Del, an orderly restart in the guest.
+	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "soft"})).To(Succeed())
+	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "soft"})).To(Succeed())
+	soft := booted(t, p, id, n.Status.NodeInfo.BootID)
+	g.Expect(csrs(g, n.Name)).To(Equal(joins), "the disk kept the Node's credentials")
+	g.Expect(restarts(g, p, id)).To(Equal(1))
+
+	// A hard one: QMP system_reset.
+	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "hard", Hard: true})).To(Succeed())
+	hard := booted(t, p, id, soft.Status.NodeInfo.BootID)
+	g.Expect(csrs(g, n.Name)).To(Equal(joins))
+
+	// An update boots the new version on the same Node.
+	g.Expect(p.Update(ctx, id, actuators.Operation{ID: "update", Version: "v1.37.3"})).To(Succeed())
+	var updated *corev1.Node
+	g.Eventually(func(g Gomega) {
+		updated = booted(t, p, id, hard.Status.NodeInfo.BootID)
+		g.Expect(updated.Status.NodeInfo.KubeletVersion).To(Equal("v1.37.3"))
+	}).WithTimeout(wait).Should(Succeed())
+	g.Expect(updated.UID).To(Equal(n.UID))
+
+	// A provider gone without stopping its VMs: the next adopts them.
+	pids := vms(id)
+	g.Expect(pids).To(HaveLen(1))
+	again := newProvider(t, dir)
+	g.Expect(again.TakeOver(ctx)).To(Succeed())
+	g.Expect(vms(id)).To(Equal(pids), "adopted, not booted twice")
+	inst, err = again.Describe(ctx, id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(inst.BootID).To(Equal(updated.Status.NodeInfo.BootID))
+	p = again
+
+	// A repair re-images the disk: the machine joins afresh.
+	g.Expect(p.Repair(ctx, id, actuators.Operation{ID: "repair", Join: env.JoinData(t)})).To(Succeed())
+	repaired := booted(t, p, id, updated.Status.NodeInfo.BootID)
+	g.Expect(repaired.UID).NotTo(Equal(n.UID), "the Node registered afresh")
+	g.Expect(csrs(g, n.Name)).To(Equal(joins+1), "the new disk held no credentials")
+
+	// kill -9 of QEMU is a power loss; a reboot brings the machine back.
+	pids = vms(id)
+	g.Expect(pids).To(HaveLen(1))
+	g.Expect(syscall.Kill(pids[0], syscall.SIGKILL)).To(Succeed())
+	g.Eventually(func() actuators.Power {
+		inst, _ := p.Describe(ctx, id)
+		return inst.Power
+	}).WithTimeout(10 * time.Second).Should(Equal(actuators.PowerOff))
+	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "heal", Hard: true})).To(Succeed())
+	booted(t, p, id, repaired.Status.NodeInfo.BootID)
+
+	// Delete leaves no process and no file.
+	g.Expect(p.Delete(ctx, id)).To(Succeed())
+	g.Expect(vms(id)).To(BeEmpty())
+	left, _ := filepath.Glob(filepath.Join(dir, "vm_life_*"))
+	g.Expect(left).To(BeEmpty())
+}
+
+func restarts(g Gomega, p *process.Provider, id string) int {
+	n, err := p.Restarts(id)
+	g.Expect(err).NotTo(HaveOccurred())
+	return n
+}
+
+func qemuKernel(t *testing.T) string {
+	k, err := qemu.FindKernel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k.Image
+}
