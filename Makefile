@@ -54,12 +54,16 @@ binaries: ## Build bin/machinist and bin/kubectl-machine (the kubectl plugin).
 	go build -ldflags='$(GO_LDFLAGS)' -o bin/kubectl-machine ./cmd/kubectl-machine
 
 .PHONY: run
-run: controlplane binaries ## Run everything on this host, ready for kubectl (state in .machinist/; Ctrl-C stops it).
+run: controlplane qemu binaries ## Run everything on this host, ready for kubectl (state in .machinist/; Ctrl-C stops it).
 	bin/machinist run --state-dir .machinist --bin-dir bin
 
 .PHONY: controlplane
 controlplane: ## Build the pinned etcd, kube-apiserver, kube-controller-manager and kubectl into bin/ (skipped when already built).
 	bash hack/controlplane/build.sh
+
+.PHONY: qemu
+qemu: ## Install QEMU, a packaged kernel and e2fsprogs for the qemu provider's VMs, when missing (Debian packages).
+	bash hack/qemu.sh
 
 .PHONY: lint
 lint: ## Check formatting (gofmt), run go vet, and lint the provider protocol (buf lint).
@@ -69,7 +73,7 @@ lint: ## Check formatting (gofmt), run go vet, and lint the provider protocol (b
 	$(BUF) lint
 
 .PHONY: test
-test: controlplane lint ## Run every test against a real etcd and kube-apiserver.
+test: controlplane qemu lint ## Run every test against a real etcd and kube-apiserver.
 	go test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 # make chaos: CHAOS_RUNS seeds per scenario of each chaos test, from

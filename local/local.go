@@ -40,6 +40,7 @@ import (
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/inmemory"
 	"github.com/machinist-dev/machinist/actuators/process"
+	"github.com/machinist-dev/machinist/actuators/qemu"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/apiserver"
 	"github.com/machinist-dev/machinist/config"
@@ -65,6 +66,8 @@ const (
 	SampleHealthCheck   = "workers"
 	SampleBudget        = "workers"
 	SampleCluster       = "workload"
+	SampleVMClass       = "vm"
+	SampleVMSet         = "vms"
 	SampleClusterSecret = "workload-kubeconfig"
 )
 
@@ -177,7 +180,8 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if agent == "" {
 		agent = self
 	}
-	machines, err := serveProcess(self, dir, agent)
+	machines, err := serveProvider(self, dir, process.Name, ProviderLog,
+		"--process-state-dir", filepath.Join(dir, "machines"), "--process-agent-binary", agent, "--process-exit-with-parent")
 	if err != nil {
 		return err
 	}
@@ -190,13 +194,31 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err := machines.waitReady(ctx, remote, 30*time.Second); err != nil {
 		return fmt.Errorf("%w; its log is %s", err, filepath.Join(dir, ProviderLog))
 	}
+	// The qemu provider, likewise: its VMs run the same binary as their
+	// init.
+	vms, err := serveProvider(self, dir, qemu.Name, QEMULog,
+		"--qemu-state-dir", filepath.Join(dir, VMDir), "--qemu-guest-binary", agent, "--qemu-exit-with-parent")
+	if err != nil {
+		return err
+	}
+	// Each VM is asked to restart in order, under TCG a few seconds.
+	defer func() { err = errors.Join(err, vms.stop(2*time.Minute)) }()
+	remoteVMs, err := provider.Dial(qemu.Name, vms.endpoint, provider.DialOptions{})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = remoteVMs.Close() }()
+	if err := vms.waitReady(ctx, remoteVMs, 2*time.Minute); err != nil {
+		return fmt.Errorf("%w; its log is %s", err, filepath.Join(dir, QEMULog))
+	}
 	goroutines, err := inmemory.New(inmemory.Options{})
 	if err != nil {
 		return err
 	}
 	defer goroutines.Stop()
 	registry := actuators.NewRegistry()
-	if err := errors.Join(registry.Register(process.Name, remote), registry.Register(inmemory.Name, goroutines)); err != nil {
+	if err := errors.Join(registry.Register(process.Name, remote), registry.Register(qemu.Name, remoteVMs),
+		registry.Register(inmemory.Name, goroutines)); err != nil {
 		return err
 	}
 	runCtx, cancel := context.WithCancel(ctx)
@@ -250,6 +272,8 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return fmt.Errorf("the verbs server stopped: %w", err)
 	case <-machines.done:
 		return fmt.Errorf("the process provider stopped; its log is %s", filepath.Join(dir, ProviderLog))
+	case <-vms.done:
+		return fmt.Errorf("the qemu provider stopped; its log is %s", filepath.Join(dir, QEMULog))
 	case <-mgmt.kcm.Exited():
 		return mgmt.exited()
 	case <-workload.kcm.Exited():
@@ -262,35 +286,44 @@ func Run(ctx context.Context, opts Options) (err error) {
 // background runs run(ctx) in a goroutine; the channel yields its error,
 // nil when it ended because ctx was cancelled. It holds one value, so a
 // reader that takes the error early puts it back for the deferred stop.
-// ProviderLog is the process provider's log, in the state directory.
-const ProviderLog = "provider.log"
+// ProviderLog is the process provider's log, in the state directory, and
+// QEMULog the qemu provider's.
+const (
+	ProviderLog = "provider.log"
+	QEMULog     = "qemu-provider.log"
+)
+
+// VMDir, in the state directory, is the qemu provider's: one directory
+// per VM, with its disk and serial console log.
+const VMDir = "vms"
 
 // served is `machinist provider serve` running as a child.
 type served struct {
+	name     string
 	cmd      *exec.Cmd
 	endpoint string
 	log      *os.File
 	done     chan struct{}
 }
 
-// serveProcess starts the process provider as `machinist provider serve`
-// on a socket in dir, logging to dir/provider.log. Its machines end with
-// it (--process-exit-with-parent): this host's control plane ends too.
-func serveProcess(self, dir, agent string) (*served, error) {
-	log, err := os.OpenFile(filepath.Join(dir, ProviderLog), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+// serveProvider starts the built-in provider name as `machinist provider
+// serve` on a socket in dir, with flags, logging to dir/logName. Its
+// machines end with it (the flags say so): this host's control plane ends
+// too.
+func serveProvider(self, dir, name, logName string, flags ...string) (*served, error) {
+	log, err := os.OpenFile(filepath.Join(dir, logName), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
 	}
-	endpoint := "unix://" + filepath.Join(dir, "provider", process.Name+".sock")
-	cmd := exec.Command(self, "provider", "serve", "--provider", process.Name, "--endpoint", endpoint,
-		"--process-state-dir", filepath.Join(dir, "machines"),
-		"--process-agent-binary", agent, "--process-exit-with-parent",
-		"--lease-duration-seconds", strconv.Itoa(leaseSeconds), "--renew-interval", renewInterval.String(),
+	endpoint := "unix://" + filepath.Join(dir, "provider", name+".sock")
+	args := append([]string{"provider", "serve", "--provider", name, "--endpoint", endpoint}, flags...)
+	args = append(args, "--lease-duration-seconds", strconv.Itoa(leaseSeconds), "--renew-interval", renewInterval.String(),
 		"--log-level", "info")
+	cmd := exec.Command(self, args...)
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		_ = log.Close()
-		return nil, fmt.Errorf("starting the process provider: %w", err)
+		return nil, fmt.Errorf("starting the %s provider: %w", name, err)
 	}
 	// Killed without the chance to stop it, this process must not leave
 	// the provider (and through it the machines) running.
@@ -299,7 +332,7 @@ func serveProcess(self, dir, agent string) (*served, error) {
 		_ = log.Close()
 		return nil, err
 	}
-	s := &served{cmd: cmd, endpoint: endpoint, log: log, done: make(chan struct{})}
+	s := &served{name: name, cmd: cmd, endpoint: endpoint, log: log, done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); close(s.done) }()
 	return s, nil
 }
@@ -317,13 +350,13 @@ func (s *served) waitReady(ctx context.Context, c *provider.Client, timeout time
 		}
 		select {
 		case <-s.done:
-			return errors.New("the process provider exited")
+			return fmt.Errorf("the %s provider exited", s.name)
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the process provider is not ready after %s: %v", timeout, err)
+			return fmt.Errorf("the %s provider is not ready after %s: %v", s.name, timeout, err)
 		}
 	}
 }
@@ -339,7 +372,7 @@ func (s *served) stop(timeout time.Duration) error {
 	case <-time.After(timeout):
 		_ = s.cmd.Process.Kill()
 		<-s.done
-		return fmt.Errorf("the process provider did not stop within %s", timeout)
+		return fmt.Errorf("the %s provider did not stop within %s", s.name, timeout)
 	}
 }
 
@@ -466,6 +499,28 @@ func samples(ctx context.Context, c client.Client, marker string) (bool, error) 
 			},
 		},
 	}
+	// The VMs: a real kernel each, booted under QEMU. Their Nodes join
+	// the management cluster, as the spare set's do.
+	vmClass := &machinistv1.MachineClass{
+		ObjectMeta: metav1.ObjectMeta{Namespace: SampleNamespace, Name: SampleVMClass},
+		Spec: machinistv1.MachineClassSpec{
+			Provider:     qemu.Name,
+			ProviderSpec: runtime.RawExtension{Raw: []byte(`{"cpus":1,"memory":"256Mi"}`)},
+			NodeTemplate: &machinistv1.NodeTemplate{Labels: map[string]string{"machinist.dev/class": SampleVMClass}},
+		},
+	}
+	vmLabels := map[string]string{"pool": SampleVMSet}
+	vmSet := &machinistv1.MachineSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: SampleNamespace, Name: SampleVMSet},
+		Spec: machinistv1.MachineSetSpec{
+			Replicas: ptr.To(int32(0)),
+			Selector: machinistv1.LabelSelector{MatchLabels: vmLabels},
+			Template: machinistv1.MachineTemplateSpec{
+				Metadata: machinistv1.TemplateMetadata{Labels: vmLabels},
+				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: SampleVMClass}, Version: "v1.37.1"},
+			},
+		},
+	}
 	created := false
 	// At most one of the workers out of service on purpose at a time:
 	// the rollouts, the reboot and the health check of the quick start
@@ -483,7 +538,7 @@ func samples(ctx context.Context, c client.Client, marker string) (bool, error) 
 			Kubeconfig: machinistv1.KubeconfigReference{SecretName: SampleClusterSecret, Key: machinistv1.DefaultKubeconfigKey},
 		},
 	}
-	for _, obj := range []client.Object{workload, class, md, set, healthCheck(), budget} {
+	for _, obj := range []client.Object{workload, class, md, set, vmClass, vmSet, healthCheck(), budget} {
 		err := c.Create(ctx, obj)
 		switch {
 		case err == nil:
@@ -544,9 +599,12 @@ func printNext(out io.Writer, kubeconfig, workloadKubeconfig, machines string, c
 			"through Secret %q), MachineClass %q (provider process: every Machine is a\n"+
 			"local process), MachineDeployment %q of 3 Machines, whose Nodes join the\n"+
 			"workload cluster, MachineSet %q of 0, whose Nodes join this one,\n"+
+			"MachineClass %q (provider qemu: every Machine a QEMU VM booting a real\n"+
+			"Linux kernel) and MachineSet %q of 0 of them, whose Nodes join this one,\n"+
 			"MachineHealthCheck %q, which heals the MachineDeployment's Machines, and\n"+
 			"MachineDisruptionBudget %q: at most one of them out of service on purpose at once.",
-			SampleNamespace, SampleCluster, SampleClusterSecret, SampleClass, SampleDeployment, SampleSet, SampleHealthCheck, SampleBudget)
+			SampleNamespace, SampleCluster, SampleClusterSecret, SampleClass, SampleDeployment, SampleSet,
+			SampleVMClass, SampleVMSet, SampleHealthCheck, SampleBudget)
 	}
 	fmt.Fprintf(out, `
 Machinist is running. %s
@@ -583,6 +641,12 @@ In another terminal:
 
   # Reboot a Machine and wait for its new boot ID
   kubectl machine reboot "$(kubectl get machines -l pool=workers -o name | head -1 | cut -d/ -f2)" --wait
+
+  # A real machine: a QEMU VM booting a Linux kernel (under emulation, a minute or so to Ready)
+  kubectl scale machineset vms --replicas=1
+  kubectl wait machines -l pool=vms --for=condition=NodeHealthy --timeout=5m
+  kubectl get nodes -l machinist.dev/class=vm -o wide   # KERNEL-VERSION and OS-IMAGE: the guest's own
+  kubectl machine reboot "$(kubectl get machines -l pool=vms -o name | head -1 | cut -d/ -f2)" --wait
 
   # Kill a machine and watch the MachineHealthCheck reboot it, within a minute
   kill -9 "$(grep -h '"pid"' %s/default_workers-*/state.json | head -1 | tr -dc 0-9)"

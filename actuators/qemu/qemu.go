@@ -149,8 +149,9 @@ func New(opts Options) (*process.Provider, error) {
 			return nil, errors.New("qemu: no qemu-system-x86_64 on PATH: install QEMU (Debian: apt-get install qemu-system-x86)")
 		}
 	}
-	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
-		return nil, errors.New("qemu: no mkfs.ext4 on PATH, which makes the machines' disks: install e2fsprogs")
+	mkfs, err := findMkfs()
+	if err != nil {
+		return nil, err
 	}
 	if opts.Kernel == (Kernel{}) {
 		if opts.Kernel, err = FindKernel(); err != nil {
@@ -180,13 +181,15 @@ func New(opts Options) (*process.Provider, error) {
 		StateDir:       opts.StateDir,
 		StopTimeout:    opts.StopTimeout,
 		ExitWithParent: opts.ExitWithParent,
-		Hardware:       &vms{opts: opts},
+		Hardware:       &vms{opts: opts, mkfs: mkfs},
 	})
 }
 
 // vms is the process.Hardware of VMs.
 type vms struct {
 	opts Options
+	// mkfs is mkfs.ext4, which makes the disks.
+	mkfs string
 
 	// once settles what every boot needs: the initramfs and the
 	// accelerator, both kept for the Provider's life.
@@ -364,14 +367,14 @@ func (h *vms) Halt(dir string, _ *os.Process, hard bool) error {
 // Provision writes the join data the guest reads through fw_cfg. The
 // guest uses it only while its disk holds no credentials, so writing
 // newer data for a machine that has joined changes nothing.
-func (*vms) Provision(dir string, join actuators.Join) error {
+func (h *vms) Provision(dir string, join actuators.Join) error {
 	if err := writeJoin(filepath.Join(dir, joinFile), join); err != nil {
 		return err
 	}
 	if _, err := os.Stat(filepath.Join(dir, diskFile)); err == nil {
 		return nil
 	}
-	return makeDisk(filepath.Join(dir, diskFile))
+	return h.makeDisk(filepath.Join(dir, diskFile))
 }
 
 // Joined is false: the join data is the guest's to ignore once it has
@@ -380,11 +383,11 @@ func (*vms) Joined(string) bool { return false }
 
 // PrepareReimage makes the repair's fresh disk and writes its join data,
 // both aside.
-func (*vms) PrepareReimage(dir string, join actuators.Join) error {
+func (h *vms) PrepareReimage(dir string, join actuators.Join) error {
 	if err := writeJoin(filepath.Join(dir, joinFile+nextSuffix), join); err != nil {
 		return err
 	}
-	return makeDisk(filepath.Join(dir, diskFile+nextSuffix))
+	return h.makeDisk(filepath.Join(dir, diskFile+nextSuffix))
 }
 
 // Reimage puts the fresh disk and join data in place of the old. Done
@@ -458,11 +461,25 @@ func isLoopback(host string) bool {
 }
 
 // makeDisk makes an empty ext4 disk image at path.
-func makeDisk(path string) error {
+func (h *vms) makeDisk(path string) error {
 	_ = os.Remove(path)
-	out, err := exec.Command("mkfs.ext4", "-q", "-F", "-L", "machinist", path, diskSize).CombinedOutput()
+	out, err := exec.Command(h.mkfs, "-q", "-F", "-L", "machinist", path, diskSize).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("making the disk: %w: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// findMkfs finds mkfs.ext4 on PATH or where Debian puts it, in the
+// administrator's sbin, which a user's PATH may lack.
+func findMkfs() (string, error) {
+	if path, err := exec.LookPath("mkfs.ext4"); err == nil {
+		return path, nil
+	}
+	for _, path := range []string{"/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"} {
+		if _, err := os.Stat(path); err == nil {
+			return path, nil
+		}
+	}
+	return "", errors.New("qemu: no mkfs.ext4, which makes the machines' disks: install e2fsprogs")
 }

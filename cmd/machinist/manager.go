@@ -17,6 +17,7 @@ import (
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/inmemory"
 	"github.com/machinist-dev/machinist/actuators/process"
+	"github.com/machinist-dev/machinist/actuators/qemu"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/provider"
@@ -27,6 +28,7 @@ func managerCommand() *cobra.Command {
 		kubeconfig string
 		opts       manager.Options
 		machines   process.Options
+		vms        qemu.Options
 		remotes    []string
 		remoteOpts provider.DialOptions
 		goroutines inmemory.Options
@@ -45,7 +47,8 @@ on a Unix socket (unix:///path, a sidecar) or over TCP with mutual TLS
 (tcp://host:port and --provider-tls-*). Built in: "inmemory" (machines as
 goroutines in this process, for trying Machinist out) unless a --provider
 takes its name; "process" (machines as agent processes on this host) with
---process-state-dir; its machines outlive the manager, and the leader takes
+--process-state-dir; "qemu" (machines as QEMU VMs on this host) with
+--qemu-state-dir. Their machines outlive the manager, and the leader takes
 them over from the state directory, so replicas on one host share it.
 
 A leader that cannot renew its Lease within --leader-elect-renew-deadline
@@ -103,6 +106,20 @@ logging "waiting for kube-apiserver", instead of exiting again.`,
 					return err
 				}
 			}
+			if vms.StateDir != "" {
+				if slices.Contains(opts.Actuators.Names(), qemu.Name) {
+					return fmt.Errorf("--qemu-state-dir runs the qemu provider in this manager, but --provider already reaches one out of process: give one or the other")
+				}
+				vms.Log = ctrl.Log.WithName("qemu")
+				vms.LeaseDurationSeconds, vms.RenewInterval = machines.LeaseDurationSeconds, machines.RenewInterval
+				p, err := qemu.New(vms)
+				if err != nil {
+					return err
+				}
+				if err := opts.Actuators.Register(qemu.Name, p); err != nil {
+					return err
+				}
+			}
 			scheme, err := managerScheme()
 			if err != nil {
 				return err
@@ -149,8 +166,9 @@ logging "waiting for kube-apiserver", instead of exiting again.`,
 	fs.DurationVar(&remoteOpts.Timeout, "provider-timeout", 0, "how long one call to an out-of-process provider may take (0: 30s)")
 	fs.StringVar(&machines.StateDir, "process-state-dir", "", `turn on the "process" provider, keeping its machines' state here`)
 	fs.StringVar(&machines.AgentBinary, "process-agent-binary", "", "the machinist binary the agents run; empty means this one")
-	fs.Int32Var(&machines.LeaseDurationSeconds, "process-lease-duration-seconds", 0, "the agents' Node Lease duration (0: 40)")
-	fs.DurationVar(&machines.RenewInterval, "process-renew-interval", 0, "how often the agents renew their Node Leases (0: 10s)")
+	fs.Int32Var(&machines.LeaseDurationSeconds, "process-lease-duration-seconds", 0, "the agents' Node Lease duration, of the process and qemu providers (0: 40)")
+	fs.DurationVar(&machines.RenewInterval, "process-renew-interval", 0, "how often the agents of the process and qemu providers renew their Node Leases (0: 10s)")
+	addQEMUFlags(fs, &vms)
 	logs.add(fs)
 	return cmd
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/inmemory"
 	"github.com/machinist-dev/machinist/actuators/process"
+	"github.com/machinist-dev/machinist/actuators/qemu"
 	"github.com/machinist-dev/machinist/provider"
 )
 
@@ -44,13 +45,14 @@ func providerServeCommand() *cobra.Command {
 		tlsFiles provider.TLSFiles
 		control  string
 		machines process.Options
+		vms      qemu.Options
 		logs     logFlags
 	)
 	cmd := &cobra.Command{
-		Use:   "serve --provider inmemory|process --endpoint unix:///path/to.sock",
+		Use:   "serve --provider inmemory|process|qemu --endpoint unix:///path/to.sock",
 		Short: "Serve a built-in provider over the provider protocol",
-		Long: `Serve the inmemory or the process provider on --endpoint until SIGTERM or
-Ctrl-C. A manager reaches it with --provider NAME=ENDPOINT.
+		Long: `Serve the inmemory, the process or the qemu provider on --endpoint until
+SIGTERM or Ctrl-C. A manager reaches it with --provider NAME=ENDPOINT.
 
 The inmemory provider's machines live in this process and end with it.
 The process provider's machines are agent processes that outlive it; a
@@ -58,6 +60,12 @@ new "serve" over the same --process-state-dir takes them over as it
 starts: it adopts the agents still running and boots the machines whose
 agents it had stopped (--process-exit-with-parent), and answers Probe as
 ready once it has. Serve one provider per state directory.
+
+The qemu provider's machines are QEMU VMs booting this host's packaged
+Linux kernel (Debian: apt-get install qemu-system-x86
+linux-image-cloud-amd64), kept in --qemu-state-dir, where each VM's serial
+console is logged (console.log); like agents, they outlive the provider
+and are taken over by the next.
 
 It needs no credentials for any cluster: each machine joins its own with
 the join data the manager hands over, and a repaired one deletes its old
@@ -108,20 +116,41 @@ Node itself.`,
 				// provider, as real ones outlive their controller.
 				a = p
 				ready = takeOver(ctx, p)
+			case qemu.Name:
+				if vms.StateDir == "" {
+					return fmt.Errorf("--provider qemu needs --qemu-state-dir")
+				}
+				vms.Log = ctrl.Log.WithName("qemu")
+				vms.LeaseDurationSeconds, vms.RenewInterval = machines.LeaseDurationSeconds, machines.RenewInterval
+				p, err := qemu.New(vms)
+				if err != nil {
+					return err
+				}
+				if vms.ExitWithParent {
+					defer func() {
+						stopCtx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+						defer cancel()
+						_ = p.Stop(stopCtx)
+					}()
+				}
+				a = p
+				ready = takeOver(ctx, p)
 			default:
-				return fmt.Errorf("--provider %q: the built-in providers are %s and %s", name, inmemory.Name, process.Name)
+				return fmt.Errorf("--provider %q: the built-in providers are %s, %s and %s", name, inmemory.Name, process.Name, qemu.Name)
 			}
 			return provider.Serve(logr.NewContext(ctx, ctrl.Log), endpoint, a, provider.ServeOptions{Name: name, VendorVersion: version(), TLS: tlsFiles, Ready: ready})
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&name, "provider", "", "the built-in provider to serve: inmemory or process")
+	fs.StringVar(&name, "provider", "", "the built-in provider to serve: inmemory, process or qemu")
 	fs.StringVar(&endpoint, "endpoint", "", "where to serve: unix:///path/to.sock, or tcp://host:port with --tls-*")
 	addServerTLSFlags(fs, &tlsFiles)
 	fs.StringVar(&control, "inmemory-control", "", "unix:///path: also serve the inmemory provider's fault injection and books there, for tests")
 	fs.StringVar(&machines.StateDir, "process-state-dir", "", "the process provider's state directory")
 	fs.StringVar(&machines.AgentBinary, "process-agent-binary", "", "the machinist binary the agents run; empty means this one")
 	fs.BoolVar(&machines.ExitWithParent, "process-exit-with-parent", false, "kill the agents when this process dies (for machinist run, whose control plane dies with it)")
+	addQEMUFlags(fs, &vms)
+	fs.BoolVar(&vms.ExitWithParent, "qemu-exit-with-parent", false, "power the VMs off when this process dies (for machinist run, whose control plane dies with it)")
 	fs.Int32Var(&machines.LeaseDurationSeconds, "lease-duration-seconds", 0, "the machines' Node Lease duration (0: 40)")
 	fs.DurationVar(&machines.RenewInterval, "renew-interval", 0, "how often the machines renew their Node Leases (0: 10s)")
 	_ = cmd.MarkFlagRequired("provider")
@@ -154,6 +183,13 @@ func version() string {
 		return info.Main.Version
 	}
 	return "(devel)"
+}
+
+// addQEMUFlags adds the flags of the qemu provider, in process or served.
+func addQEMUFlags(fs *pflag.FlagSet, o *qemu.Options) {
+	fs.StringVar(&o.StateDir, "qemu-state-dir", "", "the qemu provider's state directory: one directory per VM, with its disk, console log and QMP socket")
+	fs.StringVar(&o.GuestBinary, "qemu-guest-binary", "", "the static machinist binary each VM runs as its init; empty means this one")
+	fs.StringVar(&o.Accel, "qemu-accel", "", "kvm or tcg; empty means KVM if a probe boot under it succeeds, else TCG")
 }
 
 func addServerTLSFlags(fs *pflag.FlagSet, f *provider.TLSFiles) {

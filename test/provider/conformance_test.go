@@ -45,6 +45,24 @@ func TestProcessConforms(t *testing.T) {
 	noNodesLeft(t, "conformance-process")
 }
 
+// TestQEMUConforms runs the suite against VMs: every reboot, repair and
+// update is judged by the boot IDs of a real guest kernel.
+func TestQEMUConforms(t *testing.T) {
+	t.Parallel()
+	flags := append([]string{"--qemu-state-dir", t.TempDir(), "--qemu-exit-with-parent"}, leaseFlags...)
+	p := serveOutOfProcess(t, "qemu", flags...)
+	cfg := config(p.Endpoint, "conformance-qemu")
+	cfg.Logs = func() ([]byte, error) { return []byte(p.Output()), nil }
+	cfg.ProviderSpec = []byte(`{"cpus":1,"memory":"256Mi"}`)
+	// A providerSpec the qemu provider refuses is refused for good: none
+	// fails only for now.
+	cfg.TransientProviderSpec = nil
+	// Boots under TCG emulation, several at once on a small host.
+	cfg.Timeout = 4 * time.Minute
+	conformance.Test(t, cfg)
+	noNodesLeft(t, "conformance-qemu")
+}
+
 func TestCommandPassesForInmemory(t *testing.T) {
 	t.Parallel()
 	p := serveOutOfProcess(t, inmemory.Name, leaseFlags...)

@@ -36,6 +36,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/healthcheck"
+	"github.com/machinist-dev/machinist/actuators/qemu"
 	"github.com/machinist-dev/machinist/local"
 	"github.com/machinist-dev/machinist/testenv"
 )
@@ -460,9 +461,9 @@ func TestQuickStart(t *testing.T) {
 		if err != nil {
 			t.Fatalf("the README's quick start failed: %v\n%s\n--- machinist run:\n%s", err, out.String(), run.output())
 		}
-	case <-time.After(8 * time.Minute):
+	case <-time.After(10 * time.Minute):
 		_ = sh.Process.Kill()
-		t.Fatalf("the README's quick start did not finish in 8 minutes:\n%s", out.String())
+		t.Fatalf("the README's quick start did not finish in 10 minutes:\n%s", out.String())
 	}
 	t.Logf("quick start output:\n%s", out.String())
 	g.Expect(out.String()).To(ContainSubstring("successfully rolled out"))
@@ -489,8 +490,17 @@ func TestQuickStart(t *testing.T) {
 		g.Expect(before[3]).To(Equal("v1.37.2"))
 		g.Expect(after[3]).To(Equal("v1.38.0"))
 	}
-	reboot := regexp.MustCompile(`machine/(\S+) rebooted \(boot ID \S+ -> (\S+)\)`).FindStringSubmatch(out.String())
+	reboot := regexp.MustCompile(`machine/(workers-\S+) rebooted \(boot ID \S+ -> (\S+)\)`).FindStringSubmatch(out.String())
 	g.Expect(reboot).NotTo(BeNil(), "the reboot step's last line")
+
+	// The VM: its Node reports the guest's kernel, the packaged one, not
+	// this host's, and the boot ID its reboot ended on.
+	kernel, err := qemu.FindKernel()
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(out.String()).To(MatchRegexp(`(?m)^vms-\S+\s+Ready\s.*Machinist guest.*\s`+regexp.QuoteMeta(kernel.Version)+`\s`), "kubectl get nodes -o wide of the VM")
+	vmReboot := regexp.MustCompile(`machine/(vms-\S+) rebooted \(boot ID \S+ -> (\S+)\)`).FindStringSubmatch(out.String())
+	g.Expect(vmReboot).NotTo(BeNil(), "the VM's reboot")
+	g.Expect(out.String()).To(MatchRegexp(`(?m)^vms-\S+\s+`+regexp.QuoteMeta(kernel.Version)+`\s+`+regexp.QuoteMeta(vmReboot[2])+`$`), "the VM's Node on its new boot")
 
 	// Kill a machine and watch it heal: the step shows the Machine before
 	// the kill -9 and after it healed.
