@@ -34,9 +34,9 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/yaml"
 
+	"github.com/machinist-dev/machinist/actuators/qemu"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/healthcheck"
-	"github.com/machinist-dev/machinist/actuators/qemu"
 	"github.com/machinist-dev/machinist/local"
 	"github.com/machinist-dev/machinist/testenv"
 )
