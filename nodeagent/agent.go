@@ -93,6 +93,9 @@ type Config struct {
 	// the agent says it is a simulated machine.
 	KernelVersion string
 	OSImage       string
+	// MachineID is reported as status.nodeInfo.machineID; empty means
+	// the Node's name.
+	MachineID string
 }
 
 // Agent is one machine's kubelet. Run it, cancel it (a crash or power-off),
@@ -120,6 +123,9 @@ func New(cfg Config) *Agent {
 	cfg.Capacity = capacity
 	if cfg.KernelVersion == "" {
 		cfg.KernelVersion = "inmemory"
+	}
+	if cfg.MachineID == "" {
+		cfg.MachineID = cfg.NodeName
 	}
 	if cfg.OSImage == "" {
 		cfg.OSImage = "Machinist in-memory machine"
@@ -300,7 +306,7 @@ func (a *Agent) setStatus(s *corev1.NodeStatus, bootID string, now metav1.Time) 
 	}
 	s.DaemonEndpoints = corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: 10250}}
 	s.NodeInfo = corev1.NodeSystemInfo{
-		MachineID:               a.cfg.NodeName,
+		MachineID:               a.cfg.MachineID,
 		SystemUUID:              a.cfg.NodeName,
 		BootID:                  bootID,
 		KernelVersion:           a.cfg.KernelVersion,

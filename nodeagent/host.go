@@ -19,6 +19,8 @@ type Host struct {
 	KernelVersion string
 	// OSImage is the OS's PRETTY_NAME from /etc/os-release.
 	OSImage string
+	// MachineID is /etc/machine-id, empty when there is none.
+	MachineID string
 }
 
 // ReadHost reads the running kernel's boot ID and release, and the OS's
@@ -33,6 +35,9 @@ func ReadHost() (Host, error) {
 		return Host{}, err
 	}
 	h := Host{BootID: strings.TrimSpace(string(b)), KernelVersion: unix.ByteSliceToString(uts.Release[:]), OSImage: "Linux"}
+	if id, err := os.ReadFile("/etc/machine-id"); err == nil {
+		h.MachineID = strings.TrimSpace(string(id))
+	}
 	f, err := os.Open("/etc/os-release")
 	if errors.Is(err, os.ErrNotExist) {
 		return h, nil

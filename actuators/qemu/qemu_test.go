@@ -38,7 +38,10 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(testenv.RunWithOptions(m, testenv.Options{ControllerManager: true}, func(e *testenv.Env) (func(), error) {
+	// A VM under emulation on a busy host may renew its Lease late: the
+	// node lifecycle controller gives it a Lease duration and more.
+	opts := testenv.Options{ControllerManager: true, NodeMonitorGracePeriod: 15 * time.Second}
+	os.Exit(testenv.RunWithOptions(m, opts, func(e *testenv.Env) (func(), error) {
 		env = e
 		clientset = kubernetes.NewForConfigOrDie(e.Config)
 		dir, err := os.MkdirTemp("", "machinist-qemu-test-")
@@ -196,6 +199,8 @@ func TestAMachineLivesItsOwnLife(t *testing.T) {
 	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "soft"})).To(Succeed())
 	soft := booted(t, p, id, n.Status.NodeInfo.BootID)
 	g.Expect(csrs(g, n.Name)).To(Equal(joins), "the disk kept the Node's credentials")
+	g.Expect(n.Status.NodeInfo.MachineID).To(HaveLen(32))
+	g.Expect(soft.Status.NodeInfo.MachineID).To(Equal(n.Status.NodeInfo.MachineID), "the disk kept the machine ID")
 	g.Expect(restarts(g, p, id)).To(Equal(1))
 
 	// A hard one: QMP system_reset.
@@ -228,6 +233,7 @@ func TestAMachineLivesItsOwnLife(t *testing.T) {
 	repaired := booted(t, p, id, updated.Status.NodeInfo.BootID)
 	g.Expect(repaired.UID).NotTo(Equal(n.UID), "the Node registered afresh")
 	g.Expect(csrs(g, n.Name)).To(Equal(joins+1), "the new disk held no credentials")
+	g.Expect(repaired.Status.NodeInfo.MachineID).NotTo(Equal(n.Status.NodeInfo.MachineID), "a fresh disk, a new machine ID")
 
 	// kill -9 of QEMU is a power loss; a reboot brings the machine back.
 	pids = vms(id)

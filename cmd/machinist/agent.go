@@ -144,6 +144,7 @@ func runAgent(ctx context.Context, o agentOptions) error {
 		BootID:               bootID,
 		KernelVersion:        host.KernelVersion,
 		OSImage:              host.OSImage,
+		MachineID:            host.MachineID,
 	})
 	return agent.Run(ctx)
 }

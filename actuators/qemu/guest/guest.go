@@ -16,6 +16,8 @@ package guest
 
 import (
 	"bufio"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -40,6 +42,8 @@ const (
 	ModuleOrder = "/lib/modules/order"
 	// OSRelease names the guest's OS for its Node's status.nodeInfo.
 	OSRelease = "/etc/os-release"
+	// MachineIDFile is the machine's ID, from its disk (see machineID).
+	MachineIDFile = "/etc/machine-id"
 )
 
 // The guest's devices and paths.
@@ -244,6 +248,10 @@ func run(out io.Writer, args []string) error {
 	if err := unix.Mount(Disk, StateDir, "ext4", 0, ""); err != nil {
 		return fmt.Errorf("mounting the disk %s: %w", Disk, err)
 	}
+	if err := machineID(); err != nil {
+		unmount(out)
+		return err
+	}
 	if err := copyJoin(); err != nil {
 		unmount(out)
 		return err
@@ -286,6 +294,46 @@ func run(out io.Writer, args []string) error {
 			time.Sleep(2 * time.Second)
 		}
 	}
+}
+
+// machineID gives the machine the ID of its disk, as systemd's
+// /etc/machine-id: made at the first boot of a disk and kept on it, so that
+// reboots keep it and a repair, which gives a fresh disk, changes it. The
+// Node reports it as status.nodeInfo.machineID.
+func machineID() error {
+	kept := filepath.Join(StateDir, "machine-id")
+	id, err := os.ReadFile(kept)
+	if errors.Is(err, os.ErrNotExist) {
+		b := make([]byte, 16)
+		if _, err := rand.Read(b); err != nil {
+			return err
+		}
+		id = []byte(hex.EncodeToString(b) + "\n")
+		if err := writeSynced(kept, id); err != nil {
+			return fmt.Errorf("keeping the machine ID: %w", err)
+		}
+	} else if err != nil {
+		return err
+	}
+	return os.WriteFile(MachineIDFile, id, 0o444)
+}
+
+// writeSynced writes a file and makes it durable, so that a power loss
+// right after does not leave it empty.
+func writeSynced(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o444)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // copyJoin copies the join data from fw_cfg to a tmpfs, readable by root

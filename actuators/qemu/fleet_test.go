@@ -1,0 +1,291 @@
+package qemu_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/machinist-dev/machinist/actuators"
+	"github.com/machinist-dev/machinist/actuators/process"
+	"github.com/machinist-dev/machinist/actuators/qemu"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/lifecycle"
+	"github.com/machinist-dev/machinist/manager"
+	"github.com/machinist-dev/machinist/operation"
+)
+
+// fleet is a MachineDeployment of VMs under a running manager.
+type fleet struct {
+	t   *testing.T
+	ctx context.Context
+	p   *process.Provider
+	dir string
+	md  *machinistv1.MachineDeployment
+}
+
+// machines lists the fleet's Machines by name.
+func (f *fleet) machines(g Gomega) []machinistv1.Machine {
+	var list machinistv1.MachineList
+	g.Expect(env.Client.List(f.ctx, &list, client.InNamespace(f.md.Namespace),
+		client.MatchingLabels(f.md.Spec.Selector.MatchLabels))).To(Succeed())
+	slices.SortFunc(list.Items, func(a, b machinistv1.Machine) int { return compare(a.Name, b.Name) })
+	return list.Items
+}
+
+func compare(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (f *fleet) node(g Gomega, m machinistv1.Machine) *corev1.Node {
+	g.Expect(m.Status.NodeRef).NotTo(BeNil(), "machine %s has no Node yet", m.Name)
+	n, err := clientset.CoreV1().Nodes().Get(f.ctx, m.Status.NodeRef.Name, metav1.GetOptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+	return n
+}
+
+// settled waits until the MachineDeployment has its replicas, all of
+// the current template, on Ready Nodes, each Machine Running and
+// healthy, and returns the Machines with their Nodes.
+func (f *fleet) settled(timeout time.Duration) ([]machinistv1.Machine, []*corev1.Node) {
+	f.t.Helper()
+	var ms []machinistv1.Machine
+	var ns []*corev1.Node
+	NewWithT(f.t).Eventually(func(g Gomega) {
+		md := &machinistv1.MachineDeployment{}
+		g.Expect(env.Client.Get(f.ctx, client.ObjectKeyFromObject(f.md), md)).To(Succeed())
+		g.Expect(md.Status.ObservedGeneration).To(Equal(md.Generation))
+		g.Expect(md.Status.UpdatedReplicas).To(Equal(*md.Spec.Replicas))
+		g.Expect(md.Status.ReadyReplicas).To(Equal(*md.Spec.Replicas))
+		ms = f.machines(g)
+		g.Expect(ms).To(HaveLen(int(*md.Spec.Replicas)))
+		ns = ns[:0]
+		for _, m := range ms {
+			g.Expect(m.Status.Phase).To(Equal(machinistv1.MachineRunning), m.Name)
+			g.Expect(m.Spec.Version).To(Equal(md.Spec.Template.Spec.Version), m.Name)
+			g.Expect(meta.IsStatusConditionTrue(m.Status.Conditions, machinistv1.ConditionNodeHealthy)).To(BeTrue(), m.Name)
+			n := f.node(g, m)
+			g.Expect(n.Status.NodeInfo.KubeletVersion).To(Equal(m.Spec.Version), m.Name)
+			ns = append(ns, n)
+		}
+	}).WithTimeout(timeout).WithPolling(2 * time.Second).Should(Succeed())
+	return ms, ns
+}
+
+// patch changes the MachineDeployment's spec.
+func (f *fleet) patch(change func(*machinistv1.MachineDeployment)) {
+	f.t.Helper()
+	NewWithT(f.t).Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		md := &machinistv1.MachineDeployment{}
+		if err := env.Client.Get(f.ctx, client.ObjectKeyFromObject(f.md), md); err != nil {
+			return err
+		}
+		change(md)
+		return env.Client.Update(f.ctx, md)
+	})).To(Succeed())
+}
+
+// operate asks for an operation on m as the verbs server would, and
+// waits until it succeeded; it returns the Machine then.
+func (f *fleet) operate(m machinistv1.Machine, typ machinistv1.OperationType, opts *machinistv1.OperationOptions) machinistv1.Machine {
+	f.t.Helper()
+	g := NewWithT(f.t)
+	var op *machinistv1.Operation
+	g.Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := env.Client.Get(f.ctx, client.ObjectKeyFromObject(&m), &m); err != nil {
+			return err
+		}
+		var err error
+		if op, err = operation.Request(&m, typ, opts, machinistv1.SourceAPI, "alice", time.Now()); err != nil {
+			return err
+		}
+		return env.Client.Status().Update(f.ctx, &m)
+	})).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		g.Expect(env.Client.Get(f.ctx, client.ObjectKeyFromObject(&m), &m)).To(Succeed())
+		g.Expect(m.Status.Operation).NotTo(BeNil())
+		g.Expect(m.Status.Operation.ID).To(Equal(op.ID))
+		g.Expect(m.Status.Operation.State).NotTo(Equal(machinistv1.OperationFailed), m.Status.Operation.Message)
+		g.Expect(m.Status.Operation.State).To(Equal(machinistv1.OperationSucceeded))
+		g.Expect(meta.IsStatusConditionTrue(m.Status.Conditions, machinistv1.ConditionNodeHealthy)).To(BeTrue())
+	}).WithTimeout(wait).WithPolling(time.Second).Should(Succeed())
+	return m
+}
+
+// TestAMachineDeploymentOfVMs runs three VMs under the controllers: a
+// rolling upgrade, an in-place update, a soft and a hard reboot, a repair
+// that gives a fresh disk, a kill -9 of QEMU healed by the health check,
+// and a delete of everything that leaves no QEMU process and no file.
+func TestAMachineDeploymentOfVMs(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ctrllog.SetLogger(logr.Discard())
+	dir := t.TempDir()
+	showConsoles(t, dir)
+	p := newProvider(t, dir)
+	registry := actuators.NewRegistry()
+	g.Expect(registry.Register(qemu.Name, p)).To(Succeed())
+	mctx, cancel := context.WithCancel(ctx)
+	mgr, err := manager.New(mctx, env.Config, env.Scheme, manager.Options{
+		Actuators:      registry,
+		MachineWorkers: 4,
+		Backoff:        lifecycle.Backoff{Base: 100 * time.Millisecond, Cap: 5 * time.Second},
+		DrainPoll:      time.Second,
+		Repeatable:     true,
+		Registry:       prometheus.NewRegistry(),
+		NodeGrace:      5 * time.Second,
+	})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Error(err)
+		}
+		// The VMs of a failed test: none may outlive it.
+		_ = p.Stop(context.Background())
+	})
+
+	ns := env.NewNamespace(t, "vms")
+	class := &machinistv1.MachineClass{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm"},
+		Spec: machinistv1.MachineClassSpec{Provider: qemu.Name,
+			ProviderSpec: runtime.RawExtension{Raw: []byte(`{"memory":"256Mi"}`)}},
+	}
+	g.Expect(env.Client.Create(ctx, class)).To(Succeed())
+	labels := map[string]string{"pool": "vms"}
+	check := &machinistv1.MachineHealthCheck{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vms"},
+		Spec: machinistv1.MachineHealthCheckSpec{
+			Selector:           metav1.LabelSelector{MatchLabels: labels},
+			NodeStartupTimeout: &metav1.Duration{Duration: 10 * time.Minute},
+			UnhealthyNodeConditions: []machinistv1.UnhealthyNodeCondition{
+				{Type: "Ready", Status: "Unknown", Timeout: metav1.Duration{Duration: 5 * time.Second}},
+			},
+			MaxUnhealthy: ptr.To(intstr.FromString("100%")),
+			Remediation: machinistv1.Remediation{
+				Ladder:      []machinistv1.Rung{{Action: machinistv1.RemediateReboot, Timeout: &metav1.Duration{Duration: 5 * time.Minute}}},
+				MaxInFlight: ptr.To(intstr.FromInt32(1)),
+			},
+		},
+	}
+	g.Expect(env.Client.Create(ctx, check)).To(Succeed())
+	md := &machinistv1.MachineDeployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vms"},
+		Spec: machinistv1.MachineDeploymentSpec{
+			Replicas: ptr.To(int32(3)),
+			Selector: machinistv1.LabelSelector{MatchLabels: labels},
+			Template: machinistv1.MachineTemplateSpec{
+				Metadata: machinistv1.TemplateMetadata{Labels: labels},
+				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: class.Name}, Version: "v1.37.2"},
+			},
+		},
+	}
+	g.Expect(env.Client.Create(ctx, md)).To(Succeed())
+	f := &fleet{t: t, ctx: ctx, p: p, dir: dir, md: md}
+	kernel, err := qemu.FindKernel()
+	g.Expect(err).NotTo(HaveOccurred())
+
+	first, nodes := f.settled(6 * time.Minute)
+	for _, n := range nodes {
+		g.Expect(n.Status.NodeInfo.KernelVersion).To(Equal(kernel.Version))
+	}
+
+	// A rolling upgrade: new VMs replace the old ones.
+	f.patch(func(md *machinistv1.MachineDeployment) { md.Spec.Template.Spec.Version = "v1.37.3" })
+	rolled, _ := f.settled(10 * time.Minute)
+	for _, m := range rolled {
+		g.Expect(slices.ContainsFunc(first, func(o machinistv1.Machine) bool { return o.UID == m.UID })).To(BeFalse(), "%s is new", m.Name)
+	}
+	for _, m := range first {
+		g.Expect(vms(m.Status.ProviderID)).To(BeEmpty(), "the old VM of %s is gone", m.Name)
+	}
+
+	// An in-place update: the same Machines and Nodes boot the new version.
+	f.patch(func(md *machinistv1.MachineDeployment) {
+		md.Spec.Strategy = machinistv1.MachineDeploymentStrategy{Type: machinistv1.InPlaceStrategy}
+		md.Spec.Template.Spec.Version = "v1.38.0"
+	})
+	inPlace, inPlaceNodes := f.settled(10 * time.Minute)
+	for i, m := range inPlace {
+		g.Expect(m.UID).To(Equal(rolled[i].UID), "the same Machine")
+	}
+
+	// A soft and a hard reboot: new kernel boot IDs, the same disk.
+	soft := f.operate(inPlace[0], machinistv1.OperationReboot, &machinistv1.OperationOptions{Mode: "soft"})
+	hard := f.operate(inPlace[1], machinistv1.OperationReboot, &machinistv1.OperationOptions{Mode: "hard", Drain: ptr.To(false)})
+	for i, m := range []machinistv1.Machine{soft, hard} {
+		n := f.node(g, m)
+		g.Expect(n.Status.NodeInfo.BootID).NotTo(Equal(inPlaceNodes[i].Status.NodeInfo.BootID), m.Name)
+		g.Expect(n.Status.NodeInfo.MachineID).To(Equal(inPlaceNodes[i].Status.NodeInfo.MachineID), "%s kept its disk", m.Name)
+	}
+
+	// A repair: a fresh disk, so a new machine ID, and a Node registered
+	// afresh.
+	repaired := f.operate(inPlace[2], machinistv1.OperationRepair, &machinistv1.OperationOptions{Drain: ptr.To(false)})
+	n := f.node(g, repaired)
+	g.Expect(n.Status.NodeInfo.MachineID).NotTo(Equal(inPlaceNodes[2].Status.NodeInfo.MachineID), "the disk was wiped")
+	g.Expect(n.UID).NotTo(Equal(inPlaceNodes[2].UID), "the Node registered afresh")
+
+	// kill -9 of a QEMU process: a power loss the health check heals
+	// with a reboot of the same Machine.
+	victim := soft
+	before := f.node(g, victim)
+	pid, err := p.PID(victim.Status.ProviderID)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(syscall.Kill(pid, syscall.SIGKILL)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		var m machinistv1.Machine
+		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(&victim), &m)).To(Succeed())
+		g.Expect(m.UID).To(Equal(victim.UID))
+		g.Expect(m.Status.Remediation).NotTo(BeNil())
+		g.Expect(m.Status.Remediation.Phase).To(Equal(machinistv1.RemediationRecovered))
+		after := f.node(g, m)
+		g.Expect(after.Status.NodeInfo.BootID).NotTo(Equal(before.Status.NodeInfo.BootID))
+		g.Expect(meta.IsStatusConditionTrue(m.Status.Conditions, machinistv1.ConditionNodeHealthy)).To(BeTrue())
+	}).WithTimeout(wait).WithPolling(time.Second).Should(Succeed())
+
+	// Deleting everything leaves no QEMU process and no machine's file.
+	all := f.machines(g)
+	g.Expect(env.Client.Delete(ctx, md)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		g.Expect(f.machines(g)).To(BeEmpty())
+	}).WithTimeout(wait).Should(Succeed())
+	for _, m := range append(all, first...) {
+		g.Expect(vms(m.Status.ProviderID)).To(BeEmpty(), m.Name)
+	}
+	left, err := os.ReadDir(dir)
+	g.Expect(err).NotTo(HaveOccurred())
+	var names []string
+	for _, e := range left {
+		names = append(names, e.Name())
+	}
+	g.Expect(names).To(Equal([]string{"boot"}), "only the provider's initramfs is left in %s", filepath.Base(dir))
+}
