@@ -79,7 +79,7 @@ func TestAKilledQEMUProviderAdoptsItsVMs(t *testing.T) {
 	inst, err := c2.Describe(ctx, id)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(inst).To(Equal(actuators.Instance{Power: actuators.PowerOn, BootID: boot}))
-	g.Consistently(func() []int { return qemuProcesses(dir) }).WithTimeout(5 * time.Second).Should(Equal(vms), "adopted, not booted again")
+	g.Consistently(func() []int { return qemuProcesses(dir) }).WithTimeout(5*time.Second).Should(Equal(vms), "adopted, not booted again")
 
 	// The adopted VM is the provider's to reboot and to delete.
 	g.Expect(c2.Reboot(ctx, id, actuators.Operation{ID: "after-adoption"})).To(Succeed())
