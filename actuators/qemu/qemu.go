@@ -227,6 +227,9 @@ func (h *vms) Command(b process.Boot) (*exec.Cmd, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := h.fits(spec); err != nil {
+		return nil, actuators.Permanent(err)
+	}
 	// One console log per boot, and the one before it: a crash's last
 	// words survive the next boot.
 	console := filepath.Join(b.Dir, consoleFile)
@@ -286,6 +289,24 @@ func (h *vms) args(b process.Boot, spec Spec, initrd, accel string) []string {
 	}
 }
 
+// fits refuses a VM too small for its initramfs: the kernel unpacks it
+// into a file system that may hold half the VM's memory, and a guest
+// binary that does not fit would panic the kernel at every boot.
+func (h *vms) fits(spec Spec) error {
+	fi, err := os.Stat(h.opts.GuestBinary)
+	if err != nil {
+		return fmt.Errorf("the guest binary: %w", err)
+	}
+	mem := resource.MustParse(spec.Memory)
+	// The modules and the rest take a few MiB more.
+	if need := fi.Size() + 8<<20; need > mem.Value()/2 {
+		return fmt.Errorf("qemu: the guest binary %s (%d MiB) does not fit a VM of %s, which unpacks its initramfs into half its memory: "+
+			"give the class more memory, or build machinist without symbol tables (go build -ldflags='-s -w', as make binaries does)",
+			h.opts.GuestBinary, fi.Size()>>20, spec.Memory)
+	}
+	return nil
+}
+
 // capacity is what the Node offers: the VM's CPUs and memory, unless the
 // class's node template says otherwise.
 func capacity(b process.Boot, spec Spec) string {
@@ -327,8 +348,8 @@ func parseSpec(raw json.RawMessage) (Spec, error) {
 	}
 	// The guest holds its initramfs, the machinist binary included, in
 	// memory: less than this does not boot.
-	if q.Value() < 192<<20 || q.Value() > 64<<30 {
-		return s, fmt.Errorf("qemu: the class's providerSpec: memory %s: want 192Mi to 64Gi", s.Memory)
+	if q.Value() < 256<<20 || q.Value() > 64<<30 {
+		return s, fmt.Errorf("qemu: the class's providerSpec: memory %s: want 256Mi to 64Gi", s.Memory)
 	}
 	return s, nil
 }

@@ -1,0 +1,88 @@
+package qemu
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/machinist-dev/machinist/actuators"
+	"github.com/machinist-dev/machinist/actuators/process"
+)
+
+func TestProviderSpecs(t *testing.T) {
+	for _, c := range []struct {
+		raw  string
+		want Spec
+		err  string
+	}{
+		{"", Spec{CPUs: 1, Memory: "256Mi"}, ""},
+		{`{}`, Spec{CPUs: 1, Memory: "256Mi"}, ""},
+		{`{"cpus":2,"memory":"1Gi"}`, Spec{CPUs: 2, Memory: "1Gi"}, ""},
+		{`{"cpu":2}`, Spec{}, `unknown field "cpu"`},
+		{`{"cpus":0.5}`, Spec{}, "cannot unmarshal"},
+		{`{"cpus":65}`, Spec{}, "cpus 65: want 1 to 64"},
+		{`{"memory":"lots"}`, Spec{}, `memory "lots"`},
+		{`{"memory":"128Mi"}`, Spec{}, "memory 128Mi: want 256Mi to 64Gi"},
+		{`[1]`, Spec{}, "cannot unmarshal"},
+	} {
+		got, err := parseSpec([]byte(c.raw))
+		switch {
+		case c.err == "" && err != nil:
+			t.Errorf("%s: %v", c.raw, err)
+		case c.err == "" && got != c.want:
+			t.Errorf("%s: got %+v, want %+v", c.raw, got, c.want)
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("%s: got error %v, want one saying %q", c.raw, err, c.err)
+		}
+	}
+}
+
+// A bad provider spec, or a guest binary too big for the VM, fails the
+// boot permanently: no retry brings a VM that boots.
+func TestCommandRefusesWhatCannotBoot(t *testing.T) {
+	dir := t.TempDir()
+	big := filepath.Join(dir, "machinist")
+	f, err := os.Create(big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(121 << 20); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
+	h := &vms{opts: Options{GuestBinary: big}}
+	// Settled already, so that no initramfs is built.
+	h.once.Do(func() {})
+	for spec, want := range map[string]string{
+		`{"memory":"256Mi"}`: "does not fit a VM of 256Mi",
+		`{"cpus":-1}`:        "cpus -1",
+	} {
+		_, err := h.Command(process.Boot{Dir: dir, Spec: []byte(spec)})
+		if err == nil || !strings.Contains(err.Error(), want) || !actuators.IsPermanent(err) {
+			t.Errorf("%s: got %v, want a permanent error saying %q", spec, err, want)
+		}
+	}
+	if err := h.fits(Spec{CPUs: 1, Memory: "512Mi"}); err != nil {
+		t.Errorf("512Mi: %v", err)
+	}
+}
+
+func TestOwnerKnowsItsVMsByTheirCommandLine(t *testing.T) {
+	h := &vms{opts: Options{}}
+	id := "qemu:///ns/m/0b5c"
+	argv := append([]string{"/usr/bin/qemu-system-x86_64"},
+		h.args(process.Boot{ProviderID: id, NodeName: "n", Version: "v1"}, Spec{CPUs: 1, Memory: "256Mi"}, "initrd", AccelTCG)...)
+	if got := h.Owner(argv); got != id {
+		t.Errorf("Owner = %q, want %q", got, id)
+	}
+	for _, other := range [][]string{
+		{"/usr/bin/machinist", "agent", "--provider-id=" + id},
+		{"/usr/bin/qemu-system-x86_64", "-append", "console=ttyS0"},
+		{},
+	} {
+		if got := h.Owner(other); got != "" {
+			t.Errorf("Owner(%q) = %q, want none", other, got)
+		}
+	}
+}
