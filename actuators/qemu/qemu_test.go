@@ -202,11 +202,15 @@ func TestAMachineLivesItsOwnLife(t *testing.T) {
 	g.Expect(n.Status.NodeInfo.MachineID).To(HaveLen(32))
 	g.Expect(soft.Status.NodeInfo.MachineID).To(Equal(n.Status.NodeInfo.MachineID), "the disk kept the machine ID")
 	g.Expect(restarts(g, p, id)).To(Equal(1))
+	// The boot before's console: the guest's init stopped its agent.
+	machineDir := filepath.Join(dir, "vm_life_"+string(m.UID))
+	g.Expect(lastConsole(g, machineDir)).To(ContainSubstring("machinist: init: stopping the agent"))
 
 	// A hard one: QMP system_reset.
 	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "hard", Hard: true})).To(Succeed())
 	hard := booted(t, p, id, soft.Status.NodeInfo.BootID)
 	g.Expect(csrs(g, n.Name)).To(Equal(joins))
+	g.Expect(lastConsole(g, machineDir)).NotTo(ContainSubstring("stopping the agent"), "a reset gives no chance to stop")
 
 	// An update boots the new version on the same Node.
 	g.Expect(p.Update(ctx, id, actuators.Operation{ID: "update", Version: "v1.37.3"})).To(Succeed())
@@ -251,6 +255,13 @@ func TestAMachineLivesItsOwnLife(t *testing.T) {
 	g.Expect(vms(id)).To(BeEmpty())
 	left, _ := filepath.Glob(filepath.Join(dir, "vm_life_*"))
 	g.Expect(left).To(BeEmpty())
+}
+
+// lastConsole is the serial console of the machine's boot before this one.
+func lastConsole(g Gomega, machineDir string) string {
+	b, err := os.ReadFile(filepath.Join(machineDir, "console.log.1"))
+	g.Expect(err).NotTo(HaveOccurred())
+	return string(b)
 }
 
 func restarts(g Gomega, p *process.Provider, id string) int {

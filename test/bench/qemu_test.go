@@ -90,7 +90,7 @@ func startQEMU(b *testing.B) *qemuBench {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	mgr, err := manager.New(ctx, e.Config, e.Scheme, manager.Options{
-		Actuators: registry, MachineWorkers: 16, Registry: prometheus.NewRegistry(),
+		Actuators: registry, MachineWorkers: 16, Registry: prometheus.NewRegistry(), Repeatable: true,
 		Backoff: lifecycle.Backoff{Base: 100 * time.Millisecond, Cap: 5 * time.Second},
 	})
 	if err != nil {
