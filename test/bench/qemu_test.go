@@ -19,7 +19,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/machinist-dev/machinist/actuators"
-	"github.com/machinist-dev/machinist/actuators/process"
 	"github.com/machinist-dev/machinist/actuators/qemu"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/lifecycle"
@@ -64,7 +63,8 @@ func BenchmarkQEMU(b *testing.B) {
 type qemuBench struct {
 	ns  string
 	dir string
-	p   *process.Provider
+	// ctx ends with the run, and the watches with it.
+	ctx context.Context
 }
 
 func startQEMU(b *testing.B) *qemuBench {
@@ -114,7 +114,9 @@ func startQEMU(b *testing.B) *qemuBench {
 	if err := e.Client.Create(context.Background(), class); err != nil {
 		b.Fatal(err)
 	}
-	return &qemuBench{ns: ns, dir: dir, p: p}
+	watches, stop := context.WithCancel(context.Background())
+	b.Cleanup(stop)
+	return &qemuBench{ns: ns, dir: dir, ctx: watches}
 }
 
 // ready is a Machine on its template's version whose Node is healthy.
@@ -128,7 +130,7 @@ func readyOn(version string) func(*machinistv1.Machine) bool {
 // scaleUp creates a MachineSet of n VMs and times it until every one's
 // Node is healthy.
 func (q *qemuBench) scaleUp(b *testing.B, n int) time.Duration {
-	ctx := context.Background()
+	ctx := q.ctx
 	labels := map[string]string{"pool": "vms"}
 	set := &machinistv1.MachineSet{
 		ObjectMeta: metav1.ObjectMeta{Namespace: q.ns, Name: "vms"},
@@ -156,7 +158,7 @@ func (q *qemuBench) scaleUp(b *testing.B, n int) time.Duration {
 // rollingUpgrade makes a MachineDeployment of n VMs, then times the
 // upgrade of all to a new version (maxSurge 1, maxUnavailable 0).
 func (q *qemuBench) rollingUpgrade(b *testing.B, n int) time.Duration {
-	ctx := context.Background()
+	ctx := q.ctx
 	surge, unavailable := intstr.FromInt32(1), intstr.FromInt32(0)
 	md := benchDeployment(q.ns, n, machinistv1.MachineDeploymentStrategy{Type: machinistv1.RollingUpdateStrategy,
 		RollingUpdate: &machinistv1.RollingUpdate{MaxSurge: &surge, MaxUnavailable: &unavailable}})
