@@ -15,6 +15,9 @@ import (
 	"github.com/machinist-dev/machinist/actuators/qemu/guest"
 )
 
+// kvmDevice is KVM's device; tests point it elsewhere.
+var kvmDevice = "/dev/kvm"
+
 // chooseAccel picks the accelerator the VMs run with: the one configured,
 // else KVM if a probe boot under it reaches the guest's init in time. A
 // host's /dev/kvm is no promise: under nested virtualisation a guest can
@@ -26,7 +29,7 @@ func (h *vms) chooseAccel() string {
 		log.Info("Running the VMs with the accelerator configured", "accelerator", h.opts.Accel)
 		return h.opts.Accel
 	}
-	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
+	f, err := os.OpenFile(kvmDevice, os.O_RDWR, 0)
 	if err != nil {
 		log.Info("Running the VMs under TCG emulation: KVM is not available", "reason", err.Error())
 		return AccelTCG
@@ -57,6 +60,9 @@ func (h *vms) probe() error {
 		"-kernel", h.opts.Kernel.Image, "-initrd", h.initrd,
 		"-append", "console=ttyS0 panic=-1 quiet -- "+guest.Probe,
 		"-serial", "file:"+console, "-no-reboot")
+	// Killed at the bound, it may leave its output open to a child of
+	// its own: the bound holds all the same.
+	cmd.WaitDelay = time.Second
 	out, err := cmd.CombinedOutput()
 	b, _ := os.ReadFile(console)
 	if strings.Contains(string(b), guest.ProbeLine) {
