@@ -37,9 +37,9 @@ echo "Installing ${missing[*]} for the qemu provider's VMs..."
 export DEBIAN_FRONTEND=noninteractive
 # The package lists may be stale or absent (a fresh container): refresh
 # once if the install fails without them.
-if ! "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; then
+if ! "${sudo[@]}" apt-get install -y -q "${missing[@]}" >/dev/null; then
 	"${sudo[@]}" apt-get update -q >/dev/null
-	"${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null || {
+	"${sudo[@]}" apt-get install -y -q "${missing[@]}" >/dev/null || {
 		echo "$need, and apt-get could not install them" >&2
 		exit 1
 	}
