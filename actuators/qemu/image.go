@@ -19,9 +19,10 @@ import (
 
 // modules are the kernel modules the guest loads, each after those it
 // needs: the virtio PCI transport, its NIC (with the failover modules
-// virtio_net needs), its disk, and the fw_cfg files that carry the join
-// data. A module the kernel has built in is left out.
-var modules = []string{"virtio_pci", "virtio_net", "virtio_blk", "qemu_fw_cfg"}
+// virtio_net needs), its disk, the balloon through which it hands freed
+// pages back to the host, and the fw_cfg files that carry the join data.
+// A module the kernel has built in is left out.
+var modules = []string{"virtio_pci", "virtio_net", "virtio_blk", "virtio_balloon", "qemu_fw_cfg"}
 
 // Kernel is a packaged kernel the VMs boot, with the modules of its
 // version.

@@ -282,6 +282,9 @@ func (h *vms) args(b process.Boot, spec Spec, initrd, accel string) []string {
 		"-append", "console=ttyS0 panic=-1 quiet -- " + strings.Join(agent, " "),
 		"-drive", "file=" + diskFile + ",format=raw,if=virtio",
 		"-netdev", "user,id=net0", "-device", "virtio-net-pci,netdev=net0,romfile=",
+		// The guest hands the pages it frees back to the host: the
+		// initramfs's archive, once unpacked, and what the agent frees.
+		"-device", "virtio-balloon-pci,free-page-reporting=on",
 		"-fw_cfg", "name=" + guest.JoinName + ",file=" + joinFile,
 		"-qmp", "unix:" + qmpSocket + ",server=on,wait=off",
 		"-serial", "file:" + consoleFile,
