@@ -36,6 +36,10 @@ type Hardware interface {
 	// Name is the provider's name: MachineClasses name it, and it is the
 	// scheme of its providerIDs.
 	Name() string
+	// Check says why a machine of the class's provider spec (JSON, empty
+	// for none) could never boot, nil if it can: Create asks before it
+	// makes anything, and fails permanently.
+	Check(spec json.RawMessage) error
 	// Command is the process of one boot of b. Output it sets is closed
 	// by the Provider once the process has started. An error wrapped with
 	// actuators.Permanent is a machine that cannot boot as asked, such as
@@ -112,6 +116,9 @@ type agents struct {
 var _ Hardware = agents{}
 
 func (agents) Name() string { return Name }
+
+// Check accepts every spec: an agent reads none.
+func (agents) Check(json.RawMessage) error { return nil }
 
 func (h agents) Command(b Boot) (*exec.Cmd, error) {
 	log, err := os.OpenFile(filepath.Join(b.Dir, logFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)

@@ -300,9 +300,13 @@ func (p *Provider) loadMachine(ctx context.Context, dir string, st state, pids [
 	p.mu.Unlock()
 	// What an earlier, failed attempt left is on disk and in /proc too.
 	m.st, m.live, m.proc, m.exit = st, true, nil, nil
-	if err := p.adoptOrBoot(ctx, m, pids); err != nil {
+	if err := p.adoptOrBoot(ctx, m, pids); err != nil && !actuators.IsPermanent(err) {
 		return err
 	}
+	// A machine that cannot boot for good (its hardware refuses what it
+	// was made with) stays off, taken over: retrying the takeover would
+	// fail every call for every machine. A reboot or repair asked of it
+	// gets the same permanent error.
 	m.takenOver = true
 	return nil
 }
@@ -516,6 +520,15 @@ func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class 
 	if mach.UID == "" {
 		return "", actuators.Permanent(fmt.Errorf("machine %s/%s has no UID", mach.Namespace, mach.Name))
 	}
+	var spec json.RawMessage
+	if class != nil && len(class.Spec.ProviderSpec.Raw) > 0 {
+		spec = slices.Clone(class.Spec.ProviderSpec.Raw)
+	}
+	// Before anything is made: a machine that could never boot leaves
+	// nothing behind to take over.
+	if err := p.hw.Check(spec); err != nil {
+		return "", actuators.Permanent(err)
+	}
 	id := actuators.ProviderID(p.hw.Name(), mach)
 	p.mu.Lock()
 	if p.stopped {
@@ -536,9 +549,7 @@ func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class 
 		if class != nil && class.Spec.NodeTemplate != nil {
 			st.Capacity = class.Spec.NodeTemplate.Capacity.DeepCopy()
 		}
-		if class != nil && len(class.Spec.ProviderSpec.Raw) > 0 {
-			st.Spec = slices.Clone(class.Spec.ProviderSpec.Raw)
-		}
+		st.Spec = spec
 		if err := os.MkdirAll(m.dir, 0o755); err != nil {
 			return "", p.errorf("creating %s: %w", id, err)
 		}

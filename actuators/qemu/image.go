@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/machinist-dev/machinist/actuators/qemu/guest"
@@ -54,10 +55,39 @@ func FindKernel() (Kernel, error) {
 	if len(found) == 0 {
 		return Kernel{}, errors.New("no kernel in /boot with its modules in /lib/modules: install one, such as Debian's linux-image-cloud-amd64")
 	}
-	// Versions such as 6.1.0-48-cloud-amd64 compare well enough as
-	// strings within one distribution's kernels; the newest is last.
-	sort.Slice(found, func(i, j int) bool { return found[i].Version < found[j].Version })
+	// The newest is last.
+	sort.Slice(found, func(i, j int) bool { return olderVersion(found[i].Version, found[j].Version) })
 	return found[len(found)-1], nil
+}
+
+// olderVersion compares kernel releases such as 6.1.0-9-cloud-amd64 and
+// 6.1.0-48-cloud-amd64 as people do: runs of digits by their value.
+func olderVersion(a, b string) bool {
+	for a != "" && b != "" {
+		da, db := leadingDigits(a), leadingDigits(b)
+		switch {
+		case da != "" && db != "":
+			na, _ := strconv.Atoi(da)
+			nb, _ := strconv.Atoi(db)
+			if na != nb {
+				return na < nb
+			}
+			a, b = a[len(da):], b[len(db):]
+		case a[0] != b[0]:
+			return a[0] < b[0]
+		default:
+			a, b = a[1:], b[1:]
+		}
+	}
+	return len(a) < len(b)
+}
+
+func leadingDigits(s string) string {
+	i := 0
+	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+		i++
+	}
+	return s[:i]
 }
 
 // moduleFiles lists the files of names and of the modules they need,
@@ -169,7 +199,18 @@ func (r initramfs) build(dir string) (string, error) {
 	if err := tmp.Close(); err != nil {
 		return "", err
 	}
-	return path, os.Rename(tmp.Name(), path)
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return "", err
+	}
+	// Images of other binaries go: QEMU reads its initramfs as it
+	// starts, so no running VM needs its file, and each is tens of MB.
+	old, _ := filepath.Glob(filepath.Join(dir, "initramfs-*.cpio.gz"))
+	for _, o := range old {
+		if o != path {
+			_ = os.Remove(o)
+		}
+	}
+	return path, nil
 }
 
 func (r initramfs) write(w io.Writer, mods []string) error {

@@ -191,44 +191,60 @@ type vms struct {
 	// mkfs is mkfs.ext4, which makes the disks.
 	mkfs string
 
-	// once settles what every boot needs: the initramfs and the
-	// accelerator, both kept for the Provider's life.
-	once   sync.Once
+	// mu guards what every boot needs, settled by the first boot that
+	// succeeds in settling it and kept for the Provider's life: the
+	// initramfs and the accelerator.
+	mu     sync.Mutex
 	initrd string
 	accel  string
-	err    error
 }
 
 var _ process.Hardware = (*vms)(nil)
 
 func (*vms) Name() string { return Name }
 
-// prepare builds the initramfs and picks the accelerator, once.
+// Check refuses a provider spec it does not know, or a VM too small for
+// its guest binary.
+func (h *vms) Check(raw json.RawMessage) error {
+	spec, err := parseSpec(raw)
+	if err != nil {
+		return err
+	}
+	return h.fits(spec)
+}
+
+// prepare builds the initramfs and picks the accelerator, once they are
+// built and picked; a failure (a full disk, say) is the caller's to retry.
 func (h *vms) prepare() (initrd, accel string, err error) {
-	h.once.Do(func() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	// Built again if its file went: another provider's build over the
+	// same state directory prunes the images of other binaries.
+	if _, err := os.Stat(h.initrd); h.initrd == "" || err != nil {
 		r := initramfs{kernel: h.opts.Kernel, binary: h.opts.GuestBinary,
 			osImage: "Machinist guest (Linux " + h.opts.Kernel.Version + ")"}
-		h.initrd, h.err = r.build(filepath.Join(h.opts.StateDir, "boot"))
-		if h.err != nil {
-			h.err = fmt.Errorf("building the initramfs: %w", h.err)
-			return
+		path, err := r.build(filepath.Join(h.opts.StateDir, "boot"))
+		if err != nil {
+			return "", "", fmt.Errorf("building the initramfs: %w", err)
 		}
+		h.initrd = path
+	}
+	if h.accel == "" {
 		h.accel = h.chooseAccel()
-	})
-	return h.initrd, h.accel, h.err
+	}
+	return h.initrd, h.accel, nil
 }
 
 func (h *vms) Command(b process.Boot) (*exec.Cmd, error) {
-	spec, err := parseSpec(b.Spec)
-	if err != nil {
+	// Checked at Create; checked again, for the guest binary may have
+	// been replaced by one that does not fit since.
+	if err := h.Check(b.Spec); err != nil {
 		return nil, actuators.Permanent(err)
 	}
+	spec, _ := parseSpec(b.Spec)
 	initrd, accel, err := h.prepare()
 	if err != nil {
 		return nil, err
-	}
-	if err := h.fits(spec); err != nil {
-		return nil, actuators.Permanent(err)
 	}
 	// One console log per boot, and the one before it: a crash's last
 	// words survive the next boot.

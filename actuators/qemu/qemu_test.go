@@ -277,3 +277,45 @@ func qemuKernel(t *testing.T) string {
 	}
 	return k.Image
 }
+
+// A machine that can never boot is refused before anything is made; one
+// that can no longer boot (its guest binary replaced by one too big)
+// stays off after a provider restart, without failing the takeover and
+// with it every call for every machine.
+func TestAMachineThatCannotBootBlocksNothing(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	showConsoles(t, dir)
+	p := newProvider(t, dir)
+	bad := &machinistv1.MachineClass{Spec: machinistv1.MachineClassSpec{Provider: qemu.Name,
+		ProviderSpec: runtime.RawExtension{Raw: []byte(`{"memory":"256Mi","disk":"1Gi"}`)}}}
+	_, err := p.Create(ctx, machine("refused"), bad, env.JoinData(t))
+	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "%v", err)
+	g.Expect(err).To(MatchError(ContainSubstring(`unknown field "disk"`)))
+	left, _ := filepath.Glob(filepath.Join(dir, "vm_refused_*"))
+	g.Expect(left).To(BeEmpty())
+
+	id, err := p.Create(ctx, machine("outgrown"), nil, env.JoinData(t))
+	g.Expect(err).NotTo(HaveOccurred())
+	booted(t, p, id, "")
+	g.Expect(p.Stop(ctx)).To(Succeed())
+
+	// The next provider's guest binary does not fit 256 MiB.
+	big := filepath.Join(t.TempDir(), "machinist")
+	f, err := os.Create(big)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(f.Truncate(200 << 20)).To(Succeed())
+	g.Expect(f.Close()).To(Succeed())
+	again, err := qemu.New(qemu.Options{StateDir: dir, GuestBinary: big})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(again.TakeOver(ctx)).To(Succeed())
+	inst, err := again.Describe(ctx, id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(inst.Power).To(Equal(actuators.PowerOff))
+	err = again.Reboot(ctx, id, actuators.Operation{ID: "r1"})
+	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "%v", err)
+	g.Expect(err).To(MatchError(ContainSubstring("does not fit")))
+	g.Expect(again.Delete(ctx, id)).To(Succeed())
+	g.Expect(vms(id)).To(BeEmpty())
+}

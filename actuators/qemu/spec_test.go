@@ -51,9 +51,8 @@ func TestCommandRefusesWhatCannotBoot(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = f.Close()
-	h := &vms{opts: Options{GuestBinary: big}}
 	// Settled already, so that no initramfs is built.
-	h.once.Do(func() {})
+	h := &vms{opts: Options{GuestBinary: big}, initrd: "initrd", accel: AccelTCG}
 	for spec, want := range map[string]string{
 		`{"memory":"256Mi"}`: "does not fit a VM of 256Mi",
 		`{"cpus":-1}`:        "cpus -1",
@@ -83,6 +82,19 @@ func TestOwnerKnowsItsVMsByTheirCommandLine(t *testing.T) {
 	} {
 		if got := h.Owner(other); got != "" {
 			t.Errorf("Owner(%q) = %q, want none", other, got)
+		}
+	}
+}
+
+func TestTheNewestKernelIsTheHighestVersion(t *testing.T) {
+	for _, c := range []struct{ older, newer string }{
+		{"6.1.0-9-cloud-amd64", "6.1.0-48-cloud-amd64"},
+		{"6.1.0-48-cloud-amd64", "6.12.0-1-cloud-amd64"},
+		{"5.10.0-30-amd64", "6.1.0-1-amd64"},
+		{"6.1.0", "6.1.0-1"},
+	} {
+		if !olderVersion(c.older, c.newer) || olderVersion(c.newer, c.older) {
+			t.Errorf("%s should be older than %s", c.older, c.newer)
 		}
 	}
 }

@@ -17,7 +17,9 @@ type Join struct {
 	CAData []byte
 	// TLSServerName, when set, is the name the API server's certificate
 	// is verified against, where Server reaches it under another name: a
-	// VM reaches its host's loopback through its gateway's address.
+	// VM reaches its host's loopback through its gateway's address. A
+	// provider sets it for its own machines; the manager does not, and
+	// the provider protocol does not carry it.
 	TLSServerName string
 	// Token is the bootstrap token, "<id>.<secret>". It is a credential:
 	// never log it (String and GoString leave it out).

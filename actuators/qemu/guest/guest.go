@@ -291,7 +291,12 @@ func run(out io.Writer, args []string) error {
 		case err := <-exited:
 			// As a service manager restarts a kubelet that died.
 			fmt.Fprintf(out, "machinist: init: the agent exited (%v); starting it again\n", err)
-			time.Sleep(2 * time.Second)
+			select {
+			case <-stop:
+				unmount(out)
+				return nil
+			case <-time.After(2 * time.Second):
+			}
 		}
 	}
 }
@@ -303,7 +308,8 @@ func run(out io.Writer, args []string) error {
 func machineID() error {
 	kept := filepath.Join(StateDir, "machine-id")
 	id, err := os.ReadFile(kept)
-	if errors.Is(err, os.ErrNotExist) {
+	// One cut short by a power loss as it was first written is made anew.
+	if errors.Is(err, os.ErrNotExist) || (err == nil && len(strings.TrimSpace(string(id))) != 32) {
 		b := make([]byte, 16)
 		if _, err := rand.Read(b); err != nil {
 			return err
