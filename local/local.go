@@ -17,7 +17,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -450,27 +452,35 @@ func applyKubeconfigSecret(ctx context.Context, c client.Client, kubeconfig []by
 	return nil
 }
 
-// samplesMarker, in the state directory, says the samples were made once:
-// a restart must not bring back a sample the user deleted.
+// samplesMarker, in the state directory, lists the samples made, one
+// "Kind/name" a line: a restart must not bring back a sample the user
+// deleted, but makes those added to Machinist since the state was made.
 const samplesMarker = "samples-created"
 
-// samples creates the WorkloadCluster "workload", the MachineClass
-// "local", the MachineDeployment "workers" of 3 Machines in the workload
-// cluster, the MachineSet "spare" of none in the management cluster, the
+// laterSamples were added after the first ones: an empty marker, written
+// before markers listed what they recorded, means every sample but these.
+var laterSamples = []string{"MachineClass/" + SampleVMClass, "MachineSet/" + SampleVMSet}
+
+// samples creates, once per state directory each (marker records them),
+// the WorkloadCluster "workload", the MachineClass "local", the
+// MachineDeployment "workers" of 3 Machines in the workload cluster, the
+// MachineSet "spare" of none in the management cluster, the MachineClass
+// "vm" of QEMU VMs and the MachineSet "vms" of none, the
 // MachineHealthCheck "workers" (healthCheck) and the
-// MachineDisruptionBudget "workers" on the first start only (marker
-// records it); one that exists is left as it is. It reports whether this
-// start created them.
-func samples(ctx context.Context, c client.Client, marker string) (bool, error) {
-	if _, err := os.Stat(marker); err == nil {
-		return false, nil
-	}
-	class := &machinistv1.MachineClass{
-		ObjectMeta: metav1.ObjectMeta{Namespace: SampleNamespace, Name: SampleClass},
-		Spec: machinistv1.MachineClassSpec{
-			Provider:     process.Name,
-			NodeTemplate: &machinistv1.NodeTemplate{Labels: map[string]string{"machinist.dev/class": SampleClass}},
-		},
+// MachineDisruptionBudget "workers"; one that exists is left as it is. It
+// returns the samples this start made, as "Kind/name".
+func samples(ctx context.Context, c client.Client, marker string) ([]string, error) {
+	made := map[string]bool{}
+	if b, err := os.ReadFile(marker); err == nil {
+		lines := strings.Fields(string(b))
+		for _, l := range lines {
+			made[l] = true
+		}
+		if len(lines) == 0 {
+			made = nil
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
 	}
 	labels := map[string]string{"pool": SampleDeployment}
 	md := &machinistv1.MachineDeployment{
@@ -485,43 +495,6 @@ func samples(ctx context.Context, c client.Client, marker string) (bool, error) 
 			},
 		},
 	}
-	// The spare set's Machines join the management cluster itself (no
-	// clusterName): a cluster can be its own workload cluster.
-	spare := map[string]string{"pool": SampleSet}
-	set := &machinistv1.MachineSet{
-		ObjectMeta: metav1.ObjectMeta{Namespace: SampleNamespace, Name: SampleSet},
-		Spec: machinistv1.MachineSetSpec{
-			Replicas: ptr.To(int32(0)),
-			Selector: machinistv1.LabelSelector{MatchLabels: spare},
-			Template: machinistv1.MachineTemplateSpec{
-				Metadata: machinistv1.TemplateMetadata{Labels: spare},
-				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: SampleClass}, Version: "v1.37.1"},
-			},
-		},
-	}
-	// The VMs: a real kernel each, booted under QEMU. Their Nodes join
-	// the management cluster, as the spare set's do.
-	vmClass := &machinistv1.MachineClass{
-		ObjectMeta: metav1.ObjectMeta{Namespace: SampleNamespace, Name: SampleVMClass},
-		Spec: machinistv1.MachineClassSpec{
-			Provider:     qemu.Name,
-			ProviderSpec: runtime.RawExtension{Raw: []byte(`{"cpus":1,"memory":"256Mi"}`)},
-			NodeTemplate: &machinistv1.NodeTemplate{Labels: map[string]string{"machinist.dev/class": SampleVMClass}},
-		},
-	}
-	vmLabels := map[string]string{"pool": SampleVMSet}
-	vmSet := &machinistv1.MachineSet{
-		ObjectMeta: metav1.ObjectMeta{Namespace: SampleNamespace, Name: SampleVMSet},
-		Spec: machinistv1.MachineSetSpec{
-			Replicas: ptr.To(int32(0)),
-			Selector: machinistv1.LabelSelector{MatchLabels: vmLabels},
-			Template: machinistv1.MachineTemplateSpec{
-				Metadata: machinistv1.TemplateMetadata{Labels: vmLabels},
-				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: SampleVMClass}, Version: "v1.37.1"},
-			},
-		},
-	}
-	created := false
 	// At most one of the workers out of service on purpose at a time:
 	// the rollouts, the reboot and the health check of the quick start
 	// all pass it, one Machine at a time.
@@ -538,17 +511,74 @@ func samples(ctx context.Context, c client.Client, marker string) (bool, error) 
 			Kubeconfig: machinistv1.KubeconfigReference{SecretName: SampleClusterSecret, Key: machinistv1.DefaultKubeconfigKey},
 		},
 	}
-	for _, obj := range []client.Object{workload, class, md, set, vmClass, vmSet, healthCheck(), budget} {
-		err := c.Create(ctx, obj)
+	all := []struct {
+		key string
+		obj client.Object
+	}{
+		{"WorkloadCluster/" + SampleCluster, workload},
+		{"MachineClass/" + SampleClass, sampleClass(SampleClass, process.Name, "")},
+		{"MachineDeployment/" + SampleDeployment, md},
+		// The spare set's Machines join the management cluster itself
+		// (no clusterName): a cluster can be its own workload cluster.
+		{"MachineSet/" + SampleSet, emptySet(SampleSet, SampleClass)},
+		// The VMs: a real kernel each, booted under QEMU. Their Nodes
+		// join the management cluster, as the spare set's do.
+		{"MachineClass/" + SampleVMClass, sampleClass(SampleVMClass, qemu.Name, `{"cpus":1,"memory":"256Mi"}`)},
+		{"MachineSet/" + SampleVMSet, emptySet(SampleVMSet, SampleVMClass)},
+		{"MachineHealthCheck/" + SampleHealthCheck, healthCheck()},
+		{"MachineDisruptionBudget/" + SampleBudget, budget},
+	}
+	var created, record []string
+	for _, sample := range all {
+		if made == nil && !slices.Contains(laterSamples, sample.key) || made[sample.key] {
+			record = append(record, sample.key)
+			continue
+		}
+		err := c.Create(ctx, sample.obj)
 		switch {
 		case err == nil:
-			created = true
+			created = append(created, sample.key)
 		case apierrors.IsAlreadyExists(err):
 		default:
-			return false, fmt.Errorf("creating the sample %s: %w", obj.GetName(), err)
+			return nil, fmt.Errorf("creating the sample %s: %w", sample.key, err)
 		}
+		record = append(record, sample.key)
 	}
-	return created, os.WriteFile(marker, nil, 0o600)
+	return created, os.WriteFile(marker, []byte(strings.Join(record, "\n")+"\n"), 0o600)
+}
+
+// sampleClass is a sample MachineClass of provider, with spec as its
+// provider spec (JSON, or "" for none), whose Nodes are labelled with its
+// name.
+func sampleClass(name, provider, spec string) *machinistv1.MachineClass {
+	class := &machinistv1.MachineClass{
+		ObjectMeta: metav1.ObjectMeta{Namespace: SampleNamespace, Name: name},
+		Spec: machinistv1.MachineClassSpec{
+			Provider:     provider,
+			NodeTemplate: &machinistv1.NodeTemplate{Labels: map[string]string{"machinist.dev/class": name}},
+		},
+	}
+	if spec != "" {
+		class.Spec.ProviderSpec = runtime.RawExtension{Raw: []byte(spec)}
+	}
+	return class
+}
+
+// emptySet is a sample MachineSet of no Machines of class, labelled
+// pool=<name>, for `kubectl scale`.
+func emptySet(name, class string) *machinistv1.MachineSet {
+	labels := map[string]string{"pool": name}
+	return &machinistv1.MachineSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: SampleNamespace, Name: name},
+		Spec: machinistv1.MachineSetSpec{
+			Replicas: ptr.To(int32(0)),
+			Selector: machinistv1.LabelSelector{MatchLabels: labels},
+			Template: machinistv1.MachineTemplateSpec{
+				Metadata: machinistv1.TemplateMetadata{Labels: labels},
+				Spec:     machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: class}, Version: "v1.37.1"},
+			},
+		},
+	}
 }
 
 // healthCheck is the sample MachineHealthCheck: it watches over the
@@ -592,9 +622,14 @@ func healthCheck() *machinistv1.MachineHealthCheck {
 
 // printNext tells a person what is running and what to try, the README's
 // quick start in short.
-func printNext(out io.Writer, kubeconfig, workloadKubeconfig, machines string, created bool) {
+func printNext(out io.Writer, kubeconfig, workloadKubeconfig, machines string, created []string) {
 	state := "Picked up the state of the last run."
-	if created {
+	if len(created) > 0 {
+		state = fmt.Sprintf("Picked up the state of the last run, and created the samples new since, in\nnamespace %s: %s.",
+			SampleNamespace, strings.Join(created, ", "))
+	}
+	// The first start makes the MachineDeployment, made by no later one.
+	if slices.Contains(created, "MachineDeployment/"+SampleDeployment) {
 		state = fmt.Sprintf("Created, in namespace %s: WorkloadCluster %q (the second cluster, reached\n"+
 			"through Secret %q), MachineClass %q (provider process: every Machine is a\n"+
 			"local process), MachineDeployment %q of 3 Machines, whose Nodes join the\n"+

@@ -2,7 +2,6 @@ package qemu_test
 
 import (
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/go-logr/logr"
 	. "github.com/onsi/gomega"
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -30,6 +28,7 @@ import (
 	"github.com/machinist-dev/machinist/lifecycle"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/operation"
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 // fleet is a MachineDeployment of VMs under a running manager.
@@ -148,25 +147,18 @@ func TestAMachineDeploymentOfVMs(t *testing.T) {
 	p := newProvider(t, dir)
 	registry := actuators.NewRegistry()
 	g.Expect(registry.Register(qemu.Name, p)).To(Succeed())
-	mctx, cancel := context.WithCancel(ctx)
-	mgr, err := manager.New(mctx, env.Config, env.Scheme, manager.Options{
+	ctrls, err := env.StartControllers(manager.Options{
 		Actuators:      registry,
 		MachineWorkers: 4,
 		Backoff:        lifecycle.Backoff{Base: 100 * time.Millisecond, Cap: 5 * time.Second},
 		DrainPoll:      time.Second,
-		Repeatable:     true,
-		Registry:       prometheus.NewRegistry(),
 		NodeGrace:      5 * time.Second,
-	})
+	}, testenv.Leases{})
 	if err != nil {
-		cancel()
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(mctx) }()
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		if err := ctrls.Stop(); err != nil {
 			t.Error(err)
 		}
 		// The VMs of a failed test: none may outlive it.

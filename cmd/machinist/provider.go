@@ -95,44 +95,22 @@ Node itself.`,
 					defer stop()
 				}
 				a = p
-			case process.Name:
-				if machines.StateDir == "" {
-					return fmt.Errorf("--provider process needs --process-state-dir")
-				}
-				p, err := process.New(machines)
+			case process.Name, qemu.Name:
+				p, exitWithParent, err := hostProvider(name, machines, vms)
 				if err != nil {
 					return err
 				}
-				if machines.ExitWithParent {
+				if exitWithParent {
 					// The machines end with this provider (machinist
 					// run): stopped in order rather than killed.
-					defer func() {
-						stopCtx, cancel := context.WithTimeout(context.Background(), time.Minute)
-						defer cancel()
-						_ = p.Stop(stopCtx)
-					}()
-				}
-				// Otherwise never stopped: the machines outlive the
-				// provider, as real ones outlive their controller.
-				a = p
-				ready = takeOver(ctx, p)
-			case qemu.Name:
-				if vms.StateDir == "" {
-					return fmt.Errorf("--provider qemu needs --qemu-state-dir")
-				}
-				vms.Log = ctrl.Log.WithName("qemu")
-				vms.LeaseDurationSeconds, vms.RenewInterval = machines.LeaseDurationSeconds, machines.RenewInterval
-				p, err := qemu.New(vms)
-				if err != nil {
-					return err
-				}
-				if vms.ExitWithParent {
 					defer func() {
 						stopCtx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 						defer cancel()
 						_ = p.Stop(stopCtx)
 					}()
 				}
+				// Otherwise never stopped: the machines outlive the
+				// provider, as real ones outlive their controller.
 				a = p
 				ready = takeOver(ctx, p)
 			default:
@@ -157,6 +135,26 @@ Node itself.`,
 	_ = cmd.MarkFlagRequired("endpoint")
 	logs.add(fs)
 	return cmd
+}
+
+// hostProvider makes the process or the qemu provider, whose machines
+// (agent processes, VMs) run on this host, and says whether they end with
+// this process.
+func hostProvider(name string, machines process.Options, vms qemu.Options) (*process.Provider, bool, error) {
+	if name == process.Name {
+		if machines.StateDir == "" {
+			return nil, false, errors.New("--provider process needs --process-state-dir")
+		}
+		p, err := process.New(machines)
+		return p, machines.ExitWithParent, err
+	}
+	if vms.StateDir == "" {
+		return nil, false, errors.New("--provider qemu needs --qemu-state-dir")
+	}
+	vms.Log = ctrl.Log.WithName("qemu")
+	vms.LeaseDurationSeconds, vms.RenewInterval = machines.LeaseDurationSeconds, machines.RenewInterval
+	p, err := qemu.New(vms)
+	return p, vms.ExitWithParent, err
 }
 
 // serveControl serves h over HTTP on a Unix socket until stop is called.

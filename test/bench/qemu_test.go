@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -10,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -96,20 +94,15 @@ func startQEMU(b *testing.B) *qemuBench {
 	if err := registry.Register(qemu.Name, p); err != nil {
 		b.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	mgr, err := manager.New(ctx, e.Config, e.Scheme, manager.Options{
-		Actuators: registry, MachineWorkers: 16, Registry: prometheus.NewRegistry(), Repeatable: true,
+	ctrls, err := e.StartControllers(manager.Options{
+		Actuators: registry, MachineWorkers: 16,
 		Backoff: lifecycle.Backoff{Base: 100 * time.Millisecond, Cap: 5 * time.Second},
-	})
+	}, testenv.Leases{})
 	if err != nil {
-		cancel()
 		b.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
 	b.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		if err := ctrls.Stop(); err != nil {
 			b.Error(err)
 		}
 	})
