@@ -42,31 +42,16 @@ func (r *Reconciler) awaitDeletion(_ context.Context, s *step) outcome {
 	return s.wait("Deleting, but the Machine is not being deleted", 0)
 }
 
-// destroy is Deleting's handler: it destroys the instance, deletes the
-// Node and lets the Machine go by removing its finalizer.
+// destroy is Deleting's handler. It waits for the volumes attached to the
+// Machine's Node to detach and for pre-terminate hooks to be removed, then
+// destroys the instance, deletes the Node (giving it up after the
+// node-deletion timeout) and lets the Machine go by removing its
+// finalizer.
 func (r *Reconciler) destroy(ctx context.Context, s *step) outcome {
 	m := s.m
-	if m.Status.ProviderID == "" {
-		id, err := r.findInstance(ctx, m)
-		if err != nil {
-			return r.retry(s, machinistv1.ReasonDeleteError, err)
-		}
-		m.Status.ProviderID = id
-	}
-	if m.Status.ProviderID != "" {
-		act, why := r.actuatorFor(m, s.class)
-		if why != nil {
-			return r.retry(s, why.reason, why.err)
-		}
-		if err := act.Delete(ctx, m.Status.ProviderID); err != nil {
-			return r.retry(s, machinistv1.ReasonDeleteError, err)
-		}
-		exists, err := act.Exists(ctx, m.Status.ProviderID)
-		if err != nil || exists {
-			if err == nil {
-				err = fmt.Errorf("instance %s still exists", m.Status.ProviderID)
-			}
-			return r.retry(s, machinistv1.ReasonDeleteError, err)
+	if !instanceDeleted(m) {
+		if o, done := r.terminate(ctx, s); !done {
+			return o
 		}
 	}
 	if s.down != nil {
@@ -81,8 +66,8 @@ func (r *Reconciler) destroy(ctx context.Context, s *step) outcome {
 		return fail(err)
 	}
 	if node != nil {
-		if err := s.nodes.Delete(ctx, node); err != nil {
-			return fail(err)
+		if err := s.nodes.Delete(ctx, node); err != nil && !r.nodeDeletionFailed(s, node.Name, err) {
+			return s.wait("deleting the Node", 0)
 		}
 	}
 	if m.Status.NodeRef == nil {
@@ -112,6 +97,50 @@ func (r *Reconciler) destroy(ctx context.Context, s *step) outcome {
 	}
 	s.gone = true
 	return settle(phases.Deleted)
+}
+
+// terminate waits for volumes and pre-terminate hooks, then destroys the
+// instance; it reports whether the instance is gone, and otherwise the
+// outcome to end the reconcile with.
+func (r *Reconciler) terminate(ctx context.Context, s *step) (outcome, bool) {
+	m := s.m
+	done, err := r.awaitVolumes(ctx, s, "deleting")
+	if err != nil {
+		return fail(err), false
+	}
+	if !done {
+		return s.wait("waiting for volumes to detach", 0), false
+	}
+	if hooks := preTerminateHooks(m); len(hooks) > 0 {
+		// Their removal changes the Machine, which wakes it.
+		setReadyWait(s, machinistv1.ReasonPreTerminateHook,
+			fmt.Sprintf("waiting for pre-terminate hook annotation(s) to be removed: %v", hooks))
+		return s.wait("pre-terminate hooks hold the instance", 0), false
+	}
+	if m.Status.ProviderID == "" {
+		id, err := r.findInstance(ctx, m)
+		if err != nil {
+			return r.retry(s, machinistv1.ReasonDeleteError, err), false
+		}
+		m.Status.ProviderID = id
+	}
+	if m.Status.ProviderID != "" {
+		act, why := r.actuatorFor(m, s.class)
+		if why != nil {
+			return r.retry(s, why.reason, why.err), false
+		}
+		if err := act.Delete(ctx, m.Status.ProviderID); err != nil {
+			return r.retry(s, machinistv1.ReasonDeleteError, err), false
+		}
+		exists, err := act.Exists(ctx, m.Status.ProviderID)
+		if err != nil || exists {
+			if err == nil {
+				err = fmt.Errorf("instance %s still exists", m.Status.ProviderID)
+			}
+			return r.retry(s, machinistv1.ReasonDeleteError, err), false
+		}
+	}
+	return outcome{}, true
 }
 
 // findInstance asks every provider for an instance made for m, which has

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/drainrules"
 	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/operation"
 	"github.com/machinist-dev/machinist/phases"
@@ -43,9 +44,19 @@ func (r *Reconciler) drainFor(ctx context.Context, s *step) outcome {
 		}
 		s.after(d.Sub(s.now))
 	}
-	done, err := r.drain(ctx, s, operation.Gerund(operation.Verb(op.Type)))
+	doing := operation.Gerund(operation.Verb(op.Type))
+	done, err := r.drain(ctx, s, doing)
 	if err != nil || !done {
 		return outcome{reason: "draining", err: err}
+	}
+	if op.Type == machinistv1.OperationRepair {
+		// A re-imaged machine loses what its disks held: volumes go
+		// first, as before a deletion. A reboot keeps its disks, and the
+		// kubelet mounts them again.
+		done, err := r.awaitVolumes(ctx, s, doing)
+		if err != nil || !done {
+			return outcome{reason: "waiting for volumes to detach", err: err}
+		}
 	}
 	return r.callProvider(ctx, s)
 }
@@ -85,7 +96,9 @@ func (r *Reconciler) abort(ctx context.Context, s *step, why string) outcome {
 }
 
 // drain does one round of draining and reports whether it is over; next
-// says what happens after a drain that timed out ("deleting").
+// says what happens after a drain that timed out ("deleting"). While it
+// waits, the Machine's Ready condition is False with the Drained
+// condition's reason, so that the wait shows in kubectl get machines.
 func (r *Reconciler) drain(ctx context.Context, s *step, next string) (bool, error) {
 	m := s.m
 	setDrained := func(status metav1.ConditionStatus, reason, message string) {
@@ -93,8 +106,12 @@ func (r *Reconciler) drain(ctx context.Context, s *step, next string) (bool, err
 			Type: machinistv1.ConditionDrained, Status: status, Reason: reason, Message: message, ObservedGeneration: m.Generation,
 		})
 	}
+	waiting := func(reason, message string) {
+		setDrained(metav1.ConditionFalse, reason, message)
+		setReadyWait(s, reason, message)
+	}
 	if hooks := preDrainHooks(m); len(hooks) > 0 {
-		setDrained(metav1.ConditionFalse, machinistv1.ReasonPreDrainHook, fmt.Sprintf("waiting for pre-drain hook annotation(s) to be removed: %v", hooks))
+		waiting(machinistv1.ReasonPreDrainHook, fmt.Sprintf("waiting for pre-drain hook annotation(s) to be removed: %v", hooks))
 		return false, nil
 	}
 	node, err := s.nodes.Node(ctx, m.Status.ProviderID)
@@ -114,9 +131,22 @@ func (r *Reconciler) drain(ctx context.Context, s *step, next string) (bool, err
 	if op := m.Status.Operation; operation.InFlight(op) && op.Options != nil && op.Options.GracePeriodSeconds != nil {
 		settings.GracePeriodSeconds = op.Options.GracePeriodSeconds
 	}
-	out, err := s.nodes.Drain(ctx, node, settings, h.Healthy)
+	rules, err := r.drainRules(ctx, m)
+	if err != nil {
+		// A rule the drain cannot read might be the one that keeps a
+		// pod: nothing is evicted until it is fixed.
+		waiting(machinistv1.ReasonDrainRuleInvalid, err.Error())
+		s.after(r.drainRecheck(s.now.Sub(s.enteredAt())))
+		return false, nil
+	}
+	prev := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionDrained)
+	out, err := s.nodes.Drain(ctx, node, settings, h.Healthy, rules)
 	if err != nil {
 		return false, err
+	}
+	if out.Plan != "" && !draining(prev) {
+		// Once per drain: which rule or label put which pods where.
+		s.note(corev1.EventTypeNormal, reasonDrainPlan, "Drain", "%s", out.Plan)
 	}
 	if out.Done {
 		setDrained(metav1.ConditionTrue, out.Reason, out.Message)
@@ -132,9 +162,37 @@ func (r *Reconciler) drain(ctx context.Context, s *step, next string) (bool, err
 			return true, nil
 		}
 	}
-	setDrained(metav1.ConditionFalse, out.Reason, out.Message)
+	waiting(out.Reason, out.Message)
 	s.after(r.drainRecheck(s.now.Sub(s.enteredAt())))
 	return false, nil
+}
+
+// reasonDrainPlan is the reason of the Event that says what drain rules
+// and pod labels decided for a drain.
+const reasonDrainPlan = "DrainPlan"
+
+// draining reports whether c, a Machine's Drained condition, says a drain
+// has evicted pods already: its plan was told then.
+func draining(c *metav1.Condition) bool {
+	return c != nil && c.Status == metav1.ConditionFalse && (c.Reason == machinistv1.ReasonDraining ||
+		c.Reason == machinistv1.ReasonDrainBlocked || c.Reason == machinistv1.ReasonWaitCompleted)
+}
+
+// drainRules reads the MachineDrainRules of m's namespace that select m.
+func (r *Reconciler) drainRules(ctx context.Context, m *machinistv1.Machine) (drainrules.Rules, error) {
+	var list machinistv1.MachineDrainRuleList
+	if err := r.Client.List(ctx, &list, client.InNamespace(m.Namespace)); err != nil {
+		return drainrules.Rules{}, fmt.Errorf("listing MachineDrainRules: %w", err)
+	}
+	return drainrules.For(m, list.Items)
+}
+
+// setReadyWait says, in the Machine's Ready condition, what it waits for.
+func setReadyWait(s *step, reason, message string) {
+	meta.SetStatusCondition(&s.m.Status.Conditions, metav1.Condition{
+		Type: machinistv1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason, Message: message,
+		ObservedGeneration: s.m.Generation,
+	})
 }
 
 // drainRecheck is how long to wait before the next round of a drain that
@@ -177,6 +235,12 @@ func effectiveDrain(m *machinistv1.Machine, class *machinistv1.MachineClass) mac
 		}
 		if d.GracePeriodSeconds != nil {
 			s.GracePeriodSeconds = d.GracePeriodSeconds
+		}
+		if d.VolumeDetachTimeout != nil {
+			s.VolumeDetachTimeout = d.VolumeDetachTimeout
+		}
+		if d.NodeDeletionTimeout != nil {
+			s.NodeDeletionTimeout = d.NodeDeletionTimeout
 		}
 	}
 	return s

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -27,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/drainrules"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/internal/index"
 )
@@ -162,8 +164,12 @@ type Cluster interface {
 	// Delete deletes node and its kubelet's Lease; either already gone is
 	// no error.
 	Delete(ctx context.Context, node *corev1.Node) error
-	// Drain does one round of draining node without waiting (DrainRound).
-	Drain(ctx context.Context, node *corev1.Node, settings machinistv1.DrainSettings, healthy bool) (DrainOutcome, error)
+	// Drain does one round of draining node without waiting
+	// (DrainRound), by rules.
+	Drain(ctx context.Context, node *corev1.Node, settings machinistv1.DrainSettings, healthy bool, rules drainrules.Rules) (DrainOutcome, error)
+	// VolumeAttachments returns the names of the VolumeAttachments whose
+	// spec.nodeName is node, sorted.
+	VolumeAttachments(ctx context.Context, node string) ([]string, error)
 	// DeletePods deletes at once every pod bound to node but its mirror
 	// pods, and returns how many it deleted.
 	DeletePods(ctx context.Context, node *corev1.Node) (int, error)
@@ -236,8 +242,27 @@ func (l *API) Delete(ctx context.Context, node *corev1.Node) error {
 }
 
 // Drain implements Cluster.
-func (l *API) Drain(ctx context.Context, node *corev1.Node, settings machinistv1.DrainSettings, healthy bool) (DrainOutcome, error) {
-	return DrainRound(ctx, l.Kube, node, settings, healthy)
+func (l *API) Drain(ctx context.Context, node *corev1.Node, settings machinistv1.DrainSettings, healthy bool, rules drainrules.Rules) (DrainOutcome, error) {
+	return DrainRound(ctx, l.Kube, node, settings, healthy, rules)
+}
+
+// VolumeAttachments implements Cluster. It lists from the API server, not
+// a cache: it is asked only while a Machine waits to be deleted or
+// repaired, and a cache of a kind the cluster's credentials may not grant
+// would wait for its first sync for ever rather than fail.
+func (l *API) VolumeAttachments(ctx context.Context, node string) ([]string, error) {
+	list, err := l.Kube.StorageV1().VolumeAttachments().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing VolumeAttachments: %w", err)
+	}
+	var out []string
+	for _, va := range list.Items {
+		if va.Spec.NodeName == node {
+			out = append(out, va.Name)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 // DeletePods implements Cluster.
@@ -287,9 +312,12 @@ func (o Offline) Patch(context.Context, *corev1.Node, client.Patch) error { retu
 func (o Offline) Delete(context.Context, *corev1.Node) error { return o.Err }
 
 // Drain implements Cluster.
-func (o Offline) Drain(context.Context, *corev1.Node, machinistv1.DrainSettings, bool) (DrainOutcome, error) {
+func (o Offline) Drain(context.Context, *corev1.Node, machinistv1.DrainSettings, bool, drainrules.Rules) (DrainOutcome, error) {
 	return DrainOutcome{}, o.Err
 }
+
+// VolumeAttachments implements Cluster.
+func (o Offline) VolumeAttachments(context.Context, string) ([]string, error) { return nil, o.Err }
 
 // DeletePods implements Cluster.
 func (o Offline) DeletePods(context.Context, *corev1.Node) (int, error) { return 0, o.Err }

@@ -2,9 +2,15 @@ package testenv
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/util/retry"
@@ -64,4 +70,83 @@ func (e *Env) AllowDisruptions(ctx context.Context, ns, name string, allowed int
 		}
 		return e.Client.Status().Update(ctx, pdb)
 	})
+}
+
+// AttachVolume makes a VolumeAttachment named name that names node, as a
+// CSI attacher's controller would for a volume in use there; no attacher
+// runs here, so it stays until deleted.
+func (e *Env) AttachVolume(ctx context.Context, name, node string) (*storagev1.VolumeAttachment, error) {
+	va := &storagev1.VolumeAttachment{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: storagev1.VolumeAttachmentSpec{
+			Attacher: "csi.example.com", NodeName: node,
+			Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: ptr.To("pv-" + name)},
+		},
+	}
+	return va, e.Client.Create(ctx, va)
+}
+
+// RefuseNodeDeletion makes kube-apiserver refuse to delete every Node
+// labelled key=value, through a ValidatingAdmissionPolicy (and its
+// binding) named name, and waits until it refuses to delete node, which
+// carries that label. The returned function removes the policy and waits
+// until node can be deleted again.
+func (e *Env) RefuseNodeDeletion(ctx context.Context, name, key, value, node string) (func(context.Context) error, error) {
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
+			MatchConstraints: &admissionregistrationv1.MatchResources{
+				ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+					RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+						Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Delete},
+						Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"nodes"}},
+					},
+				}},
+			},
+			Validations: []admissionregistrationv1.Validation{{
+				Expression: fmt.Sprintf("!has(oldObject.metadata.labels) || !(%q in oldObject.metadata.labels) || oldObject.metadata.labels[%q] != %q", key, key, value),
+				Message:    "this Node is kept: refused by policy",
+			}},
+		},
+	}
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
+			PolicyName:        name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
+		},
+	}
+	remove := func(ctx context.Context) error {
+		return errors.Join(client.IgnoreNotFound(e.Client.Delete(ctx, binding)), client.IgnoreNotFound(e.Client.Delete(ctx, policy)))
+	}
+	if err := e.Client.Create(ctx, policy); err != nil {
+		return nil, err
+	}
+	if err := e.Client.Create(ctx, binding); err != nil {
+		return nil, errors.Join(err, remove(ctx))
+	}
+	// In force once kube-apiserver has compiled it, which a dry run of
+	// the deletion shows.
+	probe := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}
+	refused := func() error {
+		if err := e.Client.Delete(ctx, probe, client.DryRunAll); !apierrors.IsInvalid(err) {
+			return fmt.Errorf("deleting node %s is not refused (%v)", node, err)
+		}
+		return nil
+	}
+	if err := Poll(30*time.Second, refused); err != nil {
+		return nil, errors.Join(err, remove(ctx))
+	}
+	return func(ctx context.Context) error {
+		if err := remove(ctx); err != nil {
+			return err
+		}
+		return Poll(30*time.Second, func() error {
+			if refused() == nil {
+				return fmt.Errorf("deleting node %s is still refused", node)
+			}
+			return nil
+		})
+	}, nil
 }

@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"time"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -23,7 +25,32 @@ type DrainSettings struct {
 	// +kubebuilder:validation:XValidation:rule="self >= 0",message="drain gracePeriodSeconds must be zero or more"
 	// +optional
 	GracePeriodSeconds *int64 `json:"gracePeriodSeconds,omitempty"`
+
+	// VolumeDetachTimeout bounds the wait, after the drain of a Machine
+	// being deleted or repaired, for the VolumeAttachments that name its
+	// Node to go. When it passes the Machine goes on with an Event saying
+	// so. Unset or zero means no limit: an instance is never deleted or
+	// re-imaged under an attached volume.
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|ms|s|m|h))+$')",message="drain volumeDetachTimeout must be a duration such as 90s, 5m or 1h30m"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +optional
+	VolumeDetachTimeout *metav1.Duration `json:"volumeDetachTimeout,omitempty"`
+
+	// NodeDeletionTimeout bounds how long the deletion of a deleted
+	// Machine's Node is tried, once its instance is gone, before it is
+	// given up with an Event and the Machine goes. Unset means 10s; zero
+	// means no limit.
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|ms|s|m|h))+$')",message="drain nodeDeletionTimeout must be a duration such as 10s, 5m or 1h30m"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +optional
+	NodeDeletionTimeout *metav1.Duration `json:"nodeDeletionTimeout,omitempty"`
 }
+
+// DefaultNodeDeletionTimeout is how long a Node's deletion is tried when
+// no drain settings say.
+const DefaultNodeDeletionTimeout = 10 * time.Second
 
 // NodeTaints is a list of taints for a Node, validated so that a typo in an
 // effect is caught when the object is written, not when the Node is tainted.

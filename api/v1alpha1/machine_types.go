@@ -116,6 +116,14 @@ const (
 	// hook owner uses its own suffix: pre-drain.hook.machinist.dev/<owner>.
 	PreDrainHookPrefix = "pre-drain.hook.machinist.dev/"
 
+	// PreTerminateHookPrefix starts the name of an annotation that holds
+	// a deleted Machine in Deleting, after its drain and the detach of its
+	// volumes and before its provider is asked to delete the instance,
+	// until removed: a storage or backup agent's last look at the
+	// machine. Each owner uses its own suffix:
+	// pre-terminate.hook.machinist.dev/<owner>.
+	PreTerminateHookPrefix = "pre-terminate.hook.machinist.dev/"
+
 	// RequestAnnotation asks for a verb where the aggregated verbs server
 	// is not available: "reboot" or "repair". The Machine controller turns
 	// it into the same status.operation and removes it.
@@ -161,6 +169,39 @@ const (
 	// reached: Unknown until the Node is seen again, then True when the
 	// Node reports the boot ID the provider did, False when it does not.
 	ConditionBootConfirmed = "BootConfirmed"
+	// ConditionVolumesDetached reports the wait, before a Machine's
+	// instance is deleted or repaired, for the VolumeAttachments that
+	// name its Node to go: False with reason VolumeDetach while it waits
+	// (since its lastTransitionTime), True once none is left, False with
+	// reason VolumeDetachTimeout once the wait was given up.
+	ConditionVolumesDetached = "VolumesDetached"
+	// ConditionNodeDeleted is set on a deleted Machine whose instance is
+	// gone while its Node's deletion fails: False with reason
+	// NodeDeletion (since its lastTransitionTime, when the first attempt
+	// failed) until the Node is deleted or the wait is given up.
+	ConditionNodeDeleted = "NodeDeleted"
+)
+
+// Reasons of the waits between a Machine's drain and the deletion of its
+// instance (conditions VolumesDetached and NodeDeleted, and the Ready
+// condition of a Machine that waits in Deleting).
+const (
+	// ReasonVolumeDetach: VolumeAttachments still name the Machine's Node.
+	ReasonVolumeDetach = "VolumeDetach"
+	// ReasonVolumesDetached: no VolumeAttachment names the Node.
+	ReasonVolumesDetached = "VolumesDetached"
+	// ReasonVolumeDetachTimeout: the volume-detach timeout passed; what
+	// follows went ahead with volumes still attached.
+	ReasonVolumeDetachTimeout = "VolumeDetachTimeout"
+	// ReasonPreTerminateHook: pre-terminate hook annotations hold the
+	// deletion of the instance.
+	ReasonPreTerminateHook = "PreTerminateHook"
+	// ReasonNodeDeletion: the instance is gone and the Node's deletion
+	// fails; it is tried again until the node-deletion timeout.
+	ReasonNodeDeletion = "NodeDeletion"
+	// ReasonNodeDeletionTimeout: the Node's deletion failed for longer
+	// than the node-deletion timeout and was given up; the Machine went.
+	ReasonNodeDeletionTimeout = "NodeDeletionTimeout"
 )
 
 // Reasons of a Machine's BootConfirmed condition.
@@ -248,6 +289,13 @@ const (
 	ReasonDraining = "Draining"
 	// ReasonDrainBlocked: a PodDisruptionBudget refuses an eviction.
 	ReasonDrainBlocked = "DisruptionBudget"
+	// ReasonDrainRuleInvalid: a MachineDrainRule that selects the
+	// Machine cannot be read (a selector the label library refuses);
+	// nothing is evicted until it is fixed.
+	ReasonDrainRuleInvalid = "DrainRuleInvalid"
+	// ReasonWaitCompleted: every pod to evict is gone; pods the drain
+	// waits for (behavior WaitCompleted) have not completed yet.
+	ReasonWaitCompleted = "WaitCompleted"
 	// ReasonDrainTimeout: the drain's timeout passed; what follows went
 	// ahead anyway.
 	ReasonDrainTimeout = "DrainTimeout"

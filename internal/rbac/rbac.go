@@ -13,6 +13,11 @@ package rbac
 // +kubebuilder:rbac:groups=machinist.dev,resources=machines/status;machinesets/status;machinedeployments/status;machineclasses/status;machinehealthchecks/status;machinedisruptionbudgets/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=machinist.dev,resources=machines/finalizers;machinesets/finalizers;machinedeployments/finalizers,verbs=update
 
+// MachineDrainRules are made by people; the Machine controller reads
+// them to order a drain.
+//
+// +kubebuilder:rbac:groups=machinist.dev,resources=machinedrainrules,verbs=get;list;watch
+
 // WorkloadClusters are made by people; the manager keeps their status and
 // holds a deleted one with a finalizer until no Machine serves it.
 //
@@ -43,6 +48,13 @@ package rbac
 // +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create
 // +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch
+
+// A drain reads the labels of its pods' namespaces, which MachineDrainRules
+// may select pods by, and a Machine's instance is deleted only once no
+// VolumeAttachment names its Node.
+//
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get
+// +kubebuilder:rbac:groups=storage.k8s.io,resources=volumeattachments,verbs=get;list;watch
 
 // The Machine controller believes the requester a request annotation
 // names only while the admission policy that vouches for it is bound.

@@ -24,14 +24,17 @@ var _ = Describe("The machinist.dev API", func() {
 		for _, want := range []struct {
 			resource, kind, short string
 			scale                 bool
+			// status is false for a kind that only people write.
+			noStatus bool
 		}{
-			{"machines", "Machine", "ma", false},
-			{"machinesets", "MachineSet", "ms", true},
-			{"machinedeployments", "MachineDeployment", "md", true},
-			{"machineclasses", "MachineClass", "mc", false},
-			{"machinehealthchecks", "MachineHealthCheck", "mhc", false},
-			{"machinedisruptionbudgets", "MachineDisruptionBudget", "mdb", false},
-			{"workloadclusters", "WorkloadCluster", "wc", false},
+			{"machines", "Machine", "ma", false, false},
+			{"machinesets", "MachineSet", "ms", true, false},
+			{"machinedeployments", "MachineDeployment", "md", true, false},
+			{"machineclasses", "MachineClass", "mc", false, false},
+			{"machinehealthchecks", "MachineHealthCheck", "mhc", false, false},
+			{"machinedisruptionbudgets", "MachineDisruptionBudget", "mdb", false, false},
+			{"workloadclusters", "WorkloadCluster", "wc", false, false},
+			{"machinedrainrules", "MachineDrainRule", "mdr", false, true},
 		} {
 			r, ok := byName[want.resource]
 			Expect(ok).To(BeTrue(), "resource %s is not served", want.resource)
@@ -39,7 +42,8 @@ var _ = Describe("The machinist.dev API", func() {
 			Expect(r.Namespaced).To(BeTrue())
 			Expect(r.ShortNames).To(ConsistOf(want.short))
 			Expect(r.Categories).To(ContainElement("machinist"))
-			Expect(byName).To(HaveKey(want.resource+"/status"), "status subresource of %s", want.resource)
+			_, hasStatus := byName[want.resource+"/status"]
+			Expect(hasStatus).To(Equal(!want.noStatus), "status subresource of %s", want.resource)
 			_, hasScale := byName[want.resource+"/scale"]
 			Expect(hasScale).To(Equal(want.scale), "scale subresource of %s", want.resource)
 			Expect(slices.Contains(r.Verbs, "watch")).To(BeTrue())

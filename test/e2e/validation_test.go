@@ -58,6 +58,12 @@ const (
 	taintKeyMsg         = "every taint needs a key"
 	drainTimeoutMsg     = "drain timeout must be a duration such as 90s, 5m or 1h30m"
 	drainGraceMsg       = "drain gracePeriodSeconds must be zero or more"
+	volumeDetachMsg     = "drain volumeDetachTimeout must be a duration such as 90s, 5m or 1h30m"
+	nodeDeletionMsg     = "drain nodeDeletionTimeout must be a duration such as 10s, 5m or 1h30m"
+	ruleOrderMsg        = "order can be set only with behavior Drain: Skip and WaitCompleted pods are never evicted, so they have no place in the order"
+	rulePodsEntryMsg    = "each pods entry needs a selector, a namespaceSelector or both; to select every pod, leave pods empty"
+	ruleMachinesOnceMsg = "each machines entry may be listed once"
+	rulePodsOnceMsg     = "each pods entry may be listed once"
 
 	replaceLastMsg       = "Replace must be the last rung, and only one: nothing can follow a Machine that was deleted"
 	rungModeMsg          = "mode applies only to a Reboot rung"
@@ -105,6 +111,22 @@ func schemaErr(e string) string {
 // the scale subresource's own check (its field path starts with a dot)
 // comes before this API's rule.
 const negativeReplicas = "[.spec.replicas: Invalid value: -1: should be a non-negative integer, spec.replicas: Invalid value: -1: " + replicasMsg + "]"
+
+// validMachineDrainRule drains the pods labelled app=db last on the
+// Machines labelled tier=data.
+func validMachineDrainRule(ns, name string) *machinistv1.MachineDrainRule {
+	return &machinistv1.MachineDrainRule{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: machinistv1.MachineDrainRuleSpec{
+			Drain:    machinistv1.MachineDrainRuleDrain{Behavior: machinistv1.DrainBehaviorDrain, Order: ptr.To[int32](10)},
+			Machines: []machinistv1.MachineDrainRuleMachineSelector{{Selector: machinistv1.LabelSelector{MatchLabels: map[string]string{"tier": "data"}}}},
+			Pods: []machinistv1.MachineDrainRulePodSelector{{
+				Selector:          &machinistv1.LabelSelector{MatchLabels: map[string]string{"app": "db"}},
+				NamespaceSelector: &machinistv1.LabelSelector{MatchLabels: map[string]string{"team": "data"}},
+			}},
+		},
+	}
+}
 
 // validMachineDisruptionBudget lets one of the Machines labelled pool=name
 // be disrupted at a time, for any reason, at any time.
@@ -934,6 +956,96 @@ var invalidCases = []invalidCase{
 			return m
 		},
 		want: "spec.drain.gracePeriodSeconds: Invalid value: -1: " + drainGraceMsg,
+	},
+	{
+		name: "MachineClass with a malformed volume-detach timeout",
+		build: func(ns string) client.Object {
+			c := validMachineClass(ns, "volumes")
+			c.Spec.Drain = &machinistv1.DrainSettings{VolumeDetachTimeout: &metav1.Duration{Duration: -time.Minute}}
+			return c
+		},
+		want: `spec.drain.volumeDetachTimeout: Invalid value: "-1m0s": ` + volumeDetachMsg,
+	},
+	{
+		name: "Machine with a malformed node-deletion timeout",
+		build: func(ns string) client.Object {
+			return &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": machinistv1.GroupVersion.String(),
+				"kind":       "Machine",
+				"metadata":   map[string]any{"namespace": ns, "name": "node-deletion"},
+				"spec": map[string]any{
+					"classRef": map[string]any{"name": "small"},
+					"drain":    map[string]any{"nodeDeletionTimeout": "10"},
+				},
+			}}
+		},
+		want: `spec.drain.nodeDeletionTimeout: Invalid value: "10": ` + nodeDeletionMsg,
+	},
+	{
+		name: "MachineDrainRule that orders pods it skips",
+		build: func(ns string) client.Object {
+			r := validMachineDrainRule(ns, "skip-ordered")
+			r.Spec.Drain = machinistv1.MachineDrainRuleDrain{Behavior: machinistv1.DrainBehaviorSkip, Order: ptr.To[int32](5)}
+			return r
+		},
+		want: "spec.drain: Invalid value: " + ruleOrderMsg,
+	},
+	{
+		name: "MachineDrainRule with an unknown behavior",
+		build: func(ns string) client.Object {
+			r := validMachineDrainRule(ns, "evict")
+			r.Spec.Drain.Behavior = "Evict"
+			return r
+		},
+		want: schemaErr(`spec.drain.behavior: Unsupported value: "Evict": supported values: "Drain", "Skip", "WaitCompleted"`),
+	},
+	{
+		name: "MachineDrainRule with an order out of bounds",
+		build: func(ns string) client.Object {
+			r := validMachineDrainRule(ns, "far")
+			r.Spec.Drain.Order = ptr.To[int32](2000000)
+			return r
+		},
+		want: "spec.drain.order: Invalid value: 2000000: spec.drain.order in body should be less than or equal to 1000000",
+	},
+	{
+		name: "MachineDrainRule with a pods entry that selects nothing in particular",
+		build: func(ns string) client.Object {
+			r := validMachineDrainRule(ns, "empty-entry")
+			r.Spec.Pods = append(r.Spec.Pods, machinistv1.MachineDrainRulePodSelector{})
+			return r
+		},
+		want: "spec.pods: Invalid value: " + rulePodsEntryMsg,
+	},
+	{
+		name: "MachineDrainRule that lists a pods entry twice",
+		build: func(ns string) client.Object {
+			r := validMachineDrainRule(ns, "pods-twice")
+			r.Spec.Pods = append(r.Spec.Pods, r.Spec.Pods[0])
+			return r
+		},
+		want: "spec.pods: Invalid value: " + rulePodsOnceMsg,
+	},
+	{
+		name: "MachineDrainRule that lists a machines entry twice",
+		build: func(ns string) client.Object {
+			r := validMachineDrainRule(ns, "machines-twice")
+			r.Spec.Machines = append(r.Spec.Machines, r.Spec.Machines[0])
+			return r
+		},
+		want: "spec.machines: Invalid value: " + ruleMachinesOnceMsg,
+	},
+	{
+		name: "MachineDrainRule without a drain",
+		build: func(ns string) client.Object {
+			return &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": machinistv1.GroupVersion.String(),
+				"kind":       "MachineDrainRule",
+				"metadata":   map[string]any{"namespace": ns, "name": "nothing"},
+				"spec":       map[string]any{"pods": []any{map[string]any{"selector": map[string]any{"matchLabels": map[string]any{"app": "db"}}}}},
+			}}
+		},
+		want: schemaErr(`spec.drain: Required value`),
 	},
 
 	{
@@ -1878,6 +1990,26 @@ func machineWithVersion(ns, name, version string) *unstructured.Unstructured {
 }
 
 var validCases = []validCase{
+	{"MachineDrainRule at the lowest order", func(ns string) client.Object {
+		r := validMachineDrainRule(ns, "lowest")
+		r.Spec.Drain.Order = ptr.To[int32](-1000000)
+		return r
+	}},
+	{"MachineDrainRule for every pod of every Machine", func(ns string) client.Object {
+		r := validMachineDrainRule(ns, "everything")
+		r.Spec.Machines, r.Spec.Pods = nil, nil
+		r.Spec.Drain = machinistv1.MachineDrainRuleDrain{Behavior: machinistv1.DrainBehaviorWaitCompleted}
+		return r
+	}},
+	{"MachineClass with every wait before deletion bounded", func(ns string) client.Object {
+		c := validMachineClass(ns, "bounded")
+		c.Spec.Drain = &machinistv1.DrainSettings{
+			Timeout:             &metav1.Duration{Duration: 5 * time.Minute},
+			VolumeDetachTimeout: &metav1.Duration{Duration: 90 * time.Second},
+			NodeDeletionTimeout: &metav1.Duration{Duration: 0},
+		}
+		return c
+	}},
 	{"Machine at a release", func(ns string) client.Object { return machineWithVersion(ns, "release", "v1.37.2") }},
 	{"Machine at a release candidate", func(ns string) client.Object { return machineWithVersion(ns, "rc", "v1.38.0-rc.1") }},
 	{"Machine at an alpha", func(ns string) client.Object { return machineWithVersion(ns, "alpha", "v1.38.0-alpha.0") }},
@@ -2284,6 +2416,7 @@ var _ = Describe("API validation", func() {
 			validMachineDeployment(ns, "md"),
 			validMachineHealthCheck(ns, "mhc"),
 			validMachineDisruptionBudget(ns, "mdb"),
+			validMachineDrainRule(ns, "mdr"),
 			validWorkloadCluster(ns, "wc"),
 		} {
 			Expect(k8s.Create(ctx, o)).To(Succeed(), "%T %s", o, o.GetName())

@@ -14,6 +14,6 @@ package operator
 // +kubebuilder:rbac:groups=subresources.machinist.dev,resources=machines,verbs=get
 // WorkloadClusters are read to see which cluster a Machine serves; their
 // kubeconfig Secrets are not: a cluster's credentials are granted apart.
-// +kubebuilder:rbac:groups=machinist.dev,resources=machines;machinesets;machinedeployments;machineclasses;machinehealthchecks;machinedisruptionbudgets;workloadclusters,verbs=get;list;watch
+// +kubebuilder:rbac:groups=machinist.dev,resources=machines;machinesets;machinedeployments;machineclasses;machinehealthchecks;machinedisruptionbudgets;machinedrainrules;workloadclusters,verbs=get;list;watch
 // Rollouts: pause, resume and undo change the MachineDeployment.
 // +kubebuilder:rbac:groups=machinist.dev,resources=machinedeployments,verbs=patch;update

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
@@ -136,6 +137,30 @@ func TestMachine(t *testing.T) {
 				t.Errorf("status output does not match %s:\n%s", want, r.stdout)
 			}
 		}
+
+		// A drain in progress: what it waits for, in one line and in
+		// the conditions.
+		const waiting = "group order 0 (1 more group(s) after it): eviction refused for 1 pod(s): apps/db-0: Cannot evict pod as it would violate the pod's disruption budget."
+		setStatus(t, key, func(st *machinistv1.MachineStatus) {
+			st.Phase = machinistv1.MachineDraining
+			for _, typ := range []string{machinistv1.ConditionReady, machinistv1.ConditionDrained} {
+				meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: typ, Status: metav1.ConditionFalse, Reason: machinistv1.ReasonDrainBlocked, Message: waiting})
+			}
+		})
+		r = plugin(ns, "status", "m1")
+		for _, want := range []string{
+			`(?m)^Waiting for:\s+DisruptionBudget: ` + regexp.QuoteMeta(waiting) + `$`,
+			`(?m)^\s+Drained\s+False\s+DisruptionBudget\s+\S+\s+` + regexp.QuoteMeta(waiting) + `$`,
+		} {
+			if !regexp.MustCompile(want).MatchString(r.stdout) {
+				t.Errorf("status output does not match %s:\n%s", want, r.stdout)
+			}
+		}
+		setStatus(t, key, func(st *machinistv1.MachineStatus) {
+			st.Phase = machinistv1.MachineRunning
+			meta.RemoveStatusCondition(&st.Conditions, machinistv1.ConditionDrained)
+			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: machinistv1.ConditionReady, Status: metav1.ConditionTrue, Reason: machinistv1.ReasonNodeReady})
+		})
 
 		if r := plugin(ns, "status", "nosuch"); r.code != ExitRefused || !strings.Contains(r.stderr, `"nosuch" not found`) {
 			t.Errorf("status of a missing Machine should exit %d saying so:\n%s", ExitRefused, r)

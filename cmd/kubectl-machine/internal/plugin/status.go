@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/duration"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -96,6 +97,9 @@ func describeMachine(w io.Writer, m *machinistv1.Machine, now time.Time) error {
 	if failure := strings.Join(nonEmpty(st.FailureReason, st.FailureMessage), ": "); failure != "" {
 		field(tw, "Failure", failure)
 	}
+	if w := waitingFor(m); w != "" {
+		field(tw, "Waiting for", w)
+	}
 	if t := st.LastTransition; t != nil {
 		field(tw, "Last transition", fmt.Sprintf("%s -> %s (%s) %s", t.From, t.To, t.Event, when(&t.Time, now)))
 	} else {
@@ -126,6 +130,20 @@ func describeMachine(w io.Writer, m *machinistv1.Machine, now time.Time) error {
 		return err
 	}
 	return describeRemediation(w, st.Remediation, now)
+}
+
+// waitingFor says what a Machine on its way out of service (Draining or
+// Deleting) waits for, from its Ready condition, which every such wait
+// sets: the drain's group and pods, the volumes, the hooks, the Node.
+func waitingFor(m *machinistv1.Machine) string {
+	if m.Status.Phase != machinistv1.MachineDraining && m.Status.Phase != machinistv1.MachineDeleting {
+		return ""
+	}
+	c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionReady)
+	if c == nil || c.Status == metav1.ConditionTrue {
+		return ""
+	}
+	return fmt.Sprintf("%s: %s", c.Reason, c.Message)
 }
 
 // describeRequest prints a request annotation the controller has not
