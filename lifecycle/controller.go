@@ -13,6 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -131,6 +133,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		// done for the Machine; it rides on the first write.
 		m.Status.Phase = phases.Initial
 	}
+	keepTransitionTimes(before.Conditions, m.Status.Conditions)
 	if !s.gone && !equality.Semantic.DeepEqual(before, &m.Status) {
 		m.Status.ObservedGeneration = m.Generation
 		if werr := r.Client.Status().Update(ctx, m); werr != nil {
@@ -209,6 +212,20 @@ func (r *Reconciler) prepare(ctx context.Context, s *step) (bool, error) {
 	// Nodes and Leases as they were, which must not be acted on.
 	s.down, s.back = reach.Down, reach.Back
 	return true, r.publishJoin(ctx, s)
+}
+
+// keepTransitionTimes gives every condition that ends the reconcile with
+// the status and reason it began with its transition time from before:
+// handlers that set a condition one way and then, later in the same
+// reconcile, back (a drain that is over, then a wait for volumes) changed
+// nothing, and must not cost a write. A condition whose reason changed
+// keeps the time its handler chose: a wait that begins afresh begins now.
+func keepTransitionTimes(before, after []metav1.Condition) {
+	for i := range after {
+		if c := meta.FindStatusCondition(before, after[i].Type); c != nil && c.Status == after[i].Status && c.Reason == after[i].Reason {
+			after[i].LastTransitionTime = c.LastTransitionTime
+		}
+	}
 }
 
 // record emits an Event and metrics for each transition that is now stored.

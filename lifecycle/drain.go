@@ -126,7 +126,11 @@ func (r *Reconciler) drain(ctx context.Context, s *step, next string) (bool, err
 	if err != nil {
 		return false, err
 	}
-	setHealth(m, h)
+	// Ready is set once, by what the round concludes: health when the
+	// drain goes on, the wait when it waits. Set twice, it would turn
+	// and turn back, and its new transition time would cost a write per
+	// round.
+	setCondition(m, machinistv1.ConditionNodeHealthy, h)
 	settings := effectiveDrain(m, s.class)
 	if op := m.Status.Operation; operation.InFlight(op) && op.Options != nil && op.Options.GracePeriodSeconds != nil {
 		settings.GracePeriodSeconds = op.Options.GracePeriodSeconds
@@ -149,12 +153,14 @@ func (r *Reconciler) drain(ctx context.Context, s *step, next string) (bool, err
 		s.note(corev1.EventTypeNormal, reasonDrainPlan, "Drain", "%s", out.Plan)
 	}
 	if out.Done {
+		setHealth(m, h)
 		setDrained(metav1.ConditionTrue, out.Reason, out.Message)
 		return true, nil
 	}
 	if deadline := drainDeadline(s.enteredAt(), settings); !deadline.IsZero() {
 		if !s.now.Before(deadline) {
 			msg := fmt.Sprintf("drain timeout %s passed; %s anyway: %s", settings.Timeout.Duration, next, out.Message)
+			setHealth(m, h)
 			setDrained(metav1.ConditionFalse, machinistv1.ReasonDrainTimeout, msg)
 			if r.Recorder != nil {
 				r.Recorder.Eventf(m, nil, corev1.EventTypeWarning, machinistv1.ReasonDrainTimeout, "Drain", msg)

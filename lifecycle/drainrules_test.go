@@ -72,6 +72,22 @@ func (l *podLog) before(first, then []string) {
 	}
 }
 
+// writesDuring counts the writes to m that a watch shows over d: a wait
+// that nothing changes must cost none.
+func writesDuring(ctx context.Context, m *machinistv1.Machine, d time.Duration) int {
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	events, err := env.WatchMachines(wctx, m.Namespace)
+	Expect(err).NotTo(HaveOccurred())
+	n := 0
+	for ev := range events {
+		if o, ok := ev.Object.(*machinistv1.Machine); ok && o.Name == m.Name {
+			n++
+		}
+	}
+	return n
+}
+
 func drainRule(ns, name string, behavior machinistv1.DrainBehavior, order *int32, machines map[string]string, pods ...machinistv1.MachineDrainRulePodSelector) *machinistv1.MachineDrainRule {
 	r := &machinistv1.MachineDrainRule{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
@@ -189,6 +205,7 @@ var _ = Describe("Drain rules and the waits before an instance goes", func() {
 		Eventually(podExists(ctx, pods[2])).Should(BeFalse(), "web-0, which no budget holds, goes")
 		Consistently(func() bool { return podExists(ctx, pods[4])() && podExists(ctx, pods[5])() }, "2s").Should(BeTrue(),
 			"the databases wait for the held group")
+		Expect(writesDuring(ctx, m, 3*time.Second)).To(BeZero(), "a held drain that nothing changes writes nothing")
 
 		By("going on once the budget allows, the databases last")
 		setAllowed(1)
@@ -286,6 +303,29 @@ var _ = Describe("Drain rules and the waits before an instance goes", func() {
 		Expect(k8s.Delete(ctx, va)).To(Succeed())
 		Eventually(isGoneMachine(ctx, m)).WithTimeout(30 * time.Second).Should(BeTrue())
 		Expect(instanceExists(ctx, m.Status.ProviderID)()).To(BeFalse())
+	})
+
+	It("repairs a Machine only once its volumes are detached, writing nothing while it waits", func(ctx SpecContext) {
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
+		newClass(ctx, ns, "small", nil)
+		m := runMachine(ctx, newMachine(ns, "mended", "small"))
+		va := volumeAttachment(ctx, ns+"-mended", m.Status.NodeRef.Name)
+
+		annotate(ctx, m, "repair")
+		Eventually(getMachine(ctx, m)).WithTimeout(20 * time.Second).Should(And(
+			WithTransform(phase, Equal(machinistv1.MachineDraining)),
+			WithTransform(condition(machinistv1.ConditionDrained), PointTo(MatchFields(IgnoreExtras, Fields{"Status": Equal(metav1.ConditionTrue)}))),
+			waitsWith(machinistv1.ConditionVolumesDetached, machinistv1.ReasonVolumeDetach, va.Name),
+		))
+		Expect(writesDuring(ctx, m, 3*time.Second)).To(BeZero(), "a wait for volumes that nothing changes writes nothing")
+		restarts, err := provider.Restarts(m.Status.ProviderID)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(restarts).To(BeZero(), "not re-imaged under an attached volume")
+
+		Expect(k8s.Delete(ctx, va)).To(Succeed())
+		Eventually(getMachine(ctx, m)).WithTimeout(30 * time.Second).Should(finished(machinistv1.OperationSucceeded))
+		Expect(condition(machinistv1.ConditionVolumesDetached)(getMachine(ctx, m)())).To(PointTo(MatchFields(IgnoreExtras, Fields{
+			"Status": Equal(metav1.ConditionTrue), "Reason": Equal(machinistv1.ReasonVolumesDetached)})))
 	})
 
 	It("gives up on attached volumes after the class's volume-detach timeout, with an Event", func(ctx SpecContext) {

@@ -140,15 +140,19 @@ func observeNode(m *machinistv1.Machine, node *corev1.Node) {
 
 // setHealth writes the NodeHealthy and Ready conditions of a Running Machine.
 func setHealth(m *machinistv1.Machine, h nodes.Health) {
+	setCondition(m, machinistv1.ConditionNodeHealthy, h)
+	setCondition(m, machinistv1.ConditionReady, h)
+}
+
+// setCondition sets m's condition t to what h says of its Node.
+func setCondition(m *machinistv1.Machine, t string, h nodes.Health) {
 	status := metav1.ConditionFalse
 	if h.Healthy {
 		status = metav1.ConditionTrue
 	}
-	for _, t := range []string{machinistv1.ConditionNodeHealthy, machinistv1.ConditionReady} {
-		meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
-			Type: t, Status: status, Reason: h.Reason, Message: h.Message, ObservedGeneration: m.Generation,
-		})
-	}
+	meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
+		Type: t, Status: status, Reason: h.Reason, Message: h.Message, ObservedGeneration: m.Generation,
+	})
 }
 
 // updateFor records an Update when the Machine's spec.version is not the
