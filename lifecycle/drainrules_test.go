@@ -328,6 +328,22 @@ var _ = Describe("Drain rules and the waits before an instance goes", func() {
 			"Status": Equal(metav1.ConditionTrue), "Reason": Equal(machinistv1.ReasonVolumesDetached)})))
 	})
 
+	It("does not wait for the volumes of a Node whose kubelet is gone", func(ctx SpecContext) {
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
+		newClass(ctx, ns, "small", nil)
+		m := runMachine(ctx, newMachine(ns, "dead", "small"))
+		volumeAttachment(ctx, ns+"-dead", m.Status.NodeRef.Name)
+		Expect(provider.Crash(m.Status.ProviderID)).To(Succeed())
+		Eventually(getMachine(ctx, m)).WithTimeout(3*leaseSeconds*time.Second + 5*time.Second).Should(
+			WithTransform(condition(machinistv1.ConditionNodeHealthy), PointTo(MatchFields(IgnoreExtras, Fields{
+				"Reason": Equal(machinistv1.ReasonNodeLeaseExpired)}))))
+		events := eventReasons(ctx, m)
+
+		Expect(k8s.Delete(ctx, m)).To(Succeed())
+		Eventually(isGoneMachine(ctx, m)).WithTimeout(20 * time.Second).Should(BeTrue())
+		Eventually(events).Should(ContainElement(machinistv1.ReasonVolumeDetachSkipped))
+	})
+
 	It("gives up on attached volumes after the class's volume-detach timeout, with an Event", func(ctx SpecContext) {
 		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		class := newClass(ctx, ns, "small", nil)

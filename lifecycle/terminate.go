@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/nodes"
 )
 
 // The waits between a drain and what destroys or re-images an instance.
@@ -31,15 +32,17 @@ func (r *Reconciler) awaitVolumes(ctx context.Context, s *step, next string) (bo
 		return true, nil
 	}
 	prev := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionVolumesDetached)
-	if prev != nil && prev.Reason == machinistv1.ReasonVolumeDetachTimeout && !prev.LastTransitionTime.Time.Before(s.enteredAt()) {
-		// Given up in this very phase already (a later step failed
-		// since): not begun again.
-		return true, nil
-	}
-	if prev != nil && prev.Status == metav1.ConditionFalse && prev.Reason == machinistv1.ReasonVolumeDetachTimeout {
-		// An earlier operation's: this wait starts afresh.
-		meta.RemoveStatusCondition(&m.Status.Conditions, machinistv1.ConditionVolumesDetached)
-		prev = nil
+	if prev != nil && prev.Status == metav1.ConditionFalse &&
+		(prev.Reason == machinistv1.ReasonVolumeDetachTimeout || prev.Reason == machinistv1.ReasonVolumeDetachSkipped) {
+		if prev.LastTransitionTime.Time.Before(s.enteredAt()) {
+			// An earlier operation's end: this wait starts afresh.
+			meta.RemoveStatusCondition(&m.Status.Conditions, machinistv1.ConditionVolumesDetached)
+			prev = nil
+		} else if prev.Reason == machinistv1.ReasonVolumeDetachTimeout {
+			// Given up in this very phase already (a later step failed
+			// since): not begun again.
+			return true, nil
+		}
 	}
 	set := func(status metav1.ConditionStatus, reason, message string) {
 		meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
@@ -68,13 +71,47 @@ func (r *Reconciler) awaitVolumes(ctx context.Context, s *step, next string) (bo
 		return true, nil
 	}
 	shown := names[:min(len(names), 3)]
-	msg := fmt.Sprintf("waiting for %d VolumeAttachment(s) naming Node %s to go: %s", len(names), node, strings.Join(shown, ", "))
+	listed := strings.Join(shown, ", ")
 	if n := len(names) - len(shown); n > 0 {
-		msg += fmt.Sprintf(" and %d more", n)
+		listed += fmt.Sprintf(" and %d more", n)
 	}
+	if why, err := unreachableNode(ctx, s); err != nil || why != "" {
+		if err != nil {
+			return false, err
+		}
+		// Volumes are detached through the kubelet, which no longer
+		// answers: waiting would hold a dead machine's deletion or repair
+		// for as long as the attachments stay, which is for ever.
+		msg := fmt.Sprintf("not waited for: %s, so its %d VolumeAttachment(s) cannot be detached through it: %s", why, len(names), listed)
+		if prev == nil || prev.Reason != machinistv1.ReasonVolumeDetachSkipped {
+			s.note(corev1.EventTypeWarning, machinistv1.ReasonVolumeDetachSkipped, "VolumeDetach", "%s; %s", msg, next)
+		}
+		set(metav1.ConditionFalse, machinistv1.ReasonVolumeDetachSkipped, msg)
+		return true, nil
+	}
+	msg := fmt.Sprintf("waiting for %d VolumeAttachment(s) naming Node %s to go: %s", len(names), node, listed)
 	set(metav1.ConditionFalse, machinistv1.ReasonVolumeDetach, msg)
 	setReadyWait(s, machinistv1.ReasonVolumeDetach, msg)
 	return r.volumeTimeout(s, prev, msg, next), nil
+}
+
+// unreachableNode says why the Machine's Node cannot be reached (a Ready
+// condition Unknown, as the node lifecycle controller marks a silent
+// kubelet, or a kubelet Lease not renewed in time), or "" when it can,
+// or when there is no Node.
+func unreachableNode(ctx context.Context, s *step) (string, error) {
+	node, err := s.nodes.Node(ctx, s.m.Status.ProviderID)
+	if err != nil || node == nil {
+		return "", err
+	}
+	if c := nodes.Condition(node, corev1.NodeReady); c != nil && c.Status == corev1.ConditionUnknown {
+		return fmt.Sprintf("Node %s is unreachable (Ready=Unknown: %s)", node.Name, c.Reason), nil
+	}
+	h, err := nodes.Judge(ctx, s.nodes, node, s.now)
+	if err != nil || h.Reason != machinistv1.ReasonNodeLeaseExpired {
+		return "", err
+	}
+	return fmt.Sprintf("Node %s is unreachable (%s)", node.Name, h.Message), nil
 }
 
 // volumeTimeout reports whether the volume wait, which began when prev

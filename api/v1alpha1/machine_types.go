@@ -193,6 +193,10 @@ const (
 	// ReasonVolumeDetachTimeout: the volume-detach timeout passed; what
 	// follows went ahead with volumes still attached.
 	ReasonVolumeDetachTimeout = "VolumeDetachTimeout"
+	// ReasonVolumeDetachSkipped: VolumeAttachments name the Node, but the
+	// Node is unreachable (its kubelet silent), so none can be detached
+	// through it; what follows went ahead without waiting.
+	ReasonVolumeDetachSkipped = "VolumeDetachSkipped"
 	// ReasonPreTerminateHook: pre-terminate hook annotations hold the
 	// deletion of the instance.
 	ReasonPreTerminateHook = "PreTerminateHook"
