@@ -9,6 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/phases"
 )
 
@@ -66,7 +67,13 @@ func (r *Reconciler) destroy(ctx context.Context, s *step) outcome {
 		return fail(err)
 	}
 	if node != nil {
-		if err := s.nodes.Delete(ctx, node); err != nil && !r.nodeDeletionFailed(s, node.Name, err) {
+		err := s.nodes.Delete(ctx, node)
+		if nodes.Unreachable(err) {
+			// Not refused: not heard. The cluster's prober judges an
+			// outage; the node-deletion timeout bounds refusals only.
+			return fail(err)
+		}
+		if err != nil && !r.nodeDeletionFailed(s, node.Name, err) {
 			return s.wait("deleting the Node", 0)
 		}
 	}

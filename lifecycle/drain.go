@@ -135,7 +135,11 @@ func (r *Reconciler) drain(ctx context.Context, s *step, next string) (bool, err
 	if op := m.Status.Operation; operation.InFlight(op) && op.Options != nil && op.Options.GracePeriodSeconds != nil {
 		settings.GracePeriodSeconds = op.Options.GracePeriodSeconds
 	}
-	rules, err := r.drainRules(ctx, m)
+	var list machinistv1.MachineDrainRuleList
+	if err := r.Client.List(ctx, &list, client.InNamespace(m.Namespace)); err != nil {
+		return false, fmt.Errorf("listing MachineDrainRules: %w", err)
+	}
+	rules, err := drainrules.For(m, list.Items)
 	if err != nil {
 		// A rule the drain cannot read might be the one that keeps a
 		// pod: nothing is evicted until it is fixed.
@@ -182,15 +186,6 @@ const reasonDrainPlan = "DrainPlan"
 func draining(c *metav1.Condition) bool {
 	return c != nil && c.Status == metav1.ConditionFalse && (c.Reason == machinistv1.ReasonDraining ||
 		c.Reason == machinistv1.ReasonDrainBlocked || c.Reason == machinistv1.ReasonWaitCompleted)
-}
-
-// drainRules reads the MachineDrainRules of m's namespace that select m.
-func (r *Reconciler) drainRules(ctx context.Context, m *machinistv1.Machine) (drainrules.Rules, error) {
-	var list machinistv1.MachineDrainRuleList
-	if err := r.Client.List(ctx, &list, client.InNamespace(m.Namespace)); err != nil {
-		return drainrules.Rules{}, fmt.Errorf("listing MachineDrainRules: %w", err)
-	}
-	return drainrules.For(m, list.Items)
 }
 
 // setReadyWait says, in the Machine's Ready condition, what it waits for.
