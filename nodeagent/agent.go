@@ -33,6 +33,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
@@ -400,6 +401,12 @@ func (a *Agent) heartbeat(ctx context.Context, log logr.Logger, node *corev1.Nod
 
 	ticker := time.NewTicker(a.cfg.RenewInterval)
 	defer ticker.Stop()
+	// Until then, after a renewal came too late, each renewal also reads
+	// the Node and posts its status again if it is not Ready=True: the
+	// node lifecycle controller, catching up on its own after an outage,
+	// may mark it Unknown after the first post, as a kubelet's periodic
+	// status check would notice.
+	var recheckUntil time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -417,13 +424,17 @@ func (a *Agent) heartbeat(ctx context.Context, log logr.Logger, node *corev1.Nod
 		updated, err := leases.Update(wctx, next, metav1.UpdateOptions{})
 		cancel()
 		if err == nil {
-			if expired(lease, next.Spec.RenewTime.Time) {
+			late := expired(lease, next.Spec.RenewTime.Time)
+			if late {
+				recheckUntil = time.Now().Add(3 * time.Duration(ptr.Deref(lease.Spec.LeaseDurationSeconds, 40)) * time.Second)
+			}
+			if late || time.Now().Before(recheckUntil) {
 				// Renewed too late: the Node may have been marked
 				// Ready=Unknown meanwhile, and the status is posted only at
 				// boot. Post it again, as a kubelet whose status differs
 				// from the apiserver's does.
 				wctx, cancel := writeContext(ctx)
-				if _, err := a.register(wctx, node.Status.NodeInfo.BootID); err != nil {
+				if err := a.repost(wctx, node.Status.NodeInfo.BootID, late); err != nil {
 					log.Error(err, "Posting the node status after a late lease renewal failed")
 				}
 				cancel()
@@ -445,6 +456,22 @@ func (a *Agent) heartbeat(ctx context.Context, log logr.Logger, node *corev1.Nod
 			cancel()
 		}
 	}
+}
+
+// repost posts the Node's status again: always when force, else only if
+// the Node does not show Ready=True.
+func (a *Agent) repost(ctx context.Context, bootID string, force bool) error {
+	if !force {
+		node, err := a.cfg.Client.CoreV1().Nodes().Get(ctx, a.cfg.NodeName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if c := readyCondition(node); c != nil && c.Status == corev1.ConditionTrue {
+			return nil
+		}
+	}
+	_, err := a.register(ctx, bootID)
+	return err
 }
 
 // expired reports whether lease had run out by now.

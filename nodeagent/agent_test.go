@@ -378,3 +378,44 @@ func TestLateRenewalPostsReadyAgain(t *testing.T) {
 }
 
 func readyOf(n *corev1.Node) *corev1.NodeCondition { return nodes.Condition(n, corev1.NodeReady) }
+
+// After an outage the node lifecycle controller, catching up, may mark a
+// Node Ready=Unknown after its kubelet has already posted its status
+// again on the first late renewal. The agent looks again on the renewals
+// that follow, as a kubelet's periodic status check would, and posts
+// Ready once more; otherwise the Node would stay Unknown, and a health
+// check would remediate a healthy machine.
+func TestAMarkAfterTheOutageIsPostedOverToo(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	name := "after-outage"
+	start(t, nodeagent.Config{NodeName: name, ProviderID: "test:///after-outage", LeaseDurationSeconds: 2})
+	ready := func(g Gomega) corev1.ConditionStatus {
+		if c := readyOf(getNode(g, name)); c != nil {
+			return c.Status
+		}
+		return ""
+	}
+	g.Eventually(ready).WithTimeout(wait).Should(Equal(corev1.ConditionTrue))
+
+	g.Expect(env.StopAPIServer()).To(Succeed())
+	// On purpose: the Lease runs out while kube-apiserver is down.
+	time.Sleep(3 * time.Second)
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	g.Expect(env.StartAPIServer(sctx)).To(Succeed())
+	back := time.Now()
+	g.Eventually(func(g Gomega) time.Time { return renewTime(g, name) }).WithTimeout(wait).Should(BeTemporally(">", back))
+
+	// The mark lands after the first renewal's post.
+	n := getNode(g, name)
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == corev1.NodeReady {
+			n.Status.Conditions[i].Status = corev1.ConditionUnknown
+			n.Status.Conditions[i].Reason = "NodeStatusUnknown"
+		}
+	}
+	_, err := clientset.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Eventually(ready).WithTimeout(5 * time.Second).Should(Equal(corev1.ConditionTrue))
+}
