@@ -149,7 +149,9 @@ func TestAJoinedAgentRunsItsOwnNodeLeaseAndPods(t *testing.T) {
 	}).WithTimeout(wait).Should(Succeed())
 	node := getNode(g, name)
 	g.Expect(node.Spec.ProviderID).To(Equal("test:///" + name))
-	first := renewTime(g, name)
+	// The Lease is made after the Node: Ready may show first.
+	var first time.Time
+	g.Eventually(func(g Gomega) { first = renewTime(g, name) }).WithTimeout(wait).Should(Succeed(), "the agent makes its Lease")
 	g.Eventually(func(g Gomega) {
 		g.Expect(renewTime(g, name)).To(BeTemporally(">", first))
 	}).WithTimeout(wait).Should(Succeed(), "the agent renews its Lease")
