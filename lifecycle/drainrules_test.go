@@ -221,6 +221,28 @@ var _ = Describe("Drain rules and the waits before an instance goes", func() {
 		), "the plan says which rule placed which pod, and which rule lost")
 	})
 
+	It("evicts nothing while a rule that selects the Machine cannot be read, and drains once it is fixed", func(ctx SpecContext) {
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
+		newClass(ctx, ns, "small", nil)
+		m := runMachine(ctx, newMachine(ns, "ruled", "small"))
+		pod := boundPod(ctx, ns, "app", m.Status.NodeRef.Name, map[string]string{"app": "db"}, nil)
+		runningPod(ctx, pod)
+		// The schema admits an In without values; the label library does not.
+		broken := drainRule(ns, "broken", machinistv1.DrainBehaviorSkip, nil, nil, machinistv1.MachineDrainRulePodSelector{
+			Selector: &machinistv1.LabelSelector{MatchExpressions: []machinistv1.LabelSelectorRequirement{{Key: "app", Operator: metav1.LabelSelectorOpIn}}},
+		})
+		Expect(k8s.Create(ctx, broken)).To(Succeed())
+
+		Expect(k8s.Delete(ctx, m)).To(Succeed())
+		Eventually(getMachine(ctx, m)).WithTimeout(20 * time.Second).Should(
+			waitsWith(machinistv1.ConditionDrained, machinistv1.ReasonDrainRuleInvalid, "MachineDrainRule broken"))
+		Consistently(podExists(ctx, pod), "2s").Should(BeTrue(), "a rule that may keep the pod holds the drain")
+
+		Expect(k8s.Delete(ctx, broken)).To(Succeed())
+		Eventually(isGoneMachine(ctx, m)).WithTimeout(30 * time.Second).Should(BeTrue())
+		Expect(podExists(ctx, pod)()).To(BeFalse())
+	})
+
 	It("leaves a Skip pod through a soft reboot and waits for a WaitCompleted pod to complete", func(ctx SpecContext) {
 		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		batch := env.NewNamespace(GinkgoTB(), "batch")

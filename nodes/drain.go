@@ -91,7 +91,6 @@ func DrainRound(ctx context.Context, kube kubernetes.Interface, node *corev1.Nod
 	order := p.orders[0]
 	group := p.groups[order]
 	var blocked []string
-	var blockedPods []corev1.Pod
 	for _, pod := range group {
 		if pod.DeletionTimestamp != nil {
 			continue
@@ -104,10 +103,7 @@ func DrainRound(ctx context.Context, kube kubernetes.Interface, node *corev1.Nod
 			// terminating, or asks again. Not an error: an eviction is
 			// safe to ask twice.
 		case apierrors.IsTooManyRequests(err):
-			blockedPods = append(blockedPods, pod)
-			if len(blocked) < listed {
-				blocked = append(blocked, fmt.Sprintf("%s/%s: %s", pod.Namespace, pod.Name, budgetMessage(err)))
-			}
+			blocked = append(blocked, fmt.Sprintf("%s/%s: %s", pod.Namespace, pod.Name, budgetMessage(err)))
 		default:
 			return DrainOutcome{}, fmt.Errorf("evicting pod %s/%s: %w", pod.Namespace, pod.Name, err)
 		}
@@ -120,13 +116,13 @@ func DrainRound(ctx context.Context, kube kubernetes.Interface, node *corev1.Nod
 	if len(p.waiting) > 0 {
 		also = fmt.Sprintf("; also waiting for %d pod(s) to complete (WaitCompleted)", len(p.waiting))
 	}
-	if len(blockedPods) > 0 {
-		more := ""
-		if n := len(blockedPods) - len(blocked); n > 0 {
-			more = fmt.Sprintf("; and %d more", n)
+	if len(blocked) > 0 {
+		shown := strings.Join(blocked[:min(len(blocked), listed)], "; ")
+		if n := len(blocked) - listed; n > 0 {
+			shown += fmt.Sprintf("; and %d more", n)
 		}
 		out.Reason, out.Message = machinistv1.ReasonDrainBlocked, fmt.Sprintf(
-			"%s: eviction refused for %d pod(s): %s%s%s", where, len(blockedPods), strings.Join(blocked, "; "), more, also)
+			"%s: eviction refused for %d pod(s): %s%s", where, len(blocked), shown, also)
 		return out, nil
 	}
 	out.Reason, out.Message = machinistv1.ReasonDraining, fmt.Sprintf(
