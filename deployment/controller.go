@@ -22,17 +22,20 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/internal/index"
+	"github.com/machinist-dev/machinist/internal/pace"
 	"github.com/machinist-dev/machinist/internal/patch"
 	"github.com/machinist-dev/machinist/internal/requeue"
 	"github.com/machinist-dev/machinist/internal/stale"
@@ -59,7 +62,13 @@ type Reconciler struct {
 	// Calendar is the clock the disruption budgets are asked on: their
 	// windows open and close on it. Nil means time.Now.
 	Calendar func() time.Time
+	// PerMachine paces the reconciles that its Machines' changes ask
+	// for: a MachineDeployment of N Machines is looked at no more than
+	// once per N × PerMachine for them (see package pace). Zero means
+	// pace.DefaultPerObject. A Machine's deletion wakes it at once.
+	PerMachine time.Duration
 
+	pacer pace.Pacer
 	// expiryHolds remembers, by MachineDeployment UID, which budget an
 	// expiry's hold was last said for.
 	expiryHolds sync.Map
@@ -92,30 +101,62 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 		return err
 	}
 	r.cache = mgr.GetCache()
+	// The pacer keeps real time, as the work queue's delays do.
+	r.pacer.PerObject = r.PerMachine
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&machinistv1.MachineDeployment{}, builder.WithPredicates(wake.OnChangeByOthers())).
 		Owns(&machinistv1.MachineSet{}).
 		// A Machine deleted by hand changes no MachineSet status (it still
 		// counts until gone), but OnDelete rollouts act on it.
-		Watches(&machinistv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.deploymentOfMachine)).
+		Watches(&machinistv1.Machine{}, r.machineChanged()).
 		WithOptions(opts).
 		Named("machinedeployment").
 		Complete(r)
 }
 
-func (r *Reconciler) deploymentOfMachine(ctx context.Context, o client.Object) []reconcile.Request {
+// machineChanged wakes a Machine's MachineDeployment: at once when the
+// Machine starts going or is gone, paced otherwise. The rest of a
+// Machine's changes (its phase, its Ready condition) change what the
+// deployment counts, which a look a few milliseconds later counts too.
+func (r *Reconciler) machineChanged() handler.TypedEventHandler[client.Object, reconcile.Request] {
+	type queue = workqueue.TypedRateLimitingInterface[reconcile.Request]
+	wake := func(ctx context.Context, o client.Object, q queue, urgent bool) {
+		key, ok := r.deploymentOf(ctx, o)
+		switch {
+		case !ok:
+		case urgent:
+			q.Add(reconcile.Request{NamespacedName: key})
+		default:
+			r.pacer.Add(q, key)
+		}
+	}
+	return handler.TypedFuncs[client.Object, reconcile.Request]{
+		CreateFunc: func(ctx context.Context, e event.CreateEvent, q queue) { wake(ctx, e.Object, q, false) },
+		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q queue) {
+			going := e.ObjectOld.GetDeletionTimestamp() == nil && e.ObjectNew.GetDeletionTimestamp() != nil
+			if was, is := metav1.GetControllerOf(e.ObjectOld), metav1.GetControllerOf(e.ObjectNew); was != nil && (is == nil || is.UID != was.UID) {
+				wake(ctx, e.ObjectOld, q, true) // released: its old set's deployment counts one fewer
+			}
+			wake(ctx, e.ObjectNew, q, going)
+		},
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q queue) { wake(ctx, e.Object, q, true) },
+	}
+}
+
+// deploymentOf names the MachineDeployment whose MachineSet controls o.
+func (r *Reconciler) deploymentOf(ctx context.Context, o client.Object) (types.NamespacedName, bool) {
 	ref := metav1.GetControllerOf(o)
 	if ref == nil || ref.Kind != "MachineSet" {
-		return nil
+		return types.NamespacedName{}, false
 	}
 	ms := &machinistv1.MachineSet{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: o.GetNamespace(), Name: ref.Name}, ms); err != nil {
-		return nil
+		return types.NamespacedName{}, false
 	}
 	if md := metav1.GetControllerOf(ms); md != nil && md.Kind == "MachineDeployment" {
-		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ms.Namespace, Name: md.Name}}}
+		return types.NamespacedName{Namespace: ms.Namespace, Name: md.Name}, true
 	}
-	return nil
+	return types.NamespacedName{}, false
 }
 
 func (r *Reconciler) now() time.Time {
@@ -149,6 +190,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err := r.Client.Get(ctx, req.NamespacedName, md); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.writes.Forget(req.NamespacedName)
+			r.pacer.Forget(req.NamespacedName)
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
@@ -331,6 +373,8 @@ func (r *Reconciler) counts(ctx context.Context, md *machinistv1.MachineDeployme
 	// count would let the planner remove Machines it must keep.
 	now := r.now()
 	minReady := time.Duration(md.Spec.MinReadySeconds) * time.Second
+	read := 0
+	defer func() { r.pacer.Looked(client.ObjectKeyFromObject(md), read) }()
 	for _, ms := range sets {
 		// The cache's own objects, by index: read, never modified.
 		machines, err := index.Machines(ctx, r.Client, r.cache, md.Namespace, string(ms.UID))
@@ -338,6 +382,7 @@ func (r *Reconciler) counts(ctx context.Context, md *machinistv1.MachineDeployme
 			return nil, err
 		}
 		s := out[ms.UID]
+		read += len(machines)
 		for _, m := range machines {
 			s.Machines++
 			if m.DeletionTimestamp.IsZero() {

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -39,6 +40,7 @@ import (
 	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/internal/index"
 	"github.com/machinist-dev/machinist/internal/outcome"
+	"github.com/machinist-dev/machinist/internal/pace"
 	"github.com/machinist-dev/machinist/internal/requeue"
 	"github.com/machinist-dev/machinist/internal/stale"
 	"github.com/machinist-dev/machinist/internal/wake"
@@ -77,7 +79,15 @@ type Reconciler struct {
 	// Calendar is the clock the disruption budgets are asked on: their
 	// windows open and close on it. Nil means time.Now.
 	Calendar func() time.Time
+	// PerMachine paces the reconciles that changes of a set's Machines
+	// ask for: a set of N Machines is looked at no more than once per
+	// N × PerMachine for them (see package pace). Zero means
+	// pace.DefaultPerObject. Changes that may let it scale (the last
+	// creation or deletion it awaited) and changes of ownership or labels
+	// wake it at once.
+	PerMachine time.Duration
 
+	pacer        pace.Pacer
 	once         sync.Once
 	expectations *expectations
 	rndMu        sync.Mutex
@@ -103,6 +113,8 @@ func (r *Reconciler) init() {
 			r.Now = time.Now
 		}
 		r.expectations = newExpectations(r.Now)
+		// The pacer keeps real time, as the work queue's delays do.
+		r.pacer.PerObject = r.PerMachine
 		r.rnd = rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x6d61636869))
 	})
 }
@@ -150,6 +162,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			r.lastWrite.Delete(req.NamespacedName)
 			r.writes.Forget(req.NamespacedName)
 			r.statuses.Delete(req.NamespacedName)
+			r.pacer.Forget(req.NamespacedName)
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
@@ -170,6 +183,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	r.pacer.Looked(req.NamespacedName, len(owned))
 
 	var scaleErr error
 	var held *disruption.Refusal
@@ -679,7 +693,7 @@ func (h *machineHandler) Create(ctx context.Context, e event.TypedCreateEvent[cl
 	m := e.Object.(*machinistv1.Machine)
 	if key, ok := owner(m); ok {
 		h.r.expectations.created(key, m.Name)
-		q.Add(reconcile.Request{NamespacedName: key})
+		h.wake(q, key, !h.r.expectations.awaiting(key))
 		return
 	}
 	h.enqueueMatching(ctx, m, q)
@@ -689,14 +703,19 @@ func (h *machineHandler) Update(ctx context.Context, e event.TypedUpdateEvent[cl
 	old, m := e.ObjectOld.(*machinistv1.Machine), e.ObjectNew.(*machinistv1.Machine)
 	oldKey, hadOwner := owner(old)
 	key, hasOwner := owner(m)
-	if hasOwner && old.DeletionTimestamp.IsZero() && !m.DeletionTimestamp.IsZero() {
+	deleting := hasOwner && old.DeletionTimestamp.IsZero() && !m.DeletionTimestamp.IsZero()
+	if deleting {
 		h.r.expectations.deleted(key, m.UID)
 	}
-	if hadOwner && (!hasOwner || oldKey != key) {
+	moved := hadOwner && (!hasOwner || oldKey != key)
+	if moved {
 		q.Add(reconcile.Request{NamespacedName: oldKey})
 	}
 	if hasOwner {
-		q.Add(reconcile.Request{NamespacedName: key})
+		// A change of status or spec alone changes only what the set
+		// counts for its status, written at most once a second anyway.
+		urgent := moved || (deleting && !h.r.expectations.awaiting(key)) || !maps.Equal(old.Labels, m.Labels)
+		h.wake(q, key, urgent)
 		return
 	}
 	h.enqueueMatching(ctx, m, q)
@@ -709,11 +728,20 @@ func (h *machineHandler) Delete(ctx context.Context, e event.TypedDeleteEvent[cl
 	}
 	if key, ok := owner(m); ok {
 		h.r.expectations.deleted(key, m.UID)
-		q.Add(reconcile.Request{NamespacedName: key})
+		h.wake(q, key, !h.r.expectations.awaiting(key))
 	}
 }
 
 func (h *machineHandler) Generic(ctx context.Context, e event.TypedGenericEvent[client.Object], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+}
+
+// wake queues key at once when urgent, else paced.
+func (h *machineHandler) wake(q workqueue.TypedRateLimitingInterface[reconcile.Request], key types.NamespacedName, urgent bool) {
+	if urgent {
+		q.Add(reconcile.Request{NamespacedName: key})
+		return
+	}
+	h.r.pacer.Add(q, key)
 }
 
 // enqueueMatching queues every MachineSet whose selector matches an orphan.

@@ -93,6 +93,16 @@ func (e *expectations) satisfied(key types.NamespacedName) bool {
 	return true
 }
 
+// awaiting reports whether key still awaits a creation or deletion it
+// made, without satisfied's expiry: a wake-up that ends no wait need not
+// come at once.
+func (e *expectations) awaiting(key types.NamespacedName) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	x, ok := e.by[key]
+	return ok && (len(x.adds) > 0 || len(x.deletes) > 0)
+}
+
 // expectCreates records that Machines of these names are being created.
 func (e *expectations) expectCreates(key types.NamespacedName, names []string) {
 	e.mu.Lock()

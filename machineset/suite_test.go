@@ -31,7 +31,10 @@ var _ = BeforeSuite(func() {
 	var controllers *testenv.Controllers
 	var stop func() error
 	var err error
-	env, controllers, stop, err = testenv.StartWithServedControllers(manager.Options{ProvisionTimeout: 20 * time.Second},
+	env, controllers, stop, err = testenv.StartWithServedControllers(manager.Options{ProvisionTimeout: 20 * time.Second,
+		// Long enough that the pacing spec can count its looks; the
+		// other specs' sets are a few Machines, paced a few tens of ms.
+		PerMachine: 25 * time.Millisecond},
 		testenv.Leases{DurationSeconds: 10, RenewInterval: 2 * time.Second})
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(stop)

@@ -46,6 +46,10 @@ type Options struct {
 	// the Machine controller and of each set controller (MachineSet and
 	// MachineDeployment); zero means 16 and 4.
 	MachineWorkers, MachineSetWorkers int
+	// PerMachine paces the reconciles of MachineSets and
+	// MachineDeployments that their Machines' changes ask for; zero means
+	// the sets' default (see package pace).
+	PerMachine time.Duration
 	// ProvisionTimeout, Backoff and DrainPoll tune the Machine controller;
 	// zero values take its defaults.
 	ProvisionTimeout time.Duration
@@ -249,10 +253,11 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 		return nil, err
 	}
 	sets := &machineset.Reconciler{
-		Client:    mgr.GetClient(),
-		APIReader: mgr.GetAPIReader(),
-		Recorder:  mgr.GetEventRecorder("machinist-machineset"),
-		Calendar:  opts.Now,
+		Client:     mgr.GetClient(),
+		APIReader:  mgr.GetAPIReader(),
+		Recorder:   mgr.GetEventRecorder("machinist-machineset"),
+		Calendar:   opts.Now,
+		PerMachine: opts.PerMachine,
 	}
 	if err := sets.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err
@@ -268,6 +273,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 		Actuators:   opts.Actuators,
 		APIReader:   mgr.GetAPIReader(),
 		Calendar:    opts.Now,
+		PerMachine:  opts.PerMachine,
 	}
 	if err := deployments.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err
