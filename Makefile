@@ -49,8 +49,9 @@ manifests: ## Generate the CRDs (config/crd/bases) and the ClusterRoles (config/
 	$(CONTROLLER_GEN) rbac:roleName=machinist-verbs,fileName=verbs.yaml paths=./internal/rbac/verbs output:rbac:artifacts:config=config/rbac
 
 .PHONY: binaries
-binaries: ## Build bin/machinist and bin/kubectl-machine (the kubectl plugin).
+binaries: ## Build bin/machinist, bin/machinist-manager (the manager alone) and bin/kubectl-machine (the kubectl plugin).
 	go build -ldflags='$(GO_LDFLAGS)' -o bin/machinist ./cmd/machinist
+	go build -ldflags='$(GO_LDFLAGS)' -o bin/machinist-manager ./cmd/machinist-manager
 	go build -ldflags='$(GO_LDFLAGS)' -o bin/kubectl-machine ./cmd/kubectl-machine
 
 .PHONY: run

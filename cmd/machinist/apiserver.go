@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/machinist-dev/machinist/apiserver"
+	"github.com/machinist-dev/machinist/cmd/internal/cli"
 )
 
 func apiserverCommand() *cobra.Command {
@@ -18,7 +19,7 @@ func apiserverCommand() *cobra.Command {
 		bind       string
 		apiService string
 		service    string
-		logs       logFlags
+		logs       cli.LogFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "apiserver",
@@ -34,7 +35,7 @@ CA into the APIService's caBundle, so no other certificate tooling is
 needed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := logs.setUp(); err != nil {
+			if err := logs.SetUp(); err != nil {
 				return err
 			}
 			opts.BindAddress = net.ParseIP(bind)
@@ -45,7 +46,7 @@ needed.`,
 			}
 			ctx := ctrl.SetupSignalHandler()
 			if apiService != "" {
-				cfg, err := restConfig(opts.Kubeconfig)
+				cfg, err := cli.RestConfig(opts.Kubeconfig)
 				if err != nil {
 					return err
 				}
@@ -73,6 +74,6 @@ needed.`,
 	fs.StringVar(&apiService, "apiservice", "", "APIService whose caBundle to set to the generated CA at start (e.g. "+apiserver.APIServiceName+")")
 	fs.Float32Var(&opts.QPS, "kube-api-qps", 200, "requests per second to the API server")
 	fs.IntVar(&opts.Burst, "kube-api-burst", 400, "burst of requests to the API server")
-	logs.add(fs)
+	logs.Add(fs)
 	return cmd
 }

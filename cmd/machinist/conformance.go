@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/machinist-dev/machinist/cmd/internal/cli"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/provider/conformance"
 )
@@ -53,7 +54,7 @@ One line is printed per check. The exit status is 1 unless every check
 passed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			rc, err := restConfig(kubeconfig)
+			rc, err := cli.RestConfig(kubeconfig)
 			if err != nil {
 				return err
 			}
@@ -114,7 +115,7 @@ passed.`,
 	fs := cmd.Flags()
 	fs.StringVar(&cfg.Endpoint, "endpoint", "", "the provider's endpoint: unix:///path/to.sock, or tcp://host:port with --tls-*")
 	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the cluster the provider registers its Nodes with")
-	addClientTLSFlags(fs, "", &cfg.TLS)
+	cli.AddClientTLSFlags(fs, "", &cfg.TLS)
 	fs.StringVar(&providerSpec, "provider-spec", "", "the MachineClass providerSpec the instances are made with, as JSON")
 	fs.StringVar(&transientSpec, "transient-provider-spec", "", "a providerSpec, as JSON, with which Create fails transiently; given, a check proves the failure is not reported as permanent")
 	fs.StringVar(&cfg.Namespace, "namespace", "", "the namespace written into the fabricated Machines (default conformance)")

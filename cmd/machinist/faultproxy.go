@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	ctrl "sigs.k8s.io/controller-runtime"
 
+	"github.com/machinist-dev/machinist/cmd/internal/cli"
 	"github.com/machinist-dev/machinist/faults"
 )
 
@@ -19,7 +20,7 @@ func faultProxyCommand() *cobra.Command {
 	var (
 		kubeconfig, listen, rules, out, metrics string
 		seed                                    uint64
-		logs                                    logFlags
+		logs                                    cli.LogFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "fault-proxy",
@@ -41,7 +42,7 @@ metrics on --metrics-bind-address and printed when the proxy stops.`,
   machinist manager --kubeconfig /tmp/faulty.kubeconfig`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := logs.setUp(); err != nil {
+			if err := logs.SetUp(); err != nil {
 				return err
 			}
 			if rules == "" || out == "" {
@@ -54,7 +55,7 @@ metrics on --metrics-bind-address and printed when the proxy stops.`,
 			if seed != 0 {
 				config.Seed = seed
 			}
-			cfg, err := restConfig(kubeconfig)
+			cfg, err := cli.RestConfig(kubeconfig)
 			if err != nil {
 				return err
 			}
@@ -106,6 +107,6 @@ metrics on --metrics-bind-address and printed when the proxy stops.`,
 	fs.Uint64Var(&seed, "seed", 0, "seed of the faults' generator; 0 keeps the file's")
 	fs.StringVar(&out, "write-kubeconfig", "", "where to write the kubeconfig that reaches kube-apiserver through the proxy")
 	fs.StringVar(&metrics, "metrics-bind-address", "0", "address to serve the counts as Prometheus metrics on; 0 serves none")
-	logs.add(fs)
+	logs.Add(fs)
 	return cmd
 }

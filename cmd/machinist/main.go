@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/grpclog"
 
 	"github.com/machinist-dev/machinist/actuators/qemu/guest"
+	"github.com/machinist-dev/machinist/cmd/internal/cli"
 )
 
 func main() {
@@ -35,7 +36,7 @@ func root() *cobra.Command {
 	}
 	cmd.AddCommand(fsmCommand())
 	cmd.AddCommand(agentCommand())
-	cmd.AddCommand(managerCommand())
+	cmd.AddCommand(cli.ManagerCommand())
 	cmd.AddCommand(apiserverCommand())
 	cmd.AddCommand(runCommand())
 	cmd.AddCommand(providerCommand())

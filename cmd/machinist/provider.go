@@ -13,7 +13,6 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/wait"
 	ctrl "sigs.k8s.io/controller-runtime"
 
@@ -21,6 +20,7 @@ import (
 	"github.com/machinist-dev/machinist/actuators/inmemory"
 	"github.com/machinist-dev/machinist/actuators/process"
 	"github.com/machinist-dev/machinist/actuators/qemu"
+	"github.com/machinist-dev/machinist/cmd/internal/cli"
 	"github.com/machinist-dev/machinist/provider"
 )
 
@@ -46,7 +46,7 @@ func providerServeCommand() *cobra.Command {
 		control  string
 		machines process.Options
 		vms      qemu.Options
-		logs     logFlags
+		logs     cli.LogFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "serve --provider inmemory|process|qemu --endpoint unix:///path/to.sock",
@@ -72,7 +72,7 @@ the join data the manager hands over, and a repaired one deletes its old
 Node itself.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := logs.setUp(); err != nil {
+			if err := logs.SetUp(); err != nil {
 				return err
 			}
 			ctx := ctrl.SetupSignalHandler()
@@ -122,18 +122,18 @@ Node itself.`,
 	fs := cmd.Flags()
 	fs.StringVar(&name, "provider", "", "the built-in provider to serve: inmemory, process or qemu")
 	fs.StringVar(&endpoint, "endpoint", "", "where to serve: unix:///path/to.sock, or tcp://host:port with --tls-*")
-	addServerTLSFlags(fs, &tlsFiles)
+	cli.AddServerTLSFlags(fs, &tlsFiles)
 	fs.StringVar(&control, "inmemory-control", "", "unix:///path: also serve the inmemory provider's fault injection and books there, for tests")
 	fs.StringVar(&machines.StateDir, "process-state-dir", "", "the process provider's state directory")
 	fs.StringVar(&machines.AgentBinary, "process-agent-binary", "", "the machinist binary the agents run; empty means this one")
 	fs.BoolVar(&machines.ExitWithParent, "process-exit-with-parent", false, "kill the agents when this process dies (for machinist run, whose control plane dies with it)")
-	addQEMUFlags(fs, &vms)
+	cli.AddQEMUFlags(fs, &vms)
 	fs.BoolVar(&vms.ExitWithParent, "qemu-exit-with-parent", false, "power the VMs off when this process dies (for machinist run, whose control plane dies with it)")
 	fs.Int32Var(&machines.LeaseDurationSeconds, "lease-duration-seconds", 0, "the machines' Node Lease duration (0: 40)")
 	fs.DurationVar(&machines.RenewInterval, "renew-interval", 0, "how often the machines renew their Node Leases (0: 10s)")
 	_ = cmd.MarkFlagRequired("provider")
 	_ = cmd.MarkFlagRequired("endpoint")
-	logs.add(fs)
+	logs.Add(fs)
 	return cmd
 }
 
@@ -181,25 +181,6 @@ func version() string {
 		return info.Main.Version
 	}
 	return "(devel)"
-}
-
-// addQEMUFlags adds the flags of the qemu provider, in process or served.
-func addQEMUFlags(fs *pflag.FlagSet, o *qemu.Options) {
-	fs.StringVar(&o.StateDir, "qemu-state-dir", "", "the qemu provider's state directory: one directory per VM, with its disk, console log and QMP socket")
-	fs.StringVar(&o.GuestBinary, "qemu-guest-binary", "", "the static machinist binary each VM runs as its init; empty means this one")
-	fs.StringVar(&o.Accel, "qemu-accel", "", "kvm or tcg; empty means KVM if a probe boot under it succeeds, else TCG")
-}
-
-func addServerTLSFlags(fs *pflag.FlagSet, f *provider.TLSFiles) {
-	fs.StringVar(&f.CA, "tls-client-ca", "", "CA that signed the clients' certificates (mutual TLS; required for tcp://)")
-	fs.StringVar(&f.Cert, "tls-cert", "", "this provider's certificate (PEM)")
-	fs.StringVar(&f.Key, "tls-key", "", "this provider's key (PEM)")
-}
-
-func addClientTLSFlags(fs *pflag.FlagSet, prefix string, f *provider.TLSFiles) {
-	fs.StringVar(&f.CA, prefix+"tls-ca", "", "CA that signed the providers' certificates (mutual TLS; required for tcp:// endpoints)")
-	fs.StringVar(&f.Cert, prefix+"tls-cert", "", "the client certificate presented to providers (PEM)")
-	fs.StringVar(&f.Key, prefix+"tls-key", "", "the client key (PEM)")
 }
 
 // takeOver takes p's machines over in the background as serving starts:

@@ -6,13 +6,14 @@ import (
 	"github.com/spf13/cobra"
 	ctrl "sigs.k8s.io/controller-runtime"
 
+	"github.com/machinist-dev/machinist/cmd/internal/cli"
 	"github.com/machinist-dev/machinist/local"
 )
 
 func runCommand() *cobra.Command {
 	var (
 		opts local.Options
-		logs logFlags
+		logs cli.LogFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -34,7 +35,7 @@ MachineDeployment's Machines) and MachineDisruptionBudget "workers".
 Ctrl-C stops everything it started.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := logs.setUp(); err != nil {
+			if err := logs.SetUp(); err != nil {
 				return err
 			}
 			opts.Out = cmd.OutOrStdout()
@@ -45,7 +46,7 @@ Ctrl-C stops everything it started.`,
 	fs.StringVar(&opts.StateDir, "state-dir", ".machinist", "where both clusters' etcd data, certificates, ports and kubeconfigs, and the machines, are kept")
 	fs.StringVar(&opts.BinDir, "bin-dir", filepath.Join(".", "bin"), "where etcd and kube-apiserver are (make controlplane builds them)")
 	fs.StringVar(&opts.AgentBinary, "agent-binary", "", "the machinist binary each machine runs as its agent; empty means this one")
-	logs.add(fs)
+	logs.Add(fs)
 	// The controllers log every transition; a person at a terminal wants
 	// the summary, not the stream.
 	fs.Lookup("log-level").DefValue = "error"

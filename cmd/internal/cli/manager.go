@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"errors"
@@ -10,8 +10,6 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/machinist-dev/machinist/actuators"
@@ -23,7 +21,8 @@ import (
 	"github.com/machinist-dev/machinist/provider"
 )
 
-func managerCommand() *cobra.Command {
+// ManagerCommand is `manager`: the controllers.
+func ManagerCommand() *cobra.Command {
 	var (
 		kubeconfig string
 		opts       manager.Options
@@ -32,7 +31,7 @@ func managerCommand() *cobra.Command {
 		remotes    []string
 		remoteOpts provider.DialOptions
 		goroutines inmemory.Options
-		logs       logFlags
+		logs       LogFlags
 		joinCAFile string
 	)
 	cmd := &cobra.Command{
@@ -58,10 +57,10 @@ container; a replica started while kube-apiserver is down waits for it,
 logging "waiting for kube-apiserver", instead of exiting again.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := logs.setUp(); err != nil {
+			if err := logs.SetUp(); err != nil {
 				return err
 			}
-			cfg, err := restConfig(kubeconfig)
+			cfg, err := RestConfig(kubeconfig)
 			if err != nil {
 				return err
 			}
@@ -162,14 +161,14 @@ logging "waiting for kube-apiserver", instead of exiting again.`,
 	fs.Int32Var(&goroutines.LeaseDurationSeconds, "inmemory-lease-duration-seconds", 0, "the in-process inmemory provider's Node Lease duration (0: 40)")
 	fs.DurationVar(&goroutines.RenewInterval, "inmemory-renew-interval", 0, "how often the in-process inmemory provider's machines renew their Leases (0: 10s)")
 	fs.StringArrayVar(&remotes, "provider", nil, "NAME=ENDPOINT: a provider served out of process, at unix:///path or tcp://host:port (repeatable)")
-	addClientTLSFlags(fs, "provider-", &remoteOpts.TLS)
+	AddClientTLSFlags(fs, "provider-", &remoteOpts.TLS)
 	fs.DurationVar(&remoteOpts.Timeout, "provider-timeout", 0, "how long one call to an out-of-process provider may take (0: 30s)")
 	fs.StringVar(&machines.StateDir, "process-state-dir", "", `turn on the "process" provider, keeping its machines' state here`)
 	fs.StringVar(&machines.AgentBinary, "process-agent-binary", "", "the machinist binary the agents run; empty means this one")
 	fs.Int32Var(&machines.LeaseDurationSeconds, "process-lease-duration-seconds", 0, "the agents' Node Lease duration, of the process and qemu providers (0: 40)")
 	fs.DurationVar(&machines.RenewInterval, "process-renew-interval", 0, "how often the agents of the process and qemu providers renew their Node Leases (0: 10s)")
-	addQEMUFlags(fs, &vms)
-	logs.add(fs)
+	AddQEMUFlags(fs, &vms)
+	logs.Add(fs)
 	return cmd
 }
 
@@ -203,16 +202,4 @@ func managerScheme() (*runtime.Scheme, error) {
 		return nil, err
 	}
 	return s, machinistv1.AddToScheme(s)
-}
-
-// restConfig loads a kubeconfig file, or the in-cluster configuration.
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig == "" {
-		cfg, err := rest.InClusterConfig()
-		if err != nil {
-			return nil, fmt.Errorf("not in a cluster, and no --kubeconfig: %w", err)
-		}
-		return cfg, nil
-	}
-	return clientcmd.BuildConfigFromFlags("", kubeconfig)
 }

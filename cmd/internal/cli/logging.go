@@ -1,4 +1,7 @@
-package main
+// Package cli holds what Machinist's commands share: the manager command,
+// which two binaries serve, and the flags of logging, clients and
+// providers.
+package cli
 
 import (
 	"fmt"
@@ -10,20 +13,21 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 )
 
-// logFlags are the structured-logging flags every long-running command has.
-type logFlags struct {
+// LogFlags are the structured-logging flags every long-running command has.
+type LogFlags struct {
 	format string
 	level  string
 }
 
-func (f *logFlags) add(fs *pflag.FlagSet) {
+// Add adds the flags to fs.
+func (f *LogFlags) Add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.format, "log-format", "text", "log encoding: json (one object per line, for collectors) or text (for people)")
 	fs.StringVar(&f.level, "log-level", "info", "least severe level logged: debug, info or error")
 }
 
-// setUp installs the logger for controller-runtime and for client-go's
+// SetUp installs the logger for controller-runtime and for client-go's
 // klog, so that every library logs the same way.
-func (f *logFlags) setUp() error {
+func (f *LogFlags) SetUp() error {
 	var level zapcore.Level
 	if err := level.UnmarshalText([]byte(f.level)); err != nil {
 		return fmt.Errorf("--log-level %q: want debug, info or error", f.level)
