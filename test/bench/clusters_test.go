@@ -39,11 +39,16 @@ import (
 // differences between them are what serving clusters costs; the
 // manager's heap with 0, 1 and 10 clusters connected, idle and after the
 // scale-up, gives the memory a connection costs.
+//
+// BENCH_CLUSTER_MACHINES sets the fleet's size (1,000 unless set) and
+// BENCH_CLUSTERS the cases (0,1,10 unless set): BENCH_CLUSTER_MACHINES=10000
+// BENCH_CLUSTERS=0,10 compares ten workload clusters of 1,000 with one
+// self-managed cluster of 10,000.
 func BenchmarkScaleUpAcrossClusters(b *testing.B) {
-	const n = 1000
+	n := sizes(b, "BENCH_CLUSTER_MACHINES", 1000)[0]
 	// Later cases report their memory against earlier ones'.
 	seen := map[int]memory{}
-	for _, k := range []int{0, 1, 10} {
+	for _, k := range sizes(b, "BENCH_CLUSTERS", 0, 1, 10) {
 		b.Run(fmt.Sprintf("clusters=%d", k), func(b *testing.B) {
 			for range b.N {
 				seen[k] = scaleAcross(b, n, k, seen)

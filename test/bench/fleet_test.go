@@ -44,31 +44,78 @@ type fleet struct {
 	metrics, pprof string
 }
 
+// managerBin is machinist-manager, the binary a deployed manager runs,
+// built once for the benchmarks of this process.
+var managerBin struct {
+	sync.Mutex
+	path string
+}
+
+// managerBinary builds cmd/machinist-manager once, into a directory that
+// goes when the benchmarks end.
+func managerBinary() (string, error) {
+	managerBin.Lock()
+	defer managerBin.Unlock()
+	if managerBin.path != "" {
+		return managerBin.path, nil
+	}
+	dir, err := os.MkdirTemp("", "machinist-manager-")
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "machinist-manager")
+	if err := testenv.Build("./cmd/machinist-manager", path); err != nil {
+		_ = os.RemoveAll(dir)
+		return "", err
+	}
+	managerBin.path = path
+	return path, nil
+}
+
+// TestMain removes what the benchmarks built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if managerBin.path != "" {
+		_ = os.RemoveAll(filepath.Dir(managerBin.path))
+	}
+	os.Exit(code)
+}
+
 // newFleet starts a control plane of the benchmark's own and, if served,
 // the inmemory provider out of process; the manager is started by start.
 // Leases are renewed hourly, as in setUp: heartbeats are the provider's
 // load, not the engine's.
 func newFleet(b *testing.B, served bool) *fleet {
+	return newFleetOf(b, served, nil)
+}
+
+// newFleetOf is newFleet with the served inmemory provider p, started by
+// the caller on the fleet's control plane (env); nil starts the usual one.
+func newFleetOf(b *testing.B, served bool, serve func(*testenv.Env) *testenv.ServedProvider) *fleet {
 	e := freshEnv(b, testenv.Options{})
 	kube, err := kubernetes.NewForConfig(e.Config)
 	if err != nil {
 		b.Fatal(err)
 	}
-	bin, err := testenv.Machinist()
+	bin, err := managerBinary()
 	if err != nil {
 		b.Fatal(err)
 	}
 	f := &fleet{e: e, kube: kube, bin: bin}
-	f.args = []string{"manager", "--kubeconfig", e.Kubeconfig, "--health-probe-bind-address=0",
+	f.args = []string{"--kubeconfig", e.Kubeconfig, "--health-probe-bind-address=0",
 		"--machine-workers", strconv.Itoa(workers), "--set-workers=4",
 		"--kube-api-qps", strconv.Itoa(qps), "--kube-api-burst", strconv.Itoa(burst), "--log-level=error"}
-	if served {
+	switch {
+	case serve != nil:
+		f.provider = serve(e)
+		f.args = append(f.args, "--provider=inmemory="+f.provider.Endpoint)
+	case served:
 		if f.provider, err = e.ServeProvider("inmemory", "--lease-duration-seconds=3600", "--renew-interval=1h", "--log-level=error"); err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { _ = f.provider.Stop() })
 		f.args = append(f.args, "--provider=inmemory="+f.provider.Endpoint)
-	} else {
+	default:
 		f.args = append(f.args, "--inmemory-lease-duration-seconds=3600", "--inmemory-renew-interval=1h")
 	}
 	b.Cleanup(func() { f.stop(b) })

@@ -2,13 +2,22 @@ package bench
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
+	"math/big"
 	"slices"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
+	certificatesv1 "k8s.io/api/certificates/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,8 +36,37 @@ type unit func(ctx context.Context, c client.Client, ns string, i int) error
 
 // mixed are the resources a full-mix floor writes beyond its units' own:
 // what the engine's run writes besides the Machines themselves.
+// The joining writes come in the order a machine makes them: its
+// bootstrap token, its CertificateSigningRequest, the approver's
+// SubjectAccessReview, the approval and signature, the token's removal.
 var mixed = []string{"events", "nodes", "nodes/status", "leases",
-	"machinesets", "machinesets/status", "machinedeployments", "machinedeployments/status"}
+	"machinesets", "machinesets/status", "machinedeployments", "machinedeployments/status",
+	"secrets", "certificatesigningrequests", "subjectaccessreviews",
+	"certificatesigningrequests/approval", "certificatesigningrequests/status"}
+
+// joining is a certificate request and a certificate (PEM) for the floor's
+// CertificateSigningRequests, made once: the API server checks their
+// encoding, not who they name.
+var joining = sync.OnceValues(func() (pems [2][]byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return pems, err
+	}
+	subject := pkix.Name{CommonName: "system:node:floor", Organization: []string{"system:nodes"}}
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: subject}, key)
+	if err != nil {
+		return pems, err
+	}
+	pems[0] = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: subject, NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	der, err = x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return pems, err
+	}
+	pems[1] = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	return pems, nil
+})
 
 // prepare makes, before a floor's clock starts, what its units need in
 // namespace ns.
@@ -96,6 +134,17 @@ func mixFloor(ctx context.Context, b *testing.B, n int, prepare prepare, work un
 			Spec: corev1.NodeSpec{ProviderID: "floor:///" + strconv.Itoa(i)}}
 		lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: node.Name},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(node.Name), LeaseDurationSeconds: ptr.To(int32(3600)), RenewTime: ptr.To(metav1.NewMicroTime(time.Now()))}}
+		pems, err := joining()
+		if err != nil {
+			return err
+		}
+		request, certificate := pems[0], pems[1]
+		// A signer of the floor's own, so that kube-controller-manager
+		// neither approves nor signs these: the floor makes those writes.
+		csr := &certificatesv1.CertificateSigningRequest{ObjectMeta: metav1.ObjectMeta{Name: node.Name},
+			Spec: certificatesv1.CertificateSigningRequestSpec{Request: request, SignerName: "floor.machinist.dev/bench",
+				Usages: []certificatesv1.KeyUsage{certificatesv1.UsageClientAuth}}}
+		token := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: node.Name}, StringData: map[string]string{"token-secret": "floor"}}
 		for r := range slices.Values(mixed) {
 			for k := range share(r, i) {
 				var err error
@@ -125,6 +174,30 @@ func mixFloor(ctx context.Context, b *testing.B, n int, prepare prepare, work un
 					} else {
 						err = patch(lease, false, fmt.Sprintf(`{"spec":{"renewTime":"%s"}}`, time.Now().UTC().Format("2006-01-02T15:04:05.000000Z07:00")))
 					}
+				case "secrets":
+					if k == 0 {
+						err = c.Create(ctx, token)
+					} else {
+						err = c.Delete(ctx, token)
+					}
+				case "certificatesigningrequests":
+					err = c.Create(ctx, csr)
+				case "subjectaccessreviews":
+					err = c.Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: "system:node:floor",
+						ResourceAttributes: &authorizationv1.ResourceAttributes{Group: "certificates.k8s.io", Resource: "certificatesigningrequests", Subresource: "nodeclient", Verb: "create"}}})
+				case "certificatesigningrequests/approval":
+					if csr.ResourceVersion == "" {
+						continue
+					}
+					csr.Status.Conditions = append(csr.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
+						Type: certificatesv1.CertificateApproved, Status: corev1.ConditionTrue, Reason: "Floor", Message: "a write of the floor"})
+					err = c.SubResource("approval").Update(ctx, csr)
+				case "certificatesigningrequests/status":
+					if len(csr.Status.Conditions) == 0 {
+						continue
+					}
+					csr.Status.Certificate = certificate
+					err = c.Status().Update(ctx, csr)
 				case "machinesets", "machinedeployments":
 					var o client.Object = ms
 					if r == "machinedeployments" {

@@ -8,6 +8,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -56,14 +58,35 @@ func freshEnv(b *testing.B, opts testenv.Options) *testenv.Env {
 // by a client with the engine's parallelism. Over the fleet it built it
 // then restarts the manager twice, the second time with one Machine's spec
 // changed while it was down, and times kubectl.
+//
+// The sizes are BENCH_SCALE's, comma-separated, 1,000, 10,000 and 20,000
+// unless set.
 func BenchmarkScaleUp(b *testing.B) {
-	for _, n := range []int{1000, 5000, 10000} {
+	for _, n := range sizes(b, "BENCH_SCALE", 1000, 10000, 20000) {
 		b.Run(fmt.Sprintf("machines=%d", n), func(b *testing.B) {
 			for range b.N {
 				scaleUp(b, n)
 			}
 		})
 	}
+}
+
+// sizes reads a comma-separated list of counts from the environment
+// variable name, or returns defaults when it is unset.
+func sizes(b *testing.B, name string, defaults ...int) []int {
+	v := os.Getenv(name)
+	if v == "" {
+		return defaults
+	}
+	var out []int
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 0 {
+			b.Fatalf("%s=%q: want counts separated by commas", name, v)
+		}
+		out = append(out, n)
+	}
+	return out
 }
 
 // setUp starts a control plane of the benchmark's own, the controllers
@@ -180,6 +203,28 @@ func scaleUp(b *testing.B, n int) {
 	}
 	b.Logf("N=%d: successful writes by resource %v; refused writes %v; full-mix floor replayed %v", n, w, after.Refused.Since(before.Refused), replayed)
 	b.Logf("N=%d: restart wrote %v; restart with one Machine changed wrote %v", n, plain.writes, changed.writes)
+	b.Logf("N=%d: refused writes by resource, verb and code since the control plane started: %v", n, refusedByCode(ctx, b, f.kube))
+}
+
+// refusedByCode lists kube-apiserver's refused writes by resource, verb
+// and status code, so that a refusal's cause can be told apart.
+func refusedByCode(ctx context.Context, b *testing.B, kube kubernetes.Interface) []string {
+	raw, err := kube.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(raw), "\n") {
+		if !strings.HasPrefix(line, "apiserver_request_total{") || strings.Contains(line, `code="2`) {
+			continue
+		}
+		for _, verb := range []string{`verb="POST"`, `verb="PUT"`, `verb="PATCH"`, `verb="DELETE"`} {
+			if strings.Contains(line, verb) {
+				out = append(out, line[len("apiserver_request_total"):])
+			}
+		}
+	}
+	return out
 }
 
 // restarted is what a manager's restart over a settled fleet cost.
