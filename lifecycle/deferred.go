@@ -51,6 +51,7 @@ func (r *Reconciler) deferJoin(ctx context.Context, s *step) (bootstrap.Join, er
 		if err != nil {
 			return bootstrap.Join{}, err
 		}
+		t.ID = nodes.PublishedTokenID(m.UID)
 		sec = corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{
 				Namespace: m.Namespace, Name: deferredJoinName(m),

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -160,6 +161,22 @@ func TestAKeptTokenIsPublishedOnce(t *testing.T) {
 	}
 	if s, err := kube.CoreV1().Secrets(metav1.NamespaceSystem).Get(ctx, kept.SecretName(), metav1.GetOptions{}); err != nil || s.Labels[nodes.TokenMachineLabel] != string(m.UID) {
 		t.Errorf("the first token was changed: %v %v", err, s.Labels)
+	}
+
+	// A kept token takes the Machine's published slot, which Joined reads
+	// by name: once the machine has joined, it goes.
+	slot, err := bootstrap.ParseToken(nodes.PublishedTokenID(m.UID) + ".0123456789abcdef")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.Publish(ctx, m, slot, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.Joined(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kube.CoreV1().Secrets(metav1.NamespaceSystem).Get(ctx, slot.SecretName(), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the published token is still there after Joined: %v", err)
 	}
 }
 

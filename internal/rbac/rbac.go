@@ -27,15 +27,14 @@ package rbac
 
 // Secrets, read one at a time and never listed or watched, so that the
 // manager caches no Secret of any namespace: get reads the kubeconfig each
-// WorkloadCluster names, in the WorkloadCluster's namespace; create, get,
-// delete and deletecollection (by a Machine's label, so that its joined
-// machine's tokens go in one request, returning nothing) handle the
+// WorkloadCluster names, in the WorkloadCluster's namespace; create, get
+// and delete (each by the name derived from a Machine's UID) handle the
 // bootstrap tokens that let a new machine's kubelet join the manager's own
 // cluster, in kube-system. Markers make only
 // cluster-wide rules, so this grants those verbs in every namespace;
 // docs/operations.md shows how to narrow them with Roles.
 //
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;delete;deletecollection
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;delete
 
 // The Machine controller labels, taints, cordons and deletes Nodes and
 // drains them by evicting their pods. It never writes a Node's status:

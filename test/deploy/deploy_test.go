@@ -687,7 +687,7 @@ func TestServiceAccountsMayDoWhatTheyNeed(t *testing.T) {
 		{managerSA, []string{"get", "secrets/prod-kubeconfig", "-n", "fleet"}, true},
 		{managerSA, []string{"create", "secrets", "-n", "kube-system"}, true},
 		{managerSA, []string{"delete", "secrets", "-n", "kube-system"}, true},
-		{managerSA, []string{"deletecollection", "secrets", "-n", "kube-system"}, true},
+		{managerSA, []string{"deletecollection", "secrets", "-n", "kube-system"}, false},
 		{managerSA, []string{"list", "secrets", "-A"}, false},
 		{managerSA, []string{"watch", "secrets", "-A"}, false},
 		{managerSA, []string{"update", "secrets", "-n", "kube-system"}, false},
