@@ -100,8 +100,21 @@ func TestTheManagementClusterDown(t *testing.T) {
 
 	// A Machine written from here on, the outage's return included, has
 	// another resourceVersion after.
+	// Settled: Running, and judged by their health check, whose first
+	// condition write would otherwise be in flight as the outage starts
+	// and land after it.
+	var settled []machinistv1.Machine
+	testenv.WaitFor(t, time.Minute, "the steady Machines Running and judged by their health check", func() error {
+		settled = running(t, ns, 3, time.Minute, client.MatchingLabels{"pool": "steady"})
+		for _, m := range settled {
+			if c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionHealthCheckSucceeded); c == nil || c.Status != metav1.ConditionTrue {
+				return fmt.Errorf("%s: %s %+v", m.Name, machinistv1.ConditionHealthCheckSucceeded, c)
+			}
+		}
+		return nil
+	})
 	before := map[string]string{}
-	for _, m := range running(t, ns, 3, time.Minute, client.MatchingLabels{"pool": "steady"}) {
+	for _, m := range settled {
 		before[m.Name] = m.ResourceVersion
 	}
 	if err := env.StopAPIServer(); err != nil {
