@@ -9,7 +9,6 @@ import (
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/testenv"
@@ -18,22 +17,9 @@ import (
 // setReconciles reads the MachineSet controller's reconciles so far from
 // the manager's own metrics.
 func setReconciles() float64 {
-	families, err := crmetrics.Registry.Gather()
+	n, err := testenv.ControllerCounter("controller_runtime_reconcile_total", "machineset")
 	Expect(err).NotTo(HaveOccurred())
-	total := 0.0
-	for _, f := range families {
-		if f.GetName() != "controller_runtime_reconcile_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "controller" && l.GetValue() == "machineset" {
-					total += m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return total
+	return n
 }
 
 var _ = Describe("Pacing a set's looks", func() {

@@ -11,7 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/faults"
@@ -22,23 +21,11 @@ import (
 // ended in an error in this process so far.
 func reconcileErrors(t *testing.T) float64 {
 	t.Helper()
-	families, err := crmetrics.Registry.Gather()
+	n, err := testenv.ControllerCounter("controller_runtime_reconcile_errors_total", "machine")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range families {
-		if f.GetName() != "controller_runtime_reconcile_errors_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "controller" && l.GetValue() == "machine" {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	return n
 }
 
 // An eviction whose reply is lost may have been carried out: the drain

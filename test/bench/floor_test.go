@@ -5,11 +5,8 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"slices"
 	"strconv"
 	"sync"
@@ -23,10 +20,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/cert"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/pki"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -52,19 +51,14 @@ var joining = sync.OnceValues(func() (pems [2][]byte, err error) {
 	if err != nil {
 		return pems, err
 	}
-	subject := pkix.Name{CommonName: "system:node:floor", Organization: []string{"system:nodes"}}
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: subject}, key)
+	if pems[0], err = cert.MakeCSR(key, &pkix.Name{CommonName: "system:node:floor", Organization: []string{"system:nodes"}}, nil, nil); err != nil {
+		return pems, err
+	}
+	ca, err := pki.NewCA("floor")
 	if err != nil {
 		return pems, err
 	}
-	pems[0] = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: subject, NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour),
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
-	der, err = x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		return pems, err
-	}
-	pems[1] = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	pems[1] = ca.CertPEM()
 	return pems, nil
 })
 

@@ -75,28 +75,26 @@ func heartbeats(b *testing.B, n int) {
 	// every Machine has looked at its Lease's expiry once since.
 	time.Sleep(heartbeatLease*time.Second + 5*time.Second)
 
+	// read is the API server's writes and the manager's metrics now.
+	read := func() (testenv.Counts, map[string]float64) {
+		w, err := testenv.ReadWrites(ctx, f.kube)
+		if err != nil {
+			b.Fatal(err)
+		}
+		m, err := f.scrape()
+		if err != nil {
+			b.Fatal(err)
+		}
+		return w, m
+	}
 	b.ResetTimer()
-	before, err := testenv.ReadWrites(ctx, f.kube)
-	if err != nil {
-		b.Fatal(err)
-	}
-	m0, err := f.scrape()
-	if err != nil {
-		b.Fatal(err)
-	}
+	before, m0 := read()
 	cpu0 := f.cpu(b)
 	stopProfile := f.profile(b, fmt.Sprintf("heartbeats-%d", n))
 	time.Sleep(heartbeatWindow)
 	stopProfile()
 	used := f.cpu(b).since(cpu0)
-	after, err := testenv.ReadWrites(ctx, f.kube)
-	if err != nil {
-		b.Fatal(err)
-	}
-	m1, err := f.scrape()
-	if err != nil {
-		b.Fatal(err)
-	}
+	after, m1 := read()
 	b.StopTimer()
 	w := after.Done.Since(before.Done)
 	leases := w["leases"]
