@@ -59,7 +59,9 @@ var _ = BeforeSuite(func() {
 	ctrl.SetLogger(zap.New(zap.WriteTo(GinkgoWriter), zap.UseDevMode(true)))
 	var stop func() error
 	var err error
-	env, controllers, stop, err = testenv.StartWithServedControllers(manager.Options{ProvisionTimeout: 5 * time.Minute, Now: calendar.Now, DriftDelay: 2 * time.Second},
+	env, controllers, stop, err = testenv.StartWithServedControllers(manager.Options{ProvisionTimeout: 5 * time.Minute, Now: calendar.Now, DriftDelay: 2 * time.Second,
+		// Long enough that the pacing spec can count its looks.
+		PerMachine: 10 * time.Millisecond},
 		testenv.Leases{DurationSeconds: 20, RenewInterval: 5 * time.Second})
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(stop)
