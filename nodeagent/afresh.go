@@ -71,9 +71,20 @@ func Forget(ctx context.Context, creds Credentials, nodeName, providerID string)
 }
 
 func forget(ctx context.Context, kube kubernetes.Interface, nodeName, providerID string) error {
+	// Read before deleting: a first boot has no Lease, and a delete
+	// answered 404 would be a refused write per new machine, which a
+	// rollout of thousands counts.
 	leases := kube.CoordinationV1().Leases(corev1.NamespaceNodeLease)
-	if err := leases.Delete(ctx, nodeName, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("deleting the Lease of node %s: %w", nodeName, err)
+	_, err := leases.Get(ctx, nodeName, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return fmt.Errorf("reading the Lease of node %s: %w", nodeName, err)
+	default:
+		err := leases.Delete(ctx, nodeName, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("deleting the Lease of node %s: %w", nodeName, err)
+		}
 	}
 	nodes := kube.CoreV1().Nodes()
 	old, err := nodes.Get(ctx, nodeName, metav1.GetOptions{})

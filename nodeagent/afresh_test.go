@@ -87,8 +87,16 @@ func TestARepairedMachineRegistersAfreshWithItsOwnNewCredentials(t *testing.T) {
 		return &l.OwnerReferences[0]
 	}
 
+	// A first boot has no earlier life to forget, and is refused nothing
+	// for looking: a delete answered 404 per new machine is a refused
+	// write a rollout of thousands would count.
+	before, err := testenv.ReadWrites(ctx, admin)
+	g.Expect(err).NotTo(HaveOccurred())
 	repair()
 	first, stop := boot()
+	after, err := testenv.ReadWrites(ctx, admin)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(after.Refused.Since(before.Refused)).NotTo(HaveKey("leases"), "a first boot's refused writes")
 	old := others()
 
 	// Why the node deletes its Node rather than clean it: NodeRestriction
