@@ -229,9 +229,8 @@ func (r *Reconciler) awaitBoot(ctx context.Context, s *step) outcome {
 				}
 				return settle(event)
 			}
-			// Booted, but its Lease is not renewed yet; renewals wake no
-			// reconcile, so look again soon.
-			s.after(r.drainPoll())
+			// Booted, but not judged healthy yet: its Node's Ready and its
+			// Lease's renewal or deletion wake it (leaseExpiry).
 		}
 	}
 	deadline := s.since(s.enteredAt()).Add(r.operationTimeout())

@@ -46,14 +46,6 @@ func (r *Reconciler) serve(ctx context.Context, s *step) outcome {
 	} else {
 		setHealth(m, h)
 	}
-	if !h.Recheck.IsZero() {
-		s.after(h.Recheck.Sub(s.now) + time.Second)
-	}
-	if node != nil && !h.Healthy && h.Reason == machinistv1.ReasonNodeLeaseExpired && nodes.Ready(node) {
-		// A kubelet that came back posts Ready before it renews its
-		// Lease, and renewals wake no reconcile: look again soon.
-		s.after(r.drainPoll())
-	}
 	stale, err := r.confirmBoot(ctx, s, node)
 	if err != nil {
 		return fail(err)

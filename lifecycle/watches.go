@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
@@ -41,6 +42,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		For(&machinistv1.Machine{}, builder.WithPredicates(machineChanged())).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.machinesForNode),
 			builder.WithPredicates(nodeChanged())).
+		Watches(&coordinationv1.Lease{}, r.leaseExpiry(mgr.GetClient())).
 		Watches(&machinistv1.MachineClass{}, handler.EnqueueRequestsFromMapFunc(r.machinesForClass),
 			builder.WithPredicates(classChanged())).
 		Watches(&machinistv1.MachineSet{}, r.templateChanged()).
@@ -56,11 +58,14 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		return err
 	}
 	if r.Connections != nil {
-		// Each workload cluster's Nodes wake their Machines as the
-		// manager's own Nodes do.
+		// Each workload cluster's Nodes and Leases wake their Machines as
+		// the manager's own do.
 		r.Connections.OnConnect(func(_ context.Context, _ types.NamespacedName, nodeCache cache.Cache) error {
-			return c.Watch(source.Kind[client.Object](nodeCache, &corev1.Node{},
-				handler.EnqueueRequestsFromMapFunc(r.machinesForNode), nodeChanged()))
+			if err := c.Watch(source.Kind[client.Object](nodeCache, &corev1.Node{},
+				handler.EnqueueRequestsFromMapFunc(r.machinesForNode), nodeChanged())); err != nil {
+				return err
+			}
+			return c.Watch(source.Kind[client.Object](nodeCache, &coordinationv1.Lease{}, r.leaseExpiry(nodeCache)))
 		})
 	}
 	return nil

@@ -17,9 +17,6 @@ type Health struct {
 	// (machinistv1.ReasonNode*); Message says it for people.
 	Reason  string
 	Message string
-	// Recheck is when the conclusion may change without an event: the
-	// Lease's expiry. Zero when only an event can change it.
-	Recheck time.Time
 }
 
 // Judge judges node as Kubernetes' node lifecycle controller would: Ready,
@@ -63,7 +60,6 @@ func leaseHealth(ctx context.Context, c Cluster, node *corev1.Node, now time.Tim
 				"Node %s's kubelet has not renewed its Lease since %s (lease duration %ds)",
 				node.Name, lease.Spec.RenewTime.UTC().Format(time.RFC3339), *lease.Spec.LeaseDurationSeconds)}, nil
 		}
-		healthy.Recheck = expiry
 	}
 	return healthy, nil
 }
