@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/machinist-dev/machinist/internal/index"
+	"github.com/machinist-dev/machinist/nodes"
 )
 
 // leaseExpiry wakes a Machine when what its Node's kubelet Lease says of
@@ -33,7 +34,10 @@ import (
 // every 30 to 40 s for nothing: at rest, a quarter of the manager's CPU.)
 //
 // Timers are memory only: after a restart every Lease is listed again,
-// which sets them all, and every Machine is reconciled once anyway.
+// which sets them all, and every Machine is reconciled once anyway. When
+// a workload cluster is disconnected its cache stops, so its timers are
+// moved no more: each fires once, waking a Machine that then finds its
+// cluster unreachable, and none is set again.
 type leaseExpiry struct {
 	r *Reconciler
 	// nodes reads the Nodes of the cluster whose Leases these are.
@@ -60,7 +64,7 @@ func (l *leaseExpiry) Create(ctx context.Context, e event.CreateEvent, q workque
 
 // Update implements handler.EventHandler.
 func (l *leaseExpiry) Update(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-	if old, ok := expiry(e.ObjectOld); ok && old.Before(l.r.now()) && e.ObjectNew.GetNamespace() == corev1.NamespaceNodeLease {
+	if old, ok := expiry(e.ObjectOld); ok && old.Before(l.r.now()) {
 		if renewed, ok := expiry(e.ObjectNew); ok && renewed.After(old) {
 			l.wake(ctx, e.ObjectNew.GetName(), q)
 		}
@@ -76,7 +80,7 @@ func (l *leaseExpiry) Delete(ctx context.Context, e event.DeleteEvent, q workque
 		delete(l.timers, e.Object.GetName())
 	}
 	l.mu.Unlock()
-	if at, ok := expiry(e.Object); ok && at.Before(l.r.now()) && e.Object.GetNamespace() == corev1.NamespaceNodeLease {
+	if at, ok := expiry(e.Object); ok && at.Before(l.r.now()) {
 		l.wake(ctx, e.Object.GetName(), q)
 	}
 }
@@ -87,9 +91,6 @@ func (l *leaseExpiry) Generic(context.Context, event.GenericEvent, workqueue.Typ
 
 // schedule sets the timer of o's Lease to its expiry.
 func (l *leaseExpiry) schedule(ctx context.Context, o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-	if o.GetNamespace() != corev1.NamespaceNodeLease {
-		return
-	}
 	at, ok := expiry(o)
 	if !ok {
 		return
@@ -132,11 +133,13 @@ func (l *leaseExpiry) wake(ctx context.Context, node string, q workqueue.TypedRa
 	}
 }
 
-// expiry is when o, a kubelet Lease, expires unless renewed.
+// expiry is when o expires unless renewed; false unless o is a kubelet's
+// Lease that says it (the manager's own cluster's cache holds every
+// namespace's Leases, leader elections among them).
 func expiry(o client.Object) (time.Time, bool) {
 	lease, ok := o.(*coordinationv1.Lease)
-	if !ok || lease.Spec.RenewTime == nil || lease.Spec.LeaseDurationSeconds == nil {
+	if !ok || lease.Namespace != corev1.NamespaceNodeLease {
 		return time.Time{}, false
 	}
-	return lease.Spec.RenewTime.Add(time.Duration(*lease.Spec.LeaseDurationSeconds) * time.Second), true
+	return nodes.LeaseExpiry(lease)
 }

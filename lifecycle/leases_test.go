@@ -53,4 +53,30 @@ var _ = Describe("Lease renewals", func() {
 			Expect(getMachine(ctx, m)()).To(healthy)
 		}
 	})
+
+	It("sets its timers again after a restart, from the Leases it lists", func(ctx SpecContext) {
+		ns := env.NewNamespace(GinkgoTB(), "renewals")
+		newClass(ctx, ns, "small", nil)
+		gone := runMachine(ctx, newMachine(ns, "gone", "small"))
+		going := runMachine(ctx, newMachine(ns, "going", "small"))
+		// While no manager runs, one machine dies and its Lease expires;
+		// the other dies just before the new manager starts, its Lease
+		// still current when listed. Nothing but that Lease's expiry
+		// changes afterwards, so only a timer set from the listing tells.
+		Expect(controllers.Paused(func() error {
+			if err := provider.Crash(gone.Status.ProviderID); err != nil {
+				return err
+			}
+			time.Sleep((leaseSeconds + 1) * time.Second)
+			return provider.Crash(going.Status.ProviderID)
+		})).To(Succeed())
+		// The new manager counts in metrics of its own.
+		metrics = controllers.Manager.Metrics
+		expired := WithTransform(condition(machinistv1.ConditionNodeHealthy), PointTo(MatchFields(IgnoreExtras, Fields{
+			"Status": Equal(metav1.ConditionFalse), "Reason": Equal(machinistv1.ReasonNodeLeaseExpired),
+		})))
+		for _, m := range []*machinistv1.Machine{gone, going} {
+			Eventually(getMachine(ctx, m)).WithTimeout(leaseSeconds*time.Second+5*time.Second).Should(expired, m.Name)
+		}
+	})
 })

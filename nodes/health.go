@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
@@ -53,15 +54,21 @@ func leaseHealth(ctx context.Context, c Cluster, node *corev1.Node, now time.Tim
 	if err != nil || lease == nil {
 		return healthy, err
 	}
-	if lease.Spec.RenewTime != nil && lease.Spec.LeaseDurationSeconds != nil {
-		expiry := lease.Spec.RenewTime.Add(time.Duration(*lease.Spec.LeaseDurationSeconds) * time.Second)
-		if now.After(expiry) {
-			return Health{Reason: machinistv1.ReasonNodeLeaseExpired, Message: fmt.Sprintf(
-				"Node %s's kubelet has not renewed its Lease since %s (lease duration %ds)",
-				node.Name, lease.Spec.RenewTime.UTC().Format(time.RFC3339), *lease.Spec.LeaseDurationSeconds)}, nil
-		}
+	if expiry, ok := LeaseExpiry(lease); ok && now.After(expiry) {
+		return Health{Reason: machinistv1.ReasonNodeLeaseExpired, Message: fmt.Sprintf(
+			"Node %s's kubelet has not renewed its Lease since %s (lease duration %ds)",
+			node.Name, lease.Spec.RenewTime.UTC().Format(time.RFC3339), *lease.Spec.LeaseDurationSeconds)}, nil
 	}
 	return healthy, nil
+}
+
+// LeaseExpiry is when a kubelet's lease expires unless renewed; false when
+// it says neither when it was renewed nor for how long.
+func LeaseExpiry(lease *coordinationv1.Lease) (time.Time, bool) {
+	if lease.Spec.RenewTime == nil || lease.Spec.LeaseDurationSeconds == nil {
+		return time.Time{}, false
+	}
+	return lease.Spec.RenewTime.Add(time.Duration(*lease.Spec.LeaseDurationSeconds) * time.Second), true
 }
 
 // Condition returns node's condition of type t, or nil.

@@ -1,13 +1,11 @@
 package clusters
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 	"github.com/machinist-dev/machinist/testenv"
@@ -18,15 +16,9 @@ import (
 // expires, although nothing but the expiry changes then (its cluster's
 // node lifecycle controller marked the Node Unknown seconds before).
 func TestAKilledMachineOfAWorkloadClusterShowsItsLeaseExpired(t *testing.T) {
-	ctx := context.Background()
 	ns := env.NewNamespace(t, "expiry", testenv.Small)
 	serve(t, ns)
-	md := testenv.MachineDeployment(ns, "expiry", 1)
-	md.Spec.Template.Spec.ClusterName = blue
-	if err := env.Client.Create(ctx, md); err != nil {
-		t.Fatal(err)
-	}
-	m := &running(t, ns, 1, 2*time.Minute, client.MatchingLabels{"pool": "expiry"})[0]
+	m := &runPool(t, ns, "expiry", blue, 1)[0]
 	if err := ctrls.Provider.Crash(m.Status.ProviderID); err != nil {
 		t.Fatal(err)
 	}

@@ -185,6 +185,18 @@ func nodeOf(t testing.TB, cluster, providerID string) *corev1.Node {
 	return nil
 }
 
+// runPool creates a MachineSet of n Machines labelled pool=name whose
+// Nodes join cluster, and returns them once they are Running.
+func runPool(t *testing.T, ns, name, cluster string, n int) []machinistv1.Machine {
+	t.Helper()
+	ms := testenv.MachineSet(ns, name, int32(n))
+	ms.Spec.Template.Spec.ClusterName = cluster
+	if err := env.Client.Create(context.Background(), ms); err != nil {
+		t.Fatal(err)
+	}
+	return running(t, ns, n, 2*time.Minute, client.MatchingLabels{"pool": name})
+}
+
 // running waits until the Machines selected in ns number n, all Running
 // and Ready, and returns them.
 func running(t *testing.T, ns string, n int, timeout time.Duration, opts ...client.ListOption) []machinistv1.Machine {

@@ -120,12 +120,7 @@ func TestDeletingAWorkloadClusterWaitsForItsMachines(t *testing.T) {
 	ctx := context.Background()
 	ns := env.NewNamespace(t, "leaving", testenv.Small)
 	serve(t, ns)
-	ms := testenv.MachineSet(ns, "leaving", 2)
-	ms.Spec.Template.Spec.ClusterName = green
-	if err := env.Client.Create(ctx, ms); err != nil {
-		t.Fatal(err)
-	}
-	running(t, ns, 2, 2*time.Minute, client.MatchingLabels{"pool": "leaving"})
+	runPool(t, ns, "leaving", green, 2)
 	wc := &machinistv1.WorkloadCluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: green}}
 	if err := env.Client.Delete(ctx, wc); err != nil {
 		t.Fatal(err)
@@ -142,6 +137,7 @@ func TestDeletingAWorkloadClusterWaitsForItsMachines(t *testing.T) {
 	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(wc), wc); err != nil {
 		t.Fatalf("the WorkloadCluster went while its Machines were there: %v", err)
 	}
+	ms := &machinistv1.MachineSet{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "leaving"}}
 	if err := env.Client.Patch(ctx, ms, client.RawPatch("application/merge-patch+json", []byte(`{"spec":{"replicas":0}}`))); err != nil {
 		t.Fatal(err)
 	}
