@@ -2,8 +2,12 @@ package clusters
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
+	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -113,10 +117,27 @@ func TestTheManagementClusterDown(t *testing.T) {
 		}
 		return nil
 	})
-	before := map[string]string{}
-	for _, m := range settled {
-		before[m.Name] = m.ResourceVersion
-	}
+	// And quiet: a write decided before the outage (a judgement, a
+	// status the lifecycle still owed) lands after it, and is not the
+	// outage's doing.
+	before := map[string]machinistv1.Machine{}
+	quiet := time.Now()
+	testenv.WaitFor(t, time.Minute, "the steady Machines unwritten for 5s", func() error {
+		now := running(t, ns, 3, time.Minute, client.MatchingLabels{"pool": "steady"})
+		for _, m := range now {
+			if b, ok := before[m.Name]; !ok || b.ResourceVersion != m.ResourceVersion {
+				quiet = time.Now()
+			}
+		}
+		before = map[string]machinistv1.Machine{}
+		for _, m := range now {
+			before[m.Name] = m
+		}
+		if wait := 5*time.Second - time.Since(quiet); wait > 0 {
+			return fmt.Errorf("written %s ago", time.Since(quiet).Round(time.Second))
+		}
+		return nil
+	})
 	if err := env.StopAPIServer(); err != nil {
 		t.Fatal(err)
 	}
@@ -143,9 +164,9 @@ func TestTheManagementClusterDown(t *testing.T) {
 	}
 	ms = running(t, ns, 3, time.Minute, client.MatchingLabels{"pool": "steady"})
 	for _, m := range ms {
-		if m.ResourceVersion != before[m.Name] {
-			t.Errorf("Machine %s was written across the outage and the 20s after it (resourceVersion %s -> %s): phase %s, conditions %+v",
-				m.Name, before[m.Name], m.ResourceVersion, m.Status.Phase, m.Status.Conditions)
+		if b := before[m.Name]; m.ResourceVersion != b.ResourceVersion {
+			t.Errorf("Machine %s was written across the outage and the 20s after it (resourceVersion %s -> %s): %s",
+				m.Name, b.ResourceVersion, m.ResourceVersion, changes(&b, &m))
 		}
 		if !uids[m.UID] || m.Status.Operation != nil || m.Status.Remediation != nil && m.Status.Remediation.Phase != machinistv1.RemediationHealthy {
 			t.Errorf("Machine %s: new %v, operation %+v, remediation %+v", m.Name, !uids[m.UID], m.Status.Operation, m.Status.Remediation)
@@ -173,4 +194,42 @@ func TestTheManagementClusterDown(t *testing.T) {
 		return nil
 	})
 	t.Logf("a new WorkloadCluster given its status %s after the management cluster returned", time.Since(back).Round(time.Second))
+}
+
+// changes says what differs between two versions of a Machine, field by
+// field of its metadata and status, and who wrote them when: what a
+// failure needs to name the writer.
+func changes(a, b *machinistv1.Machine) string {
+	fields := func(m *machinistv1.Machine) map[string]any {
+		c := m.DeepCopy()
+		c.ResourceVersion, c.ManagedFields = "", nil
+		out := map[string]any{}
+		for part, v := range map[string]any{"metadata": c.ObjectMeta, "spec": c.Spec, "status": c.Status} {
+			raw, _ := json.Marshal(v)
+			var f map[string]any
+			_ = json.Unmarshal(raw, &f)
+			for k, x := range f {
+				out[part+"."+k] = x
+			}
+		}
+		return out
+	}
+	fa, fb := fields(a), fields(b)
+	var diffs []string
+	for k := range fb {
+		if _, ok := fa[k]; !ok {
+			fa[k] = nil
+		}
+	}
+	for k, x := range fa {
+		if y := fb[k]; !reflect.DeepEqual(x, y) {
+			diffs = append(diffs, fmt.Sprintf("%s: %v -> %v", k, x, y))
+		}
+	}
+	sort.Strings(diffs)
+	var writers []string
+	for _, f := range b.ManagedFields {
+		writers = append(writers, fmt.Sprintf("%s %s %s at %s", f.Manager, f.Operation, f.Subresource, f.Time))
+	}
+	return fmt.Sprintf("changed %s; managed by %s", strings.Join(diffs, "; "), strings.Join(writers, ", "))
 }
