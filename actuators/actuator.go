@@ -203,6 +203,7 @@ func IsPermanent(err error) bool {
 type Registry struct {
 	mu        sync.RWMutex
 	actuators map[string]Actuator
+	metrics   *Metrics
 }
 
 // NewRegistry returns an empty registry.
@@ -226,9 +227,20 @@ func (r *Registry) Get(name string) (Actuator, error) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	if a, ok := r.actuators[name]; ok {
+		if r.metrics != nil {
+			return metered{name: name, a: a, metrics: r.metrics}, nil
+		}
 		return a, nil
 	}
 	return nil, fmt.Errorf("no provider %q runs in this manager (it runs: %s)", name, strings.Join(r.namesLocked(), ", "))
+}
+
+// Meter has every actuator Get returns from now on count and time its
+// calls in m.
+func (r *Registry) Meter(m *Metrics) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.metrics = m
 }
 
 // Names lists the registered providers in order.

@@ -89,10 +89,18 @@ type Reconciler struct {
 
 // NewTransitionsMetric returns the rollout transitions counter.
 func NewTransitionsMetric() *prometheus.CounterVec {
-	return prometheus.NewCounterVec(prometheus.CounterOpts{
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "machinist_rollout_transitions_total",
 		Help: "MachineDeployment rollout transitions, by from phase, to phase and event.",
 	}, []string{"from", "to", "event"})
+	// Every move of the table is served from the start, at zero (see
+	// lifecycle.NewMetrics).
+	for _, r := range Rollout.Rules {
+		for _, from := range r.From {
+			c.WithLabelValues(string(from), string(r.To), string(r.Event))
+		}
+	}
+	return c
 }
 
 // SetupWithManager registers the controller and its watches.

@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
 )
 
 // Metrics are the health checks' Prometheus metrics.
@@ -18,7 +20,7 @@ type Metrics struct {
 
 // NewMetrics returns unregistered metrics.
 func NewMetrics() *Metrics {
-	return &Metrics{
+	m := &Metrics{
 		Rungs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "machinist_remediations_total",
 			Help: "Rungs of MachineHealthCheck remediation ladders, by action (Reboot, Repair, Replace) and outcome (started, succeeded, failed, skipped).",
@@ -29,6 +31,14 @@ func NewMetrics() *Metrics {
 			Buckets: prometheus.ExponentialBuckets(5, 2, 12),
 		}),
 	}
+	// Every rung and outcome is served from the start, at zero (see
+	// lifecycle.NewMetrics).
+	for _, a := range []machinistv1.RemediationAction{machinistv1.RemediateReboot, machinistv1.RemediateRepair, machinistv1.RemediateReplace} {
+		for _, o := range []string{outcomeStarted, outcomeSucceeded, outcomeFailed, outcomeSkipped} {
+			m.Rungs.WithLabelValues(string(a), o)
+		}
+	}
+	return m
 }
 
 // Register adds the metrics to reg.

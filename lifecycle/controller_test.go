@@ -177,6 +177,9 @@ func machinesByPhase() map[string]float64 {
 	Expect(err).NotTo(HaveOccurred())
 	out := map[string]float64{}
 	for _, f := range families {
+		if f.GetName() != "machinist_machines" {
+			continue
+		}
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
 				if l.GetName() == "phase" {

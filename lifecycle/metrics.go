@@ -8,6 +8,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/operation"
 	"github.com/machinist-dev/machinist/phases"
 )
 
@@ -24,7 +25,7 @@ type Metrics struct {
 // scrape to count Machines by phase, so the gauge is always true of the
 // cluster, also after a restart; pass the manager's cached reader.
 func NewMetrics(machines client.Reader) *Metrics {
-	return &Metrics{
+	m := &Metrics{
 		Transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "machinist_machine_transitions_total",
 			Help: "Machine state machine transitions, by from phase, to phase and event.",
@@ -38,8 +39,20 @@ func NewMetrics(machines client.Reader) *Metrics {
 			machines: machines,
 			desc: prometheus.NewDesc("machinist_machines",
 				"Machines by phase (an empty phase counts as Pending).", []string{"phase"}, nil),
+			overdue: prometheus.NewDesc("machinist_machines_overdue",
+				"Machines still in a phase past the timeout that bounds it (Provisioning, Draining for an operation, Rebooting, Repairing, Updating): the controller should have failed or ended them.",
+				[]string{"phase"}, nil),
 		},
 	}
+	// Every move of the table is served from the start, at zero: an
+	// alert or a chart on a kind of move sees its first one as an
+	// increase, not as a new series.
+	for _, r := range phases.Table.Rules {
+		for _, from := range r.From {
+			m.Transitions.WithLabelValues(string(from), string(r.To), string(r.Event))
+		}
+	}
+	return m
 }
 
 // Register adds every metric to reg.
@@ -65,9 +78,17 @@ func (m *Metrics) observe(t machinistv1.Transition, enteredFrom time.Time) {
 type phaseCollector struct {
 	machines client.Reader
 	desc     *prometheus.Desc
+	overdue  *prometheus.Desc
+	// deadline is when the Machine's phase times out (zero: never); the
+	// Machine controller sets it, so that the gauge and the controller
+	// judge by the same timeouts.
+	deadline func(m *machinistv1.Machine) time.Time
 }
 
-func (c *phaseCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c *phaseCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.desc
+	ch <- c.overdue
+}
 
 func (c *phaseCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -79,19 +100,51 @@ func (c *phaseCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	counts := map[machinistv1.MachinePhase]int{}
+	overdue := map[machinistv1.MachinePhase]int{}
 	for _, p := range phases.States() {
 		if p != phases.Gone {
 			counts[p] = 0
+			overdue[p] = 0
 		}
 	}
+	now := time.Now()
 	for i := range list.Items {
-		p := list.Items[i].Status.Phase
+		m := &list.Items[i]
+		p := m.Status.Phase
 		if p == "" {
 			p = phases.Initial
 		}
 		counts[p]++
+		if c.deadline != nil {
+			if d := c.deadline(m); !d.IsZero() && now.After(d) {
+				overdue[p]++
+			}
+		}
 	}
 	for p, n := range counts {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), string(p))
+		ch <- prometheus.MustNewConstMetric(c.overdue, prometheus.GaugeValue, float64(overdue[p]), string(p))
 	}
+}
+
+// deadline is when m's phase times out, by the timeouts the controller
+// enforces: zero for a phase no timeout bounds, and for a Machine being
+// deleted, whose deletion waits as long as it must.
+func (r *Reconciler) deadline(m *machinistv1.Machine) time.Time {
+	if !m.DeletionTimestamp.IsZero() {
+		return time.Time{}
+	}
+	entered := m.CreationTimestamp.Time
+	if t := m.Status.LastTransition; t != nil {
+		entered = t.Time.Time
+	}
+	switch m.Status.Phase {
+	case machinistv1.MachineProvisioning:
+		return entered.Add(r.provisionTimeout())
+	case machinistv1.MachineRebooting, machinistv1.MachineRepairing, machinistv1.MachineUpdating:
+		return entered.Add(r.operationTimeout())
+	case machinistv1.MachineDraining:
+		return operation.Deadline(m.Status.Operation)
+	}
+	return time.Time{}
 }

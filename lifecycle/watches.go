@@ -29,6 +29,9 @@ import (
 
 // SetupWithManager registers the controller, its cache indexes and watches.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts controller.Options) error {
+	if r.Metrics != nil {
+		r.Metrics.byPhase.deadline = r.deadline
+	}
 	idx := mgr.GetFieldIndexer()
 	if err := index.Register(ctx, idx); err != nil {
 		return err

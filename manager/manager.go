@@ -32,6 +32,7 @@ import (
 	"github.com/machinist-dev/machinist/clusters"
 	"github.com/machinist-dev/machinist/deployment"
 	"github.com/machinist-dev/machinist/disruption"
+	"github.com/machinist-dev/machinist/gauges"
 	"github.com/machinist-dev/machinist/healthcheck"
 	"github.com/machinist-dev/machinist/lifecycle"
 	"github.com/machinist-dev/machinist/machineset"
@@ -209,6 +210,11 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	if err := metrics.Register(reg); err != nil {
 		return nil, err
 	}
+	calls := actuators.NewMetrics(opts.Actuators)
+	if err := errors.Join(calls.Register(reg), reg.Register(gauges.New(mgr.GetClient()))); err != nil {
+		return nil, err
+	}
+	opts.Actuators.Meter(calls)
 	// Where every Machine's Node lives, for the Machine controller and the
 	// health checks alike: today, this cluster.
 	caData, err := caBundle(cfg)

@@ -71,7 +71,10 @@ type Client struct {
 	checked time.Time
 }
 
-var _ actuators.Actuator = (*Client)(nil)
+var (
+	_ actuators.Actuator = (*Client)(nil)
+	_ actuators.Pinger   = (*Client)(nil)
+)
 
 // Dial returns a Client for the provider called name at endpoint. It does
 // not wait for the provider: a provider that is not there yet makes calls
@@ -197,6 +200,22 @@ func (c *Client) Probe(ctx context.Context) (*providerv1.ProbeResponse, error) {
 	defer cancel()
 	resp, err := c.identity.Probe(ctx, &providerv1.ProbeRequest{})
 	return resp, fromStatus(c.who(), "Probe", err)
+}
+
+// Ping says whether the provider answers, is the one the client expects,
+// and is ready: nil only then. It is what machinist_provider_up reports.
+func (c *Client) Ping(ctx context.Context) error {
+	if _, err := c.Capabilities(ctx); err != nil {
+		return err
+	}
+	resp, err := c.Probe(ctx)
+	if err != nil {
+		return err
+	}
+	if !resp.GetReady() {
+		return fmt.Errorf("provider %s is not ready: %s", c.who(), resp.GetMessage())
+	}
+	return nil
 }
 
 // Info returns the provider's identity.

@@ -31,6 +31,7 @@ func root() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:           "machinist",
 		Short:         "Declarative machine lifecycle for Kubernetes",
+		Version:       version(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}

@@ -175,8 +175,16 @@ func serveControl(endpoint string, h http.Handler) (stop func(), err error) {
 	return func() { _ = srv.Close(); _ = os.Remove(e.Address) }, nil
 }
 
-// version is the module version the binary was built from, for people.
+// release is the version an image build stamps on the binary
+// (-ldflags -X main.release=...); empty in other builds.
+var release string
+
+// version is the version the binary was built as, for people: the
+// release stamped on it, else the module version.
 func version() string {
+	if release != "" {
+		return release
+	}
 	if info, ok := debug.ReadBuildInfo(); ok && info.Main.Version != "" {
 		return info.Main.Version
 	}
