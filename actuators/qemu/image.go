@@ -242,7 +242,7 @@ func (r initramfs) write(w io.Writer, mods []string) error {
 	if err != nil {
 		return err
 	}
-	a.file("/init", 0o755, bin)
+	a.file(guest.InitPath, 0o755, bin)
 	if err := a.close(); err != nil {
 		return err
 	}

@@ -88,8 +88,16 @@ const Probe = "probe"
 // agentStopTimeout bounds an orderly shutdown's wait for the agent.
 const agentStopTimeout = 10 * time.Second
 
-// IsInit reports whether this process is a machine's init: PID 1.
-func IsInit() bool { return os.Getpid() == 1 }
+// IsInit reports whether this process is a machine's init: PID 1, run by
+// the kernel as the initramfs' /init. PID 1 alone is not enough: in a
+// container (a pod of the image, say) the entrypoint is PID 1 too.
+func IsInit() bool { return isInit(os.Getpid(), os.Args[0]) }
+
+func isInit(pid int, argv0 string) bool { return pid == 1 && argv0 == InitPath }
+
+// InitPath is where a machine's initramfs holds the binary, which the
+// kernel runs as init.
+const InitPath = "/init"
 
 // Init is PID 1's life: args are the words after "--" on the kernel
 // command line, the agent's command and flags (or Probe). It never
@@ -265,7 +273,7 @@ func run(out io.Writer, args []string) error {
 	signal.Notify(stop, unix.SIGINT, unix.SIGTERM)
 	self, err := os.Executable()
 	if err != nil {
-		self = "/init"
+		self = InitPath
 	}
 	for {
 		cmd := exec.Command(self, args...)
