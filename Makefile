@@ -54,6 +54,23 @@ binaries: ## Build bin/machinist, bin/machinist-manager (the manager alone) and 
 	go build -ldflags='$(GO_LDFLAGS)' -o bin/machinist-manager ./cmd/machinist-manager
 	go build -ldflags='$(GO_LDFLAGS)' -o bin/kubectl-machine ./cmd/kubectl-machine
 
+# The image make image builds and make bundle deploys: a name and a tag.
+IMAGE ?= machinist:dev
+
+.PHONY: image
+image: ## Build the container image without Docker: bin/image/machinist.tar (docker load, podman load) and bin/image/oci (an OCI layout), tagged $(IMAGE); reproducible.
+	go run ./hack/image --out bin/image --tag '$(IMAGE)'
+
+.PHONY: bundle
+bundle: controlplane ## Render config/default with its image set to $(IMAGE) into bin/machinist.yaml, for kubectl apply --server-side -f.
+	@mkdir -p bin/bundle
+	@ref='$(IMAGE)'; name="$${ref%:*}"; tag="$${ref##*:}"; \
+	case "$$tag" in */*) name="$$ref"; tag=latest;; esac; \
+	printf '%s\n' 'apiVersion: kustomize.config.k8s.io/v1beta1' 'kind: Kustomization' 'resources:' '- ../../config/default' \
+	  'images:' '- name: machinist' "  newName: $$name" "  newTag: \"$$tag\"" > bin/bundle/kustomization.yaml
+	bin/kubectl kustomize bin/bundle > bin/machinist.yaml
+	@echo "bin/machinist.yaml: config/default with image $(IMAGE)"
+
 .PHONY: run
 run: controlplane qemu binaries ## Run everything on this host, ready for kubectl (state in .machinist/; Ctrl-C stops it).
 	bin/machinist run --state-dir .machinist --bin-dir bin
