@@ -20,14 +20,14 @@ func layer(pkg string) (int, string) {
 		return 0, "API types and manifests"
 	case first == "internal":
 		return 1, "helpers"
-	case slices.Contains([]string{"phases", "operation", "nodes", "drainrules", "actuators", "nodeagent", "disruption", "faults", "provider"}, first):
+	case slices.Contains([]string{"phases", "operation", "nodes", "drainrules", "actuators", "nodeagent", "disruption", "faults", "provider", "gauges"}, first):
 		return 2, "domain"
 	case slices.Contains([]string{"lifecycle", "machineset", "deployment", "healthcheck", "clusters", "apiserver"}, first):
 		return 3, "controllers and the verbs server"
 	case slices.Contains([]string{"manager", "local", "testenv", "controllermanager"}, first):
 		return 4, "wiring"
-	case first == "cmd":
-		return 5, "commands"
+	case first == "cmd" || first == "hack":
+		return 5, "commands and build tools"
 	case first == "test":
 		return 6, "tests"
 	}
