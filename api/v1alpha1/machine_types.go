@@ -46,6 +46,7 @@ type ClassReference struct {
 
 // MachineSpec is what a Machine should be.
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.providerID) || has(self.providerID)",message="providerID cannot be removed once set"
+// +kubebuilder:validation:XValidation:rule="has(oldSelf.providerID) || !has(self.providerID)",message="providerID can be set only when the Machine is created (a Machine adopts its instance as it is provisioned, not after): create a new Machine that names the instance"
 type MachineSpec struct {
 	// ClassRef names the MachineClass that says which provider builds this
 	// Machine and how.
@@ -65,7 +66,8 @@ type MachineSpec struct {
 	Version string `json:"version,omitempty"`
 
 	// ProviderID names an existing provider instance for this Machine to
-	// adopt instead of creating one. It cannot change once set.
+	// adopt instead of creating one. It is set when the Machine is created
+	// and never changes.
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="providerID is immutable once set: delete the Machine and create a new one to use another instance"
 	// +kubebuilder:validation:MaxLength=512
 	// +optional

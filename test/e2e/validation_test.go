@@ -53,6 +53,7 @@ const (
 	deadlineMsg         = "progressDeadlineSeconds must be more than zero"
 	deadlineMinReadyMsg = "progressDeadlineSeconds must be greater than minReadySeconds, or every rollout would stall before a new Machine could count as available"
 	templateIDMsg       = "a template cannot set providerID: every Machine made from it gets its own instance"
+	lateProviderIDMsg   = "providerID can be set only when the Machine is created (a Machine adopts its instance as it is provisioned, not after): create a new Machine that names the instance"
 	versionMsg          = "version must be a Kubernetes version such as v1.37.2 or v1.38.0-rc.1"
 	taintEffectMsg      = "taint effect must be one of NoSchedule, PreferNoSchedule or NoExecute"
 	taintKeyMsg         = "every taint needs a key"
@@ -850,6 +851,14 @@ var invalidCases = []invalidCase{
 		},
 		update: func(o client.Object) { o.(*machinistv1.Machine).Spec.ProviderID = "" },
 		want:   "spec: Invalid value: providerID cannot be removed once set",
+	},
+	{
+		// Added later it would be ignored: the instance was chosen as the
+		// Machine was provisioned.
+		name:   "Machine given a providerID after it was created",
+		build:  func(ns string) client.Object { return validMachine(ns, "lateadopter") },
+		update: func(o client.Object) { o.(*machinistv1.Machine).Spec.ProviderID = "inmemory:///one" },
+		want:   "spec: Invalid value: " + lateProviderIDMsg,
 	},
 	{
 		name: "Machine whose providerID is too long",
