@@ -227,9 +227,10 @@ var _ = Describe("Drain rules and the waits before an instance goes", func() {
 		m := runMachine(ctx, newMachine(ns, "ruled", "small"))
 		pod := boundPod(ctx, ns, "app", m.Status.NodeRef.Name, map[string]string{"app": "db"}, nil)
 		runningPod(ctx, pod)
-		// The schema admits an In without values; the label library does not.
+		// The schema admits a key that is no label key; the label library
+		// does not.
 		broken := drainRule(ns, "broken", machinistv1.DrainBehaviorSkip, nil, nil, machinistv1.MachineDrainRulePodSelector{
-			Selector: &machinistv1.LabelSelector{MatchExpressions: []machinistv1.LabelSelectorRequirement{{Key: "app", Operator: metav1.LabelSelectorOpIn}}},
+			Selector: &machinistv1.LabelSelector{MatchExpressions: []machinistv1.LabelSelectorRequirement{{Key: "app/db/x", Operator: metav1.LabelSelectorOpExists}}},
 		})
 		Expect(k8s.Create(ctx, broken)).To(Succeed())
 

@@ -20,7 +20,11 @@ type LabelSelector struct {
 	MatchExpressions []LabelSelectorRequirement `json:"matchExpressions,omitempty"`
 }
 
-// LabelSelectorRequirement is one expression of a LabelSelector.
+// LabelSelectorRequirement is one expression of a LabelSelector. Its
+// values must fit its operator here, where the object is written: the
+// controllers' label helpers refuse a mismatch, so it would otherwise be
+// accepted and then fail every reconcile.
+// +kubebuilder:validation:XValidation:rule="(self.operator == 'In' || self.operator == 'NotIn') == (has(self.values) && size(self.values) > 0)",message="In and NotIn need at least one value; Exists and DoesNotExist take none"
 type LabelSelectorRequirement struct {
 	// Key is the label key the expression tests.
 	// +kubebuilder:validation:MinLength=1

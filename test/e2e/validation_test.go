@@ -53,6 +53,7 @@ const (
 	deadlineMsg         = "progressDeadlineSeconds must be more than zero"
 	deadlineMinReadyMsg = "progressDeadlineSeconds must be greater than minReadySeconds, or every rollout would stall before a new Machine could count as available"
 	templateIDMsg       = "a template cannot set providerID: every Machine made from it gets its own instance"
+	selectorValuesMsg   = "In and NotIn need at least one value; Exists and DoesNotExist take none"
 	lateProviderIDMsg   = "providerID can be set only when the Machine is created (a Machine adopts its instance as it is provisioned, not after): create a new Machine that names the instance"
 	versionMsg          = "version must be a Kubernetes version such as v1.37.2 or v1.38.0-rc.1"
 	taintEffectMsg      = "taint effect must be one of NoSchedule, PreferNoSchedule or NoExecute"
@@ -738,6 +739,26 @@ var invalidCases = []invalidCase{
 			return md
 		},
 		want: schemaErr("spec.selector.matchExpressions[0].values[0]: Too long: may not be more than 63 bytes"),
+	},
+	{
+		name: "MachineDisruptionBudget whose NotIn expression has no values",
+		build: func(ns string) client.Object {
+			b := validMachineDisruptionBudget(ns, "novalues")
+			b.Spec.Selector.MatchExpressions = []machinistv1.LabelSelectorRequirement{{Key: "zone", Operator: metav1.LabelSelectorOpNotIn}}
+			return b
+		},
+		want: "spec.selector.matchExpressions[0]: Invalid value: " + selectorValuesMsg,
+	},
+	{
+		name: "MachineDrainRule whose Exists expression has values",
+		build: func(ns string) client.Object {
+			r := validMachineDrainRule(ns, "existsvalues")
+			r.Spec.Machines[0].Selector.MatchExpressions = []machinistv1.LabelSelectorRequirement{
+				{Key: "zone", Operator: metav1.LabelSelectorOpExists, Values: []string{"a"}},
+			}
+			return r
+		},
+		want: "spec.machines[0].selector.matchExpressions[0]: Invalid value: " + selectorValuesMsg,
 	},
 	{
 		name: "MachineDeployment template with more than 64 annotations",
