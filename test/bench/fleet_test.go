@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -141,7 +140,7 @@ func (f *fleet) start(b *testing.B) {
 	// The ports are chosen free and then released for the manager to
 	// bind: a benchmark that loses that race fails, saying so, and is run
 	// again; no test depends on it.
-	f.metrics, f.pprof = "127.0.0.1:"+freePort(b), "127.0.0.1:"+freePort(b)
+	f.metrics, f.pprof = "127.0.0.1:"+strconv.Itoa(testenv.FreePort(b)), "127.0.0.1:"+strconv.Itoa(testenv.FreePort(b))
 	f.mgr = exec.Command(f.bin, append(f.args, "--metrics-bind-address="+f.metrics, "--pprof-bind-address="+f.pprof)...)
 	// The heap's figures come from the collector's own trace (heap), not
 	// from polling /metrics, which costs the manager a list of every
@@ -359,16 +358,6 @@ func cpuByName(names ...string) map[string]time.Duration {
 		}
 	}
 	return out
-}
-
-// freePort is a TCP port on the loopback interface nobody listens on now.
-func freePort(b *testing.B) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = l.Close() }()
-	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
 }
 
 // warm brings one Machine up first, so that the manager's start (cache

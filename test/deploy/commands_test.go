@@ -85,16 +85,6 @@ func (p *process) terminate(t *testing.T) {
 	}
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 func get(url string) (int, string, error) {
 	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	resp, err := c.Get(url)
@@ -113,7 +103,7 @@ func get(url string) (int, string, error) {
 func TestManagerCommand(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
-	metrics, health := freePort(t), freePort(t)
+	metrics, health := testenv.FreePort(t), testenv.FreePort(t)
 	ns := env.NewNamespace(t, "manager")
 	p := machinist(t, "manager", "--kubeconfig", env.Kubeconfig, "--leader-elect", "--leader-election-namespace", ns,
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metrics), fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", health),
@@ -171,7 +161,7 @@ func TestManagerCommand(t *testing.T) {
 func TestAPIServerCommand(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	svc := types.NamespacedName{Namespace: "machinist-system", Name: "machinist-verbs"}
 	// Here the server runs as the administrator; in a cluster, as the
 	// machinist-verbs ServiceAccount whose RBAC deploy_test.go checks.
@@ -218,7 +208,7 @@ func TestManagerWaitsForKubeAPIServer(t *testing.T) {
 	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
 	g.Expect(os.WriteFile(kubeconfig, []byte(strings.ReplaceAll(string(raw), host, "https://"+relay.addr)), 0o600)).To(Succeed())
 
-	health := freePort(t)
+	health := testenv.FreePort(t)
 	p := machinist(t, "manager", "--kubeconfig", kubeconfig, "--leader-elect", "--leader-election-namespace", "default",
 		"--metrics-bind-address=0", fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", health))
 	g.Eventually(p.output).WithTimeout(30 * time.Second).Should(ContainSubstring("waiting for kube-apiserver to serve machinist.dev/v1alpha1"))

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/machinist-dev/machinist/testenv"
 )
 
 // TestFaultProxyCommand runs `machinist fault-proxy` as a user would in
@@ -29,7 +31,7 @@ rules:
 		t.Fatal(err)
 	}
 	kubeconfig := filepath.Join(dir, "faulty.kubeconfig")
-	metrics := freePort(t)
+	metrics := testenv.FreePort(t)
 	p := machinist(t, "fault-proxy", "--kubeconfig", env.Kubeconfig, "--listen", "127.0.0.1:0", "--rules", rules,
 		"--write-kubeconfig", kubeconfig, fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metrics))
 	deadline := time.Now().Add(30 * time.Second)

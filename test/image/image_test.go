@@ -92,7 +92,7 @@ func TestTheImageRunsAsAPodWould(t *testing.T) {
 
 	// The manager and its sidecar share the pod's emptyDir.
 	socket := hostDir(t)
-	metrics, health := freePort(t), freePort(t)
+	metrics, health := testenv.FreePort(t), testenv.FreePort(t)
 	pod := container{
 		pod: managerPod, rootfs: rootfs, image: cfg,
 		volumes:        map[string]string{"provider-socket": socket},
@@ -110,7 +110,7 @@ func TestTheImageRunsAsAPodWould(t *testing.T) {
 	manager.name = "manager"
 	_, managerOut := manager.start(t)
 
-	verbsPort := freePort(t)
+	verbsPort := testenv.FreePort(t)
 	verbs := container{
 		pod: verbsPod, name: "verbs", rootfs: rootfs, image: cfg,
 		volumes:        map[string]string{"certs": hostDir(t)},
@@ -420,16 +420,6 @@ func replaceFlags(flags map[string]string) func([]string) []string {
 		}
 		return out
 	}
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 func yamlOf(o map[string]any) (string, error) {

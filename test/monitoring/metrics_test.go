@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -55,7 +54,7 @@ func TestEveryMetricUsedIsServed(t *testing.T) {
 	defer func() { _ = workload.Stop() }()
 
 	ns := env.NewNamespace(t, "metrics", testenv.Small)
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	binary, err := testenv.Machinist()
 	if err != nil {
 		t.Fatal(err)
@@ -247,14 +246,4 @@ func metricFamilies(port int) (map[string]*dto.MetricFamily, error) {
 	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	return parser.TextToMetricFamilies(strings.NewReader(string(body)))
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
