@@ -551,3 +551,23 @@ func TestCreateAndRepairWithoutJoinDataAreRefusedBeforeTheActuator(t *testing.T)
 		t.Errorf("the Actuator was called: %v", calls)
 	}
 }
+
+// TestPingSaysWhetherTheProviderAnswers: what machinist_provider_up reports
+// at each scrape, over the real wire: down while nothing serves the
+// endpoint, up once the provider serves it, and down again for an
+// endpoint that serves another provider.
+func TestPingSaysWhetherTheProviderAnswers(t *testing.T) {
+	endpoint := "unix://" + filepath.Join(t.TempDir(), "ping.sock")
+	c := dial(t, "test", endpoint, provider.DialOptions{Timeout: 2 * time.Second})
+	if err := c.Ping(context.Background()); err == nil {
+		t.Fatal("Ping answered with no provider at the endpoint")
+	}
+	serveAt(t, endpoint, &recorder{}, provider.ServeOptions{Name: "test"})
+	testenv.WaitFor(t, 10*time.Second, "Ping to answer once the provider came", func() error {
+		return c.Ping(context.Background())
+	})
+	other := dial(t, "cloud", serve(t, &recorder{}, provider.ServeOptions{Name: "other"}), provider.DialOptions{})
+	if err := other.Ping(context.Background()); err == nil || !strings.Contains(err.Error(), `"other"`) {
+		t.Errorf("Ping of an endpoint serving another provider: %v, want an error naming it", err)
+	}
+}
