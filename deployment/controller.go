@@ -126,14 +126,18 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 // Machine starts going or is gone, paced otherwise. The rest of a
 // Machine's changes (its phase, its Ready condition) change what the
 // deployment counts, which a look a few milliseconds later counts too.
+// A deployment with a single MachineSet in use is not woken for them:
+// counts only decide how its sets trade Machines in a rollout, and its
+// status is the sets' status, whose writes wake it.
 func (r *Reconciler) machineChanged() handler.TypedEventHandler[client.Object, reconcile.Request] {
 	type queue = workqueue.TypedRateLimitingInterface[reconcile.Request]
 	wake := func(ctx context.Context, o client.Object, q queue, urgent bool) {
-		key, ok := r.deploymentOf(ctx, o)
+		key, uid, ok := r.deploymentOf(ctx, o)
 		switch {
 		case !ok:
 		case urgent:
 			q.Add(reconcile.Request{NamespacedName: key})
+		case r.soleSet(ctx, key.Namespace, uid):
 		default:
 			r.pacer.Add(q, key)
 		}
@@ -151,20 +155,49 @@ func (r *Reconciler) machineChanged() handler.TypedEventHandler[client.Object, r
 	}
 }
 
-// deploymentOf names the MachineDeployment whose MachineSet controls o.
-func (r *Reconciler) deploymentOf(ctx context.Context, o client.Object) (types.NamespacedName, bool) {
+// soleSet says whether the deployment of UID uid in namespace ns has one
+// MachineSet that has or may have Machines and it is its newest revision:
+// no rollout is under way, in which the sets would trade Machines. The
+// empty sets kept for rollbacks do not count; an in-place rollout's new
+// set, empty at first, is newer than the set in use. Read from the cache
+// without copies: a few sets, for each change of a Machine. When unsure
+// it says no, which paces the wake-up.
+func (r *Reconciler) soleSet(ctx context.Context, ns string, uid types.UID) bool {
+	var list machinistv1.MachineSetList
+	if err := r.Client.List(ctx, &list, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
+		return false
+	}
+	inUse, newest := 0, int64(-1)
+	var used *machinistv1.MachineSet
+	for i := range list.Items {
+		ms := &list.Items[i]
+		if ref := metav1.GetControllerOfNoCopy(ms); ref == nil || ref.UID != uid {
+			continue
+		}
+		newest = max(newest, revision(ms))
+		if ptrOr(ms.Spec.Replicas) > 0 || ms.Status.Replicas > 0 {
+			inUse++
+			used = ms
+		}
+	}
+	return inUse == 1 && revision(used) == newest
+}
+
+// deploymentOf names the MachineDeployment whose MachineSet controls o,
+// and gives its UID.
+func (r *Reconciler) deploymentOf(ctx context.Context, o client.Object) (types.NamespacedName, types.UID, bool) {
 	ref := metav1.GetControllerOf(o)
 	if ref == nil || ref.Kind != "MachineSet" {
-		return types.NamespacedName{}, false
+		return types.NamespacedName{}, "", false
 	}
 	ms := &machinistv1.MachineSet{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: o.GetNamespace(), Name: ref.Name}, ms); err != nil {
-		return types.NamespacedName{}, false
+		return types.NamespacedName{}, "", false
 	}
 	if md := metav1.GetControllerOf(ms); md != nil && md.Kind == "MachineDeployment" {
-		return types.NamespacedName{Namespace: ms.Namespace, Name: md.Name}, true
+		return types.NamespacedName{Namespace: ms.Namespace, Name: md.Name}, md.UID, true
 	}
-	return types.NamespacedName{}, false
+	return types.NamespacedName{}, "", false
 }
 
 func (r *Reconciler) now() time.Time {

@@ -80,8 +80,16 @@ func (p *Pacer) Delay(key types.NamespacedName) time.Duration {
 // Add queues key after Delay. A key already waiting keeps its earlier
 // time (the work queue's rule), so a burst of changes costs one look.
 func (p *Pacer) Add(q workqueue.TypedRateLimitingInterface[reconcile.Request], key types.NamespacedName) {
+	p.AddNoSooner(q, key, 0)
+}
+
+// AddNoSooner queues key after the longer of Delay and wait: for a
+// wake-up whose only possible outcome cannot happen before wait has
+// passed, such as a status written at most so often, a look before then
+// would be wasted.
+func (p *Pacer) AddNoSooner(q workqueue.TypedRateLimitingInterface[reconcile.Request], key types.NamespacedName, wait time.Duration) {
 	req := reconcile.Request{NamespacedName: key}
-	if d := p.Delay(key); d > 0 {
+	if d := max(p.Delay(key), wait); d > 0 {
 		q.AddAfter(req, d)
 		return
 	}

@@ -71,3 +71,30 @@ func TestAddCoalesces(t *testing.T) {
 		t.Errorf("a burst of 1000 wake-ups gave %d more reconciles, want none", q.Len())
 	}
 }
+
+// A wake-up that cannot act before a wait is queued after it, even for a
+// key never looked at; a longer spacing still wins.
+func TestAddNoSooner(t *testing.T) {
+	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
+	defer q.ShutDown()
+	p := &Pacer{PerObject: time.Millisecond}
+	key := types.NamespacedName{Namespace: "ns", Name: "set"}
+	start := time.Now()
+	p.AddNoSooner(q, key, 150*time.Millisecond)
+	if q.Len() != 0 {
+		t.Fatalf("a wake-up with a wait is queued at once: queue holds %d", q.Len())
+	}
+	item, _ := q.Get()
+	if waited := time.Since(start); waited < 140*time.Millisecond {
+		t.Errorf("the wake-up came after %s, want about 150ms", waited)
+	}
+	p.Looked(key, 300)
+	q.Done(item)
+	start = time.Now()
+	p.AddNoSooner(q, key, 50*time.Millisecond)
+	item, _ = q.Get()
+	if waited := time.Since(start); waited < 250*time.Millisecond {
+		t.Errorf("with a spacing of 300ms and a wait of 50ms the wake-up came after %s, want about 300ms", waited)
+	}
+	q.Done(item)
+}

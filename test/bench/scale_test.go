@@ -194,6 +194,10 @@ func scaleUp(b *testing.B, n int) {
 	b.ReportMetric(peakHeap/(1<<20), "manager-peak-heap-MiB")
 	b.ReportMetric(liveHeap/(1<<20), "manager-peak-live-heap-MiB")
 	b.ReportMetric(settled["go_memstats_heap_inuse_bytes"]/(1<<20), "manager-settled-heap-MiB")
+	// Each a look at all of the set's or deployment's Machines: what
+	// pacing bounds.
+	b.ReportMetric(settled["controller_runtime_reconcile_total/machineset"], "machineset-reconciles")
+	b.ReportMetric(settled["controller_runtime_reconcile_total/machinedeployment"], "deployment-reconciles")
 	b.ReportMetric(plain.took.Seconds(), "restart-s")
 	b.ReportMetric(plain.engineWrites(), "restart-writes")
 	b.ReportMetric(changed.took.Seconds(), "restart-changed-s")
