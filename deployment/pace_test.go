@@ -73,4 +73,3 @@ var _ = Describe("Pacing a MachineDeployment's looks", func() {
 		Expect(got).To(BeNumerically(">=", 1), "a paced wake-up is postponed, never dropped")
 	})
 })
-
