@@ -20,7 +20,7 @@ func layer(pkg string) (int, string) {
 		return 0, "API types and manifests"
 	case first == "internal":
 		return 1, "helpers"
-	case slices.Contains([]string{"phases", "operation", "nodes", "drainrules", "actuators", "nodeagent", "disruption", "faults", "provider", "gauges"}, first):
+	case slices.Contains([]string{"phases", "operation", "nodes", "drainrules", "actuators", "nodeagent", "disruption", "faults", "provider", "gauges", "migration"}, first):
 		return 2, "domain"
 	case slices.Contains([]string{"lifecycle", "machineset", "deployment", "healthcheck", "clusters", "apiserver"}, first):
 		return 3, "controllers and the verbs server"

@@ -4,9 +4,10 @@
 // signed with the cluster's CA and cleaned up, expired bootstrap tokens
 // deleted); asked to, it also runs the controllers a machine fleet relies
 // on (FleetControllers): the garbage collector (owner references cascade
-// deletions), the namespace controller (a deleted namespace empties) and
-// the node lifecycle controller (a Node whose kubelet stops renewing its
-// Lease is marked Ready=Unknown). `machinist run` and the tests use it, so
+// deletions), the namespace controller (a deleted namespace empties), the
+// node lifecycle controller (a Node whose kubelet stops renewing its
+// Lease is marked Ready=Unknown) and the storage version migrator (a
+// resource's stored objects rewritten at its storage version). `machinist run` and the tests use it, so
 // that what Kubernetes does is done by Kubernetes, as in a cluster.
 package controllermanager
 
@@ -45,6 +46,9 @@ var FleetControllers = []string{
 	"garbage-collector-controller",
 	"namespace-controller",
 	"node-lifecycle-controller",
+	// Carries out StorageVersionMigrations (package migration); it reads
+	// through the garbage collector's informers, so it runs only beside it.
+	"storage-version-migrator-controller",
 }
 
 // APIQPS is the rate each of its controllers may send requests at.

@@ -42,5 +42,6 @@ func root() *cobra.Command {
 	cmd.AddCommand(runCommand())
 	cmd.AddCommand(providerCommand())
 	cmd.AddCommand(faultProxyCommand())
+	cmd.AddCommand(migrateCommand())
 	return cmd
 }

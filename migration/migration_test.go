@@ -1,0 +1,264 @@
+package migration_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensions "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/utils/ptr"
+
+	"github.com/machinist-dev/machinist/migration"
+	"github.com/machinist-dev/machinist/testenv"
+)
+
+var env *testenv.Env
+
+// The control plane runs kube-controller-manager with its storage version
+// migrator, as `machinist run` does.
+func TestMain(m *testing.M) {
+	os.Exit(testenv.RunWithOptions(m, testenv.Options{ControllerManager: true}, func(e *testenv.Env) (func(), error) {
+		env = e
+		return nil, nil
+	}))
+}
+
+// twoVersions installs a CRD of its own group, served at v1 and v2 (the
+// same schema, so no conversion is needed) and stored at v1, with n
+// objects made at v1; then makes v2 the storage version, as an upgrade
+// does. storedVersions lists both after.
+func twoVersions(t *testing.T, ctx context.Context, group string, n int) (*apiextensionsv1.CustomResourceDefinition, dynamic.NamespaceableResourceInterface) {
+	t.Helper()
+	ext := apiextensions.NewForConfigOrDie(env.Config)
+	schemaOf := &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{
+		Type: "object",
+		Properties: map[string]apiextensionsv1.JSONSchemaProps{
+			"spec": {Type: "object", XPreserveUnknownFields: ptr.To(true)},
+		},
+	}}
+	crd := &apiextensionsv1.CustomResourceDefinition{
+		ObjectMeta: metav1.ObjectMeta{Name: "widgets." + group},
+		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
+			Group: group, Scope: apiextensionsv1.NamespaceScoped,
+			Names: apiextensionsv1.CustomResourceDefinitionNames{Plural: "widgets", Singular: "widget", Kind: "Widget", ListKind: "WidgetList"},
+			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{
+				{Name: "v1", Served: true, Storage: true, Schema: schemaOf},
+				{Name: "v2", Served: true, Storage: false, Schema: schemaOf},
+			},
+		},
+	}
+	crd, err := ext.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = ext.ApiextensionsV1().CustomResourceDefinitions().Delete(context.Background(), crd.Name, metav1.DeleteOptions{})
+	})
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		got, err := ext.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, c := range got.Status.Conditions {
+			if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
+				return true, nil
+			}
+		}
+		return false, nil
+	}); err != nil {
+		t.Fatalf("the CRD is not established: %v", err)
+	}
+	dyn := dynamic.NewForConfigOrDie(env.Config)
+	r := dyn.Resource(schema.GroupVersionResource{Group: group, Version: "v1", Resource: "widgets"})
+	ns, err := env.Namespace(ctx, "migrate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		w := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": group + "/v1", "kind": "Widget",
+			"metadata": map[string]any{"name": fmt.Sprintf("w%d", i), "namespace": ns},
+			"spec":     map[string]any{"size": int64(i)},
+		}}
+		// Kept over a create until the new version is served: right after
+		// the CRD is established its resource may still be missing.
+		if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+			_, err := r.Namespace(ns).Create(ctx, w, metav1.CreateOptions{})
+			return err == nil, nil
+		}); err != nil {
+			t.Fatalf("creating widget %d: %v", i, err)
+		}
+	}
+	// The upgrade: v2 becomes the storage version.
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		got, err := ext.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		got.Spec.Versions[0].Storage, got.Spec.Versions[1].Storage = false, true
+		crd, err = ext.ApiextensionsV1().CustomResourceDefinitions().Update(ctx, got, metav1.UpdateOptions{})
+		return err == nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := crd.Status.StoredVersions; !slices.Equal(got, []string{"v1", "v2"}) {
+		t.Fatalf("storedVersions after the storage version changed: %v, want [v1 v2]", got)
+	}
+	return crd, dyn.Resource(schema.GroupVersionResource{Group: group, Version: "v2", Resource: "widgets"})
+}
+
+// rewrites counts, per object, the writes a watch sees while run runs.
+// kube-apiserver skips a write whose encoding equals what is stored, so
+// an object written back unchanged is seen modified only if it was stored
+// at another version.
+func rewrites(t *testing.T, ctx context.Context, r dynamic.NamespaceableResourceInterface, run func()) map[string]int {
+	t.Helper()
+	list, err := r.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := r.Watch(ctx, metav1.ListOptions{ResourceVersion: list.GetResourceVersion()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	run()
+	// A write is seen within moments of its reply; each object was
+	// written before run returned.
+	out := map[string]int{}
+	for _, o := range list.Items {
+		out[o.GetName()] = 0
+	}
+	quiet := time.After(2 * time.Second)
+	for {
+		select {
+		case e := <-w.ResultChan():
+			if e.Type == watch.Modified {
+				out[e.Object.(*unstructured.Unstructured).GetName()]++
+			}
+		case <-quiet:
+			return out
+		}
+	}
+}
+
+// statusWriters names the managers of the CRD's status.
+func statusWriters(t *testing.T, ctx context.Context, name string) []string {
+	t.Helper()
+	crd, err := apiextensions.NewForConfigOrDie(env.Config).ApiextensionsV1().CustomResourceDefinitions().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, f := range crd.ManagedFields {
+		if f.Subresource == "status" {
+			out = append(out, f.Manager)
+		}
+	}
+	return out
+}
+
+func storedVersions(t *testing.T, ctx context.Context, name string) []string {
+	t.Helper()
+	crd, err := apiextensions.NewForConfigOrDie(env.Config).ApiextensionsV1().CustomResourceDefinitions().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return crd.Status.StoredVersions
+}
+
+func check(t *testing.T, results []migration.Result, crd string, wantMigration bool, written map[string]int, n int) {
+	t.Helper()
+	if len(results) != 1 || results[0].CRD != crd || results[0].Storage != "v2" || !slices.Equal(results[0].Before, []string{"v1", "v2"}) {
+		t.Fatalf("results %+v, want one for %s from [v1 v2] to v2", results, crd)
+	}
+	if got := results[0].Migration != ""; got != wantMigration {
+		t.Errorf("migrated through a StorageVersionMigration: %v, want %v", got, wantMigration)
+	}
+	if len(written) != n {
+		t.Fatalf("%d objects, want %d", len(written), n)
+	}
+	for name, times := range written {
+		if times != 1 {
+			t.Errorf("%s was written %d times by the migration, want once", name, times)
+		}
+	}
+}
+
+func TestMigratedByKubeControllerManager(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const group, n = "svm.tests.machinist.dev", 25
+	crd, r := twoVersions(t, ctx, group, n)
+	var results []migration.Result
+	written := rewrites(t, ctx, r, func() {
+		var err error
+		if results, err = migration.Run(ctx, env.Config, migration.Options{Group: group, Poll: 200 * time.Millisecond, Log: t.Logf}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	check(t, results, crd.Name, true, written, n)
+	if got := storedVersions(t, ctx, crd.Name); !slices.Equal(got, []string{"v2"}) {
+		t.Errorf("storedVersions after the migration: %v, want [v2]", got)
+	}
+	if by := statusWriters(t, ctx, crd.Name); slices.Contains(by, migration.FieldManager) {
+		t.Errorf("storedVersions was set by %v; want kube-controller-manager's migrator to have set it", by)
+	}
+	// Run again: nothing to do, nothing asked for.
+	again, err := migration.Run(ctx, env.Config, migration.Options{Group: group})
+	if err != nil || len(again) != 1 || again[0].Needed() || again[0].Migration != "" {
+		t.Errorf("a second run: %+v, %v; want nothing needed and nothing done", again, err)
+	}
+}
+
+func TestMigratedByClient(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const group, n = "client.tests.machinist.dev", 25
+	crd, r := twoVersions(t, ctx, group, n)
+	var results []migration.Result
+	written := rewrites(t, ctx, r, func() {
+		var err error
+		if results, err = migration.Run(ctx, env.Config, migration.Options{Group: group, ByClient: true, Log: t.Logf}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	check(t, results, crd.Name, false, written, n)
+	if by := statusWriters(t, ctx, crd.Name); !slices.Contains(by, migration.FieldManager) {
+		t.Errorf("storedVersions was set by %v; want %s", by, migration.FieldManager)
+	}
+	if results[0].Rewritten != n {
+		t.Errorf("rewritten %d, want %d", results[0].Rewritten, n)
+	}
+	if got := storedVersions(t, ctx, crd.Name); !slices.Equal(got, []string{"v2"}) {
+		t.Errorf("storedVersions after the migration: %v, want [v2]", got)
+	}
+}
+
+// Machinist's own CRDs, each stored at its only version, need nothing.
+func TestMachinistNeedsNothingYet(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	results, err := migration.Run(ctx, env.Config, migration.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(results) < 8 {
+		t.Fatalf("%d Machinist CRDs found, want every one: %+v", len(results), results)
+	}
+	for _, r := range results {
+		if r.Needed() || r.Migration != "" || r.Rewritten != 0 {
+			t.Errorf("%s: %+v, want nothing needed and nothing done", r.CRD, r)
+		}
+	}
+}
