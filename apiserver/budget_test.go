@@ -58,6 +58,9 @@ func TestABudgetRefusesWithTooManyRequests(t *testing.T) {
 		"MachineDisruptionBudget one allows no more disruptions: 1 of its 2 Machines are disrupted and it allows 1; the reboot of Machine %s/second waits until one is back", ns)))
 	g.Expect(status.Details).NotTo(BeNil())
 	g.Expect(status.Details.RetryAfterSeconds).To(Equal(int32(10)))
+	g.Expect(status.Details.Causes).To(ConsistOf(metav1.StatusCause{
+		Type: machinistv1.CauseDisruptionBudget, Message: status.Message, Field: "machinedisruptionbudget/one",
+	}), "a client finds the budget by the cause's type")
 	unchanged(g, ctx, second)
 
 	// The header, as the verbs server sends it.

@@ -346,7 +346,7 @@ func translateRefusal(err error, name string) error {
 	if r.Budget != "" {
 		// None when the budgets were only too busy to decide.
 		tooMany.ErrStatus.Details.Causes = []metav1.StatusCause{{
-			Type: "DisruptionBudget", Message: r.Message, Field: "machinedisruptionbudget/" + r.Budget,
+			Type: machinistv1.CauseDisruptionBudget, Message: r.Message, Field: "machinedisruptionbudget/" + r.Budget,
 		}}
 	}
 	return tooMany

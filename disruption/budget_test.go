@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -153,5 +154,32 @@ func TestAClosedWindowAllowsNothing(t *testing.T) {
 	st, _ = Evaluate(b, []machinistv1.Machine{down}, now)
 	if r := refuse(b, st, Request{Machine: &down, Reason: machinistv1.DisruptionRemediation}, now); r != nil {
 		t.Errorf("a Failed Machine's remediation was refused: %s", r.Message)
+	}
+}
+
+// The condition says which of the three holds, in the API's words.
+func TestConditionSaysWhy(t *testing.T) {
+	next := metav1.NewTime(at("2026-12-02T02:00:00Z"))
+	for _, tc := range []struct {
+		name   string
+		status machinistv1.MachineDisruptionBudgetStatus
+		want   metav1.ConditionStatus
+		reason string
+		says   string
+	}{
+		{"allowed", machinistv1.MachineDisruptionBudgetStatus{WindowOpen: true, DisruptionsAllowed: 2, SelectedMachines: 10},
+			metav1.ConditionTrue, machinistv1.ReasonDisruptionAllowed, "2 more of 10 Machines may be disrupted"},
+		{"spent", machinistv1.MachineDisruptionBudgetStatus{WindowOpen: true, SelectedMachines: 10, Disrupted: 2, MaxDisrupted: 2},
+			metav1.ConditionFalse, machinistv1.ReasonBudgetSpent, "2 of 10 Machines are disrupted and 2 may be"},
+		{"closed", machinistv1.MachineDisruptionBudgetStatus{DisruptionsAllowed: 0, SelectedMachines: 10, NextWindow: &next},
+			metav1.ConditionFalse, machinistv1.ReasonWindowClosed, "no window is open; the next opens at 2026-12-02T02:00:00Z"},
+	} {
+		b := budget(intstr.FromInt32(2))
+		b.Status = tc.status
+		setCondition(b, now)
+		c := meta.FindStatusCondition(b.Status.Conditions, machinistv1.ConditionDisruptionAllowed)
+		if c == nil || c.Status != tc.want || c.Reason != tc.reason || c.Message != tc.says {
+			t.Errorf("%s: condition %+v, want %s %s %q", tc.name, c, tc.want, tc.reason, tc.says)
+		}
 	}
 }

@@ -24,18 +24,6 @@ import (
 	"github.com/machinist-dev/machinist/internal/wake"
 )
 
-// ConditionAllowed is the budget's condition type: True while it allows
-// another disruption.
-const ConditionAllowed = "DisruptionAllowed"
-
-// Reasons of ConditionAllowed.
-const (
-	ReasonAllowed       = "Allowed"
-	ReasonSpent         = "BudgetSpent"
-	ReasonWindowClosed  = "WindowClosed"
-	ReasonInvalidWindow = "InvalidWindow"
-)
-
 // Reconciler keeps each MachineDisruptionBudget's status true: the counts,
 // the next window, and the record of admitted disruptions, from which it
 // drops those that are over. It decides nothing; Admit does.
@@ -123,7 +111,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		b.Status.ObservedGeneration = b.Generation
 		b.Status.DisruptionsAllowed = 0
 		meta.SetStatusCondition(&b.Status.Conditions, metav1.Condition{
-			Type: ConditionAllowed, Status: metav1.ConditionFalse, Reason: ReasonInvalidWindow,
+			Type: machinistv1.ConditionDisruptionAllowed, Status: metav1.ConditionFalse, Reason: machinistv1.ReasonInvalidWindow,
 			Message: err.Error(), ObservedGeneration: b.Generation,
 		})
 	} else {
@@ -165,18 +153,18 @@ func (r *Reconciler) untilNextWrite(key client.ObjectKey) time.Duration {
 // setCondition sets DisruptionAllowed from the counts in b's status.
 func setCondition(b *machinistv1.MachineDisruptionBudget, _ time.Time) {
 	s := &b.Status
-	c := metav1.Condition{Type: ConditionAllowed, Status: metav1.ConditionTrue, Reason: ReasonAllowed,
+	c := metav1.Condition{Type: machinistv1.ConditionDisruptionAllowed, Status: metav1.ConditionTrue, Reason: machinistv1.ReasonDisruptionAllowed,
 		Message:            fmt.Sprintf("%d more of %d Machines may be disrupted", s.DisruptionsAllowed, s.SelectedMachines),
 		ObservedGeneration: b.Generation}
 	switch {
 	case !s.WindowOpen:
-		c.Status, c.Reason = metav1.ConditionFalse, ReasonWindowClosed
+		c.Status, c.Reason = metav1.ConditionFalse, machinistv1.ReasonWindowClosed
 		c.Message = "no window is open"
 		if s.NextWindow != nil {
 			c.Message += "; the next opens at " + s.NextWindow.UTC().Format(time.RFC3339)
 		}
 	case s.DisruptionsAllowed == 0:
-		c.Status, c.Reason = metav1.ConditionFalse, ReasonSpent
+		c.Status, c.Reason = metav1.ConditionFalse, machinistv1.ReasonBudgetSpent
 		c.Message = fmt.Sprintf("%d of %d Machines are disrupted and %d may be", s.Disrupted, s.SelectedMachines, s.MaxDisrupted)
 	}
 	meta.SetStatusCondition(&s.Conditions, c)

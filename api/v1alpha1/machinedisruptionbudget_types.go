@@ -147,6 +147,31 @@ type MachineDisruptionBudgetStatus struct {
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
+// ConditionDisruptionAllowed is a MachineDisruptionBudget's condition:
+// True while it allows another disruption now.
+const ConditionDisruptionAllowed = "DisruptionAllowed"
+
+// Reasons of ConditionDisruptionAllowed.
+const (
+	// ReasonDisruptionAllowed: a window is open (or none is set) and
+	// fewer Machines are disrupted than maxDisrupted.
+	ReasonDisruptionAllowed = "Allowed"
+	// ReasonBudgetSpent: as many Machines are disrupted as maxDisrupted
+	// allows.
+	ReasonBudgetSpent = "BudgetSpent"
+	// ReasonWindowClosed: none of the budget's windows is open;
+	// status.nextWindow says when one opens.
+	ReasonWindowClosed = "WindowClosed"
+	// ReasonInvalidWindow: a window's schedule cannot be read; the budget
+	// allows nothing until it is fixed.
+	ReasonInvalidWindow = "InvalidWindow"
+)
+
+// CauseDisruptionBudget is the type of the cause in the verbs server's
+// 429 answer when a budget refuses a verb; the cause's field names the
+// budget, as machinedisruptionbudget/<name>.
+const CauseDisruptionBudget = "DisruptionBudget"
+
 // MachineDisruptionBudget limits the voluntary disruptions of a set of
 // Machines: how many at once, for which reasons, and in which windows.
 // The verbs, every operation of a Running Machine (whoever asked for it)
