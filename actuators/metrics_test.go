@@ -5,8 +5,9 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/machinist-dev/machinist/internal/metricstest"
 )
 
 // answering is an actuator whose Delete and Ping return what it is told;
@@ -58,22 +59,7 @@ func TestMeteredCallsAreCountedByOutcome(t *testing.T) {
 		t.Errorf("durations observed for %d providers, want 3", n)
 	}
 
-	r := prometheus.NewPedanticRegistry()
-	if err := m.Register(r); err != nil {
-		t.Fatal(err)
-	}
-	families, err := r.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	up := map[string]float64{}
-	for _, f := range families {
-		if f.GetName() == "machinist_provider_up" {
-			for _, s := range f.GetMetric() {
-				up[s.GetLabel()[0].GetValue()] = s.GetGauge().GetValue()
-			}
-		}
-	}
+	up := metricstest.Gauges(t, m.Register, "provider")["machinist_provider_up"]
 	if want := map[string]float64{"fine": 1, "wrong": 0, "gone": 1}; len(up) != 3 || up["fine"] != 1 || up["wrong"] != 0 || up["gone"] != 1 {
 		t.Errorf("machinist_provider_up = %v, want %v", up, want)
 	}

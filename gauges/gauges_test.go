@@ -9,6 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/metricstest"
 )
 
 // stored serves fixed lists, as the cache would: the collector's only
@@ -58,39 +59,22 @@ func TestTheGaugesSayWhatIsWrong(t *testing.T) {
 			{ObjectMeta: meta("unused"), Status: machinistv1.WorkloadClusterStatus{Conditions: condition(machinistv1.WorkloadClusterReachable, metav1.ConditionUnknown, machinistv1.ReasonNoMachines)}},
 		},
 	}
-	reg := prometheus.NewPedanticRegistry()
-	if err := reg.Register(New(s)); err != nil {
-		t.Fatal(err)
-	}
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]float64{}
-	for _, f := range families {
-		for _, m := range f.GetMetric() {
-			key := f.GetName()
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "name" {
-					key += "/" + l.GetValue()
-				}
-			}
-			got[key] = m.GetGauge().GetValue()
+	got := metricstest.Gauges(t, func(r prometheus.Registerer) error { return r.Register(New(s)) }, "name")
+	for _, w := range []struct {
+		family, name string
+		want         float64
+	}{
+		{"machinist_healthcheck_short_circuited", "held", 1},
+		{"machinist_healthcheck_short_circuited", "fine", 0},
+		{"machinist_disruption_budget_disruptions_allowed", "spent", 0},
+		{"machinist_disruption_budget_window_open", "spent", 0},
+		{"machinist_workload_cluster_reachable", "down", 0},
+	} {
+		if x, ok := got[w.family][w.name]; !ok || x != w.want {
+			t.Errorf("%s{name=%q} = %v (served %v), want %v", w.family, w.name, x, ok, w.want)
 		}
 	}
-	want := map[string]float64{
-		"machinist_healthcheck_short_circuited/held":            1,
-		"machinist_healthcheck_short_circuited/fine":            0,
-		"machinist_disruption_budget_disruptions_allowed/spent": 0,
-		"machinist_disruption_budget_window_open/spent":         0,
-		"machinist_workload_cluster_reachable/down":             0,
-	}
-	for k, v := range want {
-		if x, ok := got[k]; !ok || x != v {
-			t.Errorf("%s = %v (served %v), want %v", k, x, ok, v)
-		}
-	}
-	if _, ok := got["machinist_workload_cluster_reachable/unused"]; ok {
+	if _, ok := got["machinist_workload_cluster_reachable"]["unused"]; ok {
 		t.Error("a series for a cluster that no Machine serves")
 	}
 }

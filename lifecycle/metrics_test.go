@@ -5,11 +5,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/internal/metricstest"
 )
 
 // listed serves a fixed list of Machines: the collector's only read.
@@ -48,23 +48,7 @@ func TestOverdueCountsMachinesPastTheirPhaseTimeout(t *testing.T) {
 		gone,
 	})
 	m.byPhase.deadline = r.deadline
-	reg := prometheus.NewPedanticRegistry()
-	if err := m.Register(reg); err != nil {
-		t.Fatal(err)
-	}
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]float64{}
-	for _, f := range families {
-		if f.GetName() != "machinist_machines_overdue" {
-			continue
-		}
-		for _, s := range f.GetMetric() {
-			got[s.GetLabel()[0].GetValue()] = s.GetGauge().GetValue()
-		}
-	}
+	got := metricstest.Gauges(t, m.Register, "phase")["machinist_machines_overdue"]
 	want := map[string]float64{"Provisioning": 1, "Rebooting": 1, "Running": 0, "Pending": 0, "Draining": 0}
 	for p, n := range want {
 		if got[p] != n {
