@@ -754,7 +754,9 @@ func (h *machineHandler) wake(q workqueue.TypedRateLimitingInterface[reconcile.R
 	// status, which may not be written again before StatusInterval has
 	// passed since the last write: a look sooner would find the same and
 	// write nothing. At 10,000 Machines the spacing alone allowed five
-	// looks a second, one of which could write.
+	// looks a second, one of which could write. Bounded by the interval,
+	// since the wait is read on the reconciler's clock, which a test may
+	// stop, and the queue waits by the real one.
 	h.r.pacer.AddNoSooner(q, key, min(h.r.statusWaitOf(key, h.r.Now()), h.r.statusInterval()))
 }
 

@@ -79,8 +79,9 @@ func (r Result) Needed() bool { return !slices.Equal(r.Before, []string{r.Storag
 // Run migrates every CRD of the group whose storedVersions lists another
 // version than its storage version, one after the other, and returns what
 // it did for each CRD of the group, in name order. It stops at the first
-// CRD it cannot migrate; what it did before stays done, and running it
-// again carries on (a CRD already migrated is left alone).
+// CRD it cannot migrate; what it did before stays done: run again, it
+// leaves the CRDs already migrated alone and migrates each other one from
+// its start.
 func Run(ctx context.Context, cfg *rest.Config, opts Options) ([]Result, error) {
 	if opts.Group == "" {
 		opts.Group = Group

@@ -3,8 +3,10 @@ package migration_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,9 +15,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
 	"github.com/machinist-dev/machinist/migration"
@@ -37,7 +41,7 @@ func TestMain(m *testing.M) {
 // same schema, so no conversion is needed) and stored at v1, with n
 // objects made at v1; then makes v2 the storage version, as an upgrade
 // does. storedVersions lists both after.
-func twoVersions(t *testing.T, ctx context.Context, group string, n int) (*apiextensionsv1.CustomResourceDefinition, dynamic.NamespaceableResourceInterface) {
+func twoVersions(t *testing.T, ctx context.Context, env *testenv.Env, group string, n int) (*apiextensionsv1.CustomResourceDefinition, dynamic.NamespaceableResourceInterface) {
 	t.Helper()
 	ext := apiextensions.NewForConfigOrDie(env.Config)
 	schemaOf := &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{
@@ -177,19 +181,38 @@ func storedVersions(t *testing.T, ctx context.Context, name string) []string {
 	return crd.Status.StoredVersions
 }
 
-func check(t *testing.T, results []migration.Result, crd string, wantMigration bool, written map[string]int, n int) {
+// migrate makes a CRD of group with n objects stored at v1, moves its
+// storage version to v2, and runs the migration with opts on cfg. It
+// checks what holds whichever way the objects were written back: one
+// result, from [v1 v2] to v2, and storedVersions [v2] after. It returns
+// the result and each object's writes seen meanwhile.
+func migrate(t *testing.T, ctx context.Context, cfg *rest.Config, group string, n int, opts migration.Options) (string, migration.Result, map[string]int) {
 	t.Helper()
-	if len(results) != 1 || results[0].CRD != crd || results[0].Storage != "v2" || !slices.Equal(results[0].Before, []string{"v1", "v2"}) {
-		t.Fatalf("results %+v, want one for %s from [v1 v2] to v2", results, crd)
+	crd, r := twoVersions(t, ctx, env, group, n)
+	opts.Group, opts.Poll, opts.Log = group, 200*time.Millisecond, t.Logf
+	var results []migration.Result
+	written := rewrites(t, ctx, r, func() {
+		var err error
+		if results, err = migration.Run(ctx, cfg, opts); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if len(results) != 1 || results[0].CRD != crd.Name || results[0].Storage != "v2" || !slices.Equal(results[0].Before, []string{"v1", "v2"}) {
+		t.Fatalf("results %+v, want one for %s from [v1 v2] to v2", results, crd.Name)
 	}
-	if got := results[0].Migration != ""; got != wantMigration {
-		t.Errorf("migrated through a StorageVersionMigration: %v, want %v", got, wantMigration)
+	if got := storedVersions(t, ctx, crd.Name); !slices.Equal(got, []string{"v2"}) {
+		t.Errorf("storedVersions after the migration: %v, want [v2]", got)
 	}
 	if len(written) != n {
 		t.Fatalf("%d objects, want %d", len(written), n)
 	}
+	return crd.Name, results[0], written
+}
+
+func writtenOnce(t *testing.T, written map[string]int, except ...string) {
+	t.Helper()
 	for name, times := range written {
-		if times != 1 {
+		if times != 1 && !slices.Contains(except, name) {
 			t.Errorf("%s was written %d times by the migration, want once", name, times)
 		}
 	}
@@ -198,20 +221,13 @@ func check(t *testing.T, results []migration.Result, crd string, wantMigration b
 func TestMigratedByKubeControllerManager(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	const group, n = "svm.tests.machinist.dev", 25
-	crd, r := twoVersions(t, ctx, group, n)
-	var results []migration.Result
-	written := rewrites(t, ctx, r, func() {
-		var err error
-		if results, err = migration.Run(ctx, env.Config, migration.Options{Group: group, Poll: 200 * time.Millisecond, Log: t.Logf}); err != nil {
-			t.Fatal(err)
-		}
-	})
-	check(t, results, crd.Name, true, written, n)
-	if got := storedVersions(t, ctx, crd.Name); !slices.Equal(got, []string{"v2"}) {
-		t.Errorf("storedVersions after the migration: %v, want [v2]", got)
+	const group = "svm.tests.machinist.dev"
+	crd, res, written := migrate(t, ctx, env.Config, group, 25, migration.Options{})
+	if res.Migration == "" || res.Rewritten != 0 {
+		t.Errorf("result %+v, want a StorageVersionMigration and nothing written by the command", res)
 	}
-	if by := statusWriters(t, ctx, crd.Name); slices.Contains(by, migration.FieldManager) {
+	writtenOnce(t, written)
+	if by := statusWriters(t, ctx, crd); slices.Contains(by, migration.FieldManager) {
 		t.Errorf("storedVersions was set by %v; want kube-controller-manager's migrator to have set it", by)
 	}
 	// Run again: nothing to do, nothing asked for.
@@ -224,24 +240,107 @@ func TestMigratedByKubeControllerManager(t *testing.T) {
 func TestMigratedByClient(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	const group, n = "client.tests.machinist.dev", 25
-	crd, r := twoVersions(t, ctx, group, n)
-	var results []migration.Result
-	written := rewrites(t, ctx, r, func() {
-		var err error
-		if results, err = migration.Run(ctx, env.Config, migration.Options{Group: group, ByClient: true, Log: t.Logf}); err != nil {
-			t.Fatal(err)
-		}
-	})
-	check(t, results, crd.Name, false, written, n)
-	if by := statusWriters(t, ctx, crd.Name); !slices.Contains(by, migration.FieldManager) {
+	const n = 25
+	crd, res, written := migrate(t, ctx, env.Config, "client.tests.machinist.dev", n, migration.Options{ByClient: true})
+	if res.Migration != "" || res.Rewritten != n {
+		t.Errorf("result %+v, want %d objects written back by the command", res, n)
+	}
+	writtenOnce(t, written)
+	if by := statusWriters(t, ctx, crd); !slices.Contains(by, migration.FieldManager) {
 		t.Errorf("storedVersions was set by %v; want %s", by, migration.FieldManager)
 	}
-	if results[0].Rewritten != n {
-		t.Errorf("rewritten %d, want %d", results[0].Rewritten, n)
+}
+
+// meanwhile is a transport that, just before the command writes back w3
+// and w4, has someone else change w3 and delete w4: the command's writes
+// then conflict and find nothing.
+type meanwhile struct {
+	next http.RoundTripper
+	do   map[string]func(ns string) // by object name
+}
+
+func (m meanwhile) RoundTrip(req *http.Request) (*http.Response, error) {
+	// .../namespaces/<ns>/widgets/<name>
+	parts := strings.Split(req.URL.Path, "/")
+	if n := len(parts); req.Method == http.MethodPut && n >= 4 && parts[n-4] == "namespaces" {
+		if f := m.do[parts[n-1]]; f != nil {
+			f(parts[n-3])
+		}
 	}
-	if got := storedVersions(t, ctx, crd.Name); !slices.Equal(got, []string{"v2"}) {
-		t.Errorf("storedVersions after the migration: %v, want [v2]", got)
+	return m.next.RoundTrip(req)
+}
+
+// An object written or deleted by someone else while the command rewrites
+// the objects is left as that writer left it: written at the storage
+// version by them, or gone; the command neither fails nor writes it again.
+func TestWrittenMeanwhileIsLeftAsItIs(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const group, n = "meanwhile.tests.machinist.dev", 10
+	other := dynamic.NewForConfigOrDie(env.Config).Resource(schema.GroupVersionResource{Group: group, Version: "v2", Resource: "widgets"})
+	var ns string
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return meanwhile{next: rt, do: map[string]func(string){
+			"w3": func(in string) {
+				ns = in
+				patch := []byte(`{"spec":{"size":100}}`)
+				if _, err := other.Namespace(ns).Patch(ctx, "w3", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+					t.Errorf("changing w3 meanwhile: %v", err)
+				}
+			},
+			"w4": func(ns string) {
+				if err := other.Namespace(ns).Delete(ctx, "w4", metav1.DeleteOptions{}); err != nil {
+					t.Errorf("deleting w4 meanwhile: %v", err)
+				}
+			},
+		}}
+	})
+	_, res, written := migrate(t, ctx, cfg, group, n, migration.Options{ByClient: true})
+	if res.Rewritten != n-2 {
+		t.Errorf("rewritten %d, want %d: all but the one changed and the one deleted meanwhile", res.Rewritten, n-2)
+	}
+	writtenOnce(t, written, "w4")
+	if written["w4"] != 0 {
+		t.Errorf("w4, deleted meanwhile, was written %d times", written["w4"])
+	}
+	w3, err := other.Namespace(ns).Get(ctx, "w3", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if size, _, _ := unstructured.NestedInt64(w3.Object, "spec", "size"); size != 100 {
+		t.Errorf("w3's size is %d, want 100: the other writer's change was overwritten", size)
+	}
+}
+
+// Where the StorageVersionMigration API is served but no controller
+// carries it out, the command says what to do instead of waiting in
+// silence, and the CRD still lists both versions.
+func TestWithoutTheMigratorItSaysSo(t *testing.T) {
+	alone, err := testenv.StartWith(testenv.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = alone.Stop() }()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const group = "alone.tests.machinist.dev"
+	crd, _ := twoVersions(t, ctx, alone, group, 3)
+	short, stop := context.WithTimeout(ctx, 5*time.Second)
+	defer stop()
+	results, err := migration.Run(short, alone.Config, migration.Options{Group: group, Poll: 200 * time.Millisecond})
+	if err == nil || !strings.Contains(err.Error(), "storage-version-migrator-controller") || !strings.Contains(err.Error(), "--by-client") {
+		t.Fatalf("Run without a migrator: %v; want an error naming the controller and --by-client", err)
+	}
+	if len(results) != 1 || results[0].Migration == "" {
+		t.Errorf("results %+v, want the migration it asked for named", results)
+	}
+	got, err := apiextensions.NewForConfigOrDie(alone.Config).ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got.Status.StoredVersions, []string{"v1", "v2"}) {
+		t.Errorf("storedVersions %v after a migration that did not run, want [v1 v2]", got.Status.StoredVersions)
 	}
 }
 

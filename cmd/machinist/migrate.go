@@ -30,7 +30,7 @@ listing the storage version alone. It asks for a StorageVersionMigration
 (storagemigration.k8s.io/v1), which kube-controller-manager carries out;
 where that API is not served, or with --by-client, it reads each object and
 writes it back itself. Safe to run again: a CRD already migrated is left
-alone, and an interrupted run carries on where it stopped.`,
+alone, and each other one is migrated again from its start.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := cli.RestConfig(kubeconfig)
