@@ -286,18 +286,31 @@ func await(t *testing.T, ctx context.Context, m *machinistv1.Machine, what strin
 }
 
 // events lists the messages of the Events about the Machine with reason.
+//
+// A controller's Events are written by a broadcaster after the change
+// they explain, so they are waited for: up to ten seconds for the first.
 func events(ctx context.Context, m *machinistv1.Machine, reason string) ([]string, error) {
-	var list eventsv1.EventList
-	if err := env.Client.List(ctx, &list, client.InNamespace(m.Namespace)); err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, e := range list.Items {
-		if e.Regarding.Name == m.Name && e.Reason == reason {
-			out = append(out, e.Note)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var list eventsv1.EventList
+		if err := env.Client.List(ctx, &list, client.InNamespace(m.Namespace)); err != nil {
+			return nil, err
+		}
+		var out []string
+		for _, e := range list.Items {
+			if e.Regarding.Name == m.Name && e.Reason == reason {
+				out = append(out, e.Note)
+			}
+		}
+		if len(out) > 0 || time.Now().After(deadline) {
+			return out, nil
+		}
+		select {
+		case <-ctx.Done():
+			return out, nil
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	return out, nil
 }
 
 // statusOf is the API status of a refusal, for messages.
