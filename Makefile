@@ -5,6 +5,7 @@ SHELL := bash
 
 CONTROLLER_GEN := go tool controller-gen
 OPENAPI_GEN := go tool openapi-gen
+CONVERSION_GEN := go tool conversion-gen
 # buf and its protoc plugins are pinned in a module of their own, so that
 # their dependencies stay out of Machinist's.
 BUF := go tool -modfile=hack/tools/go.mod buf
@@ -32,8 +33,9 @@ build: ## Compile every package.
 	go build ./...
 
 .PHONY: generate
-generate: ## Generate deepcopy code for the API types, OpenAPI definitions for the verbs server, and the provider protocol's Go code.
+generate: ## Generate deepcopy code and v1alpha1's conversions for the API types, OpenAPI definitions for the verbs server, and the provider protocol's Go code.
 	$(CONTROLLER_GEN) object paths=./api/...
+	$(CONVERSION_GEN) --output-file zz_generated.conversion.go --go-header-file /dev/null github.com/machinist-dev/machinist/api/v1alpha1
 	$(BUF) generate
 	$(OPENAPI_GEN) --output-dir apiserver/openapi --output-pkg github.com/machinist-dev/machinist/apiserver/openapi \
 		--output-file zz_generated.openapi.go --go-header-file /dev/null --report-filename apiserver/openapi/violations.report \

@@ -1,12 +1,3 @@
-// Package v1alpha1 holds the machinist.dev/v1alpha1 API: Machine, MachineSet,
-// MachineDeployment and MachineClass.
-//
-// Validation lives in the types as CEL rules (x-kubernetes-validations) so
-// the API server rejects bad objects with a message a person can act on,
-// before any controller sees them.
-//
-// +kubebuilder:object:generate=true
-// +groupName=machinist.dev
 package v1alpha1
 
 import (
@@ -23,4 +14,7 @@ var (
 
 	// AddToScheme adds this package's kinds to a runtime.Scheme.
 	AddToScheme = SchemeBuilder.AddToScheme
+
+	// localSchemeBuilder is where the generated conversions register.
+	localSchemeBuilder = &SchemeBuilder.SchemeBuilder
 )

@@ -1,0 +1,81 @@
+package v1beta1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+// MachineClassSpec says which provider builds a class's Machines and how.
+type MachineClassSpec struct {
+	// Provider names the actuator that creates, reboots, repairs and deletes
+	// this class's Machines, for example "inmemory" or "process".
+	// +kubebuilder:validation:XValidation:rule="size(self) > 0",message="provider is required: name the actuator that builds these Machines, for example inmemory or process"
+	// It cannot change: the instances of the class's Machines were made
+	// by this provider, and only it can reboot, repair or delete them.
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="provider cannot change: the class's Machines were built by it; make a new class for another provider"
+	// +kubebuilder:validation:MaxLength=63
+	// +required
+	Provider string `json:"provider"`
+
+	// ProviderSpec is opaque to Machinist and handed to the provider as is.
+	// +kubebuilder:pruning:PreserveUnknownFields
+	// +kubebuilder:validation:Type=object
+	// +optional
+	ProviderSpec runtime.RawExtension `json:"providerSpec,omitempty"`
+
+	// NodeTemplate describes the Nodes this class's Machines become, so that
+	// schedulers and autoscalers can plan before a Machine exists.
+	// +optional
+	NodeTemplate *NodeTemplate `json:"nodeTemplate,omitempty"`
+
+	// Drain holds the drain defaults for this class's Machines.
+	// +optional
+	Drain *DrainSettings `json:"drain,omitempty"`
+}
+
+// NodeTemplate is what a class's Nodes will look like.
+type NodeTemplate struct {
+	// Capacity is the resources each Node offers, such as cpu and memory.
+	// +kubebuilder:validation:MaxProperties=32
+	// +optional
+	Capacity corev1.ResourceList `json:"capacity,omitempty"`
+
+	// NodeLabels are put on every Node of this class, as a Machine's
+	// spec.nodeLabels are on its own.
+	// +optional
+	NodeLabels NodeLabels `json:"nodeLabels,omitempty"`
+
+	// NodeTaints are put on every Node of this class, as a Machine's
+	// spec.nodeTaints are on its own.
+	// +optional
+	NodeTaints NodeTaints `json:"nodeTaints,omitempty"`
+}
+
+// MachineClass is a kind of machine: which provider builds it, with what
+// provider settings, what its Nodes look like and how they are drained.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:shortName=mc,categories=machinist
+// +kubebuilder:printcolumn:name="Provider",type=string,JSONPath=`.spec.provider`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type MachineClass struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec MachineClassSpec `json:"spec"`
+}
+
+// MachineClassList is a list of MachineClasses.
+//
+// +kubebuilder:object:root=true
+type MachineClassList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []MachineClass `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&MachineClass{}, &MachineClassList{})
+}
