@@ -44,7 +44,7 @@ generate: ## Generate deepcopy code and v1alpha1's conversions for the API types
 
 .PHONY: manifests
 manifests: ## Generate the CRDs (config/crd/bases) and the ClusterRoles (config/rbac): manager, verbs server, machine operator, viewer.
-	$(CONTROLLER_GEN) crd paths=./api/v1alpha1/... output:crd:artifacts:config=config/crd/bases
+	$(CONTROLLER_GEN) crd paths="./api/v1alpha1/...;./api/v1beta1/..." output:crd:artifacts:config=config/crd/bases
 	$(CONTROLLER_GEN) rbac:roleName=machinist-manager paths=./internal/rbac output:rbac:artifacts:config=config/rbac
 	$(CONTROLLER_GEN) rbac:roleName=machinist-machine-operator,fileName=operator.yaml paths=./internal/rbac/operator output:rbac:artifacts:config=config/rbac
 	$(CONTROLLER_GEN) rbac:roleName=machinist-viewer,fileName=viewer.yaml paths=./internal/rbac/viewer output:rbac:artifacts:config=config/rbac

@@ -128,6 +128,9 @@ func New(opts Options) (*Server, error) {
 	authn.RemoteKubeConfigFile = opts.Kubeconfig
 	authz := options.NewDelegatingAuthorizationOptions()
 	authz.RemoteKubeConfigFile = opts.Kubeconfig
+	// kube-apiserver calls a conversion webhook without credentials: the
+	// webhook converts what kube-apiserver already authorized.
+	authz.AlwaysAllowPaths = append(authz.AlwaysAllowPaths, ConversionPath)
 
 	cfg := genericapiserver.NewRecommendedConfig(codecs)
 	if err := serving.ApplyTo(&cfg.SecureServing); err != nil {
@@ -195,6 +198,7 @@ func New(opts Options) (*Server, error) {
 	if err := generic.InstallAPIGroup(&group); err != nil {
 		return nil, fmt.Errorf("installing %s: %w", subresourcesv1.GroupName, err)
 	}
+	generic.Handler.NonGoRestfulMux.Handle(ConversionPath, Conversion())
 	return &Server{generic: generic, CABundle: caBundle, Port: serving.BindPort, frontProxyCA: frontProxyCA}, nil
 }
 
@@ -218,6 +222,27 @@ func (s *Server) Run(ctx context.Context) error {
 	return s.generic.PrepareRun().RunWithContext(ctx)
 }
 
+// CABundle is the CA that a verbs server started with certDir (and no
+// certificate of its own there) signs its serving certificate with: made
+// at the first call, kept in certDir. Whoever must trust the server before
+// it starts (a CRD's conversion webhook, installed with the CRD) reads it
+// here.
+func CABundle(certDir string) ([]byte, error) {
+	ca, err := loadCA(certDir)
+	if err != nil {
+		return nil, err
+	}
+	return ca.CertPEM(), nil
+}
+
+func loadCA(certDir string) (*pki.CA, error) {
+	ca, err := pki.LoadOrNewCA(certDir, "ca", "machinist-verbs-ca")
+	if err != nil {
+		return nil, fmt.Errorf("verbs server CA: %w", err)
+	}
+	return ca, nil
+}
+
 // servingCert points serving at tls.crt/tls.key in opts.CertDir, or
 // generates a CA and a certificate it signs, and returns the CA bundle
 // clients (the APIService) must trust.
@@ -236,9 +261,9 @@ func servingCert(serving *options.SecureServingOptions, opts Options) ([]byte, e
 		}
 		return bundle, nil
 	}
-	ca, err := pki.LoadOrNewCA(opts.CertDir, "ca", "machinist-verbs-ca")
+	ca, err := loadCA(opts.CertDir)
 	if err != nil {
-		return nil, fmt.Errorf("verbs server CA: %w", err)
+		return nil, err
 	}
 	var dns []string
 	var ips []net.IP
@@ -284,11 +309,12 @@ func newMachineClient(cfg *restclient.Config) (client.Client, error) {
 	return client.New(cfg, client.Options{Scheme: s})
 }
 
-// healthPaths are served to callers without an identity, such as kubelet
-// probes.
-var healthPaths = map[string]bool{"/healthz": true, "/livez": true, "/readyz": true}
+// anonymousPaths are served to callers without an identity: the health
+// checks, for kubelet probes, and the conversion webhook, which
+// kube-apiserver calls without one.
+var anonymousPaths = map[string]bool{"/healthz": true, "/livez": true, "/readyz": true, ConversionPath: true}
 
-// identified refuses anonymous requests outside healthPaths, so that a
+// identified refuses anonymous requests outside anonymousPaths, so that a
 // request with forged X-Remote-User headers and no front-proxy certificate
 // is 401 Unauthorized instead of an anonymous user that RBAC might allow.
 type identified struct {
@@ -301,7 +327,7 @@ func (a identified) AuthenticateRequest(req *http.Request) (*authenticator.Respo
 	if err != nil {
 		return resp, ok, fmt.Errorf("%w (%s)", err, sender(req))
 	}
-	if ok && resp.User.GetName() == user.Anonymous && !healthPaths[req.URL.Path] {
+	if ok && resp.User.GetName() == user.Anonymous && !anonymousPaths[req.URL.Path] {
 		return nil, false, nil
 	}
 	return resp, ok, err

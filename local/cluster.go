@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -44,8 +43,6 @@ type clusterOptions struct {
 	dir    string
 	binDir string
 	scheme *runtime.Scheme
-	// crds are installed once it is up; none for a workload cluster.
-	crds []*apiextensionsv1.CustomResourceDefinition
 	// flags are more kube-apiserver flags.
 	flags map[string]string
 }
@@ -76,7 +73,6 @@ type cluster struct {
 func startCluster(ctx context.Context, opts clusterOptions) (*cluster, error) {
 	env := &envtest.Environment{
 		BinaryAssetsDirectory:    opts.binDir,
-		CRDInstallOptions:        envtest.CRDInstallOptions{CRDs: opts.crds},
 		Scheme:                   opts.scheme,
 		ControlPlaneStartTimeout: 2 * time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
@@ -209,7 +205,7 @@ func serving(apiserver *envtest.APIServer, dir, name string) error {
 	if err := removeEnvtestKubeconfigs(dir); err != nil {
 		return err
 	}
-	port, err := keptPort(filepath.Join(dir, PortFile), name)
+	port, err := keptPort(filepath.Join(dir, PortFile), "the kube-apiserver of "+name, "the machines were given this address")
 	if err != nil {
 		return err
 	}
@@ -240,9 +236,10 @@ func serving(apiserver *envtest.APIServer, dir, name string) error {
 	return nil
 }
 
-// keptPort is the port kept in path, once it is free; with no file yet, a
-// free port, which it keeps there.
-func keptPort(path, name string) (int, error) {
+// keptPort is the port kept in path for what, once it is free; with no
+// file yet, a free port, which it keeps there. why says, in an error, why
+// a taken port is not replaced.
+func keptPort(path, what, why string) (int, error) {
 	raw, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -271,9 +268,9 @@ func keptPort(path, name string) (int, error) {
 			return port, l.Close()
 		}
 		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("the kube-apiserver of %s serves on 127.0.0.1:%d, the port kept in %s, and that port is taken (%v): "+
+			return 0, fmt.Errorf("%s serves on 127.0.0.1:%d, the port kept in %s, and that port is taken (%v): "+
 				"stop what listens there (another machinist run on this state directory?) and start again; "+
-				"the machines were given this address, so it is kept rather than changed", name, port, path, err)
+				"%s, so it is kept rather than changed", what, port, path, err, why)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

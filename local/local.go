@@ -127,10 +127,23 @@ func Run(ctx context.Context, opts Options) (err error) {
 
 	// The management cluster, which holds Machinist's objects, then the
 	// workload cluster, whose Nodes the workers become.
-	crds, err := embeddedCRDs()
+	crds, err := config.CRDs()
 	if err != nil {
 		return err
 	}
+	// The CRDs convert between versions through the verbs server, which
+	// starts after them: its port and CA are chosen first (and kept), so
+	// that the CRDs are never served without their webhook.
+	verbsDir := filepath.Join(dir, "verbs")
+	verbsCA, err := apiserver.CABundle(verbsDir)
+	if err != nil {
+		return err
+	}
+	verbsPort, err := keptPort(filepath.Join(verbsDir, PortFile), "the verbs server", "the CRDs' conversion webhook names this address")
+	if err != nil {
+		return err
+	}
+	conversionURL := fmt.Sprintf("https://localhost:%d%s", verbsPort, apiserver.ConversionPath)
 	proxy, err := pki.FrontProxy(filepath.Join(dir, "front-proxy"))
 	if err != nil {
 		return err
@@ -138,7 +151,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	fmt.Fprintf(opts.Out, "Starting the management cluster: etcd, kube-apiserver, kube-controller-manager (state in %s)...\n", dir)
 	mgmt, err := startCluster(ctx, clusterOptions{
 		name: "the management cluster", dir: dir, binDir: opts.BinDir, scheme: scheme,
-		crds: crds, flags: proxy,
+		flags: proxy,
 	})
 	defer func() { err = errors.Join(err, mgmt.stop()) }()
 	if err != nil {
@@ -156,6 +169,9 @@ func Run(ctx context.Context, opts Options) (err error) {
 	}
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
+		return err
+	}
+	if err := apiserver.InstallCRDs(ctx, c, crds, conversionURL, verbsCA); err != nil {
 		return err
 	}
 	if err := applyClusterRoles(ctx, c); err != nil {
@@ -245,7 +261,8 @@ func Run(ctx context.Context, opts Options) (err error) {
 
 	// The verbs server.
 	verbs, err := apiserver.New(apiserver.Options{
-		CertDir:    filepath.Join(dir, "verbs"),
+		Port:       verbsPort,
+		CertDir:    verbsDir,
 		Hosts:      apiserver.ServiceHosts(VerbsService),
 		Kubeconfig: kubeconfig,
 	})
@@ -394,27 +411,6 @@ func newScheme() (*runtime.Scheme, error) {
 	s := runtime.NewScheme()
 	return s, errors.Join(clientgoscheme.AddToScheme(s), machinistv1.AddToScheme(s), apiregv1.AddToScheme(s),
 		apiextensionsv1.AddToScheme(s))
-}
-
-// embeddedCRDs decodes the CRDs this binary was generated with.
-func embeddedCRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
-	var out []*apiextensionsv1.CustomResourceDefinition
-	err := fs.WalkDir(config.Manifests, "crd/bases", func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		raw, err := config.Manifests.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		crd := &apiextensionsv1.CustomResourceDefinition{}
-		if err := utilyaml.Unmarshal(raw, crd); err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		out = append(out, crd)
-		return nil
-	})
-	return out, err
 }
 
 // applyClusterRoles creates or updates the generated ClusterRoles, so that

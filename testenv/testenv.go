@@ -23,6 +23,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
@@ -34,6 +35,9 @@ import (
 	apiregv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	"github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/apiserver"
+	"github.com/machinist-dev/machinist/config"
 	"github.com/machinist-dev/machinist/controllermanager"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/internal/orphans"
@@ -48,7 +52,7 @@ type Env struct {
 	Config *rest.Config
 	// Client is a direct (uncached) client with Machinist's types registered.
 	Client client.Client
-	// Scheme knows the core Kubernetes kinds and Machinist's.
+	// Scheme knows the core Kubernetes kinds and Machinist's, at both versions.
 	Scheme *k8sruntime.Scheme
 	// Kubeconfig is the path of an administrator's kubeconfig for kubectl.
 	Kubeconfig string
@@ -64,6 +68,9 @@ type Env struct {
 	apiserverArgs []string
 	apiserver     *exec.Cmd
 	apiserverDone chan struct{}
+	// conversion serves the CRDs' conversion webhook (none in a
+	// workload cluster, which has no CRDs).
+	conversion *conversion
 }
 
 // Options choose what runs beside etcd and kube-apiserver.
@@ -137,7 +144,13 @@ func StartWith(opts Options) (*Env, error) {
 	if err := machinistv1.AddToScheme(scheme); err != nil {
 		return nil, err
 	}
+	if err := v1beta1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
 	if err := apiregv1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	if err := apiextensionsv1.AddToScheme(scheme); err != nil {
 		return nil, err
 	}
 	dir, err := os.MkdirTemp("", "machinist-testenv-")
@@ -157,9 +170,19 @@ func StartWith(opts Options) (*Env, error) {
 		ControlPlaneStopTimeout:  time.Minute,
 	}
 	controllermanager.Joinable(env, ca)
+	var conv *conversion
+	var crds []*apiextensionsv1.CustomResourceDefinition
 	if !opts.Workload {
-		env.CRDDirectoryPaths = []string{filepath.Join(root, "config", "crd", "bases")}
-		env.ErrorIfCRDPathMissing = true
+		// The CRDs as generated, converting through a webhook served
+		// from this process, which starts before they are installed.
+		if crds, err = config.CRDs(); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+		if conv, err = startConversion(); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
 		// The aggregator's front proxy, so that the verbs server can be
 		// reached through kube-apiserver (StartVerbs).
 		proxy, err := pki.FrontProxy(filepath.Join(dir, "front-proxy"))
@@ -177,6 +200,9 @@ func StartWith(opts Options) (*Env, error) {
 		// Start can fail after the processes are up (installing CRDs);
 		// never leave them running.
 		_ = env.Stop()
+		if conv != nil {
+			_ = conv.stop()
+		}
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("starting etcd and kube-apiserver from %s: %w", BinDir(), err)
 	}
@@ -186,7 +212,7 @@ func StartWith(opts Options) (*Env, error) {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	e := &Env{Root: root, Config: cfg, Scheme: scheme, env: env, dir: dir, ca: ca}
+	e := &Env{Root: root, Config: cfg, Scheme: scheme, env: env, dir: dir, ca: ca, conversion: conv}
 	envStarted() // Stop, from here on, counts it out
 	fail := func(err error) (*Env, error) {
 		_ = e.Stop()
@@ -203,6 +229,11 @@ func StartWith(opts Options) (*Env, error) {
 	defer cancel()
 	if err := bootstrap.InstallRBAC(ctx, e.Client); err != nil {
 		return fail(err)
+	}
+	if conv != nil {
+		if err := apiserver.InstallCRDs(ctx, e.Client, crds, conv.url, conv.caBundle); err != nil {
+			return fail(err)
+		}
 	}
 	if err := e.startControllerManager(opts); err != nil {
 		return fail(err)
@@ -240,6 +271,9 @@ func (e *Env) Stop() error {
 		err = errors.Join(err, e.StopAPIServer())
 	}
 	err = errors.Join(err, e.env.Stop())
+	if e.conversion != nil {
+		err = errors.Join(err, e.conversion.stop())
+	}
 	if e.dir != "" {
 		_ = os.RemoveAll(e.dir)
 	}

@@ -180,6 +180,7 @@ const CauseDisruptionBudget = "DisruptionBudget"
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
+// +kubebuilder:storageversion
 // +kubebuilder:resource:shortName=mdb,categories=machinist
 // +kubebuilder:printcolumn:name="Max",type=string,JSONPath=`.spec.maxDisrupted`
 // +kubebuilder:printcolumn:name="Selected",type=integer,JSONPath=`.status.selectedMachines`

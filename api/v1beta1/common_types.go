@@ -65,7 +65,7 @@ type NodeTaints []Taint
 // timeAdded, which only the Node's own controller sets.
 type Taint struct {
 	// Key is the taint's key.
-	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:XValidation:rule="size(self) > 0",message="every taint needs a key"
 	// +kubebuilder:validation:MaxLength=317
 	// +required
 	Key string `json:"key"`

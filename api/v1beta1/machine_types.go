@@ -38,7 +38,7 @@ const (
 // ClassReference names a MachineClass in the Machine's own namespace.
 type ClassReference struct {
 	// Name of the MachineClass.
-	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:XValidation:rule="size(self) > 0",message="classRef.name is required: name the MachineClass this Machine is built from"
 	// +kubebuilder:validation:MaxLength=253
 	// +required
 	Name string `json:"name"`

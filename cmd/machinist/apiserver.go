@@ -4,6 +4,7 @@ import (
 	"net"
 
 	"github.com/spf13/cobra"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	apiregv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -29,10 +30,13 @@ subresources.machinist.dev to. It trusts the caller's identity only from
 kube-apiserver's front proxy, asks kube-apiserver whether RBAC allows the
 verb, and records accepted verbs on the Machine.
 
+It also serves the CRDs' conversion webhook (` + "`/convert`" + `), which kube-apiserver
+calls to convert Machinist's objects between v1alpha1 and v1beta1.
+
 With an empty --cert-dir it makes a CA and a serving certificate for
 localhost and the Service's names; with --apiservice it then writes that
-CA into the APIService's caBundle, so no other certificate tooling is
-needed.`,
+CA into the APIService's caBundle and into the conversion webhook of each
+of Machinist's CRDs, so no other certificate tooling is needed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := logs.SetUp(); err != nil {
@@ -54,11 +58,17 @@ needed.`,
 				if err := apiregv1.AddToScheme(s); err != nil {
 					return err
 				}
+				if err := apiextensionsv1.AddToScheme(s); err != nil {
+					return err
+				}
 				c, err := client.New(cfg, client.Options{Scheme: s})
 				if err != nil {
 					return err
 				}
 				if err := apiserver.SetCABundle(ctx, c, apiService, srv.CABundle); err != nil {
+					return err
+				}
+				if err := apiserver.SetConversionCABundle(ctx, c, srv.CABundle); err != nil {
 					return err
 				}
 			}
@@ -71,7 +81,7 @@ needed.`,
 	fs.IntVar(&opts.Port, "secure-port", 8443, "HTTPS port")
 	fs.StringVar(&opts.CertDir, "cert-dir", "/var/run/machinist/certs", "tls.crt and tls.key to serve with, or where to keep a generated CA and certificate")
 	fs.StringVar(&service, "service", "machinist-system/machinist-verbs", "namespace/name of the Service in front of this server, for the generated certificate")
-	fs.StringVar(&apiService, "apiservice", "", "APIService whose caBundle to set to the generated CA at start (e.g. "+apiserver.APIServiceName+")")
+	fs.StringVar(&apiService, "apiservice", "", "APIService whose caBundle, and the CRDs' conversion webhooks', to set to the generated CA at start (e.g. "+apiserver.APIServiceName+")")
 	fs.Float32Var(&opts.QPS, "kube-api-qps", 200, "requests per second to the API server")
 	fs.IntVar(&opts.Burst, "kube-api-burst", 400, "burst of requests to the API server")
 	logs.Add(fs)

@@ -2471,6 +2471,12 @@ var _ = Describe("API validation", func() {
 			for _, c := range invalidCases {
 				broken = broken || strings.Contains(c.want, ": "+msg)
 			}
+			for _, want := range atBeta {
+				broken = broken || strings.Contains(want, ": "+msg)
+			}
+			for _, c := range betaCases {
+				broken = broken || strings.Contains(c.want, ": "+msg)
+			}
 			Expect(broken).To(BeTrue(), "no invalid case breaks the rule %q", msg)
 			Expect(string(docs)).To(ContainSubstring(msg), "docs/api.md does not list the rule %q", msg)
 		}
