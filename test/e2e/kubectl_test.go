@@ -32,6 +32,47 @@ func table(out string) [][][]string {
 }
 
 var _ = Describe("kubectl", func() {
+	It("explains, gets and scales at both versions, v1beta1 by default", func(ctx SpecContext) {
+		ns := env.NewNamespace(GinkgoTB(), "e2e")
+		ms := validMachineSet(ns, "workers", 1)
+		Expect(k8s.Create(ctx, ms)).To(Succeed())
+		rule := validMachineDrainRule(ns, "databases")
+		Expect(k8s.Create(ctx, rule)).To(Succeed())
+
+		// explain: each version's own fields.
+		out, err := env.Kubectl(ctx, "explain", "machinedrainrules.spec")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(out).To(And(ContainSubstring("VERSION:    v1beta1"), ContainSubstring("behavior"), ContainSubstring("order")))
+		Expect(out).NotTo(ContainSubstring("drain\t"))
+		out, err = env.Kubectl(ctx, "explain", "machinedrainrules.spec", "--api-version=machinist.dev/v1alpha1")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(out).To(And(ContainSubstring("VERSION:    v1alpha1"), ContainSubstring("drain")))
+		out, err = env.Kubectl(ctx, "explain", "machines.status")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(out).NotTo(ContainSubstring("failureReason"), "v1beta1 says why a Machine failed in its Ready condition")
+
+		// get: the same object at each version, in each version's shape.
+		out, err = env.Kubectl(ctx, "-n", ns, "get", "machinedrainrule", "databases", "-o", "jsonpath={.apiVersion} {.spec.behavior}")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(out).To(Equal("machinist.dev/v1beta1 " + string(rule.Spec.Drain.Behavior)))
+		out, err = env.Kubectl(ctx, "-n", ns, "get", "machinedrainrules.v1alpha1.machinist.dev", "databases", "-o", "jsonpath={.apiVersion} {.spec.drain.behavior}")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(out).To(Equal("machinist.dev/v1alpha1 " + string(rule.Spec.Drain.Behavior)))
+		out, err = env.Kubectl(ctx, "-n", ns, "get", "machinesets.v1alpha1.machinist.dev")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(out).To(ContainSubstring("workers"))
+
+		// scale: through the scale subresource of each version.
+		_, err = env.Kubectl(ctx, "-n", ns, "scale", "machineset", "workers", "--replicas=3")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(ms), ms)).To(Succeed())
+		Expect(*ms.Spec.Replicas).To(BeEquivalentTo(3))
+		_, err = env.Kubectl(ctx, "-n", ns, "scale", "machinesets.v1alpha1.machinist.dev", "workers", "--replicas=2")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(ms), ms)).To(Succeed())
+		Expect(*ms.Spec.Replicas).To(BeEquivalentTo(2))
+	})
+
 	It("scales a MachineSet and a MachineDeployment through the scale subresource", func(ctx SpecContext) {
 		ns := env.NewNamespace(GinkgoTB(), "e2e")
 		ms := validMachineSet(ns, "workers", 1)
