@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 )
 
 func TestPermanentSurvivesWrapping(t *testing.T) {

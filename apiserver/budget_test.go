@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -46,7 +46,7 @@ func TestABudgetRefusesWithTooManyRequests(t *testing.T) {
 	second := running(t, ctx, ns, "second", "small")
 	g.Expect(env.Client.Create(ctx, &machinistv1.MachineDisruptionBudget{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "one"},
-		Spec:       machinistv1.MachineDisruptionBudgetSpec{MaxDisrupted: intstr.FromInt32(1)},
+		Spec:       machinistv1.MachineDisruptionBudgetSpec{MaxDisrupted: intstr.FromInt32(1), Selector: everyMachine},
 	})).To(Succeed())
 
 	code, body := put(ctx, operator, ns, first.Name, "reboot", "{}")
@@ -84,7 +84,7 @@ func TestABudgetRefusesWithTooManyRequests(t *testing.T) {
 	opens := time.Now().UTC().Add(2 * time.Hour).Truncate(time.Minute)
 	g.Expect(env.Client.Create(ctx, &machinistv1.MachineDisruptionBudget{
 		ObjectMeta: metav1.ObjectMeta{Namespace: closedNS, Name: "nightly"},
-		Spec: machinistv1.MachineDisruptionBudgetSpec{MaxDisrupted: intstr.FromInt32(1), Windows: []machinistv1.DisruptionWindow{{
+		Spec: machinistv1.MachineDisruptionBudgetSpec{MaxDisrupted: intstr.FromInt32(1), Selector: everyMachine, Windows: []machinistv1.DisruptionWindow{{
 			Schedule: fmt.Sprintf("%d %d * * *", opens.Minute(), opens.Hour()), Duration: metav1.Duration{Duration: time.Hour},
 		}}},
 	})).To(Succeed())
@@ -128,7 +128,7 @@ func TestOverridingABudgetNeedsItsOwnPermission(t *testing.T) {
 	m := running(t, ctx, ns, "urgent", "small")
 	budget := &machinistv1.MachineDisruptionBudget{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "none"},
-		Spec:       machinistv1.MachineDisruptionBudgetSpec{MaxDisrupted: intstr.FromInt32(0)},
+		Spec:       machinistv1.MachineDisruptionBudgetSpec{MaxDisrupted: intstr.FromInt32(0), Selector: everyMachine},
 	}
 	g.Expect(env.Client.Create(ctx, budget)).To(Succeed())
 	override := `{"kind":"RebootOptions","apiVersion":"subresources.machinist.dev/v1alpha1","overrideDisruptionBudgets":true}`
@@ -164,3 +164,7 @@ func TestOverridingABudgetNeedsItsOwnPermission(t *testing.T) {
 		g.Expect(op.State).To(Equal(machinistv1.OperationSucceeded), op.Message)
 	}).WithTimeout(wait).Should(Succeed())
 }
+
+// everyMachine selects every Machine, as v1beta1 asks it to be said: an
+// empty selector is refused.
+var everyMachine = machinistv1.LabelSelector{MatchExpressions: []machinistv1.LabelSelectorRequirement{{Key: "example.com/nothing", Operator: metav1.LabelSelectorOpDoesNotExist}}}

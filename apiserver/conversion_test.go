@@ -85,7 +85,7 @@ func TestTheVerbsServerConverts(t *testing.T) {
 		g.Expect(alpha.Spec.Drain).To(Equal(machinistv1.MachineDrainRuleDrain{Behavior: machinistv1.DrainBehaviorDrain, Order: ptr.To[int32](100)}))
 	}).WithTimeout(30 * time.Second).Should(Succeed())
 
-	// Written at v1alpha1 (its storage version), read at v1beta1: the
+	// Written at v1alpha1, read at v1beta1 (its storage version): the
 	// verbs server converts each way.
 	alpha.Spec.Drain.Order = ptr.To[int32](200)
 	g.Expect(env.Client.Update(ctx, alpha)).To(Succeed())
@@ -129,41 +129,41 @@ func TestAFieldOnlyOneVersionHasSurvivesTheOther(t *testing.T) {
 }
 
 // TestWhenTheWebhookIsDown: a request at the version objects are stored
-// at needs no conversion and goes on; one at the other version fails with
+// at, v1beta1, needs no conversion and goes on; one at v1alpha1 fails with
 // an error that names the webhook, and works again once it is back.
 func TestWhenTheWebhookIsDown(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	ns := env.NewNamespace(t, "convert")
-	class := &machinistv1.MachineClass{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "small"}, Spec: machinistv1.MachineClassSpec{Provider: "inmemory"}}
-	g.Expect(env.Client.Create(ctx, class)).To(Succeed())
 	beta := betaClient(t)
+	class := &v1beta1.MachineClass{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "small"}, Spec: v1beta1.MachineClassSpec{Provider: "inmemory"}}
+	g.Expect(beta.Create(ctx, class)).To(Succeed())
 
 	g.Expect(env.StopConversion()).To(Succeed())
 	t.Cleanup(func() { _ = env.StartConversion() })
 
-	// At v1alpha1, the storage version: create, read, list, update, delete.
-	other := &machinistv1.MachineClass{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "large"}, Spec: machinistv1.MachineClassSpec{Provider: "inmemory"}}
-	g.Expect(env.Client.Create(ctx, other)).To(Succeed())
-	g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(class), class)).To(Succeed())
-	list := &machinistv1.MachineClassList{}
-	g.Expect(env.Client.List(ctx, list, client.InNamespace(ns))).To(Succeed())
+	// At v1beta1, the storage version: create, read, list, update, delete.
+	other := &v1beta1.MachineClass{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "large"}, Spec: v1beta1.MachineClassSpec{Provider: "inmemory"}}
+	g.Expect(beta.Create(ctx, other)).To(Succeed())
+	g.Expect(beta.Get(ctx, client.ObjectKeyFromObject(class), class)).To(Succeed())
+	list := &v1beta1.MachineClassList{}
+	g.Expect(beta.List(ctx, list, client.InNamespace(ns))).To(Succeed())
 	g.Expect(list.Items).To(HaveLen(2))
 	class.Labels = map[string]string{"tier": "small"}
-	g.Expect(env.Client.Update(ctx, class)).To(Succeed())
-	g.Expect(env.Client.Delete(ctx, other)).To(Succeed())
+	g.Expect(beta.Update(ctx, class)).To(Succeed())
+	g.Expect(beta.Delete(ctx, other)).To(Succeed())
 
-	// At v1beta1: refused, saying why.
-	err := beta.Get(ctx, client.ObjectKeyFromObject(class), &v1beta1.MachineClass{})
+	// At v1alpha1: refused, saying why.
+	err := env.Client.Get(ctx, client.ObjectKeyFromObject(class), &machinistv1.MachineClass{})
 	g.Expect(err).To(HaveOccurred())
 	g.Expect(err.Error()).To(ContainSubstring("conversion webhook"))
-	err = beta.Create(ctx, &v1beta1.MachineClass{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "beta"}, Spec: v1beta1.MachineClassSpec{Provider: "inmemory"}})
+	err = env.Client.Create(ctx, &machinistv1.MachineClass{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "alpha"}, Spec: machinistv1.MachineClassSpec{Provider: "inmemory"}})
 	g.Expect(err).To(HaveOccurred())
 	g.Expect(err.Error()).To(ContainSubstring("conversion webhook"))
 
 	g.Expect(env.StartConversion()).To(Succeed())
 	g.Eventually(func() error {
-		return beta.Get(ctx, client.ObjectKeyFromObject(class), &v1beta1.MachineClass{})
+		return env.Client.Get(ctx, client.ObjectKeyFromObject(class), &machinistv1.MachineClass{})
 	}).WithTimeout(30 * time.Second).Should(Succeed())
 }
 

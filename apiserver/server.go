@@ -38,7 +38,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	subresourcesv1 "github.com/machinist-dev/machinist/api/subresources/v1alpha1"
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/apiserver/openapi"
 	"github.com/machinist-dev/machinist/internal/pki"
 )

@@ -23,7 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	subresourcesv1 "github.com/machinist-dev/machinist/api/subresources/v1alpha1"
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/lifecycle"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/testenv"
@@ -191,7 +191,7 @@ func TestRebootThroughTheAggregator(t *testing.T) {
 	got := get(g, ctx, m)
 	g.Expect(got.Status.Operation.RequestedBy).To(Equal(operator))
 	g.Expect(got.Status.Operation.Source).To(Equal(machinistv1.SourceAPI))
-	g.Expect(got.Status.Operation.Options.Mode).To(Equal("hard"))
+	g.Expect(got.Status.Operation.Options.Mode).To(Equal(machinistv1.RebootHard))
 
 	// The parent resource answers with the last operation.
 	raw, err := as(operator).Get().AbsPath(fmt.Sprintf("/apis/%s/namespaces/%s/machines/m0", subresourcesv1.SchemeGroupVersion, ns)).DoRaw(ctx)

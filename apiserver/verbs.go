@@ -25,7 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	subresourcesv1 "github.com/machinist-dev/machinist/api/subresources/v1alpha1"
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/internal/outcome"
 	"github.com/machinist-dev/machinist/nodes"
@@ -244,18 +244,18 @@ func (s *verbStorage) decode(req *http.Request, name string) (*machinistv1.Opera
 			errs = append(errs, field.NotSupported(field.NewPath("mode"), o.Mode, []string{string(subresourcesv1.RebootSoft), string(subresourcesv1.RebootHard)}))
 		}
 		errs = append(errs, checkGrace(o.GracePeriodSeconds)...)
-		opts.Mode, opts.Drain, opts.GracePeriodSeconds = string(o.Mode), o.Drain, o.GracePeriodSeconds
-		opts.OverrideDisruptionBudgets = o.OverrideDisruptionBudgets
-		if opts.Mode == "" {
-			opts.Mode = string(subresourcesv1.RebootSoft)
+		opts.Mode, opts.SkipDrain, opts.GracePeriodSeconds = machinistv1.RebootSoft, skipDrain(o.Drain), o.GracePeriodSeconds
+		if o.Mode == subresourcesv1.RebootHard {
+			opts.Mode = machinistv1.RebootHard
 		}
+		opts.OverrideDisruptionBudgets = o.OverrideDisruptionBudgets
 	case *subresourcesv1.RepairOptions:
 		errs = append(errs, checkTypeMeta(o.TypeMeta, kind)...)
 		if len(o.Reason) > 256 {
 			errs = append(errs, field.TooLong(field.NewPath("reason"), "", 256))
 		}
 		errs = append(errs, checkGrace(o.GracePeriodSeconds)...)
-		opts.Reason, opts.Drain, opts.GracePeriodSeconds = o.Reason, o.Drain, o.GracePeriodSeconds
+		opts.Reason, opts.SkipDrain, opts.GracePeriodSeconds = o.Reason, skipDrain(o.Drain), o.GracePeriodSeconds
 		opts.OverrideDisruptionBudgets = o.OverrideDisruptionBudgets
 	}
 	if len(errs) > 0 {
@@ -367,4 +367,13 @@ func answer(m *machinistv1.Machine) *subresourcesv1.MachineOperation {
 		out.RequestedAt = *op.RequestedAt
 	}
 	return out
+}
+
+// skipDrain is the verbs' drain option (false: do not drain) in the
+// Machine's words.
+func skipDrain(drain *bool) *bool {
+	if drain == nil {
+		return nil
+	}
+	return new(!*drain)
 }

@@ -26,7 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/index"
 	"github.com/machinist-dev/machinist/nodes"
 )
@@ -135,7 +135,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		// than wait for a connection that nothing will make.
 		wc.Namespace, wc.Name = key.Namespace, key.Name
 		if machines, err := r.machines(ctx, wc); err != nil || len(machines) > 0 {
-			r.Registry.Fail(key, machinistv1.ReasonClusterNotFound,
+			r.Registry.Fail(key, machinistv1.ReasonNotFound,
 				fmt.Errorf("no WorkloadCluster %s in namespace %s", key.Name, key.Namespace))
 			return reconcile.Result{}, err
 		}

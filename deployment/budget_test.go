@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -129,7 +129,7 @@ var _ = Describe("A rollout under a disruption budget", func() {
 		Expect(k8s.Create(ctx, &machinistv1.MachineHealthCheck{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pool"},
 			Spec: machinistv1.MachineHealthCheckSpec{
-				Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": "pool"}},
+				Selector: machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": "pool"}},
 				UnhealthyNodeConditions: []machinistv1.UnhealthyNodeCondition{
 					{Type: "Ready", Status: "False", Timeout: metav1.Duration{Duration: time.Second}},
 					{Type: "Ready", Status: "Unknown", Timeout: metav1.Duration{Duration: time.Second}},
@@ -191,7 +191,7 @@ var _ = Describe("A rollout under a disruption budget", func() {
 		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
 		md := newDeployment(ns, "pool", 2, inPlace(2, machinistv1.FallbackNever))
 		deploy(ctx, md)
-		budget := poolBudget(ns, "frozen", 0, machinistv1.DisruptionInPlaceUpdate)
+		budget := poolBudget(ns, "frozen", 0, machinistv1.DisruptionUpdate)
 		Expect(k8s.Create(ctx, budget)).To(Succeed())
 		upgrade(ctx, md, "v1.37.2")
 		Eventually(func(g Gomega) {

@@ -8,7 +8,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 )
 
 // ipMachine is a modelled Machine of an in-place rollout.

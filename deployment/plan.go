@@ -12,7 +12,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 )
 
 // Set is what the planner knows of one MachineSet of a deployment.

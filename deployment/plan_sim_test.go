@@ -7,7 +7,7 @@ import (
 	"slices"
 	"testing"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 )
 
 var simSeeds = flag.Int("sim.seeds", 300, "how many seeded rollouts TestSimulatedRollouts runs")

@@ -1,7 +1,7 @@
 package deployment
 
 import (
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/statemachine"
 )
 

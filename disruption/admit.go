@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/outcome"
 )
 
@@ -290,7 +290,7 @@ func refuse(b *machinistv1.MachineDisruptionBudget, st State, req Request, now t
 		return nil
 	}
 	what := fmt.Sprintf("the %s of Machine %s/%s", strings.ToLower(string(req.Reason)), m.Namespace, m.Name)
-	if req.Reason == machinistv1.DisruptionInPlaceUpdate {
+	if req.Reason == machinistv1.DisruptionUpdate {
 		what = fmt.Sprintf("the in-place update of Machine %s/%s", m.Namespace, m.Name)
 	}
 	if !st.Open {

@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/testenv"
 )
@@ -131,7 +131,7 @@ func TestTheStricterBudgetWinsAndReasonsArePassedBy(t *testing.T) {
 	ns := env.NewNamespace(t, "disruption")
 	ms := pool(t, ns, "a", 4)
 	newBudget(t, ns, "loose", map[string]string{"pool": "a"}, intstr.FromInt32(3))
-	newBudget(t, ns, "strict", map[string]string{}, intstr.FromInt32(1))
+	newBudget(t, ns, "strict", map[string]string{"pool": "a"}, intstr.FromInt32(1)) // v1beta1 refuses an empty selector
 	newBudget(t, ns, "rollouts-only", map[string]string{"pool": "a"}, intstr.FromInt32(0), func(b *machinistv1.MachineDisruptionBudget) {
 		b.Spec.Reasons = []machinistv1.DisruptionReason{machinistv1.DisruptionRollout}
 	})

@@ -6,7 +6,7 @@ import (
 
 	"github.com/robfig/cron/v3"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 )
 
 // Windows reports whether any of windows is open at now (always, without

@@ -20,7 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 )
 
 // Decision is what the drain does with one pod, and who said so.
@@ -40,7 +40,8 @@ type Decision struct {
 // selectors parsed.
 type rule struct {
 	name     string
-	drain    machinistv1.MachineDrainRuleDrain
+	behavior machinistv1.DrainBehavior
+	order    *int32
 	selector []podSelector // empty: every pod
 }
 
@@ -71,7 +72,7 @@ func For(m *machinistv1.Machine, all []machinistv1.MachineDrainRule) (Rules, err
 		if !ok {
 			continue
 		}
-		parsed := rule{name: r.Name, drain: r.Spec.Drain}
+		parsed := rule{name: r.Name, behavior: r.Spec.Behavior, order: r.Spec.Order}
 		for _, p := range r.Spec.Pods {
 			var ps podSelector
 			if p.Selector != nil {
@@ -137,9 +138,9 @@ func (r Rules) Decide(pod *corev1.Pod, namespaceLabels map[string]string) Decisi
 			continue
 		}
 		if d.Source == "" {
-			d = Decision{Behavior: ru.drain.Behavior, Source: "MachineDrainRule " + ru.name}
-			if ru.drain.Behavior == machinistv1.DrainBehaviorDrain && ru.drain.Order != nil {
-				d.Order = *ru.drain.Order
+			d = Decision{Behavior: ru.behavior, Source: "MachineDrainRule " + ru.name}
+			if ru.behavior == machinistv1.DrainBehaviorDrain && ru.order != nil {
+				d.Order = *ru.order
 			}
 			continue
 		}

@@ -9,7 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/drainrules"
 )
 
@@ -17,8 +17,8 @@ func rule(name string, behavior machinistv1.DrainBehavior, order *int32, machine
 	r := machinistv1.MachineDrainRule{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: machinistv1.MachineDrainRuleSpec{
-			Drain: machinistv1.MachineDrainRuleDrain{Behavior: behavior, Order: order},
-			Pods:  pods,
+			Behavior: behavior, Order: order,
+			Pods: pods,
 		},
 	}
 	if machines != nil {

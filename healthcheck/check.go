@@ -8,7 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 )
 
 // verdict is what the checks conclude about one Machine now.
@@ -57,8 +57,9 @@ func checksOf(spec *machinistv1.MachineHealthCheckSpec) checks {
 func judge(c checks, m *machinistv1.Machine, node *corev1.Node, now time.Time, t trust) verdict {
 	switch m.Status.Phase {
 	case machinistv1.MachineFailed:
+		reason, message := m.Status.Failure()
 		return verdict{known: true, reason: machinistv1.ReasonMachineFailed,
-			message: fmt.Sprintf("the Machine is Failed (%s): %s", m.Status.FailureReason, m.Status.FailureMessage)}
+			message: fmt.Sprintf("the Machine is Failed (%s): %s", reason, message)}
 	case "", machinistv1.MachinePending, machinistv1.MachineProvisioning:
 		return startup(c, m, now)
 	case machinistv1.MachineRunning:
@@ -106,7 +107,7 @@ func judge(c checks, m *machinistv1.Machine, node *corev1.Node, now time.Time, t
 			v.recheck = earliest(v.recheck, until)
 			continue
 		}
-		return verdict{known: true, reason: machinistv1.ReasonNodeCondition, unreachable: v.unreachable, message: fmt.Sprintf(
+		return verdict{known: true, reason: machinistv1.ReasonUnhealthyNodeCondition, unreachable: v.unreachable, message: fmt.Sprintf(
 			"Node %s has been %s=%s since %s, longer than %s", node.Name, rule.Type, rule.Status,
 			nc.LastTransitionTime.UTC().Format(time.RFC3339), rule.Timeout.Duration)}
 	}

@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	toolscache "k8s.io/client-go/tools/cache"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 )
 
 func TestJudge(t *testing.T) {
@@ -67,7 +67,7 @@ func TestJudge(t *testing.T) {
 			known: true, healthy: true},
 		{name: "failed machine", m: func() *machinistv1.Machine {
 			m := machine(machinistv1.MachineFailed, time.Minute)
-			m.Status.FailureReason, m.Status.FailureMessage = "RebootTimeout", "no Ready Node"
+			m.Status.Conditions = []metav1.Condition{{Type: machinistv1.ConditionReady, Status: metav1.ConditionFalse, Reason: "RebootTimeout", Message: "no Ready Node"}}
 			return m
 		}(), trust: old, known: true, reason: machinistv1.ReasonMachineFailed, message: "Failed (RebootTimeout): no Ready Node"},
 		{name: "provisioning within the startup timeout", m: machine(machinistv1.MachineProvisioning, 4*time.Minute), trust: old,
@@ -87,13 +87,13 @@ func TestJudge(t *testing.T) {
 			known: true, healthy: true, unreachable: true, recheck: now.Add(40 * time.Second)},
 		{name: "unknown long enough is unreachable", m: machine(machinistv1.MachineRunning, time.Hour),
 			node: node(cond(corev1.NodeReady, corev1.ConditionUnknown, 61*time.Second)), trust: old,
-			known: true, reason: machinistv1.ReasonNodeCondition, unreachable: true, message: "Ready=Unknown"},
+			known: true, reason: machinistv1.ReasonUnhealthyNodeCondition, unreachable: true, message: "Ready=Unknown"},
 		{name: "not ready has its own timeout", m: machine(machinistv1.MachineRunning, time.Hour),
 			node: node(cond(corev1.NodeReady, corev1.ConditionFalse, 90*time.Second)), trust: old,
 			known: true, healthy: true, recheck: now.Add(30 * time.Second)},
 		{name: "any condition type", m: machine(machinistv1.MachineRunning, time.Hour),
 			node: node(ready, cond("KernelDeadlock", corev1.ConditionTrue, time.Second)), trust: old,
-			known: true, reason: machinistv1.ReasonNodeCondition, message: "KernelDeadlock=True"},
+			known: true, reason: machinistv1.ReasonUnhealthyNodeCondition, message: "KernelDeadlock=True"},
 		{name: "just started: stale conditions are not held against it", m: machine(machinistv1.MachineRunning, time.Hour),
 			node: node(cond(corev1.NodeReady, corev1.ConditionUnknown, time.Hour)), trust: trust{Since: now.Add(-10 * time.Second), Grace: 40 * time.Second},
 			recheck: now.Add(30 * time.Second)},

@@ -28,7 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/internal/index"
 	"github.com/machinist-dev/machinist/internal/requeue"
@@ -213,7 +213,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if r.checkWrites.Stale(hc) {
 		return reconcile.Result{RequeueAfter: stale.Recheck}, nil
 	}
-	selector, err := metav1.LabelSelectorAsSelector(&hc.Spec.Selector)
+	selector, err := metav1.LabelSelectorAsSelector(hc.Spec.Selector.AsMeta())
 	if err != nil {
 		// CEL cannot check every selector; say so rather than retry.
 		return reconcile.Result{}, r.writeStatus(ctx, hc, hc.Status, invalid(hc, err))
@@ -584,7 +584,7 @@ func (r *Reconciler) setReachable(hc *machinistv1.MachineHealthCheck, st *machin
 		return
 	}
 	c := metav1.Condition{Type: machinistv1.ConditionClustersReachable, Status: metav1.ConditionTrue,
-		Reason: machinistv1.ReasonClustersReachable, Message: "the cluster of every selected Machine can be reached", ObservedGeneration: hc.Generation}
+		Reason: machinistv1.ReasonReachable, Message: "the cluster of every selected Machine can be reached", ObservedGeneration: hc.Generation}
 	if len(count) > 0 {
 		names := slices.Sorted(maps.Keys(count))
 		parts := make([]string, len(names))

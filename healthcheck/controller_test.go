@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/operation"
 	"github.com/machinist-dev/machinist/testenv"
@@ -170,7 +170,7 @@ func TestUnreachableMachineIsRebootedHard(t *testing.T) {
 	h.caughtUp(t, m.Name, machinistv1.RemediationRecovered, 0)
 	op := m.Status.Operation
 	if op == nil || op.Source != machinistv1.SourceHealthCheck || op.RequestedBy != "machinehealthcheck/workers" ||
-		op.Options == nil || op.Options.Mode != "hard" || op.Options.Drain == nil || *op.Options.Drain {
+		op.Options == nil || op.Options.Mode != machinistv1.RebootHard || op.Options.SkipDrain == nil || !*op.Options.SkipDrain {
 		t.Errorf("want a hard reboot without drain requested by machinehealthcheck/workers, got %+v", op)
 	}
 	if b := h.boots(m.Name); b != 2 {

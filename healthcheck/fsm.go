@@ -6,7 +6,7 @@
 package healthcheck
 
 import (
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/statemachine"
 )
 

@@ -9,7 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/operation"
 )
@@ -183,12 +183,12 @@ func (r *Reconciler) begin(p *pass, t *target, i int32) (skipped string, err err
 		} else {
 			opts.Mode = step.Mode
 			if opts.Mode == "" {
-				opts.Mode = "soft"
+				opts.Mode = machinistv1.RebootSoft
 			}
 			if t.v.unreachable {
 				// Nothing on the machine answers: a soft reboot would
 				// not be heard, and evictions would never finish.
-				opts.Mode, opts.Drain = "hard", ptr.To(false)
+				opts.Mode, opts.SkipDrain = machinistv1.RebootHard, ptr.To(true)
 			}
 		}
 		if step.Timeout != nil {
@@ -203,7 +203,7 @@ func (r *Reconciler) begin(p *pass, t *target, i int32) (skipped string, err err
 		what = fmt.Sprintf("%s %s", op.Type, op.ID)
 		if opts.Mode != "" {
 			what += fmt.Sprintf(" (%s", opts.Mode)
-			if opts.Drain != nil && !*opts.Drain {
+			if opts.SkipDrain != nil && *opts.SkipDrain {
 				what += ", no drain: the Node is unreachable"
 			}
 			what += ")"

@@ -11,7 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/machinist-dev/machinist/actuators"
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/operation"
 	"github.com/machinist-dev/machinist/testenv"
 )
@@ -37,7 +37,7 @@ func TestRebootDoneBeforeItWasStoredIsNotAwaitedAgain(t *testing.T) {
 			return err
 		}
 		op, err := operation.Request(&m, machinistv1.OperationReboot,
-			&machinistv1.OperationOptions{Drain: ptr.To(false), TimeoutSeconds: ptr.To(int64(20))},
+			&machinistv1.OperationOptions{SkipDrain: ptr.To(true), TimeoutSeconds: ptr.To(int64(20))},
 			machinistv1.SourceAPI, "alice", time.Now())
 		if err != nil {
 			return err

@@ -17,7 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/machinist-dev/machinist/actuators"
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/testenv"
 )
@@ -75,7 +75,7 @@ func healthCheck(ns, pool string, ladder ...machinistv1.Rung) *machinistv1.Machi
 	return &machinistv1.MachineHealthCheck{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: pool},
 		Spec: machinistv1.MachineHealthCheckSpec{
-			Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": pool}},
+			Selector: machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": pool}},
 			UnhealthyNodeConditions: []machinistv1.UnhealthyNodeCondition{
 				{Type: "Ready", Status: "Unknown", Timeout: metav1.Duration{Duration: time.Second}},
 				{Type: "Ready", Status: "False", Timeout: metav1.Duration{Duration: time.Second}},

@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/index"
 )
 
@@ -82,7 +82,7 @@ func (r *Reconciler) checksForMachine(ctx context.Context, o client.Object) []re
 	var reqs []reconcile.Request
 	for i := range list.Items {
 		hc := &list.Items[i]
-		s, err := metav1.LabelSelectorAsSelector(&hc.Spec.Selector)
+		s, err := metav1.LabelSelectorAsSelector(hc.Spec.Selector.AsMeta())
 		if err == nil && s.Matches(labels.Set(o.GetLabels())) {
 			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(hc)})
 		}

@@ -7,7 +7,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/operation"
 )
@@ -51,7 +51,7 @@ func disruptionReason(op *machinistv1.Operation) machinistv1.DisruptionReason {
 	case op.Source == machinistv1.SourceHealthCheck:
 		return machinistv1.DisruptionRemediation
 	case op.Type == machinistv1.OperationUpdate:
-		return machinistv1.DisruptionInPlaceUpdate
+		return machinistv1.DisruptionUpdate
 	case op.Type == machinistv1.OperationRepair:
 		return machinistv1.DisruptionRepair
 	}

@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 )
 
 var _ = Describe("Disruption budgets", func() {
@@ -22,7 +22,9 @@ var _ = Describe("Disruption budgets", func() {
 		boot := m.Status.BootID
 		budget := &machinistv1.MachineDisruptionBudget{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "none"},
-			Spec:       machinistv1.MachineDisruptionBudgetSpec{MaxDisrupted: intstr.FromInt32(0)},
+			Spec: machinistv1.MachineDisruptionBudgetSpec{MaxDisrupted: intstr.FromInt32(0), Selector: machinistv1.LabelSelector{
+				MatchExpressions: []machinistv1.LabelSelectorRequirement{{Key: "example.com/nothing", Operator: metav1.LabelSelectorOpDoesNotExist}},
+			}},
 		}
 		Expect(k8s.Create(ctx, budget)).To(Succeed())
 

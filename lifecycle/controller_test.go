@@ -25,7 +25,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 )
 
 func newClass(ctx context.Context, ns, name string, spec *inmemorySpec) *machinistv1.MachineClass {
@@ -34,7 +34,7 @@ func newClass(ctx context.Context, ns, name string, spec *inmemorySpec) *machini
 		Spec: machinistv1.MachineClassSpec{
 			Provider: "inmemory",
 			NodeTemplate: &machinistv1.NodeTemplate{
-				Labels: map[string]string{"machinist.dev/class": name},
+				NodeLabels: machinistv1.NodeLabels{"machinist.dev/class": name},
 			},
 		},
 	}
@@ -504,8 +504,8 @@ var _ = Describe("The Machine controller", func() {
 		Expect(k8s.Create(ctx, m)).To(Succeed())
 		Eventually(getMachine(ctx, m)).Should(And(
 			WithTransform(phase, Equal(machinistv1.MachineFailed)),
-			WithTransform(func(m *machinistv1.Machine) string { return m.Status.FailureReason }, Equal("CreateFailed")),
-			WithTransform(func(m *machinistv1.Machine) string { return m.Status.FailureMessage }, ContainSubstring("quota exceeded")),
+			WithTransform(func(m *machinistv1.Machine) string { r, _ := m.Status.Failure(); return r }, Equal("CreateFailed")),
+			WithTransform(func(m *machinistv1.Machine) string { _, msg := m.Status.Failure(); return msg }, ContainSubstring("quota exceeded")),
 		))
 	})
 
@@ -516,7 +516,7 @@ var _ = Describe("The Machine controller", func() {
 		Expect(k8s.Create(ctx, m)).To(Succeed())
 		Eventually(getMachine(ctx, m)).WithTimeout(provisionTimeout + 10*time.Second).Should(And(
 			WithTransform(phase, Equal(machinistv1.MachineFailed)),
-			WithTransform(func(m *machinistv1.Machine) string { return m.Status.FailureReason }, Equal("ProvisioningTimeout")),
+			WithTransform(func(m *machinistv1.Machine) string { r, _ := m.Status.Failure(); return r }, Equal("ProvisioningTimeout")),
 		))
 		By("deleting a Failed Machine without a drain")
 		Expect(k8s.Delete(ctx, m)).To(Succeed())

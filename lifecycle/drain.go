@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/drainrules"
 	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/operation"
@@ -185,7 +185,7 @@ const reasonDrainPlan = "DrainPlan"
 // has evicted pods already: its plan was told then.
 func draining(c *metav1.Condition) bool {
 	return c != nil && c.Status == metav1.ConditionFalse && (c.Reason == machinistv1.ReasonDraining ||
-		c.Reason == machinistv1.ReasonDrainBlocked || c.Reason == machinistv1.ReasonWaitCompleted)
+		c.Reason == machinistv1.ReasonPodDisruptionBudget || c.Reason == machinistv1.ReasonWaitCompleted)
 }
 
 // setReadyWait says, in the Machine's Ready condition, what it waits for.

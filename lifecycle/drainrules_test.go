@@ -19,7 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 )
 
 // podLog records, per pod, when a watch first showed it terminating (with
@@ -92,8 +92,8 @@ func drainRule(ns, name string, behavior machinistv1.DrainBehavior, order *int32
 	r := &machinistv1.MachineDrainRule{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: machinistv1.MachineDrainRuleSpec{
-			Drain: machinistv1.MachineDrainRuleDrain{Behavior: behavior, Order: order},
-			Pods:  pods,
+			Behavior: behavior, Order: order,
+			Pods: pods,
 		},
 	}
 	if machines != nil {
@@ -200,7 +200,7 @@ var _ = Describe("Drain rules and the waits before an instance goes", func() {
 		By("holding the middle group on its budget, naming the group and the pod")
 		Eventually(getMachine(ctx, m)).WithTimeout(20 * time.Second).Should(And(
 			WithTransform(phase, Equal(machinistv1.MachineDraining)),
-			waitsWith(machinistv1.ConditionDrained, machinistv1.ReasonDrainBlocked, "group order 0 (1 more group(s) after it)", ns+"/web-1", "web-budget"),
+			waitsWith(machinistv1.ConditionDrained, machinistv1.ReasonPodDisruptionBudget, "group order 0 (1 more group(s) after it)", ns+"/web-1", "web-budget"),
 		))
 		Eventually(podExists(ctx, pods[2])).Should(BeFalse(), "web-0, which no budget holds, goes")
 		Consistently(func() bool { return podExists(ctx, pods[4])() && podExists(ctx, pods[5])() }, "2s").Should(BeTrue(),
@@ -259,7 +259,7 @@ var _ = Describe("Drain rules and the waits before an instance goes", func() {
 		Expect(k8s.Create(ctx, &machinistv1.MachineDrainRule{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "jobs"},
 			Spec: machinistv1.MachineDrainRuleSpec{
-				Drain: machinistv1.MachineDrainRuleDrain{Behavior: machinistv1.DrainBehaviorWaitCompleted},
+				Behavior: machinistv1.DrainBehaviorWaitCompleted,
 				Pods: []machinistv1.MachineDrainRulePodSelector{{
 					NamespaceSelector: &machinistv1.LabelSelector{MatchLabels: map[string]string{"workload": "batch"}},
 				}},

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/phases"
 )
 

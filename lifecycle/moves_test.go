@@ -23,7 +23,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 )
 
 // history is what the watches of one namespace showed of each Machine:
@@ -417,7 +417,7 @@ var _ = Describe("Moves of the Machine table", func() {
 		Eventually(h.phasesSinceRunning("lost")).WithTimeout(30 * time.Second).Should(Equal([]machinistv1.MachinePhase{
 			running, draining, repairing, failed}))
 		Expect(h.lastOf("lost")()).To(And(
-			WithTransform(func(m *machinistv1.Machine) string { return m.Status.FailureReason }, Equal(machinistv1.FailureRepairTimeout)),
+			WithTransform(func(m *machinistv1.Machine) string { r, _ := m.Status.Failure(); return r }, Equal(machinistv1.FailureRepairTimeout)),
 			WithTransform(operationOf, PointTo(MatchFields(IgnoreExtras, Fields{
 				"ID": Equal(op.ID), "State": Equal(machinistv1.OperationFailed), "Message": ContainSubstring("no Ready Node with a new boot ID"),
 			}))),
@@ -443,7 +443,7 @@ var _ = Describe("Moves of the Machine table", func() {
 		request(ctx, m, machinistv1.OperationReboot, &machinistv1.OperationOptions{TimeoutSeconds: ptr.To(int64(1))})
 		Eventually(h.lastOf("revived")).WithTimeout(20 * time.Second).Should(And(
 			WithTransform(phase, Equal(failed)),
-			WithTransform(func(m *machinistv1.Machine) string { return m.Status.FailureReason }, Equal(machinistv1.FailureRebootTimeout)),
+			WithTransform(func(m *machinistv1.Machine) string { r, _ := m.Status.Failure(); return r }, Equal(machinistv1.FailureRebootTimeout)),
 		))
 
 		By("repairing it: the provider re-images the instance, no drain comes first")
@@ -460,16 +460,14 @@ var _ = Describe("Moves of the Machine table", func() {
 		left := h.storedIn("revived", repairing)
 		Expect(left).NotTo(BeEmpty())
 		Expect(left[0].Status).To(MatchFields(IgnoreExtras, Fields{
-			"FailureReason":  BeEmpty(),
-			"FailureMessage": BeEmpty(),
 			"LastTransition": PointTo(MatchFields(IgnoreExtras, Fields{"From": Equal(failed), "Event": Equal("repair")})),
 		}))
+		Expect(left[0].Status.Failure()).To(BeEmpty(), "a Machine that left Failed says no failure")
 		last := h.lastOf("revived")()
 		Expect(last.Status.Operation).To(PointTo(MatchFields(IgnoreExtras, Fields{
 			"ID": Equal(op.ID), "State": Equal(machinistv1.OperationSucceeded), "Message": HavePrefix("repaired: boot ID"),
 		})))
-		Expect(last.Status.FailureReason).To(BeEmpty())
-		Expect(last.Status.FailureMessage).To(BeEmpty())
+		Expect(last.Status.Failure()).To(BeEmpty())
 		Expect(last.Status.BootID).NotTo(Equal(boot))
 		Expect(last.Status.NodeRef.UID).NotTo(Equal(nodeUID), "the Node was registered afresh")
 		Expect(condition(machinistv1.ConditionReady)(last)).To(PointTo(MatchFields(IgnoreExtras, Fields{"Status": Equal(metav1.ConditionTrue)})))
@@ -597,7 +595,7 @@ var _ = Describe("Reboots and the drain", func() {
 			})))
 			Expect(condition(machinistv1.ConditionDrained)(last)).To(BeNil())
 			Expect(last.Status.Phase).To(Equal(running))
-			Expect(last.Status.FailureReason).To(BeEmpty(), "the operation failed, not the Machine")
+			Expect(last.Status.Failure()).To(BeEmpty(), "the operation failed, not the Machine")
 			Expect(last.Status.BootID).To(Equal(boot))
 			Expect(last.Annotations).To(HaveKey(machinistv1.PreDrainHookPrefix+"x"), "the hook is its owner's to remove")
 

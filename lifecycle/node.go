@@ -19,16 +19,18 @@ func (r *Reconciler) applyNodeSpec(ctx context.Context, s *step, node *corev1.No
 	labels := map[string]string{}
 	var taints []corev1.Taint
 	if class != nil && class.Spec.NodeTemplate != nil {
-		for k, v := range class.Spec.NodeTemplate.Labels {
+		for k, v := range class.Spec.NodeTemplate.NodeLabels {
 			labels[k] = v
 		}
-		taints = append(taints, class.Spec.NodeTemplate.Taints...)
+		for _, t := range class.Spec.NodeTemplate.NodeTaints {
+			taints = append(taints, t.AsCore())
+		}
 	}
 	for k, v := range m.Spec.NodeLabels {
 		labels[k] = v
 	}
 	for _, t := range m.Spec.NodeTaints {
-		taints = setTaint(taints, t)
+		taints = setTaint(taints, t.AsCore())
 	}
 
 	// A JSON patch of just what changes. Labels are set key by key, so

@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/machinist-dev/machinist/actuators"
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/operation"
 	"github.com/machinist-dev/machinist/phases"
@@ -55,7 +55,7 @@ func (r *Reconciler) callProvider(ctx context.Context, s *step) outcome {
 	if why != nil {
 		return r.retry(s, why.reason, why.err)
 	}
-	req := actuators.Operation{ID: op.ID, Hard: op.Options != nil && op.Options.Mode == "hard"}
+	req := actuators.Operation{ID: op.ID, Hard: op.Options != nil && op.Options.Mode == machinistv1.RebootHard}
 	// Judged before the reboot: a machine that boots fast could renew
 	// its Lease before the provider even answers.
 	var dead *deadNode
@@ -104,9 +104,6 @@ func (r *Reconciler) callProvider(ctx context.Context, s *step) outcome {
 		if err := r.forgetDeadBoot(ctx, s, dead); err != nil {
 			return fail(err)
 		}
-	}
-	if s.fsm.State() == machinistv1.MachineFailed {
-		m.Status.FailureReason, m.Status.FailureMessage = "", ""
 	}
 	op.Message = fmt.Sprintf("the provider is %s the instance; waiting for its Node to report a new boot ID and Ready", doing)
 	if op.Type == machinistv1.OperationUpdate {

@@ -15,7 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/operation"
 )
 
@@ -136,7 +136,7 @@ var _ = Describe("Machine operations", func() {
 		n.Spec.Unschedulable = true
 		Expect(k8s.Patch(ctx, n, patch)).To(Succeed())
 
-		op := request(ctx, m, machinistv1.OperationReboot, &machinistv1.OperationOptions{Mode: "hard", Drain: ptr.To(false)})
+		op := request(ctx, m, machinistv1.OperationReboot, &machinistv1.OperationOptions{Mode: machinistv1.RebootHard, SkipDrain: ptr.To(true)})
 		Eventually(getMachine(ctx, m)).WithTimeout(30 * time.Second).Should(finished(machinistv1.OperationSucceeded))
 		m = getMachine(ctx, m)()
 		Expect(m.Status.Operation.ID).To(Equal(op.ID))
@@ -234,11 +234,12 @@ var _ = Describe("Machine operations", func() {
 		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
 		newClass(ctx, ns, "slow", &inmemorySpec{RebootLatency: metav1.Duration{Duration: time.Minute}})
 		m := runMachine(ctx, newMachine(ns, "t0", "slow"))
-		request(ctx, m, machinistv1.OperationReboot, &machinistv1.OperationOptions{Drain: ptr.To(false)})
+		request(ctx, m, machinistv1.OperationReboot, &machinistv1.OperationOptions{SkipDrain: ptr.To(true)})
 		Eventually(getMachine(ctx, m)).WithTimeout(30 * time.Second).Should(finished(machinistv1.OperationFailed))
 		m = getMachine(ctx, m)()
 		Expect(m.Status.Phase).To(Equal(machinistv1.MachineFailed))
-		Expect(m.Status.FailureReason).To(Equal(machinistv1.FailureRebootTimeout))
+		reason, _ := m.Status.Failure()
+		Expect(reason).To(Equal(machinistv1.FailureRebootTimeout))
 		Expect(m.Status.Operation.Message).To(ContainSubstring("no Ready Node with a new boot ID"))
 	})
 
@@ -252,11 +253,12 @@ var _ = Describe("Machine operations", func() {
 		msg := "no Ready Node with a new boot ID 1s after the reboot began"
 		Expect(m.Status).To(MatchFields(IgnoreExtras, Fields{
 			"Phase":          Equal(machinistv1.MachineFailed),
-			"FailureReason":  Equal(machinistv1.FailureRebootTimeout),
-			"FailureMessage": Equal(msg),
 			"LastTransition": PointTo(MatchFields(IgnoreExtras, Fields{"From": Equal(machinistv1.MachineRebooting), "Event": Equal("fail")})),
 			"Operation":      PointTo(MatchFields(IgnoreExtras, Fields{"ID": Equal(op.ID), "Message": Equal(msg)})),
 		}))
+		reason, message := m.Status.Failure()
+		Expect(reason).To(Equal(machinistv1.FailureRebootTimeout))
+		Expect(message).To(Equal(msg))
 		// The suite's operation timeout is 5s from entering Rebooting, after
 		// startedAt: ignoring timeoutSeconds would take 5s or more. Stored
 		// times have whole seconds and the deadline counts from the stored
@@ -287,7 +289,7 @@ var _ = Describe("Machine operations", func() {
 			}))))
 		Expect(podPhase(ctx, pod)()).To(Equal(corev1.PodRunning), "no kubelet is left to say otherwise")
 
-		op := request(ctx, m, machinistv1.OperationReboot, &machinistv1.OperationOptions{Mode: "hard", Drain: ptr.To(false)})
+		op := request(ctx, m, machinistv1.OperationReboot, &machinistv1.OperationOptions{Mode: machinistv1.RebootHard, SkipDrain: ptr.To(true)})
 		Eventually(getMachine(ctx, m)).WithTimeout(30 * time.Second).Should(finished(machinistv1.OperationSucceeded))
 		m = getMachine(ctx, m)()
 		Expect(m.Status.Operation.ID).To(Equal(op.ID))
@@ -315,7 +317,7 @@ var _ = Describe("Machine operations", func() {
 		pod := boundPod(ctx, ns, "app", m.Status.NodeRef.Name, nil, nil)
 		Eventually(podPhase(ctx, pod)).Should(Equal(corev1.PodRunning), "the node agent runs bound pods")
 
-		request(ctx, m, machinistv1.OperationReboot, &machinistv1.OperationOptions{Mode: "hard", Drain: ptr.To(false)})
+		request(ctx, m, machinistv1.OperationReboot, &machinistv1.OperationOptions{Mode: machinistv1.RebootHard, SkipDrain: ptr.To(true)})
 		Eventually(getMachine(ctx, m)).WithTimeout(30 * time.Second).Should(finished(machinistv1.OperationSucceeded))
 		Expect(getMachine(ctx, m)().Status.BootID).NotTo(Equal(boot))
 		// The pods would have gone before Rebooting was stored, so long

@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/machinist-dev/machinist/actuators"
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/admission"
 	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/operation"
@@ -126,8 +126,7 @@ func unseenHealth(m *machinistv1.Machine) bool {
 func observeNode(m *machinistv1.Machine, node *corev1.Node) {
 	m.Status.NodeRef = &machinistv1.NodeReference{Name: node.Name, UID: string(node.UID)}
 	m.Status.BootID = node.Status.NodeInfo.BootID
-	info := node.Status.NodeInfo
-	m.Status.NodeInfo = &info
+	m.Status.NodeInfo = machinistv1.NodeInfoOf(node.Status.NodeInfo)
 }
 
 // setHealth writes the NodeHealthy and Ready conditions of a Running Machine.

@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/machinist-dev/machinist/actuators"
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/operation"
 	"github.com/machinist-dev/machinist/phases"
@@ -146,8 +146,6 @@ func (r *Reconciler) retry(s *step, reason string, err error) outcome {
 
 // failMachine moves the Machine to Failed with a reason for people.
 func (s *step) failMachine(reason, message string) outcome {
-	s.m.Status.FailureReason = reason
-	s.m.Status.FailureMessage = message
 	meta.SetStatusCondition(&s.m.Status.Conditions, metav1.Condition{
 		Type: machinistv1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason,
 		Message: message, ObservedGeneration: s.m.Generation,

@@ -43,13 +43,14 @@ import (
 	"github.com/machinist-dev/machinist/actuators/inmemory"
 	"github.com/machinist-dev/machinist/actuators/process"
 	"github.com/machinist-dev/machinist/actuators/qemu"
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/apiserver"
 	"github.com/machinist-dev/machinist/config"
 	"github.com/machinist-dev/machinist/internal/admission"
 	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/internal/pki"
 	"github.com/machinist-dev/machinist/manager"
+	"github.com/machinist-dev/machinist/migration"
 	"github.com/machinist-dev/machinist/provider"
 )
 
@@ -273,6 +274,19 @@ func Run(ctx context.Context, opts Options) (err error) {
 	defer func() { cancel(); err = errors.Join(err, <-verbsDone) }()
 	if err := verbs.RegisterLocal(ctx, c, VerbsService, 2*time.Minute); err != nil {
 		return err
+	}
+	// A state directory from a release that stored v1alpha1: its objects
+	// are rewritten at v1beta1 (through the verbs server's conversion,
+	// hence now), by kube-controller-manager's migrator. Nothing to do
+	// once done.
+	migrated, err := migration.Run(ctx, cfg, migration.Options{Log: func(format string, args ...any) {
+		fmt.Fprintf(opts.Out, "Storage migration: "+format+"\n", args...)
+	}})
+	if err != nil {
+		return fmt.Errorf("migrating stored objects to v1beta1: %w", err)
+	}
+	for _, r := range migrated {
+		logger.V(1).Info("stored versions", "crd", r.CRD, "before", r.Before, "storage", r.Storage)
 	}
 
 	created, err := samples(ctx, c, filepath.Join(dir, samplesMarker))
@@ -551,7 +565,7 @@ func sampleClass(name, provider, spec string) *machinistv1.MachineClass {
 		ObjectMeta: metav1.ObjectMeta{Namespace: SampleNamespace, Name: name},
 		Spec: machinistv1.MachineClassSpec{
 			Provider:     provider,
-			NodeTemplate: &machinistv1.NodeTemplate{Labels: map[string]string{"machinist.dev/class": name}},
+			NodeTemplate: &machinistv1.NodeTemplate{NodeLabels: machinistv1.NodeLabels{"machinist.dev/class": name}},
 		},
 	}
 	if spec != "" {
@@ -591,7 +605,7 @@ func healthCheck() *machinistv1.MachineHealthCheck {
 	return &machinistv1.MachineHealthCheck{
 		ObjectMeta: metav1.ObjectMeta{Namespace: SampleNamespace, Name: SampleHealthCheck},
 		Spec: machinistv1.MachineHealthCheckSpec{
-			Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": SampleDeployment}},
+			Selector: machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": SampleDeployment}},
 			// A machine here is a process: Ready within seconds, not the
 			// minutes a cloud instance takes.
 			NodeStartupTimeout: &metav1.Duration{Duration: 3 * time.Minute},
@@ -605,7 +619,7 @@ func healthCheck() *machinistv1.MachineHealthCheck {
 			MaxUnhealthy: ptr.To(intstr.FromString("40%")),
 			Remediation: machinistv1.Remediation{
 				Ladder: []machinistv1.Rung{
-					{Action: machinistv1.RemediateReboot, Mode: "soft", Timeout: &metav1.Duration{Duration: 2 * time.Minute}},
+					{Action: machinistv1.RemediateReboot, Mode: machinistv1.RebootSoft, Timeout: &metav1.Duration{Duration: 2 * time.Minute}},
 					{Action: machinistv1.RemediateRepair, Timeout: &metav1.Duration{Duration: 3 * time.Minute}},
 					{Action: machinistv1.RemediateReplace},
 				},

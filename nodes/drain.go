@@ -15,7 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/kubectl/pkg/drain"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/drainrules"
 	"github.com/machinist-dev/machinist/internal/outcome"
 )
@@ -121,7 +121,7 @@ func DrainRound(ctx context.Context, kube kubernetes.Interface, node *corev1.Nod
 		if n := len(blocked) - listed; n > 0 {
 			shown += fmt.Sprintf("; and %d more", n)
 		}
-		out.Reason, out.Message = machinistv1.ReasonDrainBlocked, fmt.Sprintf(
+		out.Reason, out.Message = machinistv1.ReasonPodDisruptionBudget, fmt.Sprintf(
 			"%s: eviction refused for %d pod(s): %s%s", where, len(blocked), shown, also)
 		return out, nil
 	}

@@ -10,12 +10,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/phases"
 )
 
 func TestAdmitAsksTheStateMachine(t *testing.T) {
-	noDrain := &machinistv1.OperationOptions{Drain: ptr.To(false)}
+	noDrain := &machinistv1.OperationOptions{SkipDrain: ptr.To(true)}
 	for _, tc := range []struct {
 		phase machinistv1.MachinePhase
 		typ   machinistv1.OperationType
@@ -41,7 +41,7 @@ func TestAdmitAsksTheStateMachine(t *testing.T) {
 		{machinistv1.MachineFailed, machinistv1.OperationRepair, nil, true},
 		{machinistv1.MachineFailed, machinistv1.OperationReboot, nil, false},
 		{machinistv1.MachineFailed, machinistv1.OperationReboot, noDrain, false},
-		{machinistv1.MachineFailed, machinistv1.OperationReboot, &machinistv1.OperationOptions{Mode: "hard", Drain: ptr.To(false)}, false},
+		{machinistv1.MachineFailed, machinistv1.OperationReboot, &machinistv1.OperationOptions{Mode: machinistv1.RebootHard, SkipDrain: ptr.To(true)}, false},
 	} {
 		// Every Machine here has an instance, so that only the phase decides.
 		m := &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m"}, Status: machinistv1.MachineStatus{
@@ -117,7 +117,8 @@ func TestAdmitNamesThePhasesARepairNeeds(t *testing.T) {
 // refusal says so and what to do instead.
 func TestAdmitRefusesToRepairAMachineThatNeverHadAnInstance(t *testing.T) {
 	m := &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m"}, Status: machinistv1.MachineStatus{
-		Phase: machinistv1.MachineFailed, FailureReason: "CreateFailed", FailureMessage: "quota exceeded"}}
+		Phase: machinistv1.MachineFailed, Conditions: []metav1.Condition{{Type: machinistv1.ConditionReady, Status: metav1.ConditionFalse,
+			Reason: "CreateFailed", Message: "quota exceeded"}}}}
 	err := Admit(m, machinistv1.OperationRepair, nil)
 	if !errors.Is(err, ErrRefused) {
 		t.Fatalf("got %v, want a refusal", err)
@@ -148,7 +149,7 @@ func TestAdmitRefusesToRepairAMachineThatNeverHadAnInstance(t *testing.T) {
 // operation depends on the phase; only a Failed Machine's repair skips the
 // drain, and the table must allow that event there.
 func TestARepairStartsAFailedMachineWithoutADrain(t *testing.T) {
-	noDrain := &machinistv1.OperationOptions{Drain: ptr.To(false)}
+	noDrain := &machinistv1.OperationOptions{SkipDrain: ptr.To(true)}
 	for _, tc := range []struct {
 		typ   machinistv1.OperationType
 		opts  *machinistv1.OperationOptions
@@ -172,7 +173,7 @@ func TestARepairStartsAFailedMachineWithoutADrain(t *testing.T) {
 }
 
 func TestFirstEventOfARepairWithoutDrain(t *testing.T) {
-	noDrain := &machinistv1.OperationOptions{Drain: ptr.To(false)}
+	noDrain := &machinistv1.OperationOptions{SkipDrain: ptr.To(true)}
 	for _, tc := range []struct {
 		typ   machinistv1.OperationType
 		opts  *machinistv1.OperationOptions
@@ -195,7 +196,7 @@ func TestFirstEventOfARepairWithoutDrain(t *testing.T) {
 
 func TestAdmitUnseenRefusesOnlyADrain(t *testing.T) {
 	m := &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m1"}}
-	noDrain := &machinistv1.OperationOptions{Drain: ptr.To(false)}
+	noDrain := &machinistv1.OperationOptions{SkipDrain: ptr.To(true)}
 	const unseen = "WorkloadCluster far is not reachable (Unreachable) since 2026-12-03T04:00:00Z"
 	for _, typ := range []machinistv1.OperationType{machinistv1.OperationReboot, machinistv1.OperationRepair} {
 		if err := AdmitUnseen(m, typ, nil, ""); err != nil {

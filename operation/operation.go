@@ -16,7 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/phases"
 )
 
@@ -49,7 +49,7 @@ func Held(op *machinistv1.Operation) bool {
 // first: always for an update, and for a reboot or repair unless asked
 // not to.
 func Drains(typ machinistv1.OperationType, opts *machinistv1.OperationOptions) bool {
-	return typ == machinistv1.OperationUpdate || opts == nil || opts.Drain == nil || *opts.Drain
+	return typ == machinistv1.OperationUpdate || opts == nil || opts.SkipDrain == nil || !*opts.SkipDrain
 }
 
 // FirstEvent is the event that starts an operation on a Machine in phase:
@@ -101,8 +101,9 @@ func Admit(m *machinistv1.Machine, typ machinistv1.OperationType, opts *machinis
 			m.Name, phase, verb, joinPhases(from))
 	}
 	if phase == machinistv1.MachineFailed && m.Status.ProviderID == "" {
+		reason, _ := m.Status.Failure()
 		return refuse("machine %q is Failed before it had an instance (%s); there is nothing to %s: delete it",
-			m.Name, m.Status.FailureReason, verb)
+			m.Name, reason, verb)
 	}
 	return nil
 }

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 )
 
 // move is one allowed transition, written out by hand.

@@ -34,8 +34,8 @@ import (
 
 	apiregv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
-	"github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/apiserver"
 	"github.com/machinist-dev/machinist/config"
 	"github.com/machinist-dev/machinist/controllermanager"
@@ -144,7 +144,7 @@ func StartWith(opts Options) (*Env, error) {
 	if err := machinistv1.AddToScheme(scheme); err != nil {
 		return nil, err
 	}
-	if err := v1beta1.AddToScheme(scheme); err != nil {
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
 		return nil, err
 	}
 	if err := apiregv1.AddToScheme(scheme); err != nil {

@@ -22,7 +22,7 @@ import (
 
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/inmemory"
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/testenv"
 )

@@ -24,7 +24,7 @@ import (
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/process"
 	"github.com/machinist-dev/machinist/actuators/qemu"
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/lifecycle"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/operation"
@@ -176,7 +176,7 @@ func TestAMachineDeploymentOfVMs(t *testing.T) {
 	check := &machinistv1.MachineHealthCheck{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vms"},
 		Spec: machinistv1.MachineHealthCheckSpec{
-			Selector:           metav1.LabelSelector{MatchLabels: labels},
+			Selector:           machinistv1.LabelSelector{MatchLabels: labels},
 			NodeStartupTimeout: &metav1.Duration{Duration: 10 * time.Minute},
 			UnhealthyNodeConditions: []machinistv1.UnhealthyNodeCondition{
 				{Type: "Ready", Status: "Unknown", Timeout: metav1.Duration{Duration: 5 * time.Second}},
@@ -231,8 +231,8 @@ func TestAMachineDeploymentOfVMs(t *testing.T) {
 	}
 
 	// A soft and a hard reboot: new kernel boot IDs, the same disk.
-	soft := f.operate(inPlace[0], machinistv1.OperationReboot, &machinistv1.OperationOptions{Mode: "soft"})
-	hard := f.operate(inPlace[1], machinistv1.OperationReboot, &machinistv1.OperationOptions{Mode: "hard", Drain: ptr.To(false)})
+	soft := f.operate(inPlace[0], machinistv1.OperationReboot, &machinistv1.OperationOptions{Mode: machinistv1.RebootSoft})
+	hard := f.operate(inPlace[1], machinistv1.OperationReboot, &machinistv1.OperationOptions{Mode: machinistv1.RebootHard, SkipDrain: ptr.To(true)})
 	for i, m := range []machinistv1.Machine{soft, hard} {
 		n := f.node(g, m)
 		g.Expect(n.Status.NodeInfo.BootID).NotTo(Equal(inPlaceNodes[i].Status.NodeInfo.BootID), m.Name)
@@ -241,7 +241,7 @@ func TestAMachineDeploymentOfVMs(t *testing.T) {
 
 	// A repair: a fresh disk, so a new machine ID, and a Node registered
 	// afresh.
-	repaired := f.operate(inPlace[2], machinistv1.OperationRepair, &machinistv1.OperationOptions{Drain: ptr.To(false)})
+	repaired := f.operate(inPlace[2], machinistv1.OperationRepair, &machinistv1.OperationOptions{SkipDrain: ptr.To(true)})
 	n := f.node(g, repaired)
 	g.Expect(n.Status.NodeInfo.MachineID).NotTo(Equal(inPlaceNodes[2].Status.NodeInfo.MachineID), "the disk was wiped")
 	g.Expect(n.UID).NotTo(Equal(inPlaceNodes[2].UID), "the Node registered afresh")

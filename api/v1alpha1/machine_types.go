@@ -532,7 +532,7 @@ type MachineStatus struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:storageversion
+// +kubebuilder:deprecatedversion:warning="machinist.dev/v1alpha1 is deprecated; use machinist.dev/v1beta1"
 // +kubebuilder:resource:shortName=ma,categories=machinist
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`

@@ -180,7 +180,7 @@ const CauseDisruptionBudget = "DisruptionBudget"
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:storageversion
+// +kubebuilder:deprecatedversion:warning="machinist.dev/v1alpha1 is deprecated; use machinist.dev/v1beta1"
 // +kubebuilder:resource:shortName=mdb,categories=machinist
 // +kubebuilder:printcolumn:name="Max",type=string,JSONPath=`.spec.maxDisrupted`
 // +kubebuilder:printcolumn:name="Selected",type=integer,JSONPath=`.status.selectedMachines`

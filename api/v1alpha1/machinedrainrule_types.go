@@ -100,7 +100,7 @@ type MachineDrainRuleSpec struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:shortName=mdr,categories=machinist
-// +kubebuilder:storageversion
+// +kubebuilder:deprecatedversion:warning="machinist.dev/v1alpha1 is deprecated; use machinist.dev/v1beta1"
 // +kubebuilder:printcolumn:name="Behavior",type=string,JSONPath=`.spec.drain.behavior`
 // +kubebuilder:printcolumn:name="Order",type=integer,JSONPath=`.spec.drain.order`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

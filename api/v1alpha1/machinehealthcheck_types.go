@@ -289,7 +289,7 @@ type MachineRemediation struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:storageversion
+// +kubebuilder:deprecatedversion:warning="machinist.dev/v1alpha1 is deprecated; use machinist.dev/v1beta1"
 // +kubebuilder:resource:shortName=mhc,categories=machinist
 // +kubebuilder:printcolumn:name="Expected",type=integer,JSONPath=`.status.expectedMachines`
 // +kubebuilder:printcolumn:name="Healthy",type=integer,JSONPath=`.status.healthyMachines`

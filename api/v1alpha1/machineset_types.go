@@ -99,7 +99,7 @@ type MachineSetStatus struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:storageversion
+// +kubebuilder:deprecatedversion:warning="machinist.dev/v1alpha1 is deprecated; use machinist.dev/v1beta1"
 // +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector
 // +kubebuilder:resource:shortName=ms,categories=machinist
 // +kubebuilder:printcolumn:name="Desired",type=integer,JSONPath=`.spec.replicas`

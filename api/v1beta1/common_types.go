@@ -112,3 +112,8 @@ const (
 // MachineDeployment's Progressing condition meanwhile or while an InPlace
 // rollout's update waits, and of the Events that say so.
 const ReasonDisruptionHeld = "DisruptionHeld"
+
+// AsCore is the taint as a Node carries it.
+func (t Taint) AsCore() corev1.Taint {
+	return corev1.Taint{Key: t.Key, Value: t.Value, Effect: t.Effect}
+}

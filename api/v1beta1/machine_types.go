@@ -1,6 +1,8 @@
 package v1beta1
 
 import (
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -563,11 +565,25 @@ type MachineStatus struct {
 	Remediation *MachineRemediation `json:"remediation,omitempty"`
 }
 
+// Failure is why a Failed Machine failed, as its Ready condition says: a
+// machine-readable reason and a message for people. Both are empty unless
+// the Machine is Failed.
+func (s *MachineStatus) Failure() (reason, message string) {
+	if s.Phase != MachineFailed {
+		return "", ""
+	}
+	if c := meta.FindStatusCondition(s.Conditions, ConditionReady); c != nil && c.Status == metav1.ConditionFalse {
+		return c.Reason, c.Message
+	}
+	return "", ""
+}
+
 // Machine is one machine (and so one Node), driven through its lifecycle
 // by the Machine controller.
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
+// +kubebuilder:storageversion
 // +kubebuilder:resource:shortName=ma,categories=machinist
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
@@ -606,4 +622,14 @@ type MachineList struct {
 
 func init() {
 	SchemeBuilder.Register(&Machine{}, &MachineList{})
+}
+
+// NodeInfoOf is what a Machine records of its Node's system info.
+func NodeInfoOf(in corev1.NodeSystemInfo) *NodeInfo {
+	return &NodeInfo{
+		MachineID: in.MachineID, SystemUUID: in.SystemUUID, BootID: in.BootID,
+		KernelVersion: in.KernelVersion, OSImage: in.OSImage,
+		ContainerRuntimeVersion: in.ContainerRuntimeVersion, KubeletVersion: in.KubeletVersion,
+		OperatingSystem: in.OperatingSystem, Architecture: in.Architecture,
+	}
 }

@@ -11,9 +11,10 @@ type MachineClassSpec struct {
 	// Provider names the actuator that creates, reboots, repairs and deletes
 	// this class's Machines, for example "inmemory" or "process".
 	// +kubebuilder:validation:XValidation:rule="size(self) > 0",message="provider is required: name the actuator that builds these Machines, for example inmemory or process"
-	// It cannot change: the instances of the class's Machines were made
-	// by this provider, and only it can reboot, repair or delete them.
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="provider cannot change: the class's Machines were built by it; make a new class for another provider"
+	// It may change: a Machine that has an instance is driven by the
+	// provider its providerID names, so a changed class only changes
+	// which provider builds its next Machines, and a class whose
+	// provider is misspelled can be fixed.
 	// +kubebuilder:validation:MaxLength=63
 	// +required
 	Provider string `json:"provider"`
@@ -57,6 +58,7 @@ type NodeTemplate struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:shortName=mc,categories=machinist
+// +kubebuilder:storageversion
 // +kubebuilder:printcolumn:name="Provider",type=string,JSONPath=`.spec.provider`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type MachineClass struct {

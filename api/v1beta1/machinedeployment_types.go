@@ -305,6 +305,7 @@ type MachineDeploymentStatus struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
+// +kubebuilder:storageversion
 // +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector
 // +kubebuilder:resource:shortName=md,categories=machinist
 // +kubebuilder:printcolumn:name="Desired",type=integer,JSONPath=`.spec.replicas`

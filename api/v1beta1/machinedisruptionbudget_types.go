@@ -35,7 +35,7 @@ type MachineDisruptionBudgetSpec struct {
 	// Selector picks the Machines this budget covers, in its own
 	// namespace. It cannot be empty.
 	// +required
-	// +kubebuilder:validation:XValidation:rule="(has(self.matchLabels) && size(self.matchLabels) > 0) || (has(self.matchExpressions) && size(self.matchExpressions) > 0)",message="selector must not be empty: an empty selector would pick every Machine in the namespace; to pick them all, say so with a matchExpressions entry such as {key: machinist.dev/class, operator: Exists}"
+	// +kubebuilder:validation:XValidation:rule="(has(self.matchLabels) && size(self.matchLabels) > 0) || (has(self.matchExpressions) && size(self.matchExpressions) > 0)",message="selector must not be empty: an empty selector would pick every Machine in the namespace; to mean every Machine, say so with a matchExpressions entry they all meet"
 	Selector LabelSelector `json:"selector"`
 
 	// MaxDisrupted is how many of the selected Machines may be disrupted
@@ -182,6 +182,7 @@ const CauseDisruptionBudget = "DisruptionBudget"
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
+// +kubebuilder:storageversion
 // +kubebuilder:resource:shortName=mdb,categories=machinist
 // +kubebuilder:printcolumn:name="Max",type=string,JSONPath=`.spec.maxDisrupted`
 // +kubebuilder:printcolumn:name="Selected",type=integer,JSONPath=`.status.selectedMachines`

@@ -32,7 +32,7 @@ type MachineDrainRuleMachineSelector struct {
 	// Selector selects the Machines, in the rule's namespace, whose labels
 	// it matches. It cannot be empty; a rule for every Machine leaves machines out.
 	// +required
-	// +kubebuilder:validation:XValidation:rule="(has(self.matchLabels) && size(self.matchLabels) > 0) || (has(self.matchExpressions) && size(self.matchExpressions) > 0)",message="selector must not be empty: an empty selector would pick every Machine in the namespace; to pick them all, say so with a matchExpressions entry such as {key: machinist.dev/class, operator: Exists}"
+	// +kubebuilder:validation:XValidation:rule="(has(self.matchLabels) && size(self.matchLabels) > 0) || (has(self.matchExpressions) && size(self.matchExpressions) > 0)",message="selector must not be empty: an empty selector would pick every Machine in the namespace; to mean every Machine, say so with a matchExpressions entry they all meet"
 	Selector LabelSelector `json:"selector"`
 }
 
@@ -95,6 +95,7 @@ type MachineDrainRuleSpec struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:shortName=mdr,categories=machinist
+// +kubebuilder:storageversion
 // +kubebuilder:printcolumn:name="Behavior",type=string,JSONPath=`.spec.behavior`
 // +kubebuilder:printcolumn:name="Order",type=integer,JSONPath=`.spec.order`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

@@ -10,7 +10,7 @@ import (
 type MachineHealthCheckSpec struct {
 	// Selector picks the Machines this health check watches over, in its
 	// own namespace. It cannot be empty.
-	// +kubebuilder:validation:XValidation:rule="(has(self.matchLabels) && size(self.matchLabels) > 0) || (has(self.matchExpressions) && size(self.matchExpressions) > 0)",message="selector must not be empty: an empty selector would pick every Machine in the namespace; to pick them all, say so with a matchExpressions entry such as {key: machinist.dev/class, operator: Exists}"
+	// +kubebuilder:validation:XValidation:rule="(has(self.matchLabels) && size(self.matchLabels) > 0) || (has(self.matchExpressions) && size(self.matchExpressions) > 0)",message="selector must not be empty: an empty selector would pick every Machine in the namespace; to mean every Machine, say so with a matchExpressions entry they all meet"
 	// +required
 	Selector LabelSelector `json:"selector"`
 
@@ -290,6 +290,7 @@ type MachineRemediation struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
+// +kubebuilder:storageversion
 // +kubebuilder:resource:shortName=mhc,categories=machinist
 // +kubebuilder:printcolumn:name="Expected",type=integer,JSONPath=`.status.expectedMachines`
 // +kubebuilder:printcolumn:name="Healthy",type=integer,JSONPath=`.status.healthyMachines`

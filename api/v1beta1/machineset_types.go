@@ -102,6 +102,7 @@ type MachineSetStatus struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
+// +kubebuilder:storageversion
 // +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector
 // +kubebuilder:resource:shortName=ms,categories=machinist
 // +kubebuilder:printcolumn:name="Desired",type=integer,JSONPath=`.spec.replicas`

@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 )
 
 // OnChangeByOthers passes creates, deletes and the updates that people and

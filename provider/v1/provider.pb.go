@@ -489,7 +489,8 @@ type CreateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// machine_uid is the Machine's metadata.uid, the idempotency key.
 	MachineUid string `protobuf:"bytes,1,opt,name=machine_uid,json=machineUid,proto3" json:"machine_uid,omitempty"`
-	// machine is the Machine (machinist.dev/v1alpha1) as JSON, as
+	// machine is the Machine (machinist.dev/v1beta1 since that version is
+	// stored; v1alpha1 before) as JSON, as
 	// kube-apiserver serves it.
 	Machine []byte `protobuf:"bytes,2,opt,name=machine,proto3" json:"machine,omitempty"`
 	// machine_class is its MachineClass as JSON; empty when the Machine

@@ -11,7 +11,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -64,7 +64,7 @@ func drainAll(b *testing.B, n int, rules bool) {
 			if err := env.Client.Create(ctx, &machinistv1.MachineDrainRule{
 				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 				Spec: machinistv1.MachineDrainRuleSpec{
-					Drain: machinistv1.MachineDrainRuleDrain{Behavior: machinistv1.DrainBehaviorDrain, Order: ptr.To(order)},
+					Behavior: machinistv1.DrainBehaviorDrain, Order: ptr.To(order),
 					Pods: []machinistv1.MachineDrainRulePodSelector{{
 						Selector: &machinistv1.LabelSelector{MatchLabels: map[string]string{"app": app}},
 					}},

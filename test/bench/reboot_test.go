@@ -16,7 +16,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	subresourcesv1 "github.com/machinist-dev/machinist/api/subresources/v1alpha1"
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/testenv"
 )
 

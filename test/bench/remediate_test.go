@@ -20,7 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/healthcheck"
 	"github.com/machinist-dev/machinist/manager"
 	nodeside "github.com/machinist-dev/machinist/nodes"
@@ -192,7 +192,7 @@ func createHealthCheck(ctx context.Context, b *testing.B, ns string) {
 	hc := &machinistv1.MachineHealthCheck{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bench"},
 		Spec: machinistv1.MachineHealthCheckSpec{
-			Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": "bench"}},
+			Selector: machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": "bench"}},
 			UnhealthyNodeConditions: []machinistv1.UnhealthyNodeCondition{
 				{Type: "Ready", Status: "Unknown", Timeout: metav1.Duration{Duration: 5 * time.Second}},
 				{Type: "Ready", Status: "False", Timeout: metav1.Duration{Duration: 5 * time.Second}},

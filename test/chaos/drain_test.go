@@ -13,7 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -44,7 +44,7 @@ func TestKillDuringDeletionWaits(t *testing.T) {
 		r.must(env.Client.Create(ctx, &machinistv1.MachineDrainRule{
 			ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: "last"},
 			Spec: machinistv1.MachineDrainRuleSpec{
-				Drain:    machinistv1.MachineDrainRuleDrain{Behavior: machinistv1.DrainBehaviorDrain, Order: ptr.To[int32](10)},
+				Behavior: machinistv1.DrainBehaviorDrain, Order: ptr.To[int32](10),
 				Machines: []machinistv1.MachineDrainRuleMachineSelector{{Selector: machinistv1.LabelSelector{MatchLabels: map[string]string{"tier": "data"}}}},
 				Pods: []machinistv1.MachineDrainRulePodSelector{{Selector: &machinistv1.LabelSelector{
 					MatchLabels: map[string]string{"app": "last"}}}},
@@ -120,8 +120,8 @@ func TestKillDuringDeletionWaits(t *testing.T) {
 			return nil
 		}
 
-		since := waitFor("the drain held by the budget on group 0", machinistv1.ConditionDrained, machinistv1.ReasonDrainBlocked)
-		stillWaits("drain", machinistv1.ConditionDrained, machinistv1.ReasonDrainBlocked, since, func() error {
+		since := waitFor("the drain held by the budget on group 0", machinistv1.ConditionDrained, machinistv1.ReasonPodDisruptionBudget)
+		stillWaits("drain", machinistv1.ConditionDrained, machinistv1.ReasonPodDisruptionBudget, since, func() error {
 			err := workload.Client.Get(ctx, client.ObjectKeyFromObject(last), &corev1.Pod{})
 			if apierrors.IsNotFound(err) {
 				return fmt.Errorf("the order-10 pod was evicted while the order-0 group was held")

@@ -20,7 +20,7 @@ import (
 
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/inmemory"
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/lifecycle"
 	"github.com/machinist-dev/machinist/manager"
 )
@@ -255,14 +255,14 @@ func healthCheck(ns, pool string) *machinistv1.MachineHealthCheck {
 	return &machinistv1.MachineHealthCheck{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "heal"},
 		Spec: machinistv1.MachineHealthCheckSpec{
-			Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": pool}},
+			Selector: machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": pool}},
 			UnhealthyNodeConditions: []machinistv1.UnhealthyNodeCondition{
 				{Type: "Ready", Status: "Unknown", Timeout: metav1.Duration{Duration: 5 * time.Second}},
 				{Type: "Ready", Status: "False", Timeout: metav1.Duration{Duration: 5 * time.Second}},
 			},
 			Remediation: machinistv1.Remediation{
 				Ladder: []machinistv1.Rung{
-					{Action: machinistv1.RemediateReboot, Mode: "hard", Timeout: &metav1.Duration{Duration: 90 * time.Second}},
+					{Action: machinistv1.RemediateReboot, Mode: machinistv1.RebootHard, Timeout: &metav1.Duration{Duration: 90 * time.Second}},
 					{Action: machinistv1.RemediateRepair, Timeout: &metav1.Duration{Duration: 2 * time.Minute}},
 					{Action: machinistv1.RemediateReplace},
 				},

@@ -19,7 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/machinist-dev/machinist/actuators/process"
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/faults"
 )
 
@@ -242,8 +242,8 @@ func describe(ms []machinistv1.Machine) string {
 		if op := m.Status.Operation; op != nil {
 			fmt.Fprintf(&b, " op %s %s", op.ID, op.State)
 		}
-		if m.Status.FailureMessage != "" {
-			fmt.Fprintf(&b, " failure: %s", m.Status.FailureMessage)
+		if _, message := m.Status.Failure(); message != "" {
+			fmt.Fprintf(&b, " failure: %s", message)
 		}
 	}
 	return b.String()

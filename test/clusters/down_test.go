@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -54,7 +54,7 @@ func TestAClusterDown(t *testing.T) {
 	hc := &machinistv1.MachineHealthCheck{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "far"},
 		Spec: machinistv1.MachineHealthCheckSpec{
-			Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": "far"}},
+			Selector: machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": "far"}},
 			UnhealthyNodeConditions: []machinistv1.UnhealthyNodeCondition{
 				{Type: "Ready", Status: "Unknown", Timeout: metav1.Duration{Duration: 3 * time.Second}},
 			},
@@ -367,7 +367,7 @@ func TestAClusterDown(t *testing.T) {
 	})
 	testenv.WaitForObject(t, env.Client, 30*time.Second, "the health check saying the cluster is back", hc, func(hc *machinistv1.MachineHealthCheck) error {
 		c := meta.FindStatusCondition(hc.Status.Conditions, machinistv1.ConditionClustersReachable)
-		if c == nil || c.Status != metav1.ConditionTrue || c.Reason != machinistv1.ReasonClustersReachable {
+		if c == nil || c.Status != metav1.ConditionTrue || c.Reason != machinistv1.ReasonReachable {
 			return fmt.Errorf("%s %+v", machinistv1.ConditionClustersReachable, c)
 		}
 		return nil

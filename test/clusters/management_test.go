@@ -18,7 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -37,7 +37,7 @@ func TestTheManagementClusterDown(t *testing.T) {
 	hc := &machinistv1.MachineHealthCheck{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "steady"},
 		Spec: machinistv1.MachineHealthCheckSpec{
-			Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": "steady"}},
+			Selector: machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": "steady"}},
 			UnhealthyNodeConditions: []machinistv1.UnhealthyNodeCondition{
 				{Type: "Ready", Status: "Unknown", Timeout: metav1.Duration{Duration: 3 * time.Second}},
 				{Type: "Ready", Status: "False", Timeout: metav1.Duration{Duration: 3 * time.Second}},

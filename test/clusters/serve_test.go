@@ -16,7 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/testenv"
 )
@@ -121,13 +121,13 @@ func exercise(t *testing.T, ns, pool, cluster string) {
 	hc := &machinistv1.MachineHealthCheck{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: pool},
 		Spec: machinistv1.MachineHealthCheckSpec{
-			Selector: metav1.LabelSelector{MatchLabels: map[string]string{"pool": pool}},
+			Selector: machinistv1.LabelSelector{MatchLabels: map[string]string{"pool": pool}},
 			UnhealthyNodeConditions: []machinistv1.UnhealthyNodeCondition{
 				{Type: "Ready", Status: "Unknown", Timeout: metav1.Duration{Duration: 3 * time.Second}},
 				{Type: "Ready", Status: "False", Timeout: metav1.Duration{Duration: 3 * time.Second}},
 			},
 			Remediation: machinistv1.Remediation{Ladder: []machinistv1.Rung{
-				{Action: machinistv1.RemediateReboot, Mode: "hard", Timeout: &metav1.Duration{Duration: time.Minute}},
+				{Action: machinistv1.RemediateReboot, Mode: machinistv1.RebootHard, Timeout: &metav1.Duration{Duration: time.Minute}},
 				{Action: machinistv1.RemediateReplace},
 			}},
 		},

@@ -27,7 +27,7 @@ import (
 	apiregv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/apiserver"
 	"github.com/machinist-dev/machinist/testenv"
 )
@@ -211,7 +211,7 @@ func TestManagerWaitsForKubeAPIServer(t *testing.T) {
 	health := testenv.FreePort(t)
 	p := machinist(t, "manager", "--kubeconfig", kubeconfig, "--leader-elect", "--leader-election-namespace", "default",
 		"--metrics-bind-address=0", fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", health))
-	g.Eventually(p.output).WithTimeout(30 * time.Second).Should(ContainSubstring("waiting for kube-apiserver to serve machinist.dev/v1alpha1"))
+	g.Eventually(p.output).WithTimeout(30 * time.Second).Should(ContainSubstring("waiting for kube-apiserver to serve machinist.dev/v1beta1"))
 	probe := func(path string) func() (int, error) {
 		return func() (int, error) {
 			code, _, err := get(fmt.Sprintf("http://127.0.0.1:%d%s", health, path))
@@ -233,7 +233,7 @@ func TestManagerWaitsForKubeAPIServer(t *testing.T) {
 
 	// kube-apiserver comes back.
 	relay.up.Store(true)
-	g.Eventually(p.output).WithTimeout(30 * time.Second).Should(ContainSubstring("kube-apiserver serves machinist.dev/v1alpha1; starting"))
+	g.Eventually(p.output).WithTimeout(30 * time.Second).Should(ContainSubstring("kube-apiserver serves machinist.dev/v1beta1; starting"))
 	g.Eventually(probe("/readyz")).WithTimeout(time.Minute).Should(Equal(http.StatusOK), p.output)
 	p.terminate(t)
 }
@@ -290,7 +290,7 @@ func TestMigrateCommand(t *testing.T) {
 		t.Fatalf("machinist migrate still running after a minute:\n%s", p.output())
 	}
 	for _, crd := range []string{"machines", "machinesets", "machinedeployments", "machineclasses", "machinehealthchecks", "machinedisruptionbudgets", "machinedrainrules", "workloadclusters"} {
-		if want := crd + ".machinist.dev: stored as v1alpha1 only, nothing to do"; !strings.Contains(p.output(), want) {
+		if want := crd + ".machinist.dev: stored as v1beta1 only, nothing to do"; !strings.Contains(p.output(), want) {
 			t.Errorf("the output lacks %q:\n%s", want, p.output())
 		}
 	}

@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/pki"
 	"github.com/machinist-dev/machinist/testenv"
 )

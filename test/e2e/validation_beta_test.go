@@ -154,14 +154,6 @@ var betaCases = []betaCase{
 		want: `spec.machines[0].selector: Invalid value: ` + betaEmptySelectorMsg,
 	},
 	{
-		name: "MachineClass whose provider changes",
-		build: func(ns string) client.Object {
-			return beta(validMachineClass(ns, "small"), func(*v1beta1.MachineClass) {})
-		},
-		update: func(o client.Object) { o.(*v1beta1.MachineClass).Spec.Provider = "process" },
-		want:   `spec.provider: Invalid value: "process": provider cannot change: the class's Machines were built by it; make a new class for another provider`,
-	},
-	{
 		name: "Machine with a node label value longer than 63 characters",
 		build: func(ns string) client.Object {
 			return beta(validMachine(ns, "labelled"), func(m *v1beta1.Machine) {
@@ -206,7 +198,7 @@ var betaCases = []betaCase{
 // The messages of v1beta1's rules that several cases break.
 const (
 	betaReplicasMsg      = "replicas must be at most 100000: a larger number is more likely a typo than a fleet"
-	betaEmptySelectorMsg = "selector must not be empty: an empty selector would pick every Machine in the namespace; to pick them all, say so with a matchExpressions entry such as {key: machinist.dev/class, operator: Exists}"
+	betaEmptySelectorMsg = "selector must not be empty: an empty selector would pick every Machine in the namespace; to mean every Machine, say so with a matchExpressions entry they all meet"
 )
 
 // toBeta converts a v1alpha1 object to v1beta1 as the webhook would. A

@@ -23,7 +23,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -101,7 +101,7 @@ func TestEveryMetricUsedIsServed(t *testing.T) {
 		&machinistv1.MachineHealthCheck{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "metrics"},
 			Spec: machinistv1.MachineHealthCheckSpec{
-				Selector: metav1.LabelSelector{MatchLabels: labels},
+				Selector: machinistv1.LabelSelector{MatchLabels: labels},
 				UnhealthyNodeConditions: []machinistv1.UnhealthyNodeCondition{
 					{Type: string(corev1.NodeReady), Status: string(corev1.ConditionFalse), Timeout: metav1.Duration{Duration: time.Minute}},
 				},

@@ -26,7 +26,7 @@ import (
 
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/process"
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/manager"
@@ -182,7 +182,8 @@ func TestAProviderThatGoesAwayMakesMachinesWait(t *testing.T) {
 	for time.Now().Before(deadline) {
 		for _, m := range env.Machines(t, ns) {
 			if m.Status.Phase == machinistv1.MachineFailed {
-				t.Fatalf("Machine %s Failed while its provider was away: %s", m.Name, m.Status.FailureMessage)
+				_, message := m.Status.Failure()
+				t.Fatalf("Machine %s Failed while its provider was away: %s", m.Name, message)
 			}
 		}
 		time.Sleep(500 * time.Millisecond)

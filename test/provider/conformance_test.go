@@ -17,7 +17,7 @@ import (
 
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/inmemory"
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/provider"
 	"github.com/machinist-dev/machinist/provider/conformance"
 	providerv1 "github.com/machinist-dev/machinist/provider/v1"

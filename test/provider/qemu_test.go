@@ -18,7 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/uuid"
 
 	"github.com/machinist-dev/machinist/actuators"
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/provider"
 )
 

@@ -35,7 +35,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/machinist-dev/machinist/actuators/qemu"
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/healthcheck"
 	"github.com/machinist-dev/machinist/local"
 	"github.com/machinist-dev/machinist/testenv"
@@ -576,8 +576,8 @@ func TestQuickStart(t *testing.T) {
 				HaveField("RequestedBy", healthcheck.RequestedBy(local.SampleHealthCheck)), HaveField("Source", machinistv1.SourceHealthCheck),
 				HaveField("BootID", before.boot)), "%+v", op)
 			g.Expect(op.Options).NotTo(BeNil())
-			g.Expect(op.Options.Mode).To(Equal("hard"), "the Node was unreachable")
-			g.Expect(op.Options.Drain).To(HaveValue(BeFalse()), "the Node was unreachable")
+			g.Expect(op.Options.Mode).To(Equal(machinistv1.RebootHard), "the Node was unreachable")
+			g.Expect(op.Options.SkipDrain).To(HaveValue(BeTrue()), "the Node was unreachable")
 			t.Logf("%s: unhealthy at %s, recovered at %s", m.Name, rem.UnhealthySince.UTC().Format(time.RFC3339), rem.RecoveredAt.UTC().Format(time.RFC3339))
 			if m.Name == reboot[1] {
 				// The boot the health check rebooted is the one the

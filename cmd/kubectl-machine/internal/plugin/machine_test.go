@@ -18,7 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -61,7 +61,7 @@ func TestMachine(t *testing.T) {
 				Type: machinistv1.OperationReboot, ID: "op-status", State: machinistv1.OperationRunning,
 				RequestedBy: "alice", RequestedAt: &metav1.Time{Time: time.Now().Add(-30 * time.Minute)}, StartedAt: &metav1.Time{Time: time.Now()},
 				Message: "draining the node", Source: machinistv1.SourceAPI, BootID: bootID,
-				Options: &machinistv1.OperationOptions{Mode: "hard", Drain: ptr.To(false), GracePeriodSeconds: ptr.To(int64(30))},
+				Options: &machinistv1.OperationOptions{Mode: machinistv1.RebootHard, SkipDrain: ptr.To(true), GracePeriodSeconds: ptr.To(int64(30))},
 			}
 		})
 		r := plugin(ns, "status", "m1")
@@ -85,7 +85,7 @@ func TestMachine(t *testing.T) {
 			`(?m)^\s+Completed:\s+<none>$`,
 			`(?m)^\s+Boot ID at request:\s+` + regexp.QuoteMeta(bootID) + `$`,
 			`(?m)^\s+Message:\s+draining the node$`,
-			`(?m)^\s+Options:\s+mode=hard drain=false gracePeriodSeconds=30$`,
+			`(?m)^\s+Options:\s+mode=Hard skipDrain=true gracePeriodSeconds=30$`,
 		} {
 			if !regexp.MustCompile(want).MatchString(r.stdout) {
 				t.Errorf("status output does not match %s:\n%s", want, r.stdout)
@@ -144,7 +144,7 @@ func TestMachine(t *testing.T) {
 		setStatus(t, key, func(st *machinistv1.MachineStatus) {
 			st.Phase = machinistv1.MachineDraining
 			for _, typ := range []string{machinistv1.ConditionReady, machinistv1.ConditionDrained} {
-				meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: typ, Status: metav1.ConditionFalse, Reason: machinistv1.ReasonDrainBlocked, Message: waiting})
+				meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: typ, Status: metav1.ConditionFalse, Reason: machinistv1.ReasonPodDisruptionBudget, Message: waiting})
 			}
 		})
 		r = plugin(ns, "status", "m1")

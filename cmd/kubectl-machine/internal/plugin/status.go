@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 )
 
 func (o *options) statusCommand() *cobra.Command {
@@ -94,7 +94,7 @@ func describeMachine(w io.Writer, m *machinistv1.Machine, now time.Time) error {
 	field(tw, "Node", node)
 	field(tw, "Provider ID", orNone(st.ProviderID))
 	field(tw, "Boot ID", orNone(st.BootID))
-	if failure := strings.Join(nonEmpty(st.FailureReason, st.FailureMessage), ": "); failure != "" {
+	if failure := strings.Join(nonEmpty(st.Failure()), ": "); failure != "" {
 		field(tw, "Failure", failure)
 	}
 	if w := waitingFor(m); w != "" {
@@ -247,10 +247,10 @@ func operationOptions(o *machinistv1.OperationOptions) string {
 	}
 	var parts []string
 	if o.Mode != "" {
-		parts = append(parts, "mode="+o.Mode)
+		parts = append(parts, "mode="+string(o.Mode))
 	}
-	if o.Drain != nil {
-		parts = append(parts, "drain="+strconv.FormatBool(*o.Drain))
+	if o.SkipDrain != nil {
+		parts = append(parts, "skipDrain="+strconv.FormatBool(*o.SkipDrain))
 	}
 	if o.GracePeriodSeconds != nil {
 		parts = append(parts, "gracePeriodSeconds="+strconv.FormatInt(*o.GracePeriodSeconds, 10))

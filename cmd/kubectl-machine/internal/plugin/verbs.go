@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	subresources "github.com/machinist-dev/machinist/api/subresources/v1alpha1"
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 )
 
 // verbFlags are the flags of reboot and repair that become the request body.

@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	machinistv1 "github.com/machinist-dev/machinist/api/v1alpha1"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -126,7 +126,7 @@ func TestVerbs(t *testing.T) {
 			t.Fatal(r)
 		}
 		opts := get(t, key).Status.Operation.Options
-		if opts == nil || opts.Mode != "hard" || opts.Drain == nil || *opts.Drain || opts.GracePeriodSeconds == nil || *opts.GracePeriodSeconds != 5 {
+		if opts == nil || opts.Mode != machinistv1.RebootHard || opts.SkipDrain == nil || !*opts.SkipDrain || opts.GracePeriodSeconds == nil || *opts.GracePeriodSeconds != 5 {
 			t.Errorf("the operation's options are %+v", opts)
 		}
 		r = plugin(ns, "repair", "m1")
@@ -159,7 +159,9 @@ func TestVerbs(t *testing.T) {
 	t.Run("a disruption budget's refusal is 429, said with when to try again, at once", func(t *testing.T) {
 		budget := &machinistv1.MachineDisruptionBudget{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "none"},
-			Spec:       machinistv1.MachineDisruptionBudgetSpec{MaxDisrupted: intstr.FromInt32(0)},
+			Spec: machinistv1.MachineDisruptionBudgetSpec{MaxDisrupted: intstr.FromInt32(0), Selector: machinistv1.LabelSelector{
+				MatchExpressions: []machinistv1.LabelSelectorRequirement{{Key: "example.com/nothing", Operator: metav1.LabelSelectorOpDoesNotExist}},
+			}},
 		}
 		if err := env.Client.Create(ctx, budget); err != nil {
 			t.Fatal(err)
