@@ -1,6 +1,7 @@
 package apiserver
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -93,6 +94,9 @@ func SetConversionCABundle(ctx context.Context, c client.Client, caBundle []byte
 		if conv == nil || conv.Strategy != apiextensionsv1.WebhookConverter || conv.Webhook == nil ||
 			conv.Webhook.ClientConfig == nil || conv.Webhook.ClientConfig.Service == nil {
 			continue
+		}
+		if bytes.Equal(conv.Webhook.ClientConfig.CABundle, caBundle) {
+			continue // a restart with the same CA sends no request
 		}
 		patch := client.MergeFrom(crd.DeepCopy())
 		conv.Webhook.ClientConfig.CABundle = caBundle

@@ -200,3 +200,45 @@ func TestTheConversionPathNeedsNoCredentials(t *testing.T) {
 	resp.Body.Close()
 	g.Expect(resp.StatusCode).To(Equal(http.StatusUnauthorized), "a caller without credentials outside /convert")
 }
+
+// TestTheCABundleGoesIntoServiceWebhooksOnce: a CRD whose webhook is the
+// verbs Service (as config/crd declares it) gets the server's CA; a second
+// start with the same CA changes nothing stored; a CRD named by URL is left
+// alone.
+func TestTheCABundleGoesIntoServiceWebhooksOnce(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	key := client.ObjectKey{Name: "machinedrainrules.machinist.dev"}
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	g.Expect(env.Client.Get(ctx, key, crd)).To(Succeed())
+	before := crd.Spec.Conversion.DeepCopy()
+	t.Cleanup(func() {
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		if err := env.Client.Get(ctx, key, crd); err != nil {
+			t.Error(err)
+			return
+		}
+		crd.Spec.Conversion = before
+		if err := env.Client.Update(ctx, crd); err != nil {
+			t.Error(err)
+		}
+	})
+	crd.Spec.Conversion = apiserver.WebhookConversion("", types.NamespacedName{Namespace: "machinist-system", Name: "machinist-verbs"}, nil)
+	g.Expect(env.Client.Update(ctx, crd)).To(Succeed())
+
+	urlBefore := &apiextensionsv1.CustomResourceDefinition{}
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Name: "machines.machinist.dev"}, urlBefore)).To(Succeed())
+
+	g.Expect(apiserver.SetConversionCABundle(ctx, env.Client, verbs.Server.CABundle)).To(Succeed())
+	g.Expect(env.Client.Get(ctx, key, crd)).To(Succeed())
+	g.Expect(crd.Spec.Conversion.Webhook.ClientConfig.CABundle).To(Equal(verbs.Server.CABundle))
+	version := crd.ResourceVersion
+
+	g.Expect(apiserver.SetConversionCABundle(ctx, env.Client, verbs.Server.CABundle)).To(Succeed())
+	g.Expect(env.Client.Get(ctx, key, crd)).To(Succeed())
+	g.Expect(crd.ResourceVersion).To(Equal(version), "the same CA again changes nothing stored")
+
+	urlAfter := &apiextensionsv1.CustomResourceDefinition{}
+	g.Expect(env.Client.Get(ctx, client.ObjectKey{Name: "machines.machinist.dev"}, urlAfter)).To(Succeed())
+	g.Expect(urlAfter.ResourceVersion).To(Equal(urlBefore.ResourceVersion), "a webhook named by URL is left alone")
+}

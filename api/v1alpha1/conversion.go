@@ -6,7 +6,6 @@ import (
 	"maps"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	apiconversion "k8s.io/apimachinery/pkg/conversion"
 	"sigs.k8s.io/controller-runtime/pkg/conversion"
@@ -94,18 +93,6 @@ func restore(m *metav1.ObjectMeta) *lost {
 	return &l
 }
 
-// failureOf is what v1alpha1's failureReason and failureMessage say of a
-// v1beta1 Machine: a Failed Machine's Ready condition carries both.
-func failureOf(st *v1beta1.MachineStatus) (reason, message string) {
-	if st.Phase != v1beta1.MachineFailed {
-		return "", ""
-	}
-	if c := meta.FindStatusCondition(st.Conditions, v1beta1.ConditionReady); c != nil && c.Status == metav1.ConditionFalse {
-		return c.Reason, c.Message
-	}
-	return "", ""
-}
-
 // keepTimes records each taint's timeAdded, if any has one.
 func keepTimes(l *lost, taints NodeTaints) {
 	for i, t := range taints {
@@ -133,7 +120,7 @@ func (src *Machine) ConvertTo(hub conversion.Hub) error {
 		return err
 	}
 	var l lost
-	reason, message := failureOf(&dst.Status)
+	reason, message := dst.Status.Failure()
 	if src.Status.FailureReason != reason {
 		l.FailureReason = &src.Status.FailureReason
 	}
@@ -154,7 +141,7 @@ func (dst *Machine) ConvertFrom(hub conversion.Hub) error {
 		return err
 	}
 	l := restore(&dst.ObjectMeta)
-	dst.Status.FailureReason, dst.Status.FailureMessage = failureOf(&src.Status)
+	dst.Status.FailureReason, dst.Status.FailureMessage = src.Status.Failure()
 	if l.FailureReason != nil {
 		dst.Status.FailureReason = *l.FailureReason
 	}
@@ -413,7 +400,7 @@ func Convert_v1_Taint_To_v1beta1_Taint(in *corev1.Taint, out *v1beta1.Taint, _ a
 
 // Convert_v1beta1_Taint_To_v1_Taint converts a taint back.
 func Convert_v1beta1_Taint_To_v1_Taint(in *v1beta1.Taint, out *corev1.Taint, _ apiconversion.Scope) error {
-	*out = corev1.Taint{Key: in.Key, Value: in.Value, Effect: in.Effect}
+	*out = in.AsCore()
 	return nil
 }
 
@@ -421,12 +408,7 @@ func Convert_v1beta1_Taint_To_v1_Taint(in *v1beta1.Taint, out *corev1.Taint, _ a
 // reports into v1beta1's own type; what it leaves out is kept by
 // ConvertTo.
 func Convert_v1_NodeSystemInfo_To_v1beta1_NodeInfo(in *corev1.NodeSystemInfo, out *v1beta1.NodeInfo, _ apiconversion.Scope) error {
-	*out = v1beta1.NodeInfo{
-		MachineID: in.MachineID, SystemUUID: in.SystemUUID, BootID: in.BootID,
-		KernelVersion: in.KernelVersion, OSImage: in.OSImage,
-		ContainerRuntimeVersion: in.ContainerRuntimeVersion, KubeletVersion: in.KubeletVersion,
-		OperatingSystem: in.OperatingSystem, Architecture: in.Architecture,
-	}
+	*out = *v1beta1.NodeInfoOf(*in)
 	return nil
 }
 
@@ -589,12 +571,6 @@ func Convert_v1_LabelSelector_To_v1beta1_LabelSelector(in *metav1.LabelSelector,
 
 // Convert_v1beta1_LabelSelector_To_v1_LabelSelector converts it back.
 func Convert_v1beta1_LabelSelector_To_v1_LabelSelector(in *v1beta1.LabelSelector, out *metav1.LabelSelector, _ apiconversion.Scope) error {
-	*out = metav1.LabelSelector{MatchLabels: in.MatchLabels}
-	if in.MatchExpressions != nil {
-		out.MatchExpressions = make([]metav1.LabelSelectorRequirement, len(in.MatchExpressions))
-		for i, r := range in.MatchExpressions {
-			out.MatchExpressions[i] = metav1.LabelSelectorRequirement{Key: r.Key, Operator: r.Operator, Values: r.Values}
-		}
-	}
+	*out = *in.AsMeta()
 	return nil
 }
