@@ -216,6 +216,35 @@ func TemplateHash(t machinistv1.MachineTemplateSpec) string {
 	return rand.SafeEncodeString(strconv.FormatUint(uint64(h.Sum32()), 10))
 }
 
+// currentSet is the set of md's current template among sets: the one
+// named by its hash, else the newest whose template is equal but for the
+// hash label. The hash is of the template's Go form, which an API version
+// may change (v1beta1's taints are not v1alpha1's): a set made by an
+// earlier release, whose label is the hash it computed, is still the
+// current one, and an upgrade replaces no Machine. Kubernetes' Deployment
+// controller finds its ReplicaSets the same way for the same reason.
+func currentSet(md *machinistv1.MachineDeployment, sets []*machinistv1.MachineSet, hash string) *machinistv1.MachineSet {
+	var equal *machinistv1.MachineSet
+	for _, ms := range sets {
+		if ms.Labels[machinistv1.TemplateHashLabel] == hash {
+			return ms
+		}
+		if equalIgnoringHash(ms.Spec.Template, md.Spec.Template) && (equal == nil || revision(ms) > revision(equal)) {
+			equal = ms
+		}
+	}
+	return equal
+}
+
+// equalIgnoringHash says whether two templates are equal once neither has
+// the template hash label.
+func equalIgnoringHash(a, b machinistv1.MachineTemplateSpec) bool {
+	a, b = *a.DeepCopy(), *b.DeepCopy()
+	delete(a.Metadata.Labels, machinistv1.TemplateHashLabel)
+	delete(b.Metadata.Labels, machinistv1.TemplateHashLabel)
+	return equality.Semantic.DeepEqual(a, b)
+}
+
 func revision(o metav1.Object) int64 {
 	v, _ := strconv.ParseInt(o.GetAnnotations()[machinistv1.RevisionAnnotation], 10, 64)
 	return v
@@ -251,12 +280,10 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 	}
 	hash := TemplateHash(md.Spec.Template)
-	var newSet *machinistv1.MachineSet
+	newSet := currentSet(md, sets, hash)
 	var old []*machinistv1.MachineSet
 	for _, ms := range sets {
-		if ms.Labels[machinistv1.TemplateHashLabel] == hash && newSet == nil {
-			newSet = ms
-		} else {
+		if ms != newSet {
 			old = append(old, ms)
 		}
 	}

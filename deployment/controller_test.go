@@ -483,6 +483,48 @@ var _ = Describe("The MachineDeployment controller", func() {
 			}
 		}
 	})
+
+	It("keeps a MachineSet whose hash an earlier release computed", func(ctx SpecContext) {
+		// The hash is of the template's Go form, which an API version may
+		// change; a set labelled by an earlier release must still be the
+		// current one, or an upgrade would replace every Machine.
+		ns := env.NewNamespace(GinkgoTB(), "deployment", testenv.Small, testenv.Sick)
+		md := newDeployment(ns, "earlier", 2, rolling(intstr.FromInt32(1), intstr.FromInt32(0)))
+		md.Spec.Paused = true
+		Expect(k8s.Create(ctx, md)).To(Succeed())
+		const hash = "made-by-an-earlier-release"
+		ms := testenv.MachineSet(ns, md.Name+"-"+hash, 2)
+		ms.Spec.Template = *md.Spec.Template.DeepCopy()
+		ms.Spec.Template.Metadata.Labels[machinistv1.TemplateHashLabel] = hash
+		ms.Spec.Selector.MatchLabels = map[string]string{"pool": md.Name, machinistv1.TemplateHashLabel: hash}
+		ms.Labels = map[string]string{"pool": md.Name, machinistv1.TemplateHashLabel: hash}
+		ms.Annotations = map[string]string{machinistv1.RevisionAnnotation: "1"}
+		ms.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(md, machinistv1.GroupVersion.WithKind("MachineDeployment"))}
+		Expect(k8s.Create(ctx, ms)).To(Succeed())
+		Eventually(func() map[string]int { return versions(ctx, ns) }).WithTimeout(60 * time.Second).
+			Should(Equal(map[string]int{"v1.37.1": 2}))
+		before := map[string]types.UID{}
+		for _, m := range env.Machines(GinkgoTB(), ns) {
+			before[m.Name] = m.UID
+		}
+
+		patchSpec(ctx, md, `{"paused":false}`)
+		Eventually(func(g Gomega) {
+			got := getMD(ctx, md)
+			g.Expect(got.Status.UpdatedReplicas).To(BeEquivalentTo(2))
+			g.Expect(got.Status.Phase).To(Equal(machinistv1.RolloutStable))
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+		Consistently(func(g Gomega) {
+			all := sets(ctx, ns)
+			g.Expect(all).To(HaveLen(1), "no MachineSet made for a template that has one")
+			g.Expect(all[0].Name).To(Equal(ms.Name))
+			now := map[string]types.UID{}
+			for _, m := range env.Machines(GinkgoTB(), ns) {
+				now[m.Name] = m.UID
+			}
+			g.Expect(now).To(Equal(before), "no Machine replaced")
+		}).WithTimeout(5 * time.Second).Should(Succeed())
+	})
 })
 
 // rolloutEventCount is how many times a MachineDeployment's Events of
