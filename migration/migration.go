@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	svmv1 "k8s.io/api/storagemigration/v1"
@@ -77,11 +78,16 @@ type Result struct {
 func (r Result) Needed() bool { return !slices.Equal(r.Before, []string{r.Storage}) }
 
 // Run migrates every CRD of the group whose storedVersions lists another
-// version than its storage version, one after the other, and returns what
-// it did for each CRD of the group, in name order. It stops at the first
-// CRD it cannot migrate; what it did before stays done: run again, it
-// leaves the CRDs already migrated alone and migrates each other one from
-// its start.
+// version than its storage version, and returns what it did for each CRD
+// of the group, in name order. Through StorageVersionMigrations it asks
+// for every CRD's at once and waits for them together: kube-controller-
+// manager starts each only once its cache of that resource has caught up
+// with the migration, which on a quiet resource takes up to about a
+// minute, and one CRD after the other would add those minutes up. Its
+// own client migrates one CRD after the other. Either way a CRD it cannot
+// migrate is reported and what was done stays done: run again, it leaves
+// the CRDs already migrated alone and migrates each other one from its
+// start.
 func Run(ctx context.Context, cfg *rest.Config, opts Options) ([]Result, error) {
 	if opts.Group == "" {
 		opts.Group = Group
@@ -119,6 +125,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) ([]Result, error) 
 	}
 	m := &migrator{opts: opts, ext: ext, kube: kube, dyn: dyn}
 	var out []Result
+	var todo []*apiextensionsv1.CustomResourceDefinition
 	items := crds.Items
 	slices.SortFunc(items, func(a, b apiextensionsv1.CustomResourceDefinition) int { return cmp.Compare(a.Name, b.Name) })
 	for i := range items {
@@ -128,24 +135,42 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) ([]Result, error) 
 		}
 		res := Result{CRD: crd.Name, Before: slices.Clone(crd.Status.StoredVersions), Storage: storage(crd)}
 		if res.Storage == "" {
-			return out, fmt.Errorf("%s has no storage version", crd.Name)
-		}
-		if !res.Needed() {
-			out = append(out, res)
-			continue
-		}
-		opts.Log("%s: stored as %v, migrating to %s", crd.Name, res.Before, res.Storage)
-		if byClient {
-			err = m.byClient(ctx, crd, &res)
-		} else {
-			err = m.byMigration(ctx, crd, &res)
+			return nil, fmt.Errorf("%s has no storage version", crd.Name)
 		}
 		out = append(out, res)
-		if err != nil {
-			return out, fmt.Errorf("%s: %w", crd.Name, err)
+		if res.Needed() {
+			todo = append(todo, crd)
 		}
 	}
-	return out, nil
+	errs := make([]error, len(out))
+	var wg sync.WaitGroup
+	for i := range out {
+		res := &out[i]
+		if !res.Needed() {
+			continue
+		}
+		crd := todo[0]
+		todo = todo[1:]
+		opts.Log("%s: stored as %v, migrating to %s", crd.Name, res.Before, res.Storage)
+		if byClient {
+			if errs[i] = m.byClient(ctx, crd, res); errs[i] != nil {
+				errs[i] = fmt.Errorf("%s: %w", crd.Name, errs[i])
+			}
+			continue
+		}
+		wait, err := m.byMigration(ctx, crd, res)
+		if err != nil {
+			errs[i] = fmt.Errorf("%s: %w", crd.Name, err)
+			continue
+		}
+		wg.Go(func() {
+			if err := wait(); err != nil {
+				errs[i] = fmt.Errorf("%s: %w", crd.Name, err)
+			}
+		})
+	}
+	wg.Wait()
+	return out, errors.Join(errs...)
 }
 
 // unserved says whether the StorageVersionMigration API is missing.
@@ -176,39 +201,43 @@ type migrator struct {
 	dyn  dynamic.Interface
 }
 
-// byMigration asks for a StorageVersionMigration of the CRD's resource and
-// waits until it has succeeded and the controller has set storedVersions.
-func (m *migrator) byMigration(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition, res *Result) error {
+// byMigration asks for a StorageVersionMigration of the CRD's resource
+// and returns how to wait until it has succeeded and storedVersions lists
+// the storage version alone.
+func (m *migrator) byMigration(ctx context.Context, crd *apiextensionsv1.CustomResourceDefinition, res *Result) (func() error, error) {
 	svm := &svmv1.StorageVersionMigration{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: crd.Name + "-"},
 		Spec:       svmv1.StorageVersionMigrationSpec{Resource: metav1.GroupResource{Group: crd.Spec.Group, Resource: crd.Spec.Names.Plural}},
 	}
 	made, err := m.kube.StoragemigrationV1().StorageVersionMigrations().Create(ctx, svm, metav1.CreateOptions{})
 	if err != nil {
-		return fmt.Errorf("asking for a StorageVersionMigration: %w", err)
+		return nil, fmt.Errorf("asking for a StorageVersionMigration: %w", err)
 	}
 	res.Migration = made.Name
 	m.opts.Log("%s: StorageVersionMigration %s asked for", crd.Name, made.Name)
-	err = wait.PollUntilContextCancel(ctx, m.opts.Poll, true, func(ctx context.Context) (bool, error) {
-		got, err := m.kube.StoragemigrationV1().StorageVersionMigrations().Get(ctx, made.Name, metav1.GetOptions{})
+	return func() error {
+		err := wait.PollUntilContextCancel(ctx, m.opts.Poll, true, func(ctx context.Context) (bool, error) {
+			got, err := m.kube.StoragemigrationV1().StorageVersionMigrations().Get(ctx, made.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, nil // asked again at the next poll
+			}
+			if c := meta.FindStatusCondition(got.Status.Conditions, string(svmv1.MigrationFailed)); c != nil && c.Status == metav1.ConditionTrue {
+				return false, fmt.Errorf("StorageVersionMigration %s failed: %s: %s", made.Name, c.Reason, c.Message)
+			}
+			return meta.IsStatusConditionTrue(got.Status.Conditions, string(svmv1.MigrationSucceeded)), nil
+		})
 		if err != nil {
-			return false, nil // asked again at the next poll
+			if ctx.Err() != nil {
+				return fmt.Errorf("StorageVersionMigration %s has not succeeded (is kube-controller-manager's storage-version-migrator-controller running? --by-client rewrites the objects without it): %w", made.Name, ctx.Err())
+			}
+			return err
 		}
-		if c := meta.FindStatusCondition(got.Status.Conditions, string(svmv1.MigrationFailed)); c != nil && c.Status == metav1.ConditionTrue {
-			return false, fmt.Errorf("StorageVersionMigration %s failed: %s: %s", made.Name, c.Reason, c.Message)
-		}
-		return meta.IsStatusConditionTrue(got.Status.Conditions, string(svmv1.MigrationSucceeded)), nil
-	})
-	if err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("StorageVersionMigration %s has not succeeded (is kube-controller-manager's storage-version-migrator-controller running? --by-client rewrites the objects without it): %w", made.Name, ctx.Err())
-		}
-		return err
-	}
-	// The controller sets storedVersions once the migration has succeeded,
-	// unless the CRD changed meanwhile; then it is set here, as the
-	// objects are all at the storage version.
-	return m.storedAlone(ctx, crd.Name, res.Storage, controllerGrace)
+		m.opts.Log("%s: StorageVersionMigration %s succeeded", crd.Name, made.Name)
+		// The controller sets storedVersions once the migration has
+		// succeeded, unless the CRD changed meanwhile; then it is set
+		// here, as the objects are all at the storage version.
+		return m.storedAlone(ctx, crd.Name, res.Storage, controllerGrace)
+	}, nil
 }
 
 // controllerGrace is how long storedVersions is left to the migration's

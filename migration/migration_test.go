@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
@@ -43,6 +44,15 @@ func TestMain(m *testing.M) {
 // does. storedVersions lists both after.
 func twoVersions(t *testing.T, ctx context.Context, env *testenv.Env, group string, n int) (*apiextensionsv1.CustomResourceDefinition, dynamic.NamespaceableResourceInterface) {
 	t.Helper()
+	return twoVersionsOf(t, ctx, env, group, "Widget", n)
+}
+
+// twoVersionsOf is twoVersions of a kind of another name, for a group of
+// several CRDs.
+func twoVersionsOf(t *testing.T, ctx context.Context, env *testenv.Env, group, kind string, n int) (*apiextensionsv1.CustomResourceDefinition, dynamic.NamespaceableResourceInterface) {
+	t.Helper()
+	singular := strings.ToLower(kind)
+	plural := singular + "s"
 	ext := apiextensions.NewForConfigOrDie(env.Config)
 	schemaOf := &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{
 		Type: "object",
@@ -51,10 +61,10 @@ func twoVersions(t *testing.T, ctx context.Context, env *testenv.Env, group stri
 		},
 	}}
 	crd := &apiextensionsv1.CustomResourceDefinition{
-		ObjectMeta: metav1.ObjectMeta{Name: "widgets." + group},
+		ObjectMeta: metav1.ObjectMeta{Name: plural + "." + group},
 		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
 			Group: group, Scope: apiextensionsv1.NamespaceScoped,
-			Names: apiextensionsv1.CustomResourceDefinitionNames{Plural: "widgets", Singular: "widget", Kind: "Widget", ListKind: "WidgetList"},
+			Names: apiextensionsv1.CustomResourceDefinitionNames{Plural: plural, Singular: singular, Kind: kind, ListKind: kind + "List"},
 			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{
 				{Name: "v1", Served: true, Storage: true, Schema: schemaOf},
 				{Name: "v2", Served: true, Storage: false, Schema: schemaOf},
@@ -83,14 +93,14 @@ func twoVersions(t *testing.T, ctx context.Context, env *testenv.Env, group stri
 		t.Fatalf("the CRD is not established: %v", err)
 	}
 	dyn := dynamic.NewForConfigOrDie(env.Config)
-	r := dyn.Resource(schema.GroupVersionResource{Group: group, Version: "v1", Resource: "widgets"})
+	r := dyn.Resource(schema.GroupVersionResource{Group: group, Version: "v1", Resource: plural})
 	ns, err := env.Namespace(ctx, "migrate")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range n {
 		w := &unstructured.Unstructured{Object: map[string]any{
-			"apiVersion": group + "/v1", "kind": "Widget",
+			"apiVersion": group + "/v1", "kind": kind,
 			"metadata": map[string]any{"name": fmt.Sprintf("w%d", i), "namespace": ns},
 			"spec":     map[string]any{"size": int64(i)},
 		}}
@@ -118,7 +128,7 @@ func twoVersions(t *testing.T, ctx context.Context, env *testenv.Env, group stri
 	if got := crd.Status.StoredVersions; !slices.Equal(got, []string{"v1", "v2"}) {
 		t.Fatalf("storedVersions after the storage version changed: %v, want [v1 v2]", got)
 	}
-	return crd, dyn.Resource(schema.GroupVersionResource{Group: group, Version: "v2", Resource: "widgets"})
+	return crd, dyn.Resource(schema.GroupVersionResource{Group: group, Version: "v2", Resource: plural})
 }
 
 // rewrites counts, per object, the writes a watch sees while run runs.
@@ -315,7 +325,9 @@ func TestWrittenMeanwhileIsLeftAsItIs(t *testing.T) {
 
 // Where the StorageVersionMigration API is served but no controller
 // carries it out, the command says what to do instead of waiting in
-// silence, and the CRD still lists both versions.
+// silence, and the CRDs still list both versions. It asked for both CRDs'
+// migrations before it waited for either: one after the other, it would
+// never have asked for the second.
 func TestWithoutTheMigratorItSaysSo(t *testing.T) {
 	alone, err := testenv.StartWith(testenv.Options{})
 	if err != nil {
@@ -325,22 +337,37 @@ func TestWithoutTheMigratorItSaysSo(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const group = "alone.tests.machinist.dev"
-	crd, _ := twoVersions(t, ctx, alone, group, 3)
+	gadgets, _ := twoVersionsOf(t, ctx, alone, group, "Gadget", 2)
+	widgets, _ := twoVersions(t, ctx, alone, group, 3)
 	short, stop := context.WithTimeout(ctx, 5*time.Second)
 	defer stop()
 	results, err := migration.Run(short, alone.Config, migration.Options{Group: group, Poll: 200 * time.Millisecond})
 	if err == nil || !strings.Contains(err.Error(), "storage-version-migrator-controller") || !strings.Contains(err.Error(), "--by-client") {
 		t.Fatalf("Run without a migrator: %v; want an error naming the controller and --by-client", err)
 	}
-	if len(results) != 1 || results[0].Migration == "" {
-		t.Errorf("results %+v, want the migration it asked for named", results)
+	for _, crd := range []*apiextensionsv1.CustomResourceDefinition{gadgets, widgets} {
+		if !strings.Contains(err.Error(), crd.Name) {
+			t.Errorf("the error does not name %s: %v", crd.Name, err)
+		}
 	}
-	got, err := apiextensions.NewForConfigOrDie(alone.Config).ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
+	if len(results) != 2 || results[0].Migration == "" || results[1].Migration == "" {
+		t.Errorf("results %+v, want both migrations asked for and named", results)
+	}
+	asked, err := kubernetes.NewForConfigOrDie(alone.Config).StoragemigrationV1().StorageVersionMigrations().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(got.Status.StoredVersions, []string{"v1", "v2"}) {
-		t.Errorf("storedVersions %v after a migration that did not run, want [v1 v2]", got.Status.StoredVersions)
+	if len(asked.Items) != 2 {
+		t.Errorf("%d StorageVersionMigrations asked for, want 2 (one per CRD)", len(asked.Items))
+	}
+	for _, crd := range []*apiextensionsv1.CustomResourceDefinition{gadgets, widgets} {
+		got, err := apiextensions.NewForConfigOrDie(alone.Config).ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got.Status.StoredVersions, []string{"v1", "v2"}) {
+			t.Errorf("%s: storedVersions %v after a migration that did not run, want [v1 v2]", crd.Name, got.Status.StoredVersions)
+		}
 	}
 }
 
