@@ -89,6 +89,10 @@ type Options struct {
 	// no front proxy is set up for the verbs server. Tests run several
 	// beside a management cluster, so it starts no more than joining needs.
 	Workload bool
+	// CRDs, when set, are installed as they are instead of config/crd/bases:
+	// an earlier release's, for a test of an upgrade from it. A CRD among
+	// them that serves several versions converts through the tests' webhook.
+	CRDs []*apiextensionsv1.CustomResourceDefinition
 }
 
 // Root returns the repository's top directory, found from this file's path
@@ -178,6 +182,12 @@ func StartWith(opts Options) (*Env, error) {
 		if crds, err = config.CRDs(); err != nil {
 			_ = os.RemoveAll(dir)
 			return nil, err
+		}
+		if opts.CRDs != nil {
+			crds = make([]*apiextensionsv1.CustomResourceDefinition, len(opts.CRDs))
+			for i, crd := range opts.CRDs {
+				crds[i] = crd.DeepCopy()
+			}
 		}
 		if conv, err = startConversion(); err != nil {
 			_ = os.RemoveAll(dir)
@@ -347,9 +357,13 @@ func (e *Env) Namespace(ctx context.Context, prefix string) (string, error) {
 
 // Build compiles the repository's package pkg (such as "./cmd/machinist")
 // into the file out, for tests that run Machinist's binaries as processes.
-func Build(pkg, out string) error {
+func Build(pkg, out string) error { return BuildIn(Root(), pkg, out) }
+
+// BuildIn is Build of the module whose top directory is root: Machinist's
+// source of another commit, for a test of an upgrade from it.
+func BuildIn(root, pkg, out string) error {
 	cmd := exec.Command("go", "build", "-ldflags=-s -w", "-o", out, pkg)
-	cmd.Dir = Root()
+	cmd.Dir = root
 	// As the Makefile builds everything: see its notes on CGO_ENABLED and
 	// GO_LDFLAGS.
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
