@@ -148,6 +148,8 @@ func (s *verbStorage) record(ctx context.Context, namespace, name string, opts *
 		if err := disruption.Direct(s.client).Admit(ctx, disrupt, now); err != nil {
 			return nil, translateRefusal(err, name)
 		}
+		// A user name past requestedBy's bound is cut, not refused.
+		m.Status.Fit()
 		err := s.client.Status().Update(ctx, m)
 		if err == nil {
 			return m, nil

@@ -407,6 +407,7 @@ func (r *Reconciler) write(ctx context.Context, p *pass, t *target) error {
 	setCondition(m, t.v, p)
 	setUnseen(m, t.unseen, p)
 	setRemediating(m)
+	m.Status.Fit()
 	if !equality.Semantic.DeepEqual(t.before, &m.Status) {
 		if err := r.Client.Status().Update(ctx, m); err != nil {
 			return err

@@ -134,6 +134,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		m.Status.Phase = phases.Initial
 	}
 	keepTransitionTimes(before.Conditions, m.Status.Conditions)
+	// A provider's or a Node's words past the schema's bounds would have
+	// the write, and every later one, refused.
+	m.Status.Fit()
 	if !s.gone && !equality.Semantic.DeepEqual(before, &m.Status) {
 		m.Status.ObservedGeneration = m.Generation
 		if werr := r.Client.Status().Update(ctx, m); werr != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -507,6 +508,21 @@ var _ = Describe("The Machine controller", func() {
 			WithTransform(func(m *machinistv1.Machine) string { r, _ := m.Status.Failure(); return r }, Equal("CreateFailed")),
 			WithTransform(func(m *machinistv1.Machine) string { _, msg := m.Status.Failure(); return msg }, ContainSubstring("quota exceeded")),
 		))
+	})
+
+	It("fails a Machine on a provider error longer than a condition's message may be, keeping its start", func(ctx SpecContext) {
+		// A provider may say anything; a message past the schema's bound
+		// would make every status write of the Machine fail for ever.
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
+		long := "quota exceeded: " + strings.Repeat("x", 40000)
+		newClass(ctx, ns, "verbose", &inmemorySpec{FailCreate: long})
+		m := newMachine(ns, "doomed", "verbose")
+		Expect(k8s.Create(ctx, m)).To(Succeed())
+		Eventually(getMachine(ctx, m)).WithTimeout(30*time.Second).Should(And(
+			WithTransform(phase, Equal(machinistv1.MachineFailed)),
+			WithTransform(func(m *machinistv1.Machine) string { _, msg := m.Status.Failure(); return msg }, And(
+				ContainSubstring("quota exceeded: xxx"), HaveSuffix("..."), HaveLen(machinistv1.MaxMessageLength))),
+		), "the Machine failed, with the message cut to its bound")
 	})
 
 	It("fails a Machine whose Node never becomes Ready", func(ctx SpecContext) {

@@ -1,6 +1,8 @@
 package v1beta1
 
 import (
+	"unicode/utf8"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -403,10 +405,12 @@ type Operation struct {
 	// Type is the verb.
 	Type OperationType `json:"type"`
 	// ID identifies this request; it is returned to the caller.
+	// +kubebuilder:validation:MaxLength=64
 	ID string `json:"id"`
 	// State is how far the operation has come.
 	State OperationState `json:"state"`
 	// RequestedBy is the user who asked for it.
+	// +kubebuilder:validation:MaxLength=1024
 	// +optional
 	RequestedBy string `json:"requestedBy,omitempty"`
 	// RequestedAt is when it was asked for.
@@ -419,6 +423,7 @@ type Operation struct {
 	// +optional
 	CompletedAt *metav1.Time `json:"completedAt,omitempty"`
 	// Message says what happened, especially why it failed.
+	// +kubebuilder:validation:MaxLength=32768
 	// +optional
 	Message string `json:"message,omitempty"`
 	// Reason is why a Pending operation waits, in one word that clients
@@ -576,6 +581,42 @@ func (s *MachineStatus) Failure() (reason, message string) {
 		return c.Reason, c.Message
 	}
 	return "", ""
+}
+
+// The bounds of the free-text strings of a Machine's status: a
+// condition's message (metav1.Condition's own bound), an operation's
+// message and who requested it.
+const (
+	MaxMessageLength     = 32768
+	MaxRequestedByLength = 1024
+)
+
+// Fit cuts what the status holds of free text (condition messages, the
+// operation's message and requestedBy) to the schema's bounds, ending
+// each string it cuts in "...". Providers, nodes and users say what they
+// say; a status write past a bound would be refused, and the Machine's
+// every write after it, for ever.
+func (s *MachineStatus) Fit() {
+	for i := range s.Conditions {
+		s.Conditions[i].Message = fit(s.Conditions[i].Message, MaxMessageLength)
+	}
+	if op := s.Operation; op != nil {
+		op.Message = fit(op.Message, MaxMessageLength)
+		op.RequestedBy = fit(op.RequestedBy, MaxRequestedByLength)
+	}
+}
+
+// fit cuts s to at most n bytes, ending in "...", without splitting a
+// UTF-8 sequence.
+func fit(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n - len("...")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
 }
 
 // Machine is one machine (and so one Node), driven through its lifecycle
