@@ -14,7 +14,7 @@ type DrainSettings struct {
 	// Timeout bounds the whole drain. When it passes the Machine goes on
 	// (a deletion deletes anyway) and its Drained condition says so. Unset or
 	// zero means no limit: a drain waits as long as a budget refuses.
-	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|ms|s|m|h))+$')",message="drain timeout must be a duration such as 90s, 5m or 1h30m"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|µs|μs|ms|s|m|h))+$')",message="drain timeout must be a duration such as 90s, 5m or 1h30m"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +optional
@@ -31,7 +31,7 @@ type DrainSettings struct {
 	// Node to go. When it passes the Machine goes on with an Event saying
 	// so. Unset or zero means no limit: an instance is never deleted or
 	// re-imaged under an attached volume.
-	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|ms|s|m|h))+$')",message="drain volumeDetachTimeout must be a duration such as 90s, 5m or 1h30m"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|µs|μs|ms|s|m|h))+$')",message="drain volumeDetachTimeout must be a duration such as 90s, 5m or 1h30m"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +optional
@@ -41,7 +41,7 @@ type DrainSettings struct {
 	// Machine's Node is tried, once its instance is gone, before it is
 	// given up with an Event and the Machine goes. Unset means 10s; zero
 	// means no limit.
-	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|ms|s|m|h))+$')",message="drain nodeDeletionTimeout must be a duration such as 10s, 5m or 1h30m"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|µs|μs|ms|s|m|h))+$')",message="drain nodeDeletionTimeout must be a duration such as 10s, 5m or 1h30m"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +optional

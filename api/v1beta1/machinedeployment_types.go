@@ -244,7 +244,7 @@ type MachineDeploymentSpec struct {
 	// one at a time for the deployment and within the
 	// MachineDisruptionBudgets that select it (reason Expiry). Unset:
 	// Machines live until something else replaces them.
-	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('1s')",message="expireAfter must be a duration of at least 1s, such as 720h"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|µs|μs|ms|s|m|h))+$') && duration(self) >= duration('1s')",message="expireAfter must be a duration of at least 1s, such as 720h"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +optional

@@ -74,7 +74,7 @@ type DisruptionWindow struct {
 	Schedule string `json:"schedule"`
 
 	// Duration is how long the window stays open each time, such as 4h.
-	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|ms|s|m|h))+$') && duration(self) > duration('0s')",message="duration must be a positive duration such as 30m or 4h"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|µs|μs|ms|s|m|h))+$') && duration(self) > duration('0s')",message="duration must be a positive duration such as 30m or 4h"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	Duration metav1.Duration `json:"duration"`

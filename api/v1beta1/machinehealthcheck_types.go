@@ -17,7 +17,7 @@ type MachineHealthCheckSpec struct {
 	// NodeStartupTimeout is how long a Machine may go without a Ready Node
 	// after its provisioning started before it is unhealthy. Zero turns the
 	// check off.
-	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|ms|s|m|h))+$')",message="nodeStartupTimeout must be a duration such as 90s, 10m or 1h"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|µs|μs|ms|s|m|h))+$')",message="nodeStartupTimeout must be a duration such as 90s, 10m or 1h"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:default="10m"
@@ -65,8 +65,10 @@ type UnhealthyNodeCondition struct {
 	// +kubebuilder:validation:Enum=True;False;Unknown
 	Status string `json:"status"`
 
-	// Timeout is how long the condition must have held.
-	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|ms|s|m|h))+$')",message="a condition's timeout must be a duration such as 60s or 5m"
+	// Timeout is how long the condition must have held; more than zero, as
+	// a condition counts only once it has held for a while.
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|µs|μs|ms|s|m|h))+$')",message="a condition's timeout must be a duration such as 60s or 5m"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|µs|μs|ms|s|m|h))+$') || duration(self) > duration('0s')",message="a condition's timeout must be more than 0s: a condition makes a Machine unhealthy only once it has held for a while, such as 60s"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	Timeout metav1.Duration `json:"timeout"`
@@ -112,8 +114,8 @@ type Remediation struct {
 
 	// Cooldown is how long a remediated Machine is remembered: one that
 	// falls unhealthy again within it starts on the rung after the one that
-	// last healed it, not on the first.
-	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|ms|s|m|h))+$')",message="cooldown must be a duration such as 30m or 1h"
+	// last healed it, not on the first. 0s turns the memory off.
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|µs|μs|ms|s|m|h))+$')",message="cooldown must be a duration such as 30m or 1h"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:default="30m"
@@ -138,7 +140,7 @@ type Rung struct {
 	// Timeout is how long a Reboot or Repair rung may take to bring the
 	// Machine back healthy, from when it starts; after that the next rung
 	// starts. It is also the operation's timeoutSeconds.
-	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('1s')",message="a rung's timeout must be a duration of at least 1s, such as 5m"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]{1,5}(\\\\.[0-9]{1,9})?(ns|us|µs|μs|ms|s|m|h))+$') && duration(self) >= duration('1s')",message="a rung's timeout must be a duration of at least 1s, such as 5m"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
 	// +optional

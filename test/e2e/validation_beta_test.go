@@ -1,11 +1,13 @@
 package e2e
 
 import (
+	"fmt"
 	"strings"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -179,6 +181,15 @@ var betaCases = []betaCase{
 		want: "spec.maxDisrupted: Invalid value: 100001: maxDisrupted must be a whole number of Machines (0 to 100000) or a percentage from 0% to 100%",
 	},
 	{
+		name: "MachineHealthCheck whose condition would count at once (timeout 0s)",
+		build: func(ns string) client.Object {
+			return beta(fullMachineHealthCheck(ns, "atonce"), func(hc *v1beta1.MachineHealthCheck) {
+				hc.Spec.UnhealthyNodeConditions[0].Timeout = metav1.Duration{}
+			})
+		},
+		want: `spec.unhealthyNodeConditions[0].timeout: Invalid value: "0s": ` + betaConditionTimeoutMsg,
+	},
+	{
 		name: "MachineClass with a taint written without a key, at v1beta1",
 		build: func(ns string) client.Object {
 			return &unstructured.Unstructured{Object: map[string]any{
@@ -197,8 +208,9 @@ var betaCases = []betaCase{
 
 // The messages of v1beta1's rules that several cases break.
 const (
-	betaReplicasMsg      = "replicas must be at most 100000: a larger number is more likely a typo than a fleet"
-	betaEmptySelectorMsg = "selector must not be empty: an empty selector would pick every Machine in the namespace; to mean every Machine, say so with a matchExpressions entry they all meet"
+	betaReplicasMsg         = "replicas must be at most 100000: a larger number is more likely a typo than a fleet"
+	betaEmptySelectorMsg    = "selector must not be empty: an empty selector would pick every Machine in the namespace; to mean every Machine, say so with a matchExpressions entry they all meet"
+	betaConditionTimeoutMsg = "a condition's timeout must be more than 0s: a condition makes a Machine unhealthy only once it has held for a while, such as 60s"
 )
 
 // toBeta converts a v1alpha1 object to v1beta1 as the webhook would. A
@@ -263,6 +275,38 @@ var _ = Describe("API validation at v1beta1", func() {
 		},
 		entries,
 	)
+
+	It("takes durations in microseconds as Go writes them (µs), and as people type them (us, μs)", func(ctx SpecContext) {
+		// Go's metav1.Duration writes a value under a millisecond as
+		// "500µs"; a controller that copies such a duration (a template
+		// into its MachineSet) must not have its write refused.
+		ns := env.NewNamespace(GinkgoTB(), "e2e")
+		for i, d := range []string{"500µs", "500μs", "500us", "1m0.5s", "1h30m"} {
+			hc := &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": v1beta1.GroupVersion.String(), "kind": "MachineHealthCheck",
+				"metadata": map[string]any{"namespace": ns, "name": fmt.Sprintf("micro-%d", i)},
+				"spec": map[string]any{
+					"selector":                map[string]any{"matchLabels": map[string]any{"pool": "a"}},
+					"unhealthyNodeConditions": []any{map[string]any{"type": "Ready", "status": "False", "timeout": d}},
+					"remediation": map[string]any{
+						"cooldown": d,
+						"ladder":   []any{map[string]any{"action": "Reboot", "timeout": "1m" + d}},
+					},
+				},
+			}}
+			Expect(k8s.Create(ctx, hc)).To(Succeed(), "a duration of %s", d)
+			budget := &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": v1beta1.GroupVersion.String(), "kind": "MachineDisruptionBudget",
+				"metadata": map[string]any{"namespace": ns, "name": fmt.Sprintf("micro-%d", i)},
+				"spec": map[string]any{
+					"selector":     map[string]any{"matchLabels": map[string]any{"pool": "a"}},
+					"maxDisrupted": 1,
+					"windows":      []any{map[string]any{"schedule": "@daily", "duration": d}},
+				},
+			}}
+			Expect(k8s.Create(ctx, budget)).To(Succeed(), "a window of %s", d)
+		}
+	})
 
 	betaEntries := make([]TableEntry, 0, len(betaCases))
 	for _, c := range betaCases {
