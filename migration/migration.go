@@ -98,6 +98,13 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) ([]Result, error) 
 	if opts.Log == nil {
 		opts.Log = func(string, ...any) {}
 	}
+	if cfg.QPS == 0 && cfg.RateLimiter == nil {
+		// One poll a second for each of several migrations at once is
+		// more than client-go's default 5 requests a second, which would
+		// hold the polls back and say so on standard error.
+		cfg = rest.CopyConfig(cfg)
+		cfg.QPS, cfg.Burst = 50, 100
+	}
 	ext, err := apiextensions.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
