@@ -941,9 +941,19 @@ func (p *Provider) kill(pid int, providerID string) error {
 // scan finds the live boots in /proc, by providerID, as isBoot checks
 // for one PID.
 func (p *Provider) scan() (map[string][]int, error) {
-	entries, err := os.ReadDir("/proc")
+	found, err := processes(p.hw.Owner)
 	if err != nil {
 		return nil, p.errorf("finding the machines' processes: %w", err)
+	}
+	return found, nil
+}
+
+// processes finds this host's processes that owner recognises, by the
+// providerID it says they serve.
+func processes(owner func(argv []string) string) (map[string][]int, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
 	}
 	found := map[string][]int{}
 	for _, e := range entries {
@@ -951,11 +961,58 @@ func (p *Provider) scan() (map[string][]int, error) {
 		if err != nil || pid <= 0 {
 			continue
 		}
-		if id := p.hw.Owner(argv(pid)); id != "" {
+		if id := owner(argv(pid)); id != "" {
 			found[id] = append(found[id], pid)
 		}
 	}
 	return found, nil
+}
+
+// Agents finds the agent processes running on this host, by the
+// providerID each serves, as a provider taking its machines over finds
+// them: for whoever looks at the machines from outside, such as a test
+// that checks none was restarted.
+func Agents() (map[string][]int, error) { return processes(agents{}.Owner) }
+
+// Instance is what a state directory records of one machine.
+type Instance struct {
+	Namespace, Name string
+	UID             types.UID
+	ProviderID      string
+	// Restarts counts the reboots and repairs carried out.
+	Restarts int
+}
+
+// Instances reads the machines a state directory holds, of every
+// namespace. A directory whose state file was never written (a Create
+// that died first) is listed with no providerID: it is still something
+// the provider holds, until that Create runs again or the Machine goes.
+func Instances(stateDir string) ([]Instance, error) {
+	entries, err := os.ReadDir(stateDir)
+	if err != nil {
+		return nil, err
+	}
+	var out []Instance
+	for _, e := range entries {
+		// <namespace>_<name>_<uid>: Kubernetes names hold no '_'.
+		parts := strings.Split(e.Name(), "_")
+		if !e.IsDir() || len(parts) != 3 {
+			continue
+		}
+		var st state
+		raw, err := os.ReadFile(filepath.Join(stateDir, e.Name(), StateFile))
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+		case err != nil:
+			return nil, err
+		default:
+			if err := json.Unmarshal(raw, &st); err != nil {
+				return nil, fmt.Errorf("%s: %w", filepath.Join(stateDir, e.Name(), StateFile), err)
+			}
+		}
+		out = append(out, Instance{Namespace: parts[0], Name: parts[1], UID: types.UID(parts[2]), ProviderID: st.ProviderID, Restarts: st.Restarts})
+	}
+	return out, nil
 }
 
 // isBoot reports whether pid is a live boot of providerID. A PID alone

@@ -1,78 +1,55 @@
 package chaos_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
+	"io/fs"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/machinist-dev/machinist/actuators/process"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 )
-
-// instance is what the process provider holds for one Machine: its
-// directory and state file.
-type instance struct {
-	ProviderID string `json:"providerID"`
-	Restarts   int    `json:"restarts"`
-	uid        types.UID
-}
 
 // books is the provider's side of a run: instances by Machine UID, and the
 // agent processes running, by providerID.
 type books struct {
-	dirs   map[types.UID]instance
+	dirs   map[types.UID]process.Instance
 	agents map[string][]int
 }
 
 // books reads the provider's state directory and /proc. Only this run's
 // namespace counts.
 func (r *run) books() books {
-	b := books{dirs: map[types.UID]instance{}, agents: agents(r.ns)}
-	entries, _ := os.ReadDir(r.machines)
-	for _, e := range entries {
-		parts := strings.Split(e.Name(), "_")
-		if !e.IsDir() || len(parts) != 3 || parts[0] != r.ns {
-			continue
+	b := books{dirs: map[types.UID]process.Instance{}, agents: agents(r.ns)}
+	instances, err := process.Instances(r.machines)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		r.t.Fatalf("reading the provider's state directory: %v", err)
+	}
+	for _, in := range instances {
+		if in.Namespace == r.ns {
+			b.dirs[in.UID] = in
 		}
-		in := instance{uid: types.UID(parts[2])}
-		raw, err := os.ReadFile(filepath.Join(r.machines, e.Name(), "state.json"))
-		if err == nil {
-			_ = json.Unmarshal(raw, &in)
-		}
-		b.dirs[in.uid] = in
 	}
 	return b
 }
 
 // agents lists the running agent processes of namespace ns's Machines by
-// providerID, from their command lines.
+// providerID.
 func agents(ns string) map[string][]int {
+	all, err := process.Agents()
+	if err != nil {
+		panic(err) // /proc is always there on Linux
+	}
 	out := map[string][]int{}
-	prefix := "--provider-id=process:///" + ns + "/"
-	dirs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, path := range dirs {
-		raw, err := os.ReadFile(path)
-		if err != nil || len(raw) == 0 {
-			continue
-		}
-		args := bytes.Split(bytes.TrimRight(raw, "\x00"), []byte{0})
-		if len(args) < 2 || string(args[1]) != "agent" {
-			continue
-		}
-		for _, a := range args {
-			if id, ok := strings.CutPrefix(string(a), "--provider-id="); ok && strings.HasPrefix(string(a), prefix) {
-				pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(path)))
-				out[id] = append(out[id], pid)
-			}
+	for id, pids := range all {
+		if strings.HasPrefix(id, "process:///"+ns+"/") {
+			out[id] = pids
 		}
 	}
 	return out
