@@ -224,25 +224,32 @@ func TemplateHash(t machinistv1.MachineTemplateSpec) string {
 // current one, and an upgrade replaces no Machine. Kubernetes' Deployment
 // controller finds its ReplicaSets the same way for the same reason.
 func currentSet(md *machinistv1.MachineDeployment, sets []*machinistv1.MachineSet, hash string) *machinistv1.MachineSet {
-	var equal *machinistv1.MachineSet
 	for _, ms := range sets {
 		if ms.Labels[machinistv1.TemplateHashLabel] == hash {
 			return ms
 		}
-		if equalIgnoringHash(ms.Spec.Template, md.Spec.Template) && (equal == nil || revision(ms) > revision(equal)) {
+	}
+	// No label matches: an earlier release's set keeps the label it was
+	// given, so an upgraded deployment looks here at every reconcile
+	// until its template next changes (a comparison per set, copying
+	// only the labels).
+	var equal *machinistv1.MachineSet
+	for _, ms := range sets {
+		if (equal == nil || revision(ms) > revision(equal)) && equalIgnoringHash(ms.Spec.Template, md.Spec.Template) {
 			equal = ms
 		}
 	}
 	return equal
 }
 
-// equalIgnoringHash says whether two templates are equal once neither has
-// the template hash label.
+// equalIgnoringHash says whether two templates are equal but for the
+// template hash label.
 func equalIgnoringHash(a, b machinistv1.MachineTemplateSpec) bool {
-	a, b = *a.DeepCopy(), *b.DeepCopy()
-	delete(a.Metadata.Labels, machinistv1.TemplateHashLabel)
-	delete(b.Metadata.Labels, machinistv1.TemplateHashLabel)
-	return equality.Semantic.DeepEqual(a, b)
+	la, lb := maps.Clone(a.Metadata.Labels), maps.Clone(b.Metadata.Labels)
+	delete(la, machinistv1.TemplateHashLabel)
+	delete(lb, machinistv1.TemplateHashLabel)
+	return equality.Semantic.DeepEqual(la, lb) && equality.Semantic.DeepEqual(a.Metadata.Annotations, b.Metadata.Annotations) &&
+		equality.Semantic.DeepEqual(a.Spec, b.Spec)
 }
 
 func revision(o metav1.Object) int64 {
