@@ -132,7 +132,7 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) ([]Result, error) 
 	}
 	m := &migrator{opts: opts, ext: ext, kube: kube, dyn: dyn}
 	var out []Result
-	var todo []*apiextensionsv1.CustomResourceDefinition
+	var ours []*apiextensionsv1.CustomResourceDefinition // out[i] is ours[i]'s
 	items := crds.Items
 	slices.SortFunc(items, func(a, b apiextensionsv1.CustomResourceDefinition) int { return cmp.Compare(a.Name, b.Name) })
 	for i := range items {
@@ -144,39 +144,30 @@ func Run(ctx context.Context, cfg *rest.Config, opts Options) ([]Result, error) 
 		if res.Storage == "" {
 			return nil, fmt.Errorf("%s has no storage version", crd.Name)
 		}
-		out = append(out, res)
-		if res.Needed() {
-			todo = append(todo, crd)
-		}
+		out, ours = append(out, res), append(ours, crd)
 	}
 	errs := make([]error, len(out))
 	var wg sync.WaitGroup
-	for i := range out {
+	for i, crd := range ours {
 		res := &out[i]
 		if !res.Needed() {
 			continue
 		}
-		crd := todo[0]
-		todo = todo[1:]
 		opts.Log("%s: stored as %v, migrating to %s", crd.Name, res.Before, res.Storage)
 		if byClient {
-			if errs[i] = m.byClient(ctx, crd, res); errs[i] != nil {
-				errs[i] = fmt.Errorf("%s: %w", crd.Name, errs[i])
-			}
-			continue
+			errs[i] = m.byClient(ctx, crd, res)
+		} else if wait, err := m.byMigration(ctx, crd, res); err != nil {
+			errs[i] = err
+		} else {
+			wg.Go(func() { errs[i] = wait() })
 		}
-		wait, err := m.byMigration(ctx, crd, res)
-		if err != nil {
-			errs[i] = fmt.Errorf("%s: %w", crd.Name, err)
-			continue
-		}
-		wg.Go(func() {
-			if err := wait(); err != nil {
-				errs[i] = fmt.Errorf("%s: %w", crd.Name, err)
-			}
-		})
 	}
 	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			errs[i] = fmt.Errorf("%s: %w", out[i].CRD, err)
+		}
+	}
 	return out, errors.Join(errs...)
 }
 
