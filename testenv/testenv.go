@@ -293,14 +293,25 @@ func (e *Env) Stop() error {
 // Kubectl runs the real kubectl from BinDir against this control plane and
 // returns its standard output; an error carries standard error.
 func (e *Env) Kubectl(ctx context.Context, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, filepath.Join(BinDir(), "kubectl"), append([]string{"--kubeconfig", e.Kubeconfig}, args...)...)
-	cmd.Dir = e.Root
+	cmd := e.KubectlCommand(ctx, args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
 		return stdout.String(), fmt.Errorf("kubectl %v: %w: %s", args, err, stderr.String())
 	}
 	return stdout.String(), nil
+}
+
+// KubectlCommand is the real kubectl from BinDir with args, run from the
+// repository's top, its KUBECONFIG this control plane's (flags given
+// before a plugin's name are refused, so the kubeconfig is not one), for a
+// test that needs more than Kubectl: standard input, standard error, a
+// plugin on PATH.
+func (e *Env) KubectlCommand(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, filepath.Join(BinDir(), "kubectl"), args...)
+	cmd.Dir = e.Root
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+e.Kubeconfig)
+	return cmd
 }
 
 // Run is a TestMain body: it starts a control plane, hands it to ready,

@@ -6,10 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -29,6 +29,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/machinist-dev/machinist/actuators/process"
 	"github.com/machinist-dev/machinist/api/v1alpha1"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/apiserver"
@@ -169,7 +170,7 @@ func TestAnUpgradeFromV1alpha1LosesNothing(t *testing.T) {
 	state := t.TempDir()
 	// The agents outlive the managers, as machines do; they end with the
 	// test (registered after TempDir, so run before it is removed).
-	t.Cleanup(func() { killAgents(ns) })
+	t.Cleanup(func() { killAgents(t, ns) })
 
 	// The earlier release's manager runs the fleet, and reboots a Machine.
 	previousManager := startManager(t, "previous", previous, state)
@@ -181,16 +182,7 @@ func TestAnUpgradeFromV1alpha1LosesNothing(t *testing.T) {
 	if _, stderr, err := kubectl(ctx, "", "annotate", "-n", ns, "machines.v1alpha1.machinist.dev/"+rebooted, v1alpha1.RequestAnnotation+"=reboot"); err != nil {
 		t.Fatalf("asking for a reboot at v1alpha1: %v\n%s", err, stderr)
 	}
-	testenv.WaitFor(t, 2*time.Minute, "the earlier release's reboot of "+rebooted, func() error {
-		m := &v1alpha1.Machine{}
-		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: rebooted}, m); err != nil {
-			return err
-		}
-		if op := m.Status.Operation; op == nil || op.Type != v1alpha1.OperationReboot || op.State != v1alpha1.OperationSucceeded || m.Status.Phase != v1alpha1.MachineRunning {
-			return fmt.Errorf("phase %s, operation %+v", m.Status.Phase, m.Status.Operation)
-		}
-		return nil
-	})
+	waitRebooted(t, ns, rebooted, "v1alpha1")
 	waitForFleet(t, ns, 10, previousManager)
 	start := snapshot(t, ns, state, "v1alpha1")
 	if got := start.restarts[start.machines[rebooted].UID]; got != 1 {
@@ -356,16 +348,7 @@ func TestAnUpgradeFromV1alpha1LosesNothing(t *testing.T) {
 	if stdout, stderr, err := kubectl(ctx, "", "machine", "reboot", other, "-n", ns); err != nil {
 		t.Fatalf("kubectl machine reboot %s: %v\n%s%s", other, err, stdout, stderr)
 	}
-	testenv.WaitFor(t, 2*time.Minute, "the current release's reboot of "+other, func() error {
-		m := &machinistv1.Machine{}
-		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: other}, m); err != nil {
-			return err
-		}
-		if op := m.Status.Operation; op == nil || op.Type != machinistv1.OperationReboot || op.State != machinistv1.OperationSucceeded || m.Status.Phase != machinistv1.MachineRunning {
-			return fmt.Errorf("phase %s, operation %+v", m.Status.Phase, m.Status.Operation)
-		}
-		return nil
-	})
+	waitRebooted(t, ns, other, "v1beta1")
 	if _, stderr, err := kubectl(ctx, "", "scale", "-n", ns, "machinedeployment/web", "--replicas=11"); err != nil {
 		t.Fatalf("kubectl scale: %v\n%s", err, stderr)
 	}
@@ -402,14 +385,14 @@ type books struct {
 	machines map[string]machine
 	sets     map[string]types.UID
 	restarts map[types.UID]int
-	agents   map[string]int // by providerID
+	agents   map[string][]int // by providerID
 }
 
 // snapshot reads the fleet at version (v1alpha1 before the upgrade,
 // v1beta1 after it) and the process provider's state directory.
 func snapshot(t *testing.T, ns, state, version string) books {
 	t.Helper()
-	b := books{machines: map[string]machine{}, sets: map[string]types.UID{}, restarts: map[types.UID]int{}, agents: agents(ns)}
+	b := books{machines: map[string]machine{}, sets: map[string]types.UID{}, restarts: map[types.UID]int{}, agents: agents(t, ns)}
 	for _, m := range list(t, ns, "machines", version) {
 		op, _, _ := unstructured.NestedMap(m.Object, "status", "operation")
 		providerID, _, _ := unstructured.NestedString(m.Object, "status", "providerID")
@@ -419,26 +402,14 @@ func snapshot(t *testing.T, ns, state, version string) books {
 	for _, ms := range list(t, ns, "machinesets", version) {
 		b.sets[ms.GetName()] = ms.GetUID()
 	}
-	entries, err := os.ReadDir(state)
+	instances, err := process.Instances(state)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range entries {
-		parts := strings.Split(e.Name(), "_")
-		if !e.IsDir() || len(parts) != 3 || parts[0] != ns {
-			continue
+	for _, in := range instances {
+		if in.Namespace == ns {
+			b.restarts[in.UID] = in.Restarts
 		}
-		raw, err := os.ReadFile(filepath.Join(state, e.Name(), "state.json"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var in struct {
-			Restarts int `json:"restarts"`
-		}
-		if err := json.Unmarshal(raw, &in); err != nil {
-			t.Fatalf("%s: %v", e.Name(), err)
-		}
-		b.restarts[types.UID(parts[2])] = in.Restarts
 	}
 	return b
 }
@@ -457,8 +428,8 @@ func (b books) compare(t *testing.T, earlier books) {
 		if b.restarts[was.UID] != earlier.restarts[was.UID] {
 			t.Errorf("Machine %s's instance restarted: %d restarts before, %d after", name, earlier.restarts[was.UID], b.restarts[was.UID])
 		}
-		if b.agents[was.ProviderID] != earlier.agents[was.ProviderID] {
-			t.Errorf("Machine %s's agent was process %d, is %d", name, earlier.agents[was.ProviderID], b.agents[was.ProviderID])
+		if !slices.Equal(b.agents[was.ProviderID], earlier.agents[was.ProviderID]) {
+			t.Errorf("Machine %s's agent was process %v, is %v", name, earlier.agents[was.ProviderID], b.agents[was.ProviderID])
 		}
 	}
 	for name := range b.machines {
@@ -466,21 +437,9 @@ func (b books) compare(t *testing.T, earlier books) {
 			t.Errorf("Machine %s is new", name)
 		}
 	}
-	if !mapsEqual(b.sets, earlier.sets) {
+	if !maps.Equal(b.sets, earlier.sets) {
 		t.Errorf("MachineSets were %v, are %v", earlier.sets, b.sets)
 	}
-}
-
-func mapsEqual[K, V comparable](a, b map[K]V) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // list lists ns's objects of resource at version.
@@ -530,7 +489,7 @@ func waitQuiet(t *testing.T, ns string, quiet time.Duration, m *manager) map[str
 			t.Fatalf("the %s manager exited: %v", m.name, err)
 		}
 		time.Sleep(time.Second)
-		if now := versions(t, ns); !mapsEqual(now, last) {
+		if now := versions(t, ns); !maps.Equal(now, last) {
 			last, since = now, time.Now()
 		}
 	}
@@ -644,6 +603,26 @@ func waitForFleet(t *testing.T, ns string, replicas int, m *manager) {
 	})
 }
 
+// waitRebooted waits until Machine name of ns, read at version, is
+// Running again after a reboot that Succeeded.
+func waitRebooted(t *testing.T, ns, name, version string) {
+	t.Helper()
+	testenv.WaitFor(t, 2*time.Minute, "the reboot of "+name+", read at "+version, func() error {
+		m, err := dynamicClient(t).Resource(schema.GroupVersionResource{Group: "machinist.dev", Version: version, Resource: "machines"}).
+			Namespace(ns).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		phase, _, _ := unstructured.NestedString(m.Object, "status", "phase")
+		typ, _, _ := unstructured.NestedString(m.Object, "status", "operation", "type")
+		state, _, _ := unstructured.NestedString(m.Object, "status", "operation", "state")
+		if typ != "Reboot" || state != "Succeeded" || phase != "Running" {
+			return fmt.Errorf("phase %s, operation %s %s", phase, typ, state)
+		}
+		return nil
+	})
+}
+
 // machinesAtV1alpha1 lists ns's Machines through the earlier release's
 // version, sorted by name.
 func machinesAtV1alpha1(t *testing.T, ns string) []v1alpha1.Machine {
@@ -700,45 +679,32 @@ func kubectl(ctx context.Context, stdin string, args ...string) (string, string,
 		// kubectl refuses flags before a plugin's name.
 		args = append([]string{"--cache-dir", kubectlCache}, args...)
 	}
-	cmd := exec.CommandContext(ctx, filepath.Join(testenv.BinDir(), "kubectl"), args...)
+	cmd := env.KubectlCommand(ctx, args...)
 	cmd.Stdin = strings.NewReader(stdin)
 	// The plugin, kubectl-machine, is found on PATH.
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+env.Kubeconfig, "PATH="+plugins+string(os.PathListSeparator)+os.Getenv("PATH"))
+	cmd.Env = append(cmd.Env, "PATH="+plugins+string(os.PathListSeparator)+os.Getenv("PATH"))
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
 	return stdout.String(), stderr.String(), err
 }
 
-// agents finds the running agent process of each of ns's Machines, by
-// providerID, from their command lines.
-func agents(ns string) map[string]int {
-	out := map[string]int{}
-	prefix := "--provider-id=process:///" + ns + "/"
-	paths, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, path := range paths {
-		raw, err := os.ReadFile(path)
-		if err != nil || len(raw) == 0 {
-			continue
-		}
-		args := bytes.Split(bytes.TrimRight(raw, "\x00"), []byte{0})
-		if len(args) < 2 || string(args[1]) != "agent" {
-			continue
-		}
-		for _, a := range args {
-			if id, ok := strings.CutPrefix(string(a), "--provider-id="); ok && strings.HasPrefix(string(a), prefix) {
-				var pid int
-				_, _ = fmt.Sscanf(filepath.Base(filepath.Dir(path)), "%d", &pid)
-				out[id] = pid
-			}
-		}
+// agents finds the running agent processes of ns's Machines, by
+// providerID.
+func agents(t *testing.T, ns string) map[string][]int {
+	all, err := process.Agents()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return out
+	maps.DeleteFunc(all, func(id string, _ []int) bool { return !strings.HasPrefix(id, "process:///"+ns+"/") })
+	return all
 }
 
 // killAgents ends every agent of ns's Machines.
-func killAgents(ns string) {
-	for _, pid := range agents(ns) {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
+func killAgents(t *testing.T, ns string) {
+	for _, pids := range agents(t, ns) {
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
 	}
 }
