@@ -199,6 +199,39 @@ func TestRebootThroughTheAggregator(t *testing.T) {
 	g.Expect(string(raw)).To(ContainSubstring(`"state":"Succeeded"`))
 }
 
+// TestAUserNameLongerThanRequestedByMayBe: Kubernetes bounds no user
+// name, the schema bounds requestedBy; the name is cut to fit, and the
+// request is taken rather than refused by its own status write.
+func TestAUserNameLongerThanRequestedByMayBe(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := env.NewNamespace(t, "verbs", testenv.Class{Name: testenv.Small.Name, Spec: "{}"})
+	m := running(t, ctx, ns, "m0", "small")
+	user := "oidc:https://sso.example.com/" + strings.Repeat("u", machinistv1.MaxRequestedByLength)
+	g.Expect(env.Client.Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "long-named-operator"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "machinist-machine-operator"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: user}},
+	})).To(Succeed())
+
+	var code int
+	var body string
+	// RBAC's cache learns of the binding a moment after it is written.
+	g.Eventually(func() int {
+		code, body = put(ctx, user, ns, "m0", "reboot", "")
+		return code
+	}).WithTimeout(wait).Should(Equal(http.StatusAccepted), func() string { return body })
+	var op subresourcesv1.MachineOperation
+	g.Expect(json.Unmarshal([]byte(body), &op)).To(Succeed())
+	g.Expect(op.RequestedBy).To(And(HaveLen(machinistv1.MaxRequestedByLength), HavePrefix("oidc:https://sso.example.com/uuu"), HaveSuffix("...")))
+	g.Eventually(func(g Gomega) {
+		got := get(g, ctx, m)
+		g.Expect(got.Status.Operation.ID).To(Equal(op.ID))
+		g.Expect(got.Status.Operation.State).To(Equal(machinistv1.OperationSucceeded))
+		g.Expect(got.Status.Operation.RequestedBy).To(Equal(op.RequestedBy))
+	}).WithTimeout(wait).Should(Succeed())
+}
+
 func TestRefusals(t *testing.T) {
 	ctx := context.Background()
 	ns := env.NewNamespace(t, "verbs", testenv.Class{Name: testenv.Small.Name, Spec: `{"rebootLatency":"1m"}`})

@@ -482,6 +482,30 @@ func TestFailedMachineSkipsRebootButIsRepaired(t *testing.T) {
 	}
 }
 
+// A Failed Machine's message, as long as a condition's may be, is quoted
+// in the health check's own condition on it, cut to fit: whole, it would
+// have the health check's every write of the Machine refused.
+func TestAFailureAsLongAsAMessageMayBeIsQuotedCut(t *testing.T) {
+	t.Parallel()
+	ns := setup(t, "longfail", `{"failCreate": "quota exceeded: `+strings.Repeat("x", machinistv1.MaxMessageLength)+`"}`)
+	m := &machinistv1.Machine{}
+	m.Namespace, m.Name, m.Labels = ns, "doomed", map[string]string{"pool": "doomed"}
+	m.Spec.ClassRef.Name, m.Spec.Version = "small", "v1.37.2"
+	create(t, m)
+	create(t, healthCheck(ns, "doomed", rung(repair, 2*time.Second)))
+	testenv.WaitFor(t, wait, "the health check's verdict on the Failed Machine", func() error {
+		get(t, m)
+		c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionHealthCheckSucceeded)
+		if c == nil || c.Reason != machinistv1.ReasonMachineFailed {
+			return fmt.Errorf("phase %s, condition %v", m.Status.Phase, c)
+		}
+		if len(c.Message) != machinistv1.MaxMessageLength || !strings.HasPrefix(c.Message, "the Machine is Failed (CreateFailed): ") || !strings.Contains(c.Message, "quota exceeded: xxx") || !strings.HasSuffix(c.Message, "...") {
+			return fmt.Errorf("a message of %d bytes: %.80q...%q", len(c.Message), c.Message, c.Message[max(0, len(c.Message)-20):])
+		}
+		return nil
+	})
+}
+
 // A provider that refuses the reboot fails the rung's operation at once;
 // the next rung, a repair, brings the Machine back.
 func TestRefusedRebootHandsOverToRepair(t *testing.T) {

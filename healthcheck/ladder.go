@@ -194,7 +194,7 @@ func (r *Reconciler) begin(p *pass, t *target, i int32) (skipped string, err err
 		if step.Timeout != nil {
 			opts.TimeoutSeconds = ptr.To(int64(max(step.Timeout.Duration.Round(time.Second)/time.Second, 1)))
 		}
-		opts.Reason = truncate(fmt.Sprintf("machinehealthcheck %s: %s", p.hc.Name, t.v.message), 256)
+		opts.Reason = machinistv1.Shorten(fmt.Sprintf("machinehealthcheck %s: %s", p.hc.Name, t.v.message), 256)
 		op, err := operation.Request(m, typ, opts, machinistv1.SourceHealthCheck, RequestedBy(p.hc.Name), p.now)
 		if err != nil {
 			return err.Error(), nil
@@ -306,13 +306,6 @@ func orSomeone(user string) string {
 		return "an annotation"
 	}
 	return user
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n-3] + "..."
 }
 
 // heldBy reports whether a remediation's message already says that the

@@ -598,17 +598,17 @@ const (
 // every write after it, for ever.
 func (s *MachineStatus) Fit() {
 	for i := range s.Conditions {
-		s.Conditions[i].Message = fit(s.Conditions[i].Message, MaxMessageLength)
+		s.Conditions[i].Message = Shorten(s.Conditions[i].Message, MaxMessageLength)
 	}
 	if op := s.Operation; op != nil {
-		op.Message = fit(op.Message, MaxMessageLength)
-		op.RequestedBy = fit(op.RequestedBy, MaxRequestedByLength)
+		op.Message = Shorten(op.Message, MaxMessageLength)
+		op.RequestedBy = Shorten(op.RequestedBy, MaxRequestedByLength)
 	}
 }
 
-// fit cuts s to at most n bytes, ending in "...", without splitting a
-// UTF-8 sequence.
-func fit(s string, n int) string {
+// Shorten cuts s to at most n bytes, ending in "...", without splitting
+// a UTF-8 sequence: for free text put into a bounded field.
+func Shorten(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
