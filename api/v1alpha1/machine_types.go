@@ -277,6 +277,9 @@ const (
 	FailureRebootTimeout       = "RebootTimeout"
 	FailureRepairTimeout       = "RepairTimeout"
 	FailureUpdateTimeout       = "UpdateTimeout"
+	// FailureInstanceTaken: spec.providerID names an instance that belongs
+	// to another Machine, which is never adopted.
+	FailureInstanceTaken = "InstanceTaken"
 )
 
 // Reasons of a Machine's Drifted condition.
@@ -525,6 +528,34 @@ type MachineStatus struct {
 	// remediation ladder; only that health check writes it.
 	// +optional
 	Remediation *MachineRemediation `json:"remediation,omitempty"`
+	// KeptToken records the bootstrap token the manager keeps for this
+	// Machine's machine, repaired while its cluster could not be reached,
+	// until that cluster answers and is given it. Only the manager writes
+	// it (status is not a tenant's to write), so a Secret under the kept
+	// token's name that this does not record was not made by the manager
+	// and is never used.
+	// +optional
+	KeptToken *KeptToken `json:"keptToken,omitempty"`
+}
+
+// KeptToken is the Secret the manager keeps a bootstrap token in, beside
+// the Machine, while the Machine's cluster cannot be given it.
+type KeptToken struct {
+	// SecretUID is the UID kube-apiserver gave the Secret the manager
+	// made. Whoever else makes a Secret of the same name, even after
+	// deleting the manager's, makes one with another UID.
+	// +kubebuilder:validation:MaxLength=128
+	// +required
+	SecretUID string `json:"secretUID"`
+	// TokenID is the public half of the token, the ID its Secret in the
+	// cluster is named by once published.
+	// +kubebuilder:validation:MaxLength=6
+	// +required
+	TokenID string `json:"tokenID"`
+	// Published is true once the cluster holds the token: what is left is
+	// to delete it, and its Secret here, once the machine has joined.
+	// +optional
+	Published bool `json:"published,omitempty"`
 }
 
 // Machine is one machine (and so one Node), driven through its lifecycle

@@ -33,6 +33,10 @@ type MachineClassSpec struct {
 // NodeTemplate is what a class's Nodes will look like.
 type NodeTemplate struct {
 	// Capacity is the resources each Node offers, such as cpu and memory.
+	// Its keys are resource names, as a Node's are: providers hand them
+	// on to the machine, where a key that is not one (with a space, say)
+	// could say more than a resource.
+	// +kubebuilder:validation:XValidation:rule="self.all(k, !format.qualifiedName().validate(k).hasValue())",message="every capacity key must be a resource name such as cpu, memory, hugepages-2Mi or nvidia.com/gpu: at most 63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit, optionally after a DNS subdomain prefix and '/'"
 	// +optional
 	Capacity corev1.ResourceList `json:"capacity,omitempty"`
 

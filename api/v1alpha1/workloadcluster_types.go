@@ -108,6 +108,11 @@ const (
 	ReasonKubeconfigSecretMissing = "KubeconfigSecretMissing"
 	// ReasonKubeconfigInvalid: the Secret's kubeconfig cannot be used.
 	ReasonKubeconfigInvalid = "KubeconfigInvalid"
+	// ReasonKubeconfigRefused: the Secret's kubeconfig asks the manager
+	// for what a tenant's input may not: to run a command, to read a file
+	// of the manager's, or to trust a server without verifying it. The
+	// message names the field.
+	ReasonKubeconfigRefused = "KubeconfigRefused"
 	// ReasonUnreachable: the cluster's API server did not answer,
 	// or refused the manager.
 	ReasonUnreachable = "Unreachable"

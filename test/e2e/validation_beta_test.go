@@ -276,6 +276,15 @@ var _ = Describe("API validation at v1beta1", func() {
 		entries,
 	)
 
+	It("takes capacity keys that are resource names of every form", func(ctx SpecContext) {
+		ns := env.NewNamespace(GinkgoTB(), "e2e")
+		class := toBeta(classWithCapacity(validMachineClass(ns, "resources")))
+		Expect(k8s.Create(ctx, class)).To(Succeed())
+		got := &v1beta1.MachineClass{}
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(class), got)).To(Succeed())
+		Expect(got.Spec.NodeTemplate.Capacity).To(HaveLen(len(resourceNames)))
+	})
+
 	It("takes durations in microseconds as Go writes them (µs), and as people type them (us, μs)", func(ctx SpecContext) {
 		// Go's metav1.Duration writes a value under a millisecond as
 		// "500µs"; a controller that copies such a duration (a template

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -58,6 +59,7 @@ const (
 	versionMsg          = "version must be a Kubernetes version such as v1.37.2 or v1.38.0-rc.1"
 	taintEffectMsg      = "taint effect must be one of NoSchedule, PreferNoSchedule or NoExecute"
 	taintKeyMsg         = "every taint needs a key"
+	capacityKeyMsg      = "every capacity key must be a resource name such as cpu, memory, hugepages-2Mi or nvidia.com/gpu: at most 63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit, optionally after a DNS subdomain prefix and '/'"
 	drainTimeoutMsg     = "drain timeout must be a duration such as 90s, 5m or 1h30m"
 	drainGraceMsg       = "drain gracePeriodSeconds must be zero or more"
 	volumeDetachMsg     = "drain volumeDetachTimeout must be a duration such as 90s, 5m or 1h30m"
@@ -1271,6 +1273,49 @@ var invalidCases = []invalidCase{
 		},
 		want: `spec.nodeTemplate.capacity.cpu: Invalid value: "lots": spec.nodeTemplate.capacity.cpu in body should match '^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$'`,
 	},
+	{
+		// A provider hands the keys on to the machine: the qemu provider's
+		// kernel command line splits this one into a resource and a flag.
+		name: "MachineClass with a capacity key that has a space",
+		build: func(ns string) client.Object {
+			mc := validMachineClass(ns, "spaced")
+			mc.Spec.NodeTemplate = &machinistv1.NodeTemplate{Capacity: corev1.ResourceList{
+				"cpu":                              resource.MustParse("2"),
+				"example.com/gpu --node-name=evil": resource.MustParse("1"),
+			}}
+			return mc
+		},
+		want: "spec.nodeTemplate.capacity: Invalid value: " + capacityKeyMsg,
+	},
+	{
+		name: "MachineClass with a capacity key that lists two resources",
+		build: func(ns string) client.Object {
+			mc := validMachineClass(ns, "listed")
+			mc.Spec.NodeTemplate = &machinistv1.NodeTemplate{Capacity: corev1.ResourceList{"cpu=64,memory": resource.MustParse("1Ti")}}
+			return mc
+		},
+		want: "spec.nodeTemplate.capacity: Invalid value: " + capacityKeyMsg,
+	},
+	{
+		name: "MachineClass with a capacity key whose name is longer than 63 characters",
+		build: func(ns string) client.Object {
+			mc := validMachineClass(ns, "longname")
+			mc.Spec.NodeTemplate = &machinistv1.NodeTemplate{Capacity: corev1.ResourceList{
+				corev1.ResourceName("example.com/" + strings.Repeat("g", 64)): resource.MustParse("1"),
+			}}
+			return mc
+		},
+		want: "spec.nodeTemplate.capacity: Invalid value: " + capacityKeyMsg,
+	},
+	{
+		name: "MachineClass with an empty capacity key",
+		build: func(ns string) client.Object {
+			mc := validMachineClass(ns, "unnamed")
+			mc.Spec.NodeTemplate = &machinistv1.NodeTemplate{Capacity: corev1.ResourceList{"": resource.MustParse("1")}}
+			return mc
+		},
+		want: "spec.nodeTemplate.capacity: Invalid value: " + capacityKeyMsg,
+	},
 
 	// MachineHealthCheck.
 	{
@@ -2019,6 +2064,24 @@ func machineWithVersion(ns, name, version string) *unstructured.Unstructured {
 	}}
 }
 
+// resourceNames are capacity keys of every form a resource name takes: a
+// standard name, one with a size in it, a prefixed extended resource, and
+// a name part of the most characters allowed.
+var resourceNames = []corev1.ResourceName{
+	"cpu", "memory", "ephemeral-storage", "pods", "hugepages-2Mi", "hugepages-1Gi",
+	"nvidia.com/gpu", "example.com/Fast_NIC.v2", corev1.ResourceName("example.com/" + strings.Repeat("g", 63)),
+}
+
+// classWithCapacity gives mc a capacity with every one of resourceNames.
+func classWithCapacity(mc *machinistv1.MachineClass) *machinistv1.MachineClass {
+	capacity := corev1.ResourceList{}
+	for _, name := range resourceNames {
+		capacity[name] = resource.MustParse("2")
+	}
+	mc.Spec.NodeTemplate = &machinistv1.NodeTemplate{Capacity: capacity}
+	return mc
+}
+
 var validCases = []validCase{
 	{"MachineDrainRule at the lowest order", func(ns string) client.Object {
 		r := validMachineDrainRule(ns, "lowest")
@@ -2039,6 +2102,9 @@ var validCases = []validCase{
 			NodeDeletionTimeout: &metav1.Duration{Duration: 0},
 		}
 		return c
+	}},
+	{"MachineClass whose capacity keys are resource names of every form", func(ns string) client.Object {
+		return classWithCapacity(validMachineClass(ns, "resources"))
 	}},
 	{"Machine at a release", func(ns string) client.Object { return machineWithVersion(ns, "release", "v1.37.2") }},
 	{"Machine at a release candidate", func(ns string) client.Object { return machineWithVersion(ns, "rc", "v1.38.0-rc.1") }},
