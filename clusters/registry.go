@@ -14,7 +14,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"sync"
 	"time"
@@ -26,9 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/version"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -72,6 +69,9 @@ type Options struct {
 	WatchError toolscache.WatchErrorHandlerWithContext
 	// TrimNode is applied to every Node cached; nil keeps them whole.
 	TrimNode toolscache.TransformFunc
+	// Trust is what a WorkloadCluster's kubeconfig may ask beyond inline
+	// data; the zero value allows nothing more.
+	Trust Trust
 }
 
 // Registry holds the manager's connections to workload clusters. It is
@@ -283,12 +283,13 @@ func (r *Registry) Probe(ctx context.Context, key types.NamespacedName) (Probe, 
 	}
 	body, err := serverVersion(ctx, c.kube, probeTimeout)
 	if err != nil {
-		return Probe{}, &nodes.NotConnectedError{Cluster: key, Reason: machinistv1.ReasonUnreachable, Err: err}
+		return Probe{}, &nodes.NotConnectedError{Cluster: key, Reason: machinistv1.ReasonUnreachable, Err: withoutBody(err)}
 	}
 	var v version.Info
-	if err := json.Unmarshal([]byte(body), &v); err != nil {
+	if err := json.Unmarshal([]byte(body), &v); err != nil || v.GitVersion == "" {
+		// Not how much of it could be read: that would show the answer.
 		return Probe{}, &nodes.NotConnectedError{Cluster: key, Reason: machinistv1.ReasonUnreachable,
-			Err: fmt.Errorf("its /version answered what is not a version: %w", err)}
+			Err: errors.New("its /version answered what is not a kube-apiserver's version")}
 	}
 	var list corev1.NodeList
 	if err := c.cache.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
@@ -305,14 +306,17 @@ func (r *Registry) connect(ctx context.Context, key types.NamespacedName, kubeco
 	if parent == nil {
 		return nil, &nodes.NotConnectedError{Cluster: key, Reason: machinistv1.ReasonClusterConnecting, Err: errors.New("the manager has not started")}
 	}
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	cfg, err := RESTConfig(kubeconfig, r.opts.Trust)
 	if err != nil {
-		return nil, &nodes.NotConnectedError{Cluster: key, Reason: machinistv1.ReasonKubeconfigInvalid, Err: err}
+		reason := machinistv1.ReasonKubeconfigInvalid
+		if _, ok := errors.AsType[*RefusedError](err); ok {
+			reason = machinistv1.ReasonKubeconfigRefused
+		}
+		return nil, &nodes.NotConnectedError{Cluster: key, Reason: reason, Err: err}
 	}
-	caData, err := caBundle(cfg)
-	if err != nil {
-		return nil, &nodes.NotConnectedError{Cluster: key, Reason: machinistv1.ReasonKubeconfigInvalid, Err: err}
-	}
+	// A machine is handed the CA that verifies the cluster: only what the
+	// kubeconfig holds inline, never a file of the manager's.
+	caData := cfg.CAData
 	r.mu.Lock()
 	r.addresses[key] = address{server: cfg.Host, ca: caData}
 	r.mu.Unlock()
@@ -334,7 +338,7 @@ func (r *Registry) connect(ctx context.Context, key types.NamespacedName, kubeco
 	// refuses these credentials, is said so at once instead of after a
 	// cache's sync times out.
 	if _, err := serverVersion(ctx, kube, connectTimeout); err != nil {
-		return nil, &nodes.NotConnectedError{Cluster: key, Reason: machinistv1.ReasonUnreachable, Err: err}
+		return nil, &nodes.NotConnectedError{Cluster: key, Reason: machinistv1.ReasonUnreachable, Err: withoutBody(err)}
 	}
 	store, err := cache.New(cfg, cache.Options{
 		Scheme:                   r.scheme,
@@ -369,7 +373,7 @@ func (r *Registry) connect(ctx context.Context, key types.NamespacedName, kubeco
 	for _, o := range []client.Object{&corev1.Node{}, &coordinationv1.Lease{}} {
 		if _, err := store.GetInformer(wctx, o); err != nil {
 			c.close()
-			return nil, &nodes.NotConnectedError{Cluster: key, Reason: machinistv1.ReasonUnreachable, Err: err}
+			return nil, &nodes.NotConnectedError{Cluster: key, Reason: machinistv1.ReasonUnreachable, Err: withoutBody(err)}
 		}
 	}
 	if !store.WaitForCacheSync(wctx) {
@@ -399,18 +403,6 @@ func serverVersion(ctx context.Context, kube kubernetes.Interface, timeout time.
 	defer cancel()
 	body, err := kube.Discovery().RESTClient().Get().AbsPath("/version").Do(ctx).Raw()
 	return string(body), err
-}
-
-// caBundle is the PEM that verifies the cluster's API server, as a new
-// machine must be given it.
-func caBundle(cfg *rest.Config) ([]byte, error) {
-	if len(cfg.CAData) > 0 {
-		return cfg.CAData, nil
-	}
-	if cfg.CAFile != "" {
-		return os.ReadFile(cfg.CAFile)
-	}
-	return nil, nil
 }
 
 func or(d, def time.Duration) time.Duration {
