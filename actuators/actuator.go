@@ -33,13 +33,30 @@ import (
 // user data), not in its own records, events or errors. A zero Join is
 // refused with RequireJoin's permanent error: no retry of the same
 // request brings join data.
+//
+// One instance, one Machine. A provider records on the instance itself
+// the Machine it belongs to, OwnerOf(m), as Create makes it for m or m
+// adopts it, reports it in Describe, and never hands one Machine's
+// instance to another: a Machine of one namespace that names, in
+// spec.providerID, the instance of a Machine in another would otherwise
+// reach it with every delete, reboot and repair of its own.
 type Actuator interface {
 	// Create makes the instance for m and returns its providerID; the
-	// instance joins its cluster with join. It is idempotent on m.UID:
-	// calling it again for the same Machine returns the same instance (a
-	// machine that has not joined yet may be given the newer join). When
-	// m.Spec.ProviderID is set, Create adopts that instance instead and
-	// fails permanently if it does not exist.
+	// instance joins its cluster with join, and records OwnerOf(m) as its
+	// owner. It is idempotent on m.UID: calling it again for the same
+	// Machine returns the same instance (a machine that has not joined
+	// yet may be given the newer join).
+	//
+	// When m.Spec.ProviderID is set, Create adopts that instance instead,
+	// and fails permanently if it does not exist. It adopts an instance
+	// that belongs to no Machine (one made outside Machinist), recording
+	// m as its owner and giving it join, or one that belongs to m already
+	// (the same UID: a repeated call), and no other: the instance of
+	// another Machine is refused with a Permanent error wrapping
+	// ErrTaken, and left untouched, no join data written to it, no
+	// restart, nothing. The error's message names neither the other
+	// Machine nor its namespace or UID (nor, then, a providerID that
+	// carries them), which m's author may not know.
 	Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join Join) (providerID string, err error)
 
 	// Exists reports whether the instance named by providerID still exists.
@@ -48,11 +65,11 @@ type Actuator interface {
 	// Delete destroys the instance. Deleting one that is gone is not an error.
 	Delete(ctx context.Context, providerID string) error
 
-	// FindByUID returns the providerID of the instance made for the Machine
-	// with this UID, or "" when there is none. The controller asks it when
-	// a Machine is deleted with no providerID stored (Create succeeded but
-	// the status write that recorded it did not), so that no instance
-	// outlives its Machine.
+	// FindByUID returns the providerID of the instance that belongs to
+	// the Machine with this UID, made for it or adopted by it, or "" when
+	// there is none. The controller asks it when a Machine is deleted with
+	// no providerID stored (Create succeeded but the status write that
+	// recorded it did not), so that no instance outlives its Machine.
 	FindByUID(ctx context.Context, uid types.UID) (providerID string, err error)
 
 	// Reboot restarts the instance; its Node reports a new boot ID after.
@@ -82,11 +99,12 @@ type Actuator interface {
 	InPlace(change Change) bool
 
 	// Describe reports what the provider itself knows of the instance
-	// now: whether it is powered on and the boot ID of its running boot.
-	// The controller asks it while the Machine's cluster cannot be
-	// reached, to complete a reboot on the provider's word, and checks
-	// the word against the Node's boot ID once the cluster answers. A
-	// provider that cannot tell returns a zero Instance, not an error.
+	// now: whether it is powered on, the boot ID of its running boot, and
+	// the Machine it belongs to, as recorded on the instance. The
+	// controller asks it while the Machine's cluster cannot be reached,
+	// to complete a reboot on the provider's word, and checks the word
+	// against the Node's boot ID once the cluster answers. A provider that
+	// cannot tell returns a zero Instance, not an error.
 	Describe(ctx context.Context, providerID string) (Instance, error)
 }
 
@@ -100,6 +118,45 @@ type Instance struct {
 	// in nodeInfo.bootID; "" when the provider cannot tell, or the
 	// instance is off.
 	BootID string
+	// Owner is the Machine the instance belongs to, whether it is on or
+	// off; zero when it belongs to none, or the provider records none or
+	// cannot tell.
+	Owner Owner
+}
+
+// Owner is the Machine an instance belongs to, as its provider records it
+// on the instance. The UID is what tells Machines apart: a Machine deleted
+// and made again under the same name is another Machine.
+type Owner struct {
+	Namespace, Name string
+	UID             types.UID
+}
+
+// OwnerOf is m as the owner of an instance.
+func OwnerOf(m *machinistv1.Machine) Owner {
+	return Owner{Namespace: m.Namespace, Name: m.Name, UID: m.UID}
+}
+
+// IsZero reports whether o names no Machine.
+func (o Owner) IsZero() bool { return o == Owner{} }
+
+// ErrTaken is wrapped by the permanent error of a Create whose
+// spec.providerID names an instance that belongs to another Machine.
+var ErrTaken = errors.New("the instance belongs to another Machine")
+
+// IsTaken reports whether err, or an error it wraps, is ErrTaken.
+func IsTaken(err error) bool { return errors.Is(err, ErrTaken) }
+
+// Claim is the adoption rule every provider applies, for one that keeps
+// owners as Owner: m may adopt an instance that belongs to owner when
+// owner is zero (it belongs to no Machine) or has m's UID (a repeated
+// call). Otherwise it returns the permanent error that wraps ErrTaken,
+// which names no Machine: call it before touching the instance.
+func Claim(owner Owner, m *machinistv1.Machine) error {
+	if owner.IsZero() || owner.UID == m.UID {
+		return nil
+	}
+	return Permanent(fmt.Errorf("cannot adopt the instance spec.providerID names: %w", ErrTaken))
 }
 
 // Power is an instance's power state.

@@ -68,3 +68,38 @@ func TestProviderIDRoundTripAndNodeNames(t *testing.T) {
 		t.Errorf("NodeName of a long name = %q (%d characters)", long, len(long))
 	}
 }
+
+func TestClaimHandsAnInstanceToItsOwnMachineOrToAnyWhenNone(t *testing.T) {
+	m := &machinistv1.Machine{}
+	m.Namespace, m.Name, m.UID = "b", "adopter", "uid-b"
+	if got := OwnerOf(m); got != (Owner{Namespace: "b", Name: "adopter", UID: "uid-b"}) || got.IsZero() {
+		t.Fatalf("OwnerOf = %+v", got)
+	}
+	if !(Owner{}).IsZero() {
+		t.Fatal("the zero Owner names a Machine")
+	}
+	if err := Claim(Owner{}, m); err != nil {
+		t.Errorf("an instance of no Machine is refused: %v", err)
+	}
+	// The same UID under another name is m itself, as the UID tells.
+	if err := Claim(Owner{Namespace: "b", Name: "renamed", UID: "uid-b"}, m); err != nil {
+		t.Errorf("m's own instance is refused: %v", err)
+	}
+	other := Owner{Namespace: "tenant-a", Name: "worker-1", UID: "uid-a"}
+	err := Claim(other, m)
+	if !IsPermanent(err) || !IsTaken(err) || !errors.Is(fmt.Errorf("creating: %w", err), ErrTaken) {
+		t.Fatalf("another Machine's instance: got %v, want a permanent error wrapping ErrTaken", err)
+	}
+	for _, secret := range []string{other.Namespace, other.Name, string(other.UID)} {
+		if strings.Contains(err.Error(), secret) {
+			t.Errorf("the refusal names %q of the other Machine: %v", secret, err)
+		}
+	}
+	// The same name in the same namespace is another Machine if its UID is.
+	if err := Claim(Owner{Namespace: "b", Name: "adopter", UID: "uid-old"}, m); !IsTaken(err) {
+		t.Errorf("a Machine of the same name but another UID: got %v, want ErrTaken", err)
+	}
+	if IsTaken(Permanent(errors.New("no such instance"))) || IsTaken(nil) {
+		t.Error("only ErrTaken is taken")
+	}
+}

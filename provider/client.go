@@ -277,9 +277,9 @@ func (c *Client) Exists(ctx context.Context, providerID string) (bool, error) {
 	return resp.GetExists(), nil
 }
 
-// Describe asks what the provider knows of the instance now. A provider
-// that does not implement it (UNIMPLEMENTED) cannot tell: a zero
-// Instance, no error.
+// Describe asks what the provider knows of the instance now, its owner
+// with the rest. A provider that does not implement it (UNIMPLEMENTED)
+// cannot tell: a zero Instance, no error.
 func (c *Client) Describe(ctx context.Context, providerID string) (actuators.Instance, error) {
 	ctx, cancel := c.call(ctx)
 	defer cancel()
@@ -291,6 +291,9 @@ func (c *Client) Describe(ctx context.Context, providerID string) (actuators.Ins
 		return actuators.Instance{}, fromStatus(c.who(), "Describe", err)
 	}
 	in := actuators.Instance{BootID: resp.GetBootId()}
+	if o := resp.GetOwner(); o != nil {
+		in.Owner = actuators.Owner{Namespace: o.GetNamespace(), Name: o.GetName(), UID: types.UID(o.GetUid())}
+	}
 	switch resp.GetPower() {
 	case providerv1.PowerState_POWER_STATE_ON:
 		in.Power = actuators.PowerOn

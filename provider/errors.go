@@ -24,10 +24,18 @@ var permanentCodes = map[codes.Code]bool{
 	codes.Unimplemented:      true,
 }
 
+// ReasonInstanceTaken is the reason of the Failure a Create is refused
+// with when its Machine's spec.providerID names an instance that belongs
+// to another Machine: an error wrapping actuators.ErrTaken on either side.
+const ReasonInstanceTaken = "InstanceTaken"
+
 // toStatus is how a server answers an actuator's error: a permanent one
 // as FAILED_PRECONDITION, a transient one as ABORTED (not UNAVAILABLE,
 // which the client keeps for a provider it cannot reach), each with a
-// Failure detail so that no client has to guess from the code.
+// Failure detail so that no client has to guess from the code. An
+// instance taken by another Machine is permanent whether or not the
+// actuator marked it so, for no retry hands it over, and its Failure says
+// so in its reason.
 func toStatus(err error) error {
 	if err == nil {
 		return nil
@@ -41,11 +49,14 @@ func toStatus(err error) error {
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	}
-	code, permanent := codes.Aborted, actuators.IsPermanent(err)
+	code, permanent, reason := codes.Aborted, actuators.IsPermanent(err), ""
+	if actuators.IsTaken(err) {
+		permanent, reason = true, ReasonInstanceTaken
+	}
 	if permanent {
 		code = codes.FailedPrecondition
 	}
-	st, derr := status.New(code, err.Error()).WithDetails(&providerv1.Failure{Permanent: permanent})
+	st, derr := status.New(code, err.Error()).WithDetails(&providerv1.Failure{Permanent: permanent, Reason: reason})
 	if derr != nil {
 		return status.Error(code, err.Error())
 	}
@@ -54,7 +65,8 @@ func toStatus(err error) error {
 
 // fromStatus turns a call's error into the Actuator contract's: marked
 // Permanent, marked Unavailable (the provider did not answer), or left
-// transient.
+// transient. A Failure whose reason is ReasonInstanceTaken is permanent
+// and wraps actuators.ErrTaken.
 func fromStatus(name, call string, err error) error {
 	if err == nil {
 		return nil
@@ -66,6 +78,10 @@ func fromStatus(name, call string, err error) error {
 	wrapped := fmt.Errorf("provider %s: %s: %s", name, call, st.Message())
 	for _, d := range st.Details() {
 		if f, ok := d.(*providerv1.Failure); ok {
+			if f.GetReason() == ReasonInstanceTaken {
+				// Permanent whatever the detail says, as toStatus makes it.
+				return actuators.Permanent(marked{wrapped, actuators.ErrTaken})
+			}
 			if f.GetPermanent() {
 				return actuators.Permanent(wrapped)
 			}
@@ -80,3 +96,13 @@ func fromStatus(name, call string, err error) error {
 	}
 	return wrapped
 }
+
+// marked is err, saying what it says (the provider's message already
+// says what the sentinel would), that is also the sentinel mark.
+type marked struct {
+	err  error
+	mark error
+}
+
+func (e marked) Error() string   { return e.err.Error() }
+func (e marked) Unwrap() []error { return []error{e.err, e.mark} }

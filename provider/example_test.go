@@ -18,7 +18,8 @@ import (
 // toyCloud is the smallest honest provider: its "instances" are entries
 // in a map. A real one calls its cloud's API where this touches the map,
 // and its instances boot a kubelet that registers a Node with the
-// returned provider ID. It shows the idempotency the contract asks for.
+// returned provider ID. It shows the idempotency the contract asks for,
+// and that an instance belongs to one Machine.
 type toyCloud struct {
 	mu        sync.Mutex
 	byUID     map[types.UID]string // Machine UID -> provider ID
@@ -26,6 +27,10 @@ type toyCloud struct {
 }
 
 type toyInstance struct {
+	// owner is the Machine the instance belongs to. A real provider
+	// records it on the instance itself (a tag, a label), so that it
+	// survives the provider's restart.
+	owner   actuators.Owner
 	version string
 	lastOp  string // the last operation carried out, for idempotency
 	// userData is what the instance boots with: its kubelet's bootstrap
@@ -45,8 +50,16 @@ func (c *toyCloud) Create(_ context.Context, m *machinistv1.Machine, _ *machinis
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if m.Spec.ProviderID != "" { // adopt an existing instance
-		if _, ok := c.instances[m.Spec.ProviderID]; !ok {
+		in, ok := c.instances[m.Spec.ProviderID]
+		if !ok {
 			return "", actuators.Permanent(fmt.Errorf("no instance %q to adopt", m.Spec.ProviderID))
+		}
+		// Another Machine's instance is refused before anything touches it.
+		if err := actuators.Claim(in.owner, m); err != nil {
+			return "", err
+		}
+		if in.owner.IsZero() { // one made outside Machinist: now m's
+			in.owner, in.userData = actuators.OwnerOf(m), userData
 		}
 		c.byUID[m.UID] = m.Spec.ProviderID
 		return m.Spec.ProviderID, nil
@@ -56,7 +69,7 @@ func (c *toyCloud) Create(_ context.Context, m *machinistv1.Machine, _ *machinis
 	}
 	id := fmt.Sprintf("toy:///%s/%s/%s", m.Namespace, m.Name, m.UID)
 	c.byUID[m.UID] = id
-	c.instances[id] = &toyInstance{version: m.Spec.Version, userData: userData}
+	c.instances[id] = &toyInstance{owner: actuators.OwnerOf(m), version: m.Spec.Version, userData: userData}
 	return id, nil
 }
 
@@ -126,15 +139,16 @@ func (c *toyCloud) Update(_ context.Context, id string, op actuators.Operation) 
 // instance.
 func (c *toyCloud) InPlace(change actuators.Change) bool { return !change.Class }
 
-// Describe: the toy cloud knows its instances run, but cannot see inside
-// them, so it reports no boot ID.
+// Describe: the toy cloud knows its instances run and whose they are, but
+// cannot see inside them, so it reports no boot ID.
 func (c *toyCloud) Describe(_ context.Context, id string) (actuators.Instance, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.instances[id]; !ok {
+	in, ok := c.instances[id]
+	if !ok {
 		return actuators.Instance{}, actuators.Permanent(errors.New("no such instance"))
 	}
-	return actuators.Instance{Power: actuators.PowerOn}, nil
+	return actuators.Instance{Power: actuators.PowerOn, Owner: in.owner}, nil
 }
 
 // A provider of one's own is an actuators.Actuator and one call to Serve.

@@ -101,12 +101,15 @@ func (r *recorder) Update(_ context.Context, id string, op actuators.Operation) 
 
 func (r *recorder) InPlace(c actuators.Change) bool { return r.inPlace && !c.Class }
 
-// Describe reports test://on running boot-1 and test://off off; any other
-// instance the recorder cannot tell.
+// owner is the Machine test://on and test://off belong to.
+var owner = actuators.Owner{Namespace: "ns", Name: "m1", UID: "uid-1"}
+
+// Describe reports test://on running boot-1 and test://off off, both
+// owner's; any other instance the recorder cannot tell.
 func (r *recorder) Describe(_ context.Context, id string) (actuators.Instance, error) {
 	in := map[string]actuators.Instance{
-		"test://on":  {Power: actuators.PowerOn, BootID: "boot-1"},
-		"test://off": {Power: actuators.PowerOff},
+		"test://on":  {Power: actuators.PowerOn, BootID: "boot-1", Owner: owner},
+		"test://off": {Power: actuators.PowerOff, Owner: owner},
 	}[id]
 	return in, r.record("Describe " + id)
 }
@@ -206,8 +209,8 @@ func TestEveryCallReachesTheActuatorWithWhatItNeeds(t *testing.T) {
 		want actuators.Instance
 	}{
 		{"test://a", actuators.Instance{}},
-		{"test://off", actuators.Instance{Power: actuators.PowerOff}},
-		{"test://on", actuators.Instance{Power: actuators.PowerOn, BootID: "boot-1"}},
+		{"test://off", actuators.Instance{Power: actuators.PowerOff, Owner: owner}},
+		{"test://on", actuators.Instance{Power: actuators.PowerOn, BootID: "boot-1", Owner: owner}},
 	} {
 		if in, err := c.Describe(ctx, d.id); in != d.want || err != nil {
 			t.Errorf("Describe(%s) = %+v, %v; want %+v", d.id, in, err, d.want)
@@ -227,16 +230,24 @@ func TestEveryCallReachesTheActuatorWithWhatItNeeds(t *testing.T) {
 }
 
 func TestErrorsKeepTheirMeaningAcrossTheWire(t *testing.T) {
+	takenStatus, err := status.New(codes.FailedPrecondition, "that one is not yours").
+		WithDetails(&providerv1.Failure{Permanent: true, Reason: provider.ReasonInstanceTaken})
+	if err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
-		name                   string
-		err                    error
-		permanent, unavailable bool
+		name                          string
+		err                           error
+		permanent, unavailable, taken bool
 	}{
-		{"permanent", actuators.Permanent(errors.New("no such image")), true, false},
-		{"transient", errors.New("out of capacity, try later"), false, false},
-		{"a status code that means permanent", status.Error(codes.NotFound, "no instance"), true, false},
-		{"a status code that means transient", status.Error(codes.Internal, "boom"), false, false},
-		{"the provider's own unavailability is not the client's", status.Error(codes.ResourceExhausted, "quota"), false, false},
+		{"permanent", actuators.Permanent(errors.New("no such image")), true, false, false},
+		{"transient", errors.New("out of capacity, try later"), false, false, false},
+		{"a status code that means permanent", status.Error(codes.NotFound, "no instance"), true, false, false},
+		{"a status code that means transient", status.Error(codes.Internal, "boom"), false, false, false},
+		{"the provider's own unavailability is not the client's", status.Error(codes.ResourceExhausted, "quota"), false, false, false},
+		{"taken", actuators.Permanent(fmt.Errorf("cannot adopt: %w", actuators.ErrTaken)), true, false, true},
+		{"taken, though not marked permanent", fmt.Errorf("cannot adopt: %w", actuators.ErrTaken), true, false, true},
+		{"taken, as a provider in another language says it", takenStatus.Err(), true, false, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -246,8 +257,11 @@ func TestErrorsKeepTheirMeaningAcrossTheWire(t *testing.T) {
 			if err == nil {
 				t.Fatal("no error")
 			}
-			if actuators.IsPermanent(err) != tc.permanent || actuators.IsUnavailable(err) != tc.unavailable {
-				t.Errorf("%v: permanent %v, unavailable %v; want %v, %v", err, actuators.IsPermanent(err), actuators.IsUnavailable(err), tc.permanent, tc.unavailable)
+			if actuators.IsPermanent(err) != tc.permanent || actuators.IsUnavailable(err) != tc.unavailable || actuators.IsTaken(err) != tc.taken {
+				t.Errorf("%v: permanent %v, unavailable %v, taken %v; want %v, %v, %v", err, actuators.IsPermanent(err), actuators.IsUnavailable(err), actuators.IsTaken(err), tc.permanent, tc.unavailable, tc.taken)
+			}
+			if !strings.Contains(err.Error(), status.Convert(tc.err).Message()) {
+				t.Errorf("the error lost the provider's message: %v", err)
 			}
 			if !strings.Contains(err.Error(), "provider test") || !strings.Contains(err.Error(), "Delete") {
 				t.Errorf("the error does not say who failed at what: %v", err)

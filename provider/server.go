@@ -227,7 +227,11 @@ func (s *server) Describe(ctx context.Context, req *providerv1.DescribeRequest) 
 	case actuators.PowerOff:
 		power = providerv1.PowerState_POWER_STATE_OFF
 	}
-	return &providerv1.DescribeResponse{Power: power, BootId: in.BootID}, nil
+	resp := &providerv1.DescribeResponse{Power: power, BootId: in.BootID}
+	if !in.Owner.IsZero() {
+		resp.Owner = &providerv1.Owner{Namespace: in.Owner.Namespace, Name: in.Owner.Name, Uid: string(in.Owner.UID)}
+	}
+	return resp, nil
 }
 
 func (s *server) Delete(ctx context.Context, req *providerv1.DeleteRequest) (*providerv1.DeleteResponse, error) {

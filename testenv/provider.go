@@ -234,6 +234,7 @@ type Provider interface {
 	Break(providerID string) error
 	Restarts(providerID string) (int, error)
 	NodeName(providerID string) (string, error)
+	MakeUnowned(namespace, name string) (string, error)
 }
 
 var _ Provider = (*inmemory.Provider)(nil)
@@ -345,6 +346,14 @@ func (s *ServedInmemory) Crash(providerID string) error {
 // Break fails the instance's hardware for good.
 func (s *ServedInmemory) Break(providerID string) error {
 	return s.do("POST", "/break?id="+url.QueryEscape(providerID), nil, nil)
+}
+
+// MakeUnowned makes an instance that belongs to no Machine, as one made
+// outside Machinist, and returns its providerID.
+func (s *ServedInmemory) MakeUnowned(namespace, name string) (string, error) {
+	var out inmemory.Unowned
+	err := s.do("POST", "/unowned", inmemory.Unowned{Namespace: namespace, Name: name}, &out)
+	return out.ProviderID, err
 }
 
 func (s *ServedInmemory) books(providerID string) (inmemory.Books, error) {

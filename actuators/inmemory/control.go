@@ -10,9 +10,10 @@ import (
 // ControlHandler serves the provider's fault injection and books over
 // HTTP, for tests that run it out of process (`machinist provider serve
 // --provider inmemory --inmemory-control …`): what SetFaults, FailNext,
-// LoseNextReplies, Crash, Break, Restarts, BootID, NodeName and Instances
-// do in process. Requests and answers are JSON; an instance is named by
-// the query parameter id (its providerID); an unknown one is 404.
+// LoseNextReplies, Crash, Break, MakeUnowned, Restarts, BootID, NodeName
+// and Instances do in process. Requests and answers are JSON; an instance
+// is named by the query parameter id (its providerID); an unknown one is
+// 404.
 func (p *Provider) ControlHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("PUT /faults", func(w http.ResponseWriter, r *http.Request) {
@@ -44,6 +45,18 @@ func (p *Provider) ControlHandler() http.Handler {
 	}
 	mux.Handle("POST /crash", act(p.Crash))
 	mux.Handle("POST /break", act(p.Break))
+	mux.HandleFunc("POST /unowned", func(w http.ResponseWriter, r *http.Request) {
+		var body Unowned
+		if !decode(w, r, &body) {
+			return
+		}
+		id, err := p.MakeUnowned(body.Namespace, body.Name)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		answer(w, Unowned{Namespace: body.Namespace, Name: body.Name, ProviderID: id}, nil)
+	})
 	mux.HandleFunc("GET /instance", func(w http.ResponseWriter, r *http.Request) {
 		id := r.URL.Query().Get("id")
 		var out Books
@@ -66,6 +79,14 @@ type Books struct {
 	Restarts int    `json:"restarts"`
 	NodeName string `json:"nodeName"`
 	BootID   string `json:"bootID"`
+}
+
+// Unowned asks ControlHandler for an instance that belongs to no Machine
+// (MakeUnowned), and is its answer, with the providerID.
+type Unowned struct {
+	Namespace  string `json:"namespace"`
+	Name       string `json:"name"`
+	ProviderID string `json:"providerID,omitempty"`
 }
 
 func decode(w http.ResponseWriter, r *http.Request, into any) bool {

@@ -92,7 +92,8 @@ func ParseProviderSpec(raw []byte) (ProviderSpec, error) {
 	if err := dec.Decode(&spec); err != nil {
 		return ProviderSpec{}, fmt.Errorf("inmemory providerSpec: %w (known fields: createLatency, errorRate, neverReady, failCreate, rebootLatency, failReboot, failUpdate)", err)
 	}
-	if dec.More() {
+	// Not dec.More(), which is false before a ']' or '}' that follows.
+	if rest := bytes.TrimSpace(raw[dec.InputOffset():]); len(rest) > 0 {
 		return ProviderSpec{}, errors.New("inmemory providerSpec: unexpected data after the JSON object")
 	}
 	if spec.ErrorRate < 0 || spec.ErrorRate > 1 {
@@ -221,7 +222,7 @@ func (p *Provider) LoseNextReplies(n int) {
 
 // Instances lists the providerIDs of every instance that exists: created
 // and not deleted, running or not. Tests keep their books with it: each
-// belongs to a live Machine, or it leaked.
+// belongs to a live Machine, or to none yet (MakeUnowned), or it leaked.
 func (p *Provider) Instances() []string {
 	p.mu.Lock()
 	all := make([]*instance, 0, len(p.byID))
@@ -263,19 +264,56 @@ func (p *Provider) BootID(providerID string) (string, error) {
 // Describe implements actuators.Actuator: an instance is on from its
 // power-on to its crash or power-off, and its boot ID is the one its
 // power-on chose, as a kernel's is: known before the machine joins, so a
-// machine repaired while its cluster is down reports its new boot.
+// machine repaired while its cluster is down reports its new boot. Its
+// owner is the Machine it was made for or adopted by.
 func (p *Provider) Describe(_ context.Context, providerID string) (actuators.Instance, error) {
 	in, err := p.lookup(providerID)
 	if err != nil {
 		return actuators.Instance{}, err
 	}
+	p.mu.Lock()
+	owner := in.owner
+	p.mu.Unlock()
 	in.mu.Lock()
 	on := in.cancel != nil
 	in.mu.Unlock()
 	if !on {
-		return actuators.Instance{Power: actuators.PowerOff}, nil
+		return actuators.Instance{Power: actuators.PowerOff, Owner: owner}, nil
 	}
-	return actuators.Instance{Power: actuators.PowerOn, BootID: in.bootID()}, nil
+	return actuators.Instance{Power: actuators.PowerOn, BootID: in.bootID(), Owner: owner}, nil
+}
+
+// MakeUnowned makes an instance as one made outside Machinist would be:
+// it belongs to no Machine, is powered off and has no join data, and its
+// providerID, inmemory:///<namespace>/<name>/<a UID of its own>, names no
+// Machine of the cluster. A Machine whose spec.providerID names it adopts
+// it: the instance becomes that Machine's, and boots and joins with that
+// Machine's join data and version. The provider's faults apply to it; no
+// class's do.
+func (p *Provider) MakeUnowned(namespace, name string) (string, error) {
+	m := &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, UID: uuid.NewUUID()}}
+	providerID := actuators.ProviderID(Name, m)
+	if _, _, _, err := parseProviderID(providerID); err != nil {
+		return "", err
+	}
+	in := &instance{
+		providerID: providerID,
+		nodeName:   actuators.NodeName(m.Name, m.UID),
+		p:          p,
+	}
+	in.cfg = nodeagent.Config{
+		NodeName:             in.nodeName,
+		ProviderID:           providerID,
+		LeaseDurationSeconds: p.opts.LeaseDurationSeconds,
+		RenewInterval:        p.opts.RenewInterval,
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.isStopped {
+		return "", errors.New("inmemory: provider is stopped")
+	}
+	p.byID[providerID] = in
+	return providerID, nil
 }
 
 // Crash kills the instance as a hardware failure would: its agent stops at
@@ -324,14 +362,7 @@ func (p *Provider) Create(ctx context.Context, m *machinistv1.Machine, class *ma
 	}
 
 	if m.Spec.ProviderID != "" {
-		in, err := p.lookup(m.Spec.ProviderID)
-		if err != nil {
-			return "", actuators.Permanent(fmt.Errorf("cannot adopt %q: %w", m.Spec.ProviderID, err))
-		}
-		p.mu.Lock()
-		p.byUID[m.UID] = in
-		p.mu.Unlock()
-		return in.providerID, nil
+		return p.adopt(m, class, join)
 	}
 
 	for {
@@ -382,6 +413,53 @@ func (p *Provider) Create(ctx context.Context, m *machinistv1.Machine, class *ma
 	return in.providerID, nil
 }
 
+// adopt hands m the instance its spec.providerID names, if that belongs
+// to no Machine or to m already (actuators.Claim), and touches nothing of
+// one that belongs to another. An instance that belonged to none becomes
+// m's, and boots with m's join data, version and capacity.
+func (p *Provider) adopt(m *machinistv1.Machine, class *machinistv1.MachineClass, join actuators.Join) (string, error) {
+	in, err := p.lookup(m.Spec.ProviderID)
+	if err != nil {
+		return "", actuators.Permanent(fmt.Errorf("cannot adopt %q: %w", m.Spec.ProviderID, err))
+	}
+	if m.UID == "" {
+		return "", actuators.Permanent(fmt.Errorf("machine %s/%s has no UID", m.Namespace, m.Name))
+	}
+	// The owner is checked and taken under p.mu, so that of two Machines
+	// adopting one instance at once, one gets it.
+	p.mu.Lock()
+	if p.byID[in.providerID] != in {
+		// Deleted since the lookup.
+		p.mu.Unlock()
+		return "", actuators.Permanent(fmt.Errorf("cannot adopt %q: %w", in.providerID, ErrNotFound))
+	}
+	if err := actuators.Claim(in.owner, m); err != nil {
+		p.mu.Unlock()
+		return "", err
+	}
+	unowned := in.owner.IsZero()
+	in.owner = actuators.OwnerOf(m)
+	p.byUID[m.UID] = in
+	p.mu.Unlock()
+	if !unowned {
+		return in.providerID, nil
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.destroyed {
+		return "", actuators.Permanent(fmt.Errorf("cannot adopt %q: %w", in.providerID, ErrNotFound))
+	}
+	in.cfg.Version = m.Spec.Version
+	if class != nil && class.Spec.NodeTemplate != nil {
+		in.cfg.Capacity = class.Spec.NodeTemplate.Capacity.DeepCopy()
+	}
+	in.disk.Lock()
+	in.join = join
+	in.disk.Unlock()
+	in.powerOn()
+	return in.providerID, nil
+}
+
 func (p *Provider) create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, spec ProviderSpec, join actuators.Join) (*instance, error) {
 	if spec.FailCreate != "" {
 		return nil, actuators.Permanent(fmt.Errorf("creating instance for machine %s/%s: %s", m.Namespace, m.Name, spec.FailCreate))
@@ -413,6 +491,7 @@ func (p *Provider) create(ctx context.Context, m *machinistv1.Machine, class *ma
 	return &instance{
 		providerID: providerID,
 		nodeName:   cfg.NodeName,
+		owner:      actuators.OwnerOf(m),
 		faults:     spec,
 		cfg:        cfg,
 		join:       join,
@@ -432,7 +511,8 @@ func (p *Provider) Exists(_ context.Context, providerID string) (bool, error) {
 	return ok, nil
 }
 
-// FindByUID implements actuators.Actuator.
+// FindByUID implements actuators.Actuator: the instance made for the
+// Machine, or adopted by it.
 func (p *Provider) FindByUID(_ context.Context, uid types.UID) (string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -658,7 +738,11 @@ func (p *Provider) lookup(providerID string) (*instance, error) {
 type instance struct {
 	providerID string
 	nodeName   string
-	faults     ProviderSpec
+	// owner is the Machine the instance belongs to, zero for one made by
+	// MakeUnowned until a Machine adopts it. Guarded by p.mu, under which
+	// byUID changes with it.
+	owner  actuators.Owner
+	faults ProviderSpec
 	// cfg is what each boot's agent runs with, but for its client, which
 	// comes from the machine's credentials.
 	cfg nodeagent.Config

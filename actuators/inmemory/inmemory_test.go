@@ -3,9 +3,12 @@ package inmemory_test
 import (
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"sync"
@@ -216,27 +219,139 @@ func TestLongMachineNameGivesValidNodeName(t *testing.T) {
 	}).WithTimeout(wait).Should(Succeed())
 }
 
-func TestAdoption(t *testing.T) {
+// TestAdoptionHandsNoMachineAnotherMachinesInstance: a Machine of
+// another namespace naming a live Machine's instance in spec.providerID is
+// refused, permanently and without learning whose it is, and the instance
+// stays its Machine's, untouched; its own Machine naming it gets it back.
+func TestAdoptionHandsNoMachineAnotherMachinesInstance(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	p := newProvider(t)
-	orig, class := machine(t, "adopt", "orig", "")
+	orig, class := machine(t, "adopt-a", "orig", "")
 	id, err := p.Create(ctx, orig, class, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
+	g.Eventually(func(g Gomega) {
+		g.Expect(readyStatus(nodeFor(g, p, id))).To(Equal(corev1.ConditionTrue))
+	}).WithTimeout(wait).Should(Succeed())
+	before, err := p.Describe(ctx, id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(before.Owner).To(Equal(actuators.Owner{Namespace: "adopt-a", Name: "orig", UID: orig.UID}), "Create records the Machine it made the instance for")
+	g.Expect(before.Power).To(Equal(actuators.PowerOn))
 
-	adopter, adopterClass := machine(t, "adopt", "adopter", "", func(m *machinistv1.Machine, _ *machinistv1.MachineClass) {
+	thief, thiefClass := machine(t, "adopt-b", "thief", "", func(m *machinistv1.Machine, _ *machinistv1.MachineClass) {
 		m.Spec.ProviderID = id
 	})
-	got, err := p.Create(ctx, adopter, adopterClass, join(t))
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(got).To(Equal(id))
+	_, err = p.Create(ctx, thief, thiefClass, env.JoinData(t))
+	g.Expect(err).To(HaveOccurred())
+	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "no retry hands the instance over: %v", err)
+	g.Expect(actuators.IsTaken(err)).To(BeTrue(), "%v", err)
+	for _, secret := range []string{"adopt-a", "orig", string(orig.UID)} {
+		g.Expect(err.Error()).NotTo(ContainSubstring(secret), "the refusal tells whose the instance is")
+	}
 
-	stranger, strangerClass := machine(t, "adopt", "stranger", "", func(m *machinistv1.Machine, _ *machinistv1.MachineClass) {
-		m.Spec.ProviderID = "inmemory:///adopt/ghost/00000000-0000-0000-0000-000000000000"
+	after, err := p.Describe(ctx, id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(after).To(Equal(before), "still the original Machine's, on the same boot")
+	g.Expect(p.Restarts(id)).To(Equal(0))
+	g.Expect(p.FindByUID(ctx, thief.UID)).To(BeEmpty(), "the refused Machine has no instance, whose Delete would destroy the original's")
+	g.Expect(p.FindByUID(ctx, orig.UID)).To(Equal(id))
+	g.Expect(p.Instances()).To(Equal([]string{id}))
+
+	// The original Machine naming its own instance is a repeated call.
+	self := orig.DeepCopy()
+	self.Spec.ProviderID = id
+	for range 2 {
+		g.Expect(p.Create(ctx, self, class, join(t))).To(Equal(id))
+	}
+	g.Expect(p.Restarts(id)).To(Equal(0), "re-adopting its own instance restarted it")
+	g.Expect(p.BootID(id)).To(Equal(before.BootID))
+
+	stranger, strangerClass := machine(t, "adopt-b", "stranger", "", func(m *machinistv1.Machine, _ *machinistv1.MachineClass) {
+		m.Spec.ProviderID = "inmemory:///adopt-b/ghost/00000000-0000-0000-0000-000000000000"
 	})
 	_, err = p.Create(ctx, stranger, strangerClass, join(t))
 	g.Expect(err).To(HaveOccurred())
 	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "adopting an unknown instance cannot succeed later: %v", err)
+	g.Expect(actuators.IsTaken(err)).To(BeFalse(), "a missing instance is no one's: %v", err)
+}
+
+// TestAdoptingAnUnownedInstance: an instance made outside Machinist
+// belongs to no Machine until one adopts it; then it boots and joins with
+// that Machine's join data, is that Machine's (Describe, FindByUID), and
+// no other Machine's.
+func TestAdoptingAnUnownedInstance(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p := newProvider(t)
+	id, err := p.MakeUnowned("racked", "rack-1")
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(id).To(HavePrefix("inmemory:///racked/rack-1/"))
+	g.Expect(p.Describe(ctx, id)).To(Equal(actuators.Instance{Power: actuators.PowerOff}), "off, and no one's")
+	g.Expect(p.Instances()).To(Equal([]string{id}))
+
+	adopter, class := machine(t, "adopt-u", "adopter", "", func(m *machinistv1.Machine, _ *machinistv1.MachineClass) {
+		m.Spec.ProviderID = id
+		m.Spec.Version = "v1.36.1"
+	})
+	theirs := join(t)
+	g.Expect(p.Create(ctx, adopter, class, theirs)).To(Equal(id))
+	in, err := p.Describe(ctx, id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(in.Owner).To(Equal(actuators.OwnerOf(adopter)))
+	g.Expect(p.FindByUID(ctx, adopter.UID)).To(Equal(id))
+	node, err := p.NodeName(id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Eventually(func(g Gomega) {
+		n := nodeFor(g, p, id)
+		g.Expect(readyStatus(n)).To(Equal(corev1.ConditionTrue))
+		g.Expect(n.Spec.ProviderID).To(Equal(id))
+		g.Expect(n.Status.NodeInfo.KubeletVersion).To(Equal("v1.36.1"), "it runs the adopter's version")
+	}).WithTimeout(wait).Should(Succeed())
+	g.Expect(certificatesFor(g, theirs)).To(Equal([]string{"system:node:" + node}), "it joined with the adopter's join data")
+	boot, err := p.BootID(id)
+	g.Expect(err).NotTo(HaveOccurred())
+
+	// The adopter's Create again: the same instance, nothing redone.
+	g.Expect(p.Create(ctx, adopter, class, theirs)).To(Equal(id))
+	g.Expect(p.BootID(id)).To(Equal(boot))
+	g.Expect(p.Restarts(id)).To(Equal(0))
+
+	// Adopted, it is no longer free for another.
+	late, lateClass := machine(t, "adopt-v", "late", "", func(m *machinistv1.Machine, _ *machinistv1.MachineClass) {
+		m.Spec.ProviderID = id
+	})
+	_, err = p.Create(ctx, late, lateClass, env.JoinData(t))
+	g.Expect(actuators.IsPermanent(err) && actuators.IsTaken(err)).To(BeTrue(), "%v", err)
+	g.Expect(err.Error()).NotTo(ContainSubstring("adopter"))
+	g.Expect(p.FindByUID(ctx, late.UID)).To(BeEmpty())
+	g.Expect(p.Describe(ctx, id)).To(HaveField("Owner", actuators.OwnerOf(adopter)))
+
+	g.Expect(p.Delete(ctx, id)).To(Succeed())
+	g.Expect(p.FindByUID(ctx, adopter.UID)).To(BeEmpty(), "a deleted instance is not found")
+	g.Expect(p.Instances()).To(BeEmpty())
+}
+
+// TestControlMakesUnownedInstances: the control handler makes for an
+// out-of-process provider what MakeUnowned makes in process.
+func TestControlMakesUnownedInstances(t *testing.T) {
+	g := NewWithT(t)
+	p := newProvider(t)
+	srv := httptest.NewServer(p.ControlHandler())
+	t.Cleanup(srv.Close)
+	resp, err := http.Post(srv.URL+"/unowned", "application/json", strings.NewReader(`{"namespace":"racked","name":"rack-2"}`))
+	g.Expect(err).NotTo(HaveOccurred())
+	defer func() { _ = resp.Body.Close() }()
+	g.Expect(resp.StatusCode).To(Equal(http.StatusOK))
+	var out inmemory.Unowned
+	g.Expect(json.NewDecoder(resp.Body).Decode(&out)).To(Succeed())
+	g.Expect(out.ProviderID).To(HavePrefix("inmemory:///racked/rack-2/"))
+	g.Expect(p.Instances()).To(Equal([]string{out.ProviderID}))
+	g.Expect(p.Describe(context.Background(), out.ProviderID)).To(HaveField("Owner", BeZero()))
+
+	bad, err := http.Post(srv.URL+"/unowned", "application/json", strings.NewReader(`{"namespace":"a/b","name":"x"}`))
+	g.Expect(err).NotTo(HaveOccurred())
+	_ = bad.Body.Close()
+	g.Expect(bad.StatusCode).To(Equal(http.StatusBadRequest), "a namespace no providerID can carry")
 }
 
 func TestFailNextIsTransient(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"syscall"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/nodeagent"
@@ -37,9 +39,9 @@ type Hardware interface {
 	// scheme of its providerIDs.
 	Name() string
 	// Check says why a machine of the class's provider spec (JSON, empty
-	// for none) could never boot, nil if it can: Create asks before it
-	// makes anything, and fails permanently.
-	Check(spec json.RawMessage) error
+	// for none) and Node capacity could never boot, nil if it can: Create
+	// asks before it makes anything, and fails permanently.
+	Check(spec json.RawMessage, capacity corev1.ResourceList) error
 	// Command is the process of one boot of b. Output it sets is closed
 	// by the Provider once the process has started. An error wrapped with
 	// actuators.Permanent is a machine that cannot boot as asked, such as
@@ -117,10 +119,19 @@ var _ Hardware = agents{}
 
 func (agents) Name() string { return Name }
 
-// Check accepts every spec: an agent reads none.
-func (agents) Check(json.RawMessage) error { return nil }
+// Check accepts every spec, which an agent does not read, and a capacity
+// CapacityFlag can write.
+func (agents) Check(_ json.RawMessage, capacity corev1.ResourceList) error {
+	_, err := CapacityFlag(capacity)
+	return err
+}
 
 func (h agents) Command(b Boot) (*exec.Cmd, error) {
+	// Checked at Create; checked again for a machine created before
+	// capacities were.
+	if _, err := CapacityFlag(b.Capacity); err != nil {
+		return nil, actuators.Permanent(err)
+	}
 	log, err := os.OpenFile(filepath.Join(b.Dir, logFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
@@ -149,14 +160,36 @@ func (h agents) args(b Boot) []string {
 		args = append(args, "--renew-interval="+h.opts.RenewInterval.String())
 	}
 	if len(b.Capacity) > 0 {
-		pairs := make([]string, 0, len(b.Capacity))
-		for name, q := range b.Capacity {
-			pairs = append(pairs, string(name)+"="+q.String())
-		}
-		sort.Strings(pairs)
-		args = append(args, "--capacity="+strings.Join(pairs, ","))
+		// Command refuses a capacity CapacityFlag cannot write.
+		capacity, _ := CapacityFlag(b.Capacity)
+		args = append(args, "--capacity="+capacity)
 	}
 	return args
+}
+
+// CapacityFlag is the value of an agent's --capacity flag for c:
+// name=quantity pairs, sorted, so that a machine's command line is the
+// same at every boot. Only a fixed vocabulary is written: each name a
+// resource name as Kubernetes checks one (a qualified name: at most 63
+// letters, digits, '-', '_' and '.' after an optional DNS subdomain
+// prefix and '/') and each quantity non-negative, in its canonical form.
+// Anything else is an error: a name with a ',' or '=' would say other
+// resources than it seems to, and one with a space, on a command line
+// split at spaces (a VM's kernel's), other flags.
+func CapacityFlag(c corev1.ResourceList) (string, error) {
+	pairs := make([]string, 0, len(c))
+	for name, q := range c {
+		if errs := validation.IsQualifiedName(string(name)); len(errs) > 0 {
+			return "", fmt.Errorf("the class's capacity: %q is not a resource name: %s", name, strings.Join(errs, "; "))
+		}
+		if q.Sign() < 0 {
+			return "", fmt.Errorf("the class's capacity: %s is %s: a Node offers no negative amount", name, q.String())
+		}
+		number, suffix := q.CanonicalizeBytes(nil)
+		pairs = append(pairs, string(name)+"="+string(number)+string(suffix))
+	}
+	sort.Strings(pairs)
+	return strings.Join(pairs, ","), nil
 }
 
 // Owner recognises an agent by its argv[1], "agent", and its

@@ -5,9 +5,10 @@
 // again in its state directory:
 //
 //	<StateDir>/<namespace>_<name>_<uid>/   one per Machine
-//	    state.json   the provider's record: providerID, Node name, agent PID,
-//	                 the operation under way and the last one done, restarts
-//	                 (kept by a repair)
+//	    state.json   the provider's record: providerID, the Machine the
+//	                 machine belongs to, Node name, agent PID, the operation
+//	                 under way and the last one done, restarts (kept by a
+//	                 repair)
 //	    agent.log    the agent's stdout and stderr
 //	    boot-id      the running agent's boot ID
 //	    bootstrap-kubeconfig  the join data (0600): server, CA, bootstrap token
@@ -117,10 +118,15 @@ var _ actuators.Actuator = (*Provider)(nil)
 // state is a machine's state file: what a new Provider needs to take the
 // machine over.
 type state struct {
-	ProviderID string              `json:"providerID"`
-	NodeName   string              `json:"nodeName"`
-	Version    string              `json:"version,omitempty"`
-	Capacity   corev1.ResourceList `json:"capacity,omitempty"`
+	ProviderID string `json:"providerID"`
+	// Owner is the Machine the machine belongs to. A state file written
+	// before owners were recorded has none: its owner is the Machine its
+	// providerID was made for (see owner), so that no machine of an
+	// earlier version becomes another Machine's to adopt.
+	Owner    *owner              `json:"owner,omitempty"`
+	NodeName string              `json:"nodeName"`
+	Version  string              `json:"version,omitempty"`
+	Capacity corev1.ResourceList `json:"capacity,omitempty"`
 	// Spec is the class's provider spec when the machine was created.
 	Spec json.RawMessage `json:"spec,omitempty"`
 	// PID is the agent's process ID, zero when it is not running.
@@ -138,6 +144,42 @@ type state struct {
 	// before the directory is gone leaves a machine the next one must not
 	// boot again.
 	Deleting bool `json:"deleting,omitempty"`
+}
+
+// owner is actuators.Owner as a state file records it.
+type owner struct {
+	Namespace string    `json:"namespace"`
+	Name      string    `json:"name"`
+	UID       types.UID `json:"uid"`
+}
+
+// recorded is o as a state file records it.
+func recorded(o actuators.Owner) *owner {
+	return &owner{Namespace: o.Namespace, Name: o.Name, UID: o.UID}
+}
+
+// owner is the Machine the machine of st belongs to: the one recorded, or,
+// in a state file from before owners were recorded, the one its
+// providerID was made for (<provider>:///<namespace>/<name>/<uid>).
+func (st state) owner() actuators.Owner {
+	if o := st.Owner; o != nil {
+		return actuators.Owner{Namespace: o.Namespace, Name: o.Name, UID: o.UID}
+	}
+	return madeFor(st.ProviderID)
+}
+
+// madeFor is the Machine a providerID was made for, zero for one that is
+// not of the form actuators.ProviderID makes, whatever its provider.
+func madeFor(providerID string) actuators.Owner {
+	scheme, _, ok := strings.Cut(providerID, ":///")
+	if !ok {
+		return actuators.Owner{}
+	}
+	ns, name, uid, err := actuators.ParseProviderID(scheme, providerID)
+	if err != nil {
+		return actuators.Owner{}
+	}
+	return actuators.Owner{Namespace: ns, Name: name, UID: uid}
 }
 
 // pendingOp is a reboot or repair begun and not yet finished.
@@ -460,7 +502,7 @@ func (p *Provider) BootID(providerID string) (string, error) {
 // agent process runs, and its boot ID is the one that process chose as it
 // started, before joining. A process just started may not have written
 // its own yet, and the last boot's is reported until it has: never a boot
-// that has not happened.
+// that has not happened. Its owner is the one its state file records.
 func (p *Provider) Describe(ctx context.Context, providerID string) (actuators.Instance, error) {
 	if err := p.takeOver(ctx); err != nil {
 		return actuators.Instance{}, err
@@ -470,16 +512,16 @@ func (p *Provider) Describe(ctx context.Context, providerID string) (actuators.I
 		return actuators.Instance{}, err
 	}
 	m.mu.Lock()
-	running := m.running()
+	running, owner := m.running(), m.st.owner()
 	m.mu.Unlock()
 	if !running {
-		return actuators.Instance{Power: actuators.PowerOff}, nil
+		return actuators.Instance{Power: actuators.PowerOff, Owner: owner}, nil
 	}
 	boot, err := p.BootID(providerID)
 	if err != nil {
 		return actuators.Instance{}, err
 	}
-	return actuators.Instance{Power: actuators.PowerOn, BootID: boot}, nil
+	return actuators.Instance{Power: actuators.PowerOn, BootID: boot, Owner: owner}, nil
 }
 
 // Restarts reports how many reboots and repairs the instance has done;
@@ -499,7 +541,8 @@ func (p *Provider) Restarts(providerID string) (int, error) {
 
 // Create implements actuators.Actuator. The providerID follows from the
 // Machine alone, so a repeated call finds the same directory and starts the
-// agent only if it is not running.
+// agent only if it is not running. The state file records the Machine as
+// the machine's owner.
 func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class *machinistv1.MachineClass, join actuators.Join) (string, error) {
 	if err := actuators.RequireJoin(join, fmt.Sprintf(p.hw.Name()+": creating an instance for machine %s/%s", mach.Namespace, mach.Name)); err != nil {
 		return "", err
@@ -508,14 +551,7 @@ func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class 
 		return "", err
 	}
 	if id := mach.Spec.ProviderID; id != "" {
-		ok, err := p.Exists(ctx, id)
-		if err == nil && !ok {
-			err = errors.New("no such instance")
-		}
-		if err != nil {
-			return "", actuators.Permanent(fmt.Errorf("cannot adopt %q: %w", id, err))
-		}
-		return id, nil
+		return p.claim(mach, id)
 	}
 	if mach.UID == "" {
 		return "", actuators.Permanent(fmt.Errorf("machine %s/%s has no UID", mach.Namespace, mach.Name))
@@ -524,9 +560,13 @@ func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class 
 	if class != nil && len(class.Spec.ProviderSpec.Raw) > 0 {
 		spec = slices.Clone(class.Spec.ProviderSpec.Raw)
 	}
+	var capacity corev1.ResourceList
+	if class != nil && class.Spec.NodeTemplate != nil {
+		capacity = class.Spec.NodeTemplate.Capacity
+	}
 	// Before anything is made: a machine that could never boot leaves
 	// nothing behind to take over.
-	if err := p.hw.Check(spec); err != nil {
+	if err := p.hw.Check(spec, capacity); err != nil {
 		return "", actuators.Permanent(err)
 	}
 	id := actuators.ProviderID(p.hw.Name(), mach)
@@ -544,12 +584,15 @@ func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class 
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if !m.live {
-		st := state{ProviderID: id, NodeName: actuators.NodeName(mach.Name, mach.UID), Version: mach.Spec.Version}
-		if class != nil && class.Spec.NodeTemplate != nil {
-			st.Capacity = class.Spec.NodeTemplate.Capacity.DeepCopy()
+	if m.live {
+		// Named after mach, yet it may have been handed to another.
+		if err := actuators.Claim(m.st.owner(), mach); err != nil {
+			return "", err
 		}
-		st.Spec = spec
+	}
+	if !m.live {
+		st := state{ProviderID: id, Owner: recorded(actuators.OwnerOf(mach)), NodeName: actuators.NodeName(mach.Name, mach.UID), Version: mach.Spec.Version}
+		st.Capacity, st.Spec = capacity.DeepCopy(), spec
 		if err := os.MkdirAll(m.dir, 0o755); err != nil {
 			return "", p.errorf("creating %s: %w", id, err)
 		}
@@ -578,6 +621,40 @@ func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class 
 	return id, nil
 }
 
+// claim returns providerID for mach if the machine it names belongs to
+// mach already. Every machine of this provider was made for a Machine,
+// which owns it: there is none of no Machine's to hand over, so only a
+// repeated call succeeds. The machine of another is refused before
+// anything of it is touched, and so is the directory of another's Create
+// under way, which becomes that Machine's machine once its state file is
+// written.
+func (p *Provider) claim(mach *machinistv1.Machine, providerID string) (string, error) {
+	ns, name, uid, err := p.parse(providerID)
+	if err != nil {
+		return "", actuators.Permanent(fmt.Errorf("cannot adopt %q: %w", providerID, err))
+	}
+	p.mu.Lock()
+	m, ok := p.machines[providerID]
+	p.mu.Unlock()
+	if ok {
+		m.mu.Lock()
+		live, o := m.live, m.st.owner()
+		m.mu.Unlock()
+		if live {
+			if err := actuators.Claim(o, mach); err != nil {
+				return "", err
+			}
+			return providerID, nil
+		}
+	}
+	if exists(p.dir(ns, name, uid)) {
+		if err := actuators.Claim(actuators.Owner{Namespace: ns, Name: name, UID: uid}, mach); err != nil {
+			return "", err
+		}
+	}
+	return "", actuators.Permanent(fmt.Errorf("cannot adopt %q: no such instance", providerID))
+}
+
 // Exists implements actuators.Actuator: the machine's directory exists. A
 // crashed machine exists; only Delete ends one.
 func (p *Provider) Exists(ctx context.Context, providerID string) (bool, error) {
@@ -595,26 +672,61 @@ func (p *Provider) Exists(ctx context.Context, providerID string) (bool, error) 
 	return err == nil, err
 }
 
-// FindByUID implements actuators.Actuator. The machine's directory is
-// named after its Machine, so a Create that died before writing its state
-// file is found too.
+// FindByUID implements actuators.Actuator: the machine whose state file
+// records the Machine as its owner. The machine's directory is named
+// after the Machine it was made for, its owner unless it was handed to
+// another, so that is looked for first, and finds a Create that died
+// before writing its state file too; only when none is found are the
+// owners of every machine read.
 func (p *Provider) FindByUID(ctx context.Context, uid types.UID) (string, error) {
 	if err := p.takeOver(ctx); err != nil {
 		return "", err
 	}
-	if uid == "" || strings.ContainsAny(string(uid), "/_*?[") {
+	if uid == "" {
 		return "", nil
 	}
-	dirs, err := filepath.Glob(filepath.Join(p.opts.StateDir, "*_"+string(uid)))
-	if err != nil || len(dirs) == 0 {
-		return "", err
+	if !strings.ContainsAny(string(uid), "/_*?[\\") {
+		dirs, err := filepath.Glob(filepath.Join(p.opts.StateDir, "*_"+string(uid)))
+		if err != nil {
+			return "", err
+		}
+		for _, dir := range dirs {
+			parts := strings.Split(filepath.Base(dir), "_")
+			if len(parts) != 3 {
+				return "", p.errorf("%s is not named <namespace>_<name>_<uid>", dir)
+			}
+			st, err := p.readState(dir)
+			switch {
+			case errors.Is(err, fs.ErrNotExist):
+			case err != nil:
+				return "", err
+			case st.owner().UID != uid:
+				continue
+			}
+			return actuators.ProviderID(p.hw.Name(), &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{
+				Namespace: parts[0], Name: parts[1], UID: uid}}), nil
+		}
 	}
-	parts := strings.Split(filepath.Base(dirs[0]), "_")
-	if len(parts) != 3 {
-		return "", p.errorf("%s is not named <namespace>_<name>_<uid>", dirs[0])
+	entries, err := os.ReadDir(p.opts.StateDir)
+	if err != nil {
+		return "", p.errorf("%w", err)
 	}
-	return actuators.ProviderID(p.hw.Name(), &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{
-		Namespace: parts[0], Name: parts[1], UID: uid}}), nil
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		st, err := p.readState(filepath.Join(p.opts.StateDir, e.Name()))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		if st.owner().UID == uid {
+			return st.ProviderID, nil
+		}
+	}
+	return "", nil
 }
 
 // Delete implements actuators.Actuator: it stops the agent and removes the
@@ -976,9 +1088,14 @@ func Agents() (map[string][]int, error) { return processes(agents{}.Owner) }
 
 // Instance is what a state directory records of one machine.
 type Instance struct {
+	// Namespace, Name and UID are those of the Machine the machine was
+	// made for, which its directory is named after.
 	Namespace, Name string
 	UID             types.UID
 	ProviderID      string
+	// Owner is the Machine the machine belongs to: the one it was made
+	// for, unless its state file records another.
+	Owner actuators.Owner
 	// Restarts counts the reboots and repairs carried out.
 	Restarts int
 }
@@ -1010,7 +1127,12 @@ func Instances(stateDir string) ([]Instance, error) {
 				return nil, fmt.Errorf("%s: %w", filepath.Join(stateDir, e.Name(), StateFile), err)
 			}
 		}
-		out = append(out, Instance{Namespace: parts[0], Name: parts[1], UID: types.UID(parts[2]), ProviderID: st.ProviderID, Restarts: st.Restarts})
+		in := Instance{Namespace: parts[0], Name: parts[1], UID: types.UID(parts[2]), ProviderID: st.ProviderID, Restarts: st.Restarts}
+		in.Owner = actuators.Owner{Namespace: in.Namespace, Name: in.Name, UID: in.UID}
+		if st.ProviderID != "" {
+			in.Owner = st.owner()
+		}
+		out = append(out, in)
 	}
 	return out, nil
 }

@@ -216,21 +216,80 @@ func TestCreateRegistersAReadyNodeOnce(t *testing.T) {
 	g.Expect(p.Exists(ctx, id)).To(BeTrue())
 }
 
-func TestAdoptionAndBadProviderIDs(t *testing.T) {
+// TestAdoptionHandsNoMachineAnotherMachinesInstance: a Machine of
+// another namespace naming a live Machine's instance in spec.providerID is
+// refused, permanently and without learning whose it is, and the machine
+// is left as it was, its join data and state file too; its own Machine
+// naming it gets it back.
+func TestAdoptionHandsNoMachineAnotherMachinesInstance(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
-	p, _ := newProvider(t, "")
-	id, err := p.Create(ctx, machine("orig"), nil, join(t))
+	p, dir := newProvider(t, "")
+	orig := machine("orig")
+	orig.Namespace = "tenant-a"
+	id, err := p.Create(ctx, orig, nil, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
+	booted(t, p, id, "")
+	before, err := p.Describe(ctx, id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(before.Owner).To(Equal(actuators.Owner{Namespace: "tenant-a", Name: "orig", UID: orig.UID}), "Create records the Machine it made the instance for")
+	pid, err := p.PID(id)
+	g.Expect(err).NotTo(HaveOccurred())
+	mdir := filepath.Join(dir, "tenant-a_orig_"+string(orig.UID))
+	files := func() map[string]string {
+		out := map[string]string{}
+		for _, f := range []string{"state.json", "bootstrap-kubeconfig", "kubeconfig", "boot-id"} {
+			b, err := os.ReadFile(filepath.Join(mdir, f))
+			g.Expect(err).NotTo(HaveOccurred())
+			out[f] = string(b)
+		}
+		return out
+	}
+	was := files()
 
-	adopter := machine("adopter")
-	adopter.Spec.ProviderID = id
-	g.Expect(p.Create(ctx, adopter, nil, join(t))).To(Equal(id))
+	thief := machine("thief")
+	thief.Namespace = "tenant-b"
+	thief.Spec.ProviderID = id
+	_, err = p.Create(ctx, thief, nil, env.JoinData(t))
+	g.Expect(err).To(HaveOccurred())
+	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "no retry hands the instance over: %v", err)
+	g.Expect(actuators.IsTaken(err)).To(BeTrue(), "%v", err)
+	for _, secret := range []string{"tenant-a", "orig", string(orig.UID)} {
+		g.Expect(err.Error()).NotTo(ContainSubstring(secret), "the refusal tells whose the instance is")
+	}
+	g.Expect(p.Describe(ctx, id)).To(Equal(before), "still the original Machine's, on the same boot")
+	g.Expect(p.PID(id)).To(Equal(pid))
+	g.Expect(agents(id)).To(Equal([]int{pid}))
+	g.Expect(p.Restarts(id)).To(Equal(0))
+	g.Expect(files()).To(Equal(was), "the refusal wrote to the machine's disk")
+	g.Expect(p.FindByUID(ctx, thief.UID)).To(BeEmpty(), "the refused Machine has no instance, whose Delete would destroy the original's")
+	instances, err := process.Instances(dir)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(instances).To(HaveLen(1))
+	g.Expect(instances[0].Owner).To(Equal(actuators.OwnerOf(orig)))
+
+	// The original Machine naming its own instance is a repeated call.
+	self := orig.DeepCopy()
+	self.Spec.ProviderID = id
+	g.Expect(p.Create(ctx, self, nil, join(t))).To(Equal(id))
+	g.Expect(p.PID(id)).To(Equal(pid))
+
+	// The directory of another Machine's Create under way (no state file
+	// yet) is that Machine's too.
+	half := machine("half")
+	half.Namespace = "tenant-a"
+	g.Expect(os.Mkdir(filepath.Join(dir, "tenant-a_half_"+string(half.UID)), 0o755)).To(Succeed())
+	early := machine("early")
+	early.Spec.ProviderID = actuators.ProviderID(process.Name, half)
+	_, err = p.Create(ctx, early, nil, join(t))
+	g.Expect(actuators.IsPermanent(err) && actuators.IsTaken(err)).To(BeTrue(), "%v", err)
+	g.Expect(p.FindByUID(ctx, early.UID)).To(BeEmpty())
 
 	stranger := machine("stranger")
 	stranger.Spec.ProviderID = "process:///proc/ghost/00000000-0000-0000-0000-000000000000"
 	_, err = p.Create(ctx, stranger, nil, join(t))
 	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "adopting an unknown instance cannot succeed later: %v", err)
+	g.Expect(actuators.IsTaken(err)).To(BeFalse(), "a missing instance is no one's: %v", err)
 
 	for _, bad := range []string{"inmemory:///proc/x/1", "process:///only/two"} {
 		_, err := p.Exists(ctx, bad)
@@ -238,6 +297,82 @@ func TestAdoptionAndBadProviderIDs(t *testing.T) {
 		g.Expect(actuators.IsPermanent(p.Delete(ctx, bad))).To(BeTrue(), bad)
 		g.Expect(actuators.IsPermanent(p.Reboot(ctx, bad, actuators.Operation{ID: "x"}))).To(BeTrue(), bad)
 	}
+}
+
+// TestAStateFileWithoutAnOwnerIsItsProviderIDsMachines: a machine made
+// before owners were recorded belongs to the Machine its providerID was
+// made for, so that no upgrade makes it another Machine's to adopt.
+func TestAStateFileWithoutAnOwnerIsItsProviderIDsMachines(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	first, _ := newProvider(t, dir)
+	orig := machine("legacy")
+	id, err := first.Create(ctx, orig, nil, join(t))
+	g.Expect(err).NotTo(HaveOccurred())
+	booted(t, first, id, "")
+	g.Expect(first.Stop(ctx)).To(Succeed())
+	mdir := machineDir(t, dir, "legacy")
+	g.Expect(readStateFile(t, mdir)).To(HaveKeyWithValue("owner", map[string]any{"namespace": "proc", "name": "legacy", "uid": string(orig.UID)}))
+	crashState(t, mdir, func(st map[string]any) { delete(st, "owner") })
+
+	p, _ := newProvider(t, dir)
+	in, err := p.Describe(ctx, id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(in.Owner).To(Equal(actuators.OwnerOf(orig)))
+	g.Expect(p.FindByUID(ctx, orig.UID)).To(Equal(id))
+	instances, err := process.Instances(dir)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(instances).To(HaveLen(1))
+	g.Expect(instances[0].Owner).To(Equal(actuators.OwnerOf(orig)))
+
+	thief := machine("thief")
+	thief.Spec.ProviderID = id
+	_, err = p.Create(ctx, thief, nil, join(t))
+	g.Expect(actuators.IsPermanent(err) && actuators.IsTaken(err)).To(BeTrue(), "%v", err)
+	g.Expect(p.FindByUID(ctx, thief.UID)).To(BeEmpty())
+	self := orig.DeepCopy()
+	self.Spec.ProviderID = id
+	g.Expect(p.Create(ctx, self, nil, join(t))).To(Equal(id))
+	g.Expect(readStateFile(t, mdir)).NotTo(HaveKey("owner"), "nothing rewrote the legacy state")
+}
+
+// TestFindByUIDFindsTheMachineByItsRecordedOwner: a machine whose state
+// file records another owner than the Machine it was made for (as one
+// handed over would) is that owner's: FindByUID finds it by the owner's
+// UID, past its directory's name, and the Machine it was made for no
+// longer gets it.
+func TestFindByUIDFindsTheMachineByItsRecordedOwner(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	first, _ := newProvider(t, dir)
+	maker := machine("maker")
+	id, err := first.Create(ctx, maker, nil, join(t))
+	g.Expect(err).NotTo(HaveOccurred())
+	booted(t, first, id, "")
+	g.Expect(first.Stop(ctx)).To(Succeed())
+	holder := machine("holder")
+	holder.Namespace = "imported"
+	crashState(t, machineDir(t, dir, "maker"), func(st map[string]any) {
+		st["owner"] = map[string]any{"namespace": "imported", "name": "holder", "uid": string(holder.UID)}
+	})
+
+	p, _ := newProvider(t, dir)
+	g.Expect(p.FindByUID(ctx, holder.UID)).To(Equal(id))
+	g.Expect(p.FindByUID(ctx, maker.UID)).To(BeEmpty(), "its directory names the maker, which it no longer belongs to")
+	g.Expect(p.Describe(ctx, id)).To(HaveField("Owner", actuators.OwnerOf(holder)))
+	instances, err := process.Instances(dir)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(instances).To(ConsistOf(HaveField("Owner", actuators.OwnerOf(holder))))
+
+	adopter := holder.DeepCopy()
+	adopter.Spec.ProviderID = id
+	g.Expect(p.Create(ctx, adopter, nil, join(t))).To(Equal(id))
+	_, err = p.Create(ctx, maker, nil, join(t))
+	g.Expect(actuators.IsPermanent(err) && actuators.IsTaken(err)).To(BeTrue(), "the maker's Create: %v", err)
+	g.Expect(p.Delete(ctx, id)).To(Succeed())
+	g.Expect(p.FindByUID(ctx, holder.UID)).To(BeEmpty())
 }
 
 func TestRebootIsIdempotentOnOperationID(t *testing.T) {

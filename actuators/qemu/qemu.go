@@ -39,18 +39,19 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/machinist-dev/machinist/actuators"
@@ -203,12 +204,16 @@ var _ process.Hardware = (*vms)(nil)
 
 func (*vms) Name() string { return Name }
 
-// Check refuses a provider spec it does not know, or a VM too small for
-// its guest binary.
-func (h *vms) Check(raw json.RawMessage) error {
+// Check refuses a provider spec it does not know, a capacity the kernel
+// command line cannot carry (capacityArg), or a VM too small for its
+// guest binary.
+func (h *vms) Check(raw json.RawMessage, capacity corev1.ResourceList) error {
 	spec, err := parseSpec(raw)
 	if err != nil {
 		return err
+	}
+	if _, err := capacityArg(capacity, spec); err != nil {
+		return fmt.Errorf("qemu: %w", err)
 	}
 	return h.fits(spec)
 }
@@ -237,8 +242,9 @@ func (h *vms) prepare() (initrd, accel string, err error) {
 
 func (h *vms) Command(b process.Boot) (*exec.Cmd, error) {
 	// Checked at Create; checked again, for the guest binary may have
-	// been replaced by one that does not fit since.
-	if err := h.Check(b.Spec); err != nil {
+	// been replaced by one that does not fit since, and a machine made
+	// before capacities were checked may have one that is not written.
+	if err := h.Check(b.Spec, b.Capacity); err != nil {
 		return nil, actuators.Permanent(err)
 	}
 	spec, _ := parseSpec(b.Spec)
@@ -256,7 +262,11 @@ func (h *vms) Command(b process.Boot) (*exec.Cmd, error) {
 	if err != nil {
 		return nil, err
 	}
-	args := h.args(b, spec, initrd, accel)
+	args, err := h.args(b, spec, initrd, accel)
+	if err != nil {
+		_ = log.Close()
+		return nil, actuators.Permanent(err)
+	}
 	cmd := exec.Command(h.opts.QEMU, args...)
 	cmd.Dir = b.Dir
 	cmd.Stdout, cmd.Stderr = log, log
@@ -266,8 +276,21 @@ func (h *vms) Command(b process.Boot) (*exec.Cmd, error) {
 // args are QEMU's arguments for one boot. The machine's files are named
 // relative to its directory, QEMU's working directory, so that a deep
 // state directory cannot make the QMP socket's path too long.
-func (h *vms) args(b process.Boot, spec Spec, initrd, accel string) []string {
-	mem := resource.MustParse(spec.Memory)
+//
+// The agent's flags go on the kernel command line, which the guest's
+// kernel splits at spaces (and quotes) into its init's arguments: a word
+// that holds one would be more than one flag. Each word is built from a
+// fixed vocabulary (capacityArg), and one that still holds a space, a
+// quote or a control character is refused rather than written.
+func (h *vms) args(b process.Boot, spec Spec, initrd, accel string) ([]string, error) {
+	mem, err := resource.ParseQuantity(spec.Memory)
+	if err != nil {
+		return nil, fmt.Errorf("qemu: memory %q: %w", spec.Memory, err)
+	}
+	capacity, err := capacityArg(b.Capacity, spec)
+	if err != nil {
+		return nil, fmt.Errorf("qemu: %w", err)
+	}
 	agent := []string{"agent",
 		"--bootstrap-kubeconfig=" + guest.BootstrapKubeconfig,
 		"--kubeconfig=" + guest.Kubeconfig,
@@ -275,13 +298,18 @@ func (h *vms) args(b process.Boot, spec Spec, initrd, accel string) []string {
 		"--provider-id=" + b.ProviderID,
 		"--version=" + b.Version,
 		"--host-info",
-		"--capacity=" + capacity(b, spec),
+		"--capacity=" + capacity,
 	}
 	if h.opts.LeaseDurationSeconds > 0 {
 		agent = append(agent, "--lease-duration-seconds="+strconv.Itoa(int(h.opts.LeaseDurationSeconds)))
 	}
 	if h.opts.RenewInterval > 0 {
 		agent = append(agent, "--renew-interval="+h.opts.RenewInterval.String())
+	}
+	for _, w := range agent {
+		if !kernelWord(w) {
+			return nil, fmt.Errorf("qemu: the guest's agent cannot be given %q: its kernel command line would split it", w)
+		}
 	}
 	accelArg, cpu := "kvm", "host"
 	if accel == AccelTCG {
@@ -305,7 +333,18 @@ func (h *vms) args(b process.Boot, spec Spec, initrd, accel string) []string {
 		"-qmp", "unix:" + qmpSocket + ",server=on,wait=off",
 		"-serial", "file:" + consoleFile,
 		"-no-reboot",
+	}, nil
+}
+
+// kernelWord reports whether w stays one word on a kernel command line:
+// printable ASCII without a space or a double quote.
+func kernelWord(w string) bool {
+	for i := 0; i < len(w); i++ {
+		if c := w[i]; c <= ' ' || c > '~' || c == '"' {
+			return false
+		}
 	}
+	return w != ""
 }
 
 // fits refuses a VM too small for its initramfs: the kernel unpacks it
@@ -326,20 +365,21 @@ func (h *vms) fits(spec Spec) error {
 	return nil
 }
 
-// capacity is what the Node offers: the VM's CPUs and memory, unless the
-// class's node template says otherwise.
-func capacity(b process.Boot, spec Spec) string {
-	pairs := map[string]string{"cpu": strconv.Itoa(spec.CPUs), "memory": spec.Memory}
-	for name, q := range b.Capacity {
-		pairs[string(name)] = q.String()
+// capacityArg is the agent's --capacity: what the Node offers, the VM's
+// CPUs and memory unless the class's node template says otherwise, in
+// process.CapacityFlag's vocabulary: resource names and canonical
+// quantities, anything else refused.
+func capacityArg(capacity corev1.ResourceList, spec Spec) (string, error) {
+	mem, err := resource.ParseQuantity(spec.Memory)
+	if err != nil {
+		return "", fmt.Errorf("memory %q: %w", spec.Memory, err)
 	}
-	out := make([]string, 0, len(pairs))
-	for name, v := range pairs {
-		out = append(out, name+"="+v)
+	all := corev1.ResourceList{
+		corev1.ResourceCPU:    *resource.NewQuantity(int64(spec.CPUs), resource.DecimalSI),
+		corev1.ResourceMemory: mem,
 	}
-	// Sorted: the same machine has the same command line every boot.
-	sort.Strings(out)
-	return strings.Join(out, ",")
+	maps.Copy(all, capacity)
+	return process.CapacityFlag(all)
 }
 
 // parseSpec reads a provider spec, refusing what it does not know.
@@ -350,6 +390,10 @@ func parseSpec(raw json.RawMessage) (Spec, error) {
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&s); err != nil {
 			return s, fmt.Errorf("qemu: the class's providerSpec: %w (it takes cpus and memory)", err)
+		}
+		// Decode reads one value: what follows it would go unread.
+		if rest := strings.TrimSpace(string(raw[dec.InputOffset():])); rest != "" {
+			return s, fmt.Errorf("qemu: the class's providerSpec: unexpected data after the JSON object: %.20q", rest)
 		}
 	}
 	if s.CPUs == 0 {

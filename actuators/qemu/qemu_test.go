@@ -189,7 +189,7 @@ func TestAMachineLivesItsOwnLife(t *testing.T) {
 	g.Expect(n.Status.Capacity.Memory().String()).To(Equal("256Mi"))
 	inst, err := p.Describe(ctx, id)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(inst).To(Equal(actuators.Instance{Power: actuators.PowerOn, BootID: n.Status.NodeInfo.BootID}))
+	g.Expect(inst).To(Equal(actuators.Instance{Power: actuators.PowerOn, BootID: n.Status.NodeInfo.BootID, Owner: actuators.OwnerOf(m)}))
 	g.Expect(vms(id)).To(HaveLen(1))
 	joins := csrs(g, n.Name)
 	g.Expect(joins).To(Equal(1))

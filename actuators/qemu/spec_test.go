@@ -70,8 +70,11 @@ func TestCommandRefusesWhatCannotBoot(t *testing.T) {
 func TestOwnerKnowsItsVMsByTheirCommandLine(t *testing.T) {
 	h := &vms{opts: Options{}}
 	id := "qemu:///ns/m/0b5c"
-	argv := append([]string{"/usr/bin/qemu-system-x86_64"},
-		h.args(process.Boot{ProviderID: id, NodeName: "n", Version: "v1"}, Spec{CPUs: 1, Memory: "256Mi"}, "initrd", AccelTCG)...)
+	args, err := h.args(process.Boot{ProviderID: id, NodeName: "n", Version: "v1"}, Spec{CPUs: 1, Memory: "256Mi"}, "initrd", AccelTCG)
+	if err != nil {
+		t.Fatal(err)
+	}
+	argv := append([]string{"/usr/bin/qemu-system-x86_64"}, args...)
 	if got := h.Owner(argv); got != id {
 		t.Errorf("Owner = %q, want %q", got, id)
 	}

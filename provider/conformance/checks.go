@@ -164,6 +164,95 @@ func checkAdoptMissing(ctx context.Context, t *trial) error {
 	return nil
 }
 
+// checkTaken proves that one Machine's instance is never handed to
+// another: Create for Machine B of another namespace whose
+// spec.providerID names Machine A's instance fails permanently with
+// actuators.ErrTaken, in a message that names neither A nor its
+// namespace, and leaves A's instance as it was: still A's, on the same
+// boot, and B with no instance. Describe must report A as the owner
+// recorded on its instance, before and after; A itself, naming its own
+// instance, gets it back.
+func checkTaken(ctx context.Context, t *trial) error {
+	a, idA, h, err := t.launch(ctx)
+	if err != nil {
+		return err
+	}
+	want := actuators.OwnerOf(a)
+	owned := func(when string) (actuators.Instance, error) {
+		in, err := t.s.client.Describe(ctx, idA)
+		switch {
+		case err != nil:
+			return in, fmt.Errorf("Describe %s %s: %w", idA, when, err)
+		case in.Owner.IsZero():
+			return in, fmt.Errorf("Describe reports no owner for %s %s, want Machine %s/%s (UID %s), for which Create made it: a provider records on each instance the Machine it belongs to", idA, when, a.Namespace, a.Name, a.UID)
+		case in.Owner != want:
+			return in, fmt.Errorf("Describe reports owner %s/%s (UID %s) for %s %s, want Machine %s/%s (UID %s), for which Create made it", in.Owner.Namespace, in.Owner.Name, in.Owner.UID, idA, when, a.Namespace, a.Name, a.UID)
+		}
+		return in, nil
+	}
+	before, err := owned("after Create")
+	if err != nil {
+		return err
+	}
+	boots := len(h.boots)
+
+	b := t.machine()
+	b.Namespace = "other-" + suffix()
+	b.Spec.ProviderID = idA
+	id, err := t.create(ctx, b)
+	switch {
+	case err == nil:
+		return fmt.Errorf("Create for Machine %s/%s, whose spec.providerID names the instance of Machine %s/%s, returned %q: it was handed another Machine's instance", b.Namespace, b.Name, a.Namespace, a.Name, id)
+	case !actuators.IsPermanent(err):
+		return fmt.Errorf("Create for a Machine whose spec.providerID names another Machine's instance failed transiently (the controller would retry forever), want a permanent error wrapping %q: %w", actuators.ErrTaken, err)
+	case !actuators.IsTaken(err):
+		return fmt.Errorf("Create for a Machine whose spec.providerID names another Machine's instance failed without saying the instance is taken (a Failure with reason %s), want a permanent error wrapping %q: %w", provider.ReasonInstanceTaken, actuators.ErrTaken, err)
+	}
+	// B's own name and namespace may be in the message; A's may not.
+	msg := strings.ReplaceAll(strings.ReplaceAll(err.Error(), b.Name, ""), b.Namespace, "")
+	for _, leak := range []struct{ what, value string }{{"name", a.Name}, {"namespace", a.Namespace}, {"UID", string(a.UID)}} {
+		if strings.Contains(msg, leak.value) {
+			return fmt.Errorf("the refusal names the other Machine's %s %q, which its author may not know: %w", leak.what, leak.value, err)
+		}
+	}
+
+	var errs []error
+	if found, err := t.s.client.FindByUID(ctx, b.UID); err != nil {
+		errs = append(errs, fmt.Errorf("FindByUID of the refused Machine: %w", err))
+	} else if found != "" {
+		errs = append(errs, fmt.Errorf("after the refusal, FindByUID of the refused Machine finds %s: its Delete would destroy that", found))
+	}
+	if exists, err := t.s.client.Exists(ctx, idA); err != nil {
+		errs = append(errs, fmt.Errorf("Exists %s after the refusal: %w", idA, err))
+	} else if !exists {
+		errs = append(errs, fmt.Errorf("after the refusal, %s no longer exists", idA))
+	}
+	if after, err := owned("after another Machine was refused it"); err != nil {
+		errs = append(errs, err)
+	} else if after.BootID != before.BootID {
+		errs = append(errs, fmt.Errorf("the refusal restarted %s: Describe reports boot ID %s, was %s", idA, after.BootID, before.BootID))
+	}
+	if err := settle(ctx, t.s.cfg.Settle); err != nil {
+		return err
+	}
+	if got := t.s.nodes.history(idA).since(boots); len(got) > 0 {
+		errs = append(errs, fmt.Errorf("the refusal restarted %s: its Node reports new boot IDs %v", idA, got))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+
+	// The owner naming its own instance is a repeated call, not a theft.
+	self := a.DeepCopy()
+	self.Spec.ProviderID = idA
+	if id, err := t.create(ctx, self); err != nil {
+		return fmt.Errorf("Create for Machine %s/%s whose spec.providerID names its own instance %s: %w", a.Namespace, a.Name, idA, err)
+	} else if id != idA {
+		return fmt.Errorf("Create for Machine %s/%s whose spec.providerID names its own instance %s returned %q", a.Namespace, a.Name, idA, id)
+	}
+	return nil
+}
+
 func checkInvalid(ctx context.Context, t *trial) error {
 	m := t.machine()
 	class := t.class(t.s.cfg.ProviderSpec)

@@ -1,8 +1,9 @@
 // Package conformance checks a provider served over the provider protocol
 // (proto/machinist/provider/v1) against the contract the Machine
-// controller relies on: idempotent Create on the Machine's UID, reboots,
-// repairs and updates carried out once per operation ID, idempotent
-// Delete, and errors marked permanent only when retrying cannot help.
+// controller relies on: idempotent Create on the Machine's UID, one
+// Machine's instance never handed to another, reboots, repairs and
+// updates carried out once per operation ID, idempotent Delete, and
+// errors marked permanent only when retrying cannot help.
 //
 // The checks act on real instances and judge them by what their Nodes
 // report, so the provider must register its instances' Nodes with the
@@ -109,6 +110,7 @@ const (
 	CheckCreateOnce   = "creates one instance per Machine UID under concurrent calls"
 	CheckDistinct     = "gives distinct Machines distinct instances"
 	CheckAdoptMissing = "refuses permanently to adopt a missing instance"
+	CheckTaken        = "refuses to hand one Machine's instance to another"
 	CheckInvalid      = "refuses invalid requests permanently"
 	CheckDelete       = "deletes idempotently"
 	CheckReboot       = "reboots once per operation ID"
@@ -304,6 +306,7 @@ func (s *suite) plan() []check {
 		{CheckJoin, "join", checkJoin},
 		{CheckDistinct, "distinct", checkDistinct},
 		{CheckAdoptMissing, "adopt", checkAdoptMissing},
+		{CheckTaken, "taken", checkTaken},
 		{CheckInvalid, "invalid", checkInvalid},
 		{CheckDelete, "delete", checkDelete},
 		{CheckDescribe, "describe", checkDescribe},

@@ -12,6 +12,13 @@
 // client retries a call that failed with UNAVAILABLE, and calls again after
 // any other transient error, so a provider must expect to see a call twice.
 //
+// One instance, one Machine. An instance belongs to at most one Machine,
+// which the provider records on the instance itself as Create makes or
+// adopts it, and Describe reports. A provider never hands one Machine's
+// instance to another: a Machine whose spec.providerID names it is refused
+// (InstanceTaken), so that deleting, rebooting or repairing that Machine
+// cannot reach an instance of another namespace or another user.
+//
 // Errors. A call fails with a gRPC status. The error is permanent (retrying
 // cannot fix it: the Machine is failed, or the operation refused) when the
 // status carries a Failure detail with permanent = true, or, without one,
@@ -890,7 +897,7 @@ func (x *FindByUIDRequest) GetMachineUid() string {
 
 type FindByUIDResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// provider_id is empty when no instance was made for the Machine.
+	// provider_id is empty when no instance belongs to the Machine.
 	ProviderId    string `protobuf:"bytes,1,opt,name=provider_id,json=providerId,proto3" json:"provider_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1181,7 +1188,12 @@ type DescribeResponse struct {
 	// gives it (/proc/sys/kernel/random/boot_id) and its Node reports it in
 	// nodeInfo.bootID; empty when the provider cannot tell or the instance
 	// is off. Never the ID of a boot that has not begun.
-	BootId        string `protobuf:"bytes,2,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
+	BootId string `protobuf:"bytes,2,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
+	// owner is the Machine the instance belongs to, as the provider
+	// recorded it on the instance when Create made it for that Machine or
+	// the Machine adopted it; unset when it belongs to none, or the
+	// provider records none. Reported whether the instance is on or off.
+	Owner         *Owner `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1230,6 +1242,77 @@ func (x *DescribeResponse) GetBootId() string {
 	return ""
 }
 
+func (x *DescribeResponse) GetOwner() *Owner {
+	if x != nil {
+		return x.Owner
+	}
+	return nil
+}
+
+// Owner is the Machine an instance belongs to.
+type Owner struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// namespace is the Machine's metadata.namespace.
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// name is the Machine's metadata.name.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// uid is the Machine's metadata.uid.
+	Uid           string `protobuf:"bytes,3,opt,name=uid,proto3" json:"uid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Owner) Reset() {
+	*x = Owner{}
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Owner) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Owner) ProtoMessage() {}
+
+func (x *Owner) ProtoReflect() protoreflect.Message {
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Owner.ProtoReflect.Descriptor instead.
+func (*Owner) Descriptor() ([]byte, []int) {
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *Owner) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *Owner) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Owner) GetUid() string {
+	if x != nil {
+		return x.Uid
+	}
+	return ""
+}
+
 type UpdateRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	ProviderId string                 `protobuf:"bytes,1,opt,name=provider_id,json=providerId,proto3" json:"provider_id,omitempty"`
@@ -1243,7 +1326,7 @@ type UpdateRequest struct {
 
 func (x *UpdateRequest) Reset() {
 	*x = UpdateRequest{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[21]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1255,7 +1338,7 @@ func (x *UpdateRequest) String() string {
 func (*UpdateRequest) ProtoMessage() {}
 
 func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[21]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1268,7 +1351,7 @@ func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateRequest.ProtoReflect.Descriptor instead.
 func (*UpdateRequest) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{21}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *UpdateRequest) GetProviderId() string {
@@ -1300,7 +1383,7 @@ type UpdateResponse struct {
 
 func (x *UpdateResponse) Reset() {
 	*x = UpdateResponse{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[22]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1312,7 +1395,7 @@ func (x *UpdateResponse) String() string {
 func (*UpdateResponse) ProtoMessage() {}
 
 func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[22]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1325,7 +1408,7 @@ func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateResponse.ProtoReflect.Descriptor instead.
 func (*UpdateResponse) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{22}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{23}
 }
 
 // Failure is the detail a provider may attach to an error status to say
@@ -1334,6 +1417,9 @@ type Failure struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Permanent bool                   `protobuf:"varint,1,opt,name=permanent,proto3" json:"permanent,omitempty"`
 	// reason is a short CamelCase word for machines, such as OutOfCapacity.
+	// One is part of the protocol: InstanceTaken, with permanent = true,
+	// refuses a Create whose spec.providerID names an instance that
+	// belongs to another Machine.
 	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1341,7 +1427,7 @@ type Failure struct {
 
 func (x *Failure) Reset() {
 	*x = Failure{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[23]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1353,7 +1439,7 @@ func (x *Failure) String() string {
 func (*Failure) ProtoMessage() {}
 
 func (x *Failure) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[23]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1366,7 +1452,7 @@ func (x *Failure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Failure.ProtoReflect.Descriptor instead.
 func (*Failure) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{23}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Failure) GetPermanent() bool {
@@ -1443,10 +1529,15 @@ const file_machinist_provider_v1_provider_proto_rawDesc = "" +
 	"\x0eRepairResponse\"2\n" +
 	"\x0fDescribeRequest\x12\x1f\n" +
 	"\vprovider_id\x18\x01 \x01(\tR\n" +
-	"providerId\"d\n" +
+	"providerId\"\x98\x01\n" +
 	"\x10DescribeResponse\x127\n" +
 	"\x05power\x18\x01 \x01(\x0e2!.machinist.provider.v1.PowerStateR\x05power\x12\x17\n" +
-	"\aboot_id\x18\x02 \x01(\tR\x06bootId\"m\n" +
+	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x122\n" +
+	"\x05owner\x18\x03 \x01(\v2\x1c.machinist.provider.v1.OwnerR\x05owner\"K\n" +
+	"\x05Owner\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
+	"\x03uid\x18\x03 \x01(\tR\x03uid\"m\n" +
 	"\rUpdateRequest\x12\x1f\n" +
 	"\vprovider_id\x18\x01 \x01(\tR\n" +
 	"providerId\x12!\n" +
@@ -1497,7 +1588,7 @@ func file_machinist_provider_v1_provider_proto_rawDescGZIP() []byte {
 }
 
 var file_machinist_provider_v1_provider_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_machinist_provider_v1_provider_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_machinist_provider_v1_provider_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_machinist_provider_v1_provider_proto_goTypes = []any{
 	(Verb)(0),                       // 0: machinist.provider.v1.Verb
 	(Change)(0),                     // 1: machinist.provider.v1.Change
@@ -1523,9 +1614,10 @@ var file_machinist_provider_v1_provider_proto_goTypes = []any{
 	(*RepairResponse)(nil),          // 21: machinist.provider.v1.RepairResponse
 	(*DescribeRequest)(nil),         // 22: machinist.provider.v1.DescribeRequest
 	(*DescribeResponse)(nil),        // 23: machinist.provider.v1.DescribeResponse
-	(*UpdateRequest)(nil),           // 24: machinist.provider.v1.UpdateRequest
-	(*UpdateResponse)(nil),          // 25: machinist.provider.v1.UpdateResponse
-	(*Failure)(nil),                 // 26: machinist.provider.v1.Failure
+	(*Owner)(nil),                   // 24: machinist.provider.v1.Owner
+	(*UpdateRequest)(nil),           // 25: machinist.provider.v1.UpdateRequest
+	(*UpdateResponse)(nil),          // 26: machinist.provider.v1.UpdateResponse
+	(*Failure)(nil),                 // 27: machinist.provider.v1.Failure
 }
 var file_machinist_provider_v1_provider_proto_depIdxs = []int32{
 	0,  // 0: machinist.provider.v1.GetCapabilitiesResponse.verbs:type_name -> machinist.provider.v1.Verb
@@ -1533,33 +1625,34 @@ var file_machinist_provider_v1_provider_proto_depIdxs = []int32{
 	10, // 2: machinist.provider.v1.CreateRequest.join:type_name -> machinist.provider.v1.Join
 	10, // 3: machinist.provider.v1.RepairRequest.join:type_name -> machinist.provider.v1.Join
 	2,  // 4: machinist.provider.v1.DescribeResponse.power:type_name -> machinist.provider.v1.PowerState
-	3,  // 5: machinist.provider.v1.IdentityService.GetInfo:input_type -> machinist.provider.v1.GetInfoRequest
-	5,  // 6: machinist.provider.v1.IdentityService.GetCapabilities:input_type -> machinist.provider.v1.GetCapabilitiesRequest
-	7,  // 7: machinist.provider.v1.IdentityService.Probe:input_type -> machinist.provider.v1.ProbeRequest
-	9,  // 8: machinist.provider.v1.MachineService.Create:input_type -> machinist.provider.v1.CreateRequest
-	12, // 9: machinist.provider.v1.MachineService.Exists:input_type -> machinist.provider.v1.ExistsRequest
-	14, // 10: machinist.provider.v1.MachineService.Delete:input_type -> machinist.provider.v1.DeleteRequest
-	16, // 11: machinist.provider.v1.MachineService.FindByUID:input_type -> machinist.provider.v1.FindByUIDRequest
-	18, // 12: machinist.provider.v1.MachineService.Reboot:input_type -> machinist.provider.v1.RebootRequest
-	20, // 13: machinist.provider.v1.MachineService.Repair:input_type -> machinist.provider.v1.RepairRequest
-	24, // 14: machinist.provider.v1.MachineService.Update:input_type -> machinist.provider.v1.UpdateRequest
-	22, // 15: machinist.provider.v1.MachineService.Describe:input_type -> machinist.provider.v1.DescribeRequest
-	4,  // 16: machinist.provider.v1.IdentityService.GetInfo:output_type -> machinist.provider.v1.GetInfoResponse
-	6,  // 17: machinist.provider.v1.IdentityService.GetCapabilities:output_type -> machinist.provider.v1.GetCapabilitiesResponse
-	8,  // 18: machinist.provider.v1.IdentityService.Probe:output_type -> machinist.provider.v1.ProbeResponse
-	11, // 19: machinist.provider.v1.MachineService.Create:output_type -> machinist.provider.v1.CreateResponse
-	13, // 20: machinist.provider.v1.MachineService.Exists:output_type -> machinist.provider.v1.ExistsResponse
-	15, // 21: machinist.provider.v1.MachineService.Delete:output_type -> machinist.provider.v1.DeleteResponse
-	17, // 22: machinist.provider.v1.MachineService.FindByUID:output_type -> machinist.provider.v1.FindByUIDResponse
-	19, // 23: machinist.provider.v1.MachineService.Reboot:output_type -> machinist.provider.v1.RebootResponse
-	21, // 24: machinist.provider.v1.MachineService.Repair:output_type -> machinist.provider.v1.RepairResponse
-	25, // 25: machinist.provider.v1.MachineService.Update:output_type -> machinist.provider.v1.UpdateResponse
-	23, // 26: machinist.provider.v1.MachineService.Describe:output_type -> machinist.provider.v1.DescribeResponse
-	16, // [16:27] is the sub-list for method output_type
-	5,  // [5:16] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	24, // 5: machinist.provider.v1.DescribeResponse.owner:type_name -> machinist.provider.v1.Owner
+	3,  // 6: machinist.provider.v1.IdentityService.GetInfo:input_type -> machinist.provider.v1.GetInfoRequest
+	5,  // 7: machinist.provider.v1.IdentityService.GetCapabilities:input_type -> machinist.provider.v1.GetCapabilitiesRequest
+	7,  // 8: machinist.provider.v1.IdentityService.Probe:input_type -> machinist.provider.v1.ProbeRequest
+	9,  // 9: machinist.provider.v1.MachineService.Create:input_type -> machinist.provider.v1.CreateRequest
+	12, // 10: machinist.provider.v1.MachineService.Exists:input_type -> machinist.provider.v1.ExistsRequest
+	14, // 11: machinist.provider.v1.MachineService.Delete:input_type -> machinist.provider.v1.DeleteRequest
+	16, // 12: machinist.provider.v1.MachineService.FindByUID:input_type -> machinist.provider.v1.FindByUIDRequest
+	18, // 13: machinist.provider.v1.MachineService.Reboot:input_type -> machinist.provider.v1.RebootRequest
+	20, // 14: machinist.provider.v1.MachineService.Repair:input_type -> machinist.provider.v1.RepairRequest
+	25, // 15: machinist.provider.v1.MachineService.Update:input_type -> machinist.provider.v1.UpdateRequest
+	22, // 16: machinist.provider.v1.MachineService.Describe:input_type -> machinist.provider.v1.DescribeRequest
+	4,  // 17: machinist.provider.v1.IdentityService.GetInfo:output_type -> machinist.provider.v1.GetInfoResponse
+	6,  // 18: machinist.provider.v1.IdentityService.GetCapabilities:output_type -> machinist.provider.v1.GetCapabilitiesResponse
+	8,  // 19: machinist.provider.v1.IdentityService.Probe:output_type -> machinist.provider.v1.ProbeResponse
+	11, // 20: machinist.provider.v1.MachineService.Create:output_type -> machinist.provider.v1.CreateResponse
+	13, // 21: machinist.provider.v1.MachineService.Exists:output_type -> machinist.provider.v1.ExistsResponse
+	15, // 22: machinist.provider.v1.MachineService.Delete:output_type -> machinist.provider.v1.DeleteResponse
+	17, // 23: machinist.provider.v1.MachineService.FindByUID:output_type -> machinist.provider.v1.FindByUIDResponse
+	19, // 24: machinist.provider.v1.MachineService.Reboot:output_type -> machinist.provider.v1.RebootResponse
+	21, // 25: machinist.provider.v1.MachineService.Repair:output_type -> machinist.provider.v1.RepairResponse
+	26, // 26: machinist.provider.v1.MachineService.Update:output_type -> machinist.provider.v1.UpdateResponse
+	23, // 27: machinist.provider.v1.MachineService.Describe:output_type -> machinist.provider.v1.DescribeResponse
+	17, // [17:28] is the sub-list for method output_type
+	6,  // [6:17] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_machinist_provider_v1_provider_proto_init() }
@@ -1573,7 +1666,7 @@ func file_machinist_provider_v1_provider_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_machinist_provider_v1_provider_proto_rawDesc), len(file_machinist_provider_v1_provider_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

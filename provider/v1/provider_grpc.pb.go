@@ -12,6 +12,13 @@
 // client retries a call that failed with UNAVAILABLE, and calls again after
 // any other transient error, so a provider must expect to see a call twice.
 //
+// One instance, one Machine. An instance belongs to at most one Machine,
+// which the provider records on the instance itself as Create makes or
+// adopts it, and Describe reports. A provider never hands one Machine's
+// instance to another: a Machine whose spec.providerID names it is refused
+// (InstanceTaken), so that deleting, rebooting or repairing that Machine
+// cannot reach an instance of another namespace or another user.
+//
 // Errors. A call fails with a gRPC status. The error is permanent (retrying
 // cannot fix it: the Machine is failed, or the operation refused) when the
 // status carries a Failure detail with permanent = true, or, without one,
@@ -252,16 +259,27 @@ const (
 type MachineServiceClient interface {
 	// Create makes the instance for a Machine and returns its provider ID.
 	// Idempotent on machine_uid: a second call, even concurrent with the
-	// first, returns the same instance. When the Machine's spec.providerID
-	// is set, Create adopts that instance instead and fails permanently if
-	// it does not exist.
+	// first, returns the same instance. The provider records on the
+	// instance the Machine it belongs to (its owner: namespace, name, UID),
+	// and Describe reports it.
+	//
+	// When the Machine's spec.providerID is set, Create adopts that instance
+	// instead, and fails permanently if it does not exist. One instance, one
+	// Machine: it adopts an instance that belongs to no Machine (made
+	// outside Machinist), recording this Machine as its owner, or one that
+	// belongs to this Machine already (the same UID: a repeated call), and
+	// no other. An instance of another Machine is refused with a permanent
+	// Failure whose reason is InstanceTaken, and left untouched: no join
+	// data written to it, no restart, nothing. The refusal's message names
+	// neither the other Machine nor its namespace or UID.
 	Create(ctx context.Context, in *CreateRequest, opts ...grpc.CallOption) (*CreateResponse, error)
 	// Exists reports whether the instance still exists.
 	Exists(ctx context.Context, in *ExistsRequest, opts ...grpc.CallOption) (*ExistsResponse, error)
 	// Delete destroys the instance. Deleting one that is gone succeeds.
 	Delete(ctx context.Context, in *DeleteRequest, opts ...grpc.CallOption) (*DeleteResponse, error)
-	// FindByUID returns the provider ID of the instance made for the Machine
-	// with this UID, or an empty one when there is none.
+	// FindByUID returns the provider ID of the instance that belongs to the
+	// Machine with this UID, made for it or adopted by it, or an empty one
+	// when there is none.
 	FindByUID(ctx context.Context, in *FindByUIDRequest, opts ...grpc.CallOption) (*FindByUIDResponse, error)
 	// Reboot restarts the instance; its Node then reports a new boot ID.
 	// Carried out at most once per operation_id.
@@ -275,11 +293,12 @@ type MachineServiceClient interface {
 	// declared in GetCapabilitiesResponse.in_place.
 	Update(ctx context.Context, in *UpdateRequest, opts ...grpc.CallOption) (*UpdateResponse, error)
 	// Describe reports what the provider itself knows of the instance now:
-	// its power state and the boot ID of its running boot. The controller
-	// asks it while the Machine's cluster cannot be reached, to complete a
-	// reboot on the provider's word, and checks that word against the
-	// Node's boot ID once the cluster answers. A provider that cannot tell
-	// answers POWER_STATE_UNSPECIFIED and no boot ID, or UNIMPLEMENTED.
+	// its power state, the boot ID of its running boot, and the Machine it
+	// belongs to. The controller asks it while the Machine's cluster cannot
+	// be reached, to complete a reboot on the provider's word, and checks
+	// that word against the Node's boot ID once the cluster answers. A
+	// provider that cannot tell answers POWER_STATE_UNSPECIFIED and no boot
+	// ID, or UNIMPLEMENTED.
 	Describe(ctx context.Context, in *DescribeRequest, opts ...grpc.CallOption) (*DescribeResponse, error)
 }
 
@@ -379,16 +398,27 @@ func (c *machineServiceClient) Describe(ctx context.Context, in *DescribeRequest
 type MachineServiceServer interface {
 	// Create makes the instance for a Machine and returns its provider ID.
 	// Idempotent on machine_uid: a second call, even concurrent with the
-	// first, returns the same instance. When the Machine's spec.providerID
-	// is set, Create adopts that instance instead and fails permanently if
-	// it does not exist.
+	// first, returns the same instance. The provider records on the
+	// instance the Machine it belongs to (its owner: namespace, name, UID),
+	// and Describe reports it.
+	//
+	// When the Machine's spec.providerID is set, Create adopts that instance
+	// instead, and fails permanently if it does not exist. One instance, one
+	// Machine: it adopts an instance that belongs to no Machine (made
+	// outside Machinist), recording this Machine as its owner, or one that
+	// belongs to this Machine already (the same UID: a repeated call), and
+	// no other. An instance of another Machine is refused with a permanent
+	// Failure whose reason is InstanceTaken, and left untouched: no join
+	// data written to it, no restart, nothing. The refusal's message names
+	// neither the other Machine nor its namespace or UID.
 	Create(context.Context, *CreateRequest) (*CreateResponse, error)
 	// Exists reports whether the instance still exists.
 	Exists(context.Context, *ExistsRequest) (*ExistsResponse, error)
 	// Delete destroys the instance. Deleting one that is gone succeeds.
 	Delete(context.Context, *DeleteRequest) (*DeleteResponse, error)
-	// FindByUID returns the provider ID of the instance made for the Machine
-	// with this UID, or an empty one when there is none.
+	// FindByUID returns the provider ID of the instance that belongs to the
+	// Machine with this UID, made for it or adopted by it, or an empty one
+	// when there is none.
 	FindByUID(context.Context, *FindByUIDRequest) (*FindByUIDResponse, error)
 	// Reboot restarts the instance; its Node then reports a new boot ID.
 	// Carried out at most once per operation_id.
@@ -402,11 +432,12 @@ type MachineServiceServer interface {
 	// declared in GetCapabilitiesResponse.in_place.
 	Update(context.Context, *UpdateRequest) (*UpdateResponse, error)
 	// Describe reports what the provider itself knows of the instance now:
-	// its power state and the boot ID of its running boot. The controller
-	// asks it while the Machine's cluster cannot be reached, to complete a
-	// reboot on the provider's word, and checks that word against the
-	// Node's boot ID once the cluster answers. A provider that cannot tell
-	// answers POWER_STATE_UNSPECIFIED and no boot ID, or UNIMPLEMENTED.
+	// its power state, the boot ID of its running boot, and the Machine it
+	// belongs to. The controller asks it while the Machine's cluster cannot
+	// be reached, to complete a reboot on the provider's word, and checks
+	// that word against the Node's boot ID once the cluster answers. A
+	// provider that cannot tell answers POWER_STATE_UNSPECIFIED and no boot
+	// ID, or UNIMPLEMENTED.
 	Describe(context.Context, *DescribeRequest) (*DescribeResponse, error)
 	mustEmbedUnimplementedMachineServiceServer()
 }

@@ -78,8 +78,8 @@ func TestCommandPassesForInmemory(t *testing.T) {
 			t.Errorf("no PASS line for %q", name)
 		}
 	}
-	if !strings.Contains(out, "15 checks: 15 passed, 0 failed") {
-		t.Errorf("no summary of 15 checks passed")
+	if !strings.Contains(out, "16 checks: 16 passed, 0 failed") {
+		t.Errorf("no summary of 16 checks passed")
 	}
 	if t.Failed() {
 		t.Logf("output:\n%s", out)
@@ -136,6 +136,10 @@ type racyCreate struct {
 
 func (r *racyCreate) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join actuators.Join) (string, error) {
 	if m.Spec.ProviderID != "" {
+		// The provider knows its own instances by the UIDs made up.
+		if id, err := r.FindByUID(ctx, m.UID); err != nil || id == m.Spec.ProviderID {
+			return id, err
+		}
 		return r.Provider.Create(ctx, m, class, join)
 	}
 	if id, err := r.FindByUID(ctx, m.UID); err != nil || id != "" {
@@ -168,6 +172,20 @@ func (r *racyCreate) FindByUID(ctx context.Context, uid types.UID) (string, erro
 	}
 	// Adopted instances are the provider's to remember.
 	return r.Provider.FindByUID(ctx, uid)
+}
+
+// Describe reports the Machine an instance was made for as its owner,
+// not the UID made up for it.
+func (r *racyCreate) Describe(ctx context.Context, providerID string) (actuators.Instance, error) {
+	in, err := r.Provider.Describe(ctx, providerID)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for uid, id := range r.made {
+		if id == providerID {
+			in.Owner.UID = uid
+		}
+	}
+	return in, err
 }
 
 func (r *racyCreate) Delete(ctx context.Context, providerID string) error {
@@ -240,6 +258,7 @@ var rebootOnlyChecks = []string{
 	conformance.CheckJoin,
 	conformance.CheckDistinct,
 	conformance.CheckAdoptMissing,
+	conformance.CheckTaken,
 	conformance.CheckInvalid,
 	conformance.CheckDelete,
 	conformance.CheckDescribe,
@@ -309,6 +328,10 @@ func (u *understated) Update(ctx context.Context, req *providerv1.UpdateRequest)
 	return u.machines.Update(ctx, req)
 }
 
+func (u *understated) Describe(ctx context.Context, req *providerv1.DescribeRequest) (*providerv1.DescribeResponse, error) {
+	return u.machines.Describe(ctx, req)
+}
+
 func TestSuiteFailsAVerbCarriedOutThoughUndeclared(t *testing.T) {
 	t.Parallel()
 	p := newInmemory(t)
@@ -366,4 +389,59 @@ func TestSuiteFailsAProviderThatLogsTheToken(t *testing.T) {
 		}
 	}
 	nothingLeft(t, p, "conformance-leak")
+}
+
+// trusting adopts whatever instance a Machine names, as a provider that
+// keeps no owners does: a Machine of one namespace gets another's.
+type trusting struct{ *inmemory.Provider }
+
+func (p trusting) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join actuators.Join) (string, error) {
+	id := m.Spec.ProviderID
+	if id == "" {
+		return p.Provider.Create(ctx, m, class, join)
+	}
+	if ok, err := p.Exists(ctx, id); err != nil || !ok {
+		return "", actuators.Permanent(fmt.Errorf("cannot adopt %q: no such instance", id))
+	}
+	return id, nil
+}
+
+func TestSuiteFailsAProviderThatHandsOneMachinesInstanceToAnother(t *testing.T) {
+	t.Parallel()
+	p := newInmemory(t)
+	endpoint := serveInProcess(t, trusting{p}, provider.ServeOptions{})
+	results := run(t, config(endpoint, "conformance-trusting"))
+	onlyFailed(t, results, allChecks, conformance.CheckTaken)
+	for _, r := range results {
+		if r.Name == conformance.CheckTaken && (r.Err == nil || !strings.Contains(r.Err.Error(), "it was handed another Machine's instance")) {
+			t.Errorf("the check of ownership failed for another reason: %v", r.Err)
+		}
+	}
+	nothingLeft(t, p, "conformance-trusting")
+}
+
+// telling refuses another Machine's instance, but says whose it is.
+type telling struct{ *inmemory.Provider }
+
+func (p telling) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join actuators.Join) (string, error) {
+	id, err := p.Provider.Create(ctx, m, class, join)
+	if actuators.IsTaken(err) {
+		in, _ := p.Describe(ctx, m.Spec.ProviderID)
+		return "", actuators.Permanent(fmt.Errorf("%s belongs to Machine %s/%s: %w", m.Spec.ProviderID, in.Owner.Namespace, in.Owner.Name, actuators.ErrTaken))
+	}
+	return id, err
+}
+
+func TestSuiteFailsARefusalThatTellsWhoseTheInstanceIs(t *testing.T) {
+	t.Parallel()
+	p := newInmemory(t)
+	endpoint := serveInProcess(t, telling{p}, provider.ServeOptions{})
+	results := run(t, config(endpoint, "conformance-telling"))
+	onlyFailed(t, results, allChecks, conformance.CheckTaken)
+	for _, r := range results {
+		if r.Name == conformance.CheckTaken && (r.Err == nil || !strings.Contains(r.Err.Error(), "the refusal names the other Machine's")) {
+			t.Errorf("the check of ownership failed for another reason: %v", r.Err)
+		}
+	}
+	nothingLeft(t, p, "conformance-telling")
 }

@@ -213,6 +213,7 @@ var allChecks = []string{
 	conformance.CheckJoin,
 	conformance.CheckDistinct,
 	conformance.CheckAdoptMissing,
+	conformance.CheckTaken,
 	conformance.CheckInvalid,
 	conformance.CheckDelete,
 	conformance.CheckDescribe,
