@@ -174,9 +174,12 @@ type target struct {
 	// unseen: the Machine's cluster cannot be reached (or is being
 	// connected), so its Node is not judged.
 	unseen *nodes.NotConnectedError
-	v      verdict
-	fsm    *ladder
-	notes  []note
+	// ambiguous: several Nodes claim the Machine's providerID, so none is
+	// judged its Node (index.NodeFor).
+	ambiguous bool
+	v         verdict
+	fsm       *ladder
+	notes     []note
 	// counts and healed are the metrics of this pass, recorded once the
 	// Machine is written: a pass that fails to write is done again.
 	counts []count
@@ -271,11 +274,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			}
 			if cluster != nil {
 				if t.node, err = cluster.Node(ctx, m.Status.ProviderID); err != nil {
-					return reconcile.Result{}, err
+					if _, dup := errors.AsType[*index.DuplicateNodesError](err); !dup {
+						return reconcile.Result{}, err
+					}
+					// Judged by neither: a Node that claims the Machine's
+					// instance may be an impostor's, reporting whatever
+					// would have the Machine remediated.
+					t.ambiguous = true
 				}
 			}
 		}
-		if operation.InFlight(m.Status.Operation) || t.unseen != nil {
+		if operation.InFlight(m.Status.Operation) || t.unseen != nil || t.ambiguous {
 			// Not judged until the operation ends: a Machine whose
 			// reboot is recorded but not yet begun still looks as it did,
 			// and a verdict written now would only race the Machine

@@ -74,6 +74,10 @@ type Reconciler struct {
 	// Drifted conditions are brought up to date; zero means
 	// DefaultDriftDelay.
 	DriftDelay time.Duration
+	// Namespace is the manager's own, where it keeps what no tenant may
+	// read or write: the bootstrap token of a machine repaired while its
+	// cluster could not be reached. Empty means DefaultNamespace.
+	Namespace string
 
 	// writes keeps a reconcile from acting on a cached Machine older
 	// than its own last write.

@@ -77,9 +77,10 @@ func (r *Reconciler) destroy(ctx context.Context, s *step) outcome {
 			return s.wait("deleting the Node", 0)
 		}
 	}
-	if m.Status.NodeRef == nil {
-		// It never joined: its bootstrap token must not outlive it.
-		if err := s.nodes.Joined(ctx, m); err != nil {
+	if m.Status.NodeRef == nil || m.Status.KeptToken != nil {
+		// It never joined, or its repaired machine has not yet: its
+		// bootstrap tokens must not outlive it.
+		if err := r.spent(ctx, s); err != nil {
 			return fail(err)
 		}
 	}

@@ -44,7 +44,12 @@ func (r *Reconciler) applyNodeSpec(ctx context.Context, s *step, node *corev1.No
 		if have, ok := node.Labels[k]; ok && have == v {
 			continue
 		}
-		if node.Labels == nil {
+		if len(node.Labels) == 0 {
+			// No map to add a key to: the whole map is set, and, like
+			// the taints, only if there is still none, so that labels
+			// another writer put on the Node since the cache saw it
+			// without any are not replaced by ours alone.
+			p.Test("/metadata/labels", nil)
 			p.Set("/metadata/labels", labels)
 			break
 		}

@@ -26,9 +26,6 @@ const (
 	reasonSucceeded = "OperationSucceeded"
 	reasonFailed    = "OperationFailed"
 	reasonDeadBoot  = "PodsOfDeadBootDeleted"
-	// reasonJoinPublished: a token handed out while the cluster was
-	// down is the cluster's now.
-	reasonJoinPublished = "JoinPublished"
 )
 
 // repairFailed is Failed's handler: only a repair moves a Failed Machine,
@@ -203,7 +200,7 @@ func (r *Reconciler) awaitBoot(ctx context.Context, s *step) outcome {
 			if h.Healthy {
 				if event == phases.Repaired {
 					// The machine re-joined with a token of its own.
-					if err := s.nodes.Joined(ctx, m); err != nil {
+					if err := r.spent(ctx, s); err != nil {
 						return fail(err)
 					}
 				}
@@ -332,7 +329,7 @@ func (r *Reconciler) confirmBoot(ctx context.Context, s *step, node *corev1.Node
 	}
 	if op.Type == machinistv1.OperationRepair {
 		// The re-imaged machine has joined: its token is spent.
-		if err := s.nodes.Joined(ctx, m); err != nil {
+		if err := r.spent(ctx, s); err != nil {
 			return false, err
 		}
 	}

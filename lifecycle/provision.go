@@ -39,11 +39,21 @@ func (r *Reconciler) create(ctx context.Context, s *step) outcome {
 		return s.unseen(machinistv1.ConditionReady, metav1.ConditionFalse,
 			"the instance is made once the cluster answers, since the machine joins it with a bootstrap token made there")
 	}
+	if m.Spec.ProviderID != "" {
+		// Asked before any token is made for it: an instance that is
+		// another Machine's is not touched at all.
+		if out, taken := r.adoptable(ctx, s, act); taken {
+			return out
+		}
+	}
 	join, err := r.join(ctx, s)
 	if err != nil {
 		return r.joinFailed(s, machinistv1.ReasonCreateError, err)
 	}
 	id, err := act.Create(ctx, m, s.class, join)
+	if actuators.IsTaken(err) {
+		return s.failMachine(machinistv1.FailureInstanceTaken, instanceTaken)
+	}
 	if actuators.IsPermanent(err) {
 		return s.failMachine(machinistv1.FailureCreate, err.Error())
 	}
@@ -53,6 +63,34 @@ func (r *Reconciler) create(ctx context.Context, s *step) outcome {
 	m.Status.ProviderID = id
 	setProvisioning(m)
 	return advance(phases.Provision)
+}
+
+// instanceTaken is a Machine's failure when the instance it names belongs
+// to another Machine. It names neither that Machine nor the instance:
+// whoever made this Machine may not even read the other's namespace, and
+// must not learn from a failure whose instance they guessed.
+const instanceTaken = "the instance spec.providerID names belongs to another Machine, so this Machine does not adopt it, and the instance is left as it is: delete this Machine, and name an instance that belongs to no Machine, or leave spec.providerID out"
+
+// adoptable asks the provider whom the instance m.Spec.ProviderID names
+// belongs to, and fails m if another Machine: the provider refuses that
+// adoption too (actuators.ErrTaken), but one that does not record owners,
+// or does not check, is not trusted to. A provider that cannot say is
+// left to Create.
+func (r *Reconciler) adoptable(ctx context.Context, s *step, act actuators.Actuator) (outcome, bool) {
+	m := s.m
+	in, err := act.Describe(ctx, m.Spec.ProviderID)
+	switch {
+	case actuators.IsTaken(err):
+		return s.failMachine(machinistv1.FailureInstanceTaken, instanceTaken), true
+	case actuators.IsPermanent(err):
+		// Create says why, as for an instance that does not exist.
+		return outcome{}, false
+	case err != nil:
+		return r.retry(s, machinistv1.ReasonCreateError, fmt.Errorf("asking the provider whom the instance to adopt belongs to: %w", err)), true
+	case !in.Owner.IsZero() && in.Owner.UID != m.UID:
+		return s.failMachine(machinistv1.FailureInstanceTaken, instanceTaken), true
+	}
+	return outcome{}, false
 }
 
 // setProvisioning says that the Machine waits for its Node.

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -201,17 +202,6 @@ func TestAClusterDown(t *testing.T) {
 	if err := ctrls.RestartManager(); err != nil {
 		t.Fatal(err)
 	}
-	// The token kept for mend's repair is there already, as if an
-	// earlier call had made it and lost the reply: the repair hands the
-	// machine that one, and it is the one the machine joins with.
-	kept := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "machinist-join-" + string(mend.UID),
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: machinistv1.GroupVersion.String(), Kind: "Machine", Name: mend.Name, UID: mend.UID}}},
-		Data: map[string][]byte{"token": []byte(keptToken)},
-	}
-	if err := env.Client.Create(ctx, kept); err != nil {
-		t.Fatal(err)
-	}
 	if code, err := verb(mend, "repair", `{"drain":false,"reason":"its cluster is down"}`); code != http.StatusAccepted {
 		t.Fatalf("repair without drain: %d %v", code, err)
 	}
@@ -323,11 +313,15 @@ func TestAClusterDown(t *testing.T) {
 			t.Errorf("%s was replaced or remediated: uid %s -> %s, remediation %+v", m.Name, uids[m.Name], m.UID, m.Status.Remediation)
 		}
 	}
-	// mend joined with the kept token, which is the cluster's now and
-	// no longer kept.
+	// mend joined with the token kept for it, which was the cluster's,
+	// and is kept no longer.
+	kept := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "machinist-join-" + string(mend.UID)}}
 	testenv.WaitFor(t, 30*time.Second, "the kept token published and forgotten", func() error {
 		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(kept), kept); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("the kept token's Secret is still there (%v)", err)
+		}
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(mend), mend); err != nil || mend.Status.KeptToken != nil {
+			return fmt.Errorf("mend still records a kept token: %+v (%v)", mend.Status.KeptToken, err)
 		}
 		return nil
 	})
@@ -339,7 +333,7 @@ func TestAClusterDown(t *testing.T) {
 	for _, csr := range csrs.Items {
 		askers = append(askers, csr.Spec.Username)
 	}
-	if want := "system:bootstrap:" + strings.Split(keptToken, ".")[0]; !slices.Contains(askers, want) {
+	if want := "system:bootstrap:" + nodes.PublishedTokenID(mend.UID); !slices.Contains(askers, want) {
 		t.Errorf("no certificate was asked for with the kept token (%s); asked by %v", want, askers)
 	}
 	// The Node of far came back on the boot its provider reported.
@@ -390,9 +384,6 @@ func TestAClusterDown(t *testing.T) {
 		return nil
 	})
 }
-
-// keptToken is the bootstrap token TestAClusterDown keeps for its repair.
-const keptToken = "k3pt00.0123456789abcdef"
 
 // outage is how long TestAClusterDown keeps its cluster down: a minute,
 // or CLUSTERS_OUTAGE. A minute is many times every timeout the test's
