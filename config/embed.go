@@ -16,7 +16,7 @@ import (
 // Manifests are the CRDs (crd/bases) and ClusterRoles (rbac) as generated,
 // and the admission policies (admission).
 //
-//go:embed crd/bases/*.yaml rbac/role.yaml rbac/verbs.yaml rbac/operator.yaml rbac/viewer.yaml admission/request.yaml
+//go:embed crd/bases/*.yaml rbac/role.yaml rbac/verbs.yaml rbac/operator.yaml rbac/viewer.yaml rbac/editor.yaml admission/request.yaml admission/adopt.yaml
 var Manifests embed.FS
 
 // CRDs decodes the CRDs this binary was generated with.

@@ -430,7 +430,7 @@ func newScheme() (*runtime.Scheme, error) {
 // applyClusterRoles creates or updates the generated ClusterRoles, so that
 // RBAC bindings to machinist-machine-operator and machinist-viewer work.
 func applyClusterRoles(ctx context.Context, c client.Client) error {
-	for _, name := range []string{"role.yaml", "verbs.yaml", "operator.yaml", "viewer.yaml"} {
+	for _, name := range []string{"role.yaml", "verbs.yaml", "operator.yaml", "viewer.yaml", "editor.yaml"} {
 		raw, err := config.Manifests.ReadFile("rbac/" + name)
 		if err != nil {
 			return err

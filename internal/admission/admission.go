@@ -1,7 +1,8 @@
 // Package admission installs the admission policies of config/admission,
 // which govern the machinist.dev/request annotation like the verbs it
-// stands for: kube-apiserver checks the requester's right to the verb and
-// stamps their name. `machinist run` and the tests install them as
+// stands for (kube-apiserver checks the requester's right to the verb and
+// stamps their name) and a new Machine's spec.providerID like the verb
+// adopt. `machinist run` and the tests install them as
 // `kubectl apply --server-side -k config/default` does in a cluster.
 package admission
 
@@ -30,30 +31,38 @@ const RequestPolicy = "machinist-request"
 // lets machinist.dev/version-requested-by hold only the requester's name.
 const VersionPolicy = "machinist-version-requester"
 
-// manifest is the file in config that holds the policies and bindings.
-const manifest = "admission/request.yaml"
+// AdoptPolicy names the ValidatingAdmissionPolicy, and its binding, that
+// admits a Machine with spec.providerID only from someone allowed the
+// verb adopt on machines.
+const AdoptPolicy = "machinist-adopt"
 
-// Objects decodes the policies and their bindings, in the file's order.
+// manifests are the files in config that hold the policies and bindings.
+var manifests = []string{"admission/request.yaml", "admission/adopt.yaml"}
+
+// Objects decodes the policies and their bindings, in the files' order.
 func Objects() ([]*unstructured.Unstructured, error) {
-	raw, err := config.Manifests.ReadFile(manifest)
-	if err != nil {
-		return nil, err
-	}
 	var out []*unstructured.Unstructured
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
-	for {
-		u := &unstructured.Unstructured{}
-		err := dec.Decode(&u.Object)
-		if errors.Is(err, io.EOF) {
-			return out, nil
-		}
+	for _, manifest := range manifests {
+		raw, err := config.Manifests.ReadFile(manifest)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", manifest, err)
+			return nil, err
 		}
-		if len(u.Object) > 0 {
-			out = append(out, u)
+		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
+		for {
+			u := &unstructured.Unstructured{}
+			err := dec.Decode(&u.Object)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", manifest, err)
+			}
+			if len(u.Object) > 0 {
+				out = append(out, u)
+			}
 		}
 	}
+	return out, nil
 }
 
 // Install creates or updates the policies and bindings with server-side

@@ -64,3 +64,10 @@ package rbac
 //
 // +kubebuilder:rbac:groups="";events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
+
+// With --metrics-secure, /metrics answers only a bearer token that
+// kube-apiserver vouches for (TokenReview) and allows get on /metrics
+// (SubjectAccessReview); the manager asks both questions for each scraper.
+//
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create

@@ -64,8 +64,10 @@ var verbsService = types.NamespacedName{Namespace: namespace, Name: "machinist-v
 // wantObjects is everything config/default deploys, as id() names them.
 var wantObjects = []string{
 	"APIService v1alpha1.subresources.machinist.dev",
+	"ClusterRole machinist-editor",
 	"ClusterRole machinist-machine-operator",
 	"ClusterRole machinist-manager",
+	"ClusterRole machinist-metrics-reader",
 	"ClusterRole machinist-verbs",
 	"ClusterRole machinist-verbs-apiservice",
 	"ClusterRole machinist-viewer",
@@ -93,8 +95,10 @@ var wantObjects = []string{
 	"Service machinist-system/machinist-verbs",
 	"ServiceAccount machinist-system/machinist-manager",
 	"ServiceAccount machinist-system/machinist-verbs",
+	"ValidatingAdmissionPolicy machinist-adopt",
 	"ValidatingAdmissionPolicy machinist-request",
 	"ValidatingAdmissionPolicy machinist-version-requester",
+	"ValidatingAdmissionPolicyBinding machinist-adopt",
 	"ValidatingAdmissionPolicyBinding machinist-request",
 	"ValidatingAdmissionPolicyBinding machinist-version-requester",
 }
@@ -106,7 +110,8 @@ var wantArgs = map[string][]string{
 		"manager",
 		"--leader-elect",
 		"--leader-election-namespace=$(POD_NAMESPACE)",
-		"--metrics-bind-address=:8080",
+		"--metrics-bind-address=:8443",
+		"--metrics-secure",
 		"--health-probe-bind-address=:8081",
 		"--machine-workers=16",
 		"--set-workers=4",
@@ -423,7 +428,7 @@ func TestServicesReachTheirPods(t *testing.T) {
 		service, deployment string
 		port, containerPort int32
 	}{
-		{service: "machinist-manager-metrics", deployment: "machinist-manager", port: 8080, containerPort: 8080},
+		{service: "machinist-manager-metrics", deployment: "machinist-manager", port: 8443, containerPort: 8443},
 		{service: verbsService.Name, deployment: "machinist-verbs", port: 443, containerPort: 8443},
 	} {
 		svc := typed[corev1.Service](t, find(t, objs, "Service "+namespace+"/"+tc.service))
@@ -673,7 +678,8 @@ func TestServiceAccountsMayDoWhatTheyNeed(t *testing.T) {
 	apply(t, ctx, nil, "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 
 	const operator, viewer, stranger = "deploy-test-operator", "deploy-test-viewer", "deploy-test-stranger"
-	for user, role := range map[string]string{operator: "machinist-machine-operator", viewer: "machinist-viewer"} {
+	const scraper, tenant = "deploy-test-scraper", "deploy-test-tenant"
+	for user, role := range map[string]string{operator: "machinist-machine-operator", viewer: "machinist-viewer", scraper: "machinist-metrics-reader", tenant: "machinist-editor"} {
 		binding := &rbacv1.ClusterRoleBinding{
 			ObjectMeta: metav1.ObjectMeta{Name: user},
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
@@ -731,7 +737,10 @@ func TestServiceAccountsMayDoWhatTheyNeed(t *testing.T) {
 		{managerSA, []string{"get", "namespaces"}, true},
 		{managerSA, []string{"update", "machinedisruptionbudgets.machinist.dev", "--subresource=status", "-A"}, true},
 		{managerSA, []string{"patch", verbsAPIService}, false},
-		{managerSA, []string{"create", "tokenreviews.authentication.k8s.io"}, false},
+		// Who scrapes its secure /metrics, and whether they may.
+		{managerSA, []string{"create", "tokenreviews.authentication.k8s.io"}, true},
+		{managerSA, []string{"create", "subjectaccessreviews.authorization.k8s.io"}, true},
+		{managerSA, []string{"get", "/metrics"}, false},
 		// Whether the request annotation's policy is in force, and no more.
 		{managerSA, []string{"get", "validatingadmissionpolicies.admissionregistration.k8s.io/machinist-request"}, true},
 		{managerSA, []string{"get", "validatingadmissionpolicybindings.admissionregistration.k8s.io/machinist-request"}, true},
@@ -762,6 +771,23 @@ func TestServiceAccountsMayDoWhatTheyNeed(t *testing.T) {
 		{operator, []string{"patch", "machinedeployments.machinist.dev", "-A"}, true},
 		{operator, []string{"list", "workloadclusters.machinist.dev", "-A"}, true},
 		{operator, []string{"get", "secrets", "-A"}, false},
+		// Adopting an instance that exists is the operator's, not the
+		// tenant's (the admission policy machinist-adopt asks this).
+		{operator, []string{"adopt", "machines.machinist.dev", "-n", "fleet"}, true},
+		{tenant, []string{"adopt", "machines.machinist.dev", "-n", "fleet"}, false},
+		// A tenant makes and changes Machinist's objects and scales sets,
+		// but writes no status (an instance, a kept token, a phase), no
+		// verbs and no Secrets.
+		{tenant, []string{"create", "machines.machinist.dev", "-n", "fleet"}, true},
+		{tenant, []string{"create", "workloadclusters.machinist.dev", "-n", "fleet"}, true},
+		{tenant, []string{"update", "machinesets.machinist.dev", "--subresource=scale", "-n", "fleet"}, true},
+		{tenant, []string{"update", "machines.machinist.dev", "--subresource=status", "-n", "fleet"}, false},
+		{tenant, []string{"patch", "workloadclusters.machinist.dev", "--subresource=status", "-n", "fleet"}, false},
+		{tenant, []string{"get", "secrets", "-n", "fleet"}, false},
+		{tenant, []string{"get", "/metrics"}, false},
+		// The manager keeps a repaired machine's token in its own
+		// namespace.
+		{managerSA, []string{"create", "secrets", "-n", namespace}, true},
 		// A viewer sees WorkloadClusters and never the Secrets that hold
 		// their credentials.
 		{viewer, []string{"list", "workloadclusters.machinist.dev", "-A"}, true},
@@ -769,6 +795,15 @@ func TestServiceAccountsMayDoWhatTheyNeed(t *testing.T) {
 		{viewer, []string{"update", "workloadclusters.machinist.dev", "-A"}, false},
 		{viewer, []string{"get", "secrets", "-A"}, false},
 		{viewer, []string{"list", "secrets", "-A"}, false},
+		// A scraper bound to the metrics reader gets /metrics and nothing
+		// else; people bound to the other roles do not get it with them.
+		{scraper, []string{"get", "/metrics"}, true},
+		{scraper, []string{"get", "/logs"}, false},
+		{scraper, []string{"list", "machines.machinist.dev", "-A"}, false},
+		{scraper, []string{"get", "secrets", "-A"}, false},
+		{viewer, []string{"get", "/metrics"}, false},
+		{operator, []string{"get", "/metrics"}, false},
+		{stranger, []string{"get", "/metrics"}, false},
 	} {
 		if got := canI(t, ctx, tc.user, tc.args...); got != tc.want {
 			t.Errorf("kubectl auth can-i %s --as=%s: %v, want %v", strings.Join(tc.args, " "), tc.user, got, tc.want)

@@ -15,5 +15,11 @@ package operator
 // WorkloadClusters are read to see which cluster a Machine serves; their
 // kubeconfig Secrets are not: a cluster's credentials are granted apart.
 // +kubebuilder:rbac:groups=machinist.dev,resources=machines;machinesets;machinedeployments;machineclasses;machinehealthchecks;machinedisruptionbudgets;machinedrainrules;workloadclusters,verbs=get;list;watch
+// Adopting: a Machine created with spec.providerID takes an instance that
+// exists (one that belongs to no Machine) instead of having one made. The
+// admission policy machinist-adopt admits such a Machine only from someone
+// with this verb, which no editing role grants: a tenant may make
+// Machines, an operator decides which existing instances they may take.
+// +kubebuilder:rbac:groups=machinist.dev,resources=machines,verbs=adopt
 // Rollouts: pause, resume and undo change the MachineDeployment.
 // +kubebuilder:rbac:groups=machinist.dev,resources=machinedeployments,verbs=patch;update
