@@ -25,7 +25,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
@@ -70,6 +69,15 @@ type Options struct {
 	Repeatable bool
 	// MetricsAddr serves /metrics; "0" or empty serves nothing.
 	MetricsAddr string
+	// MetricsSecure serves /metrics over HTTPS and answers only a bearer
+	// token that kube-apiserver authenticates (TokenReview) and allows get
+	// on the non-resource URL /metrics (SubjectAccessReview); the
+	// manager's own credentials must allow it to create both reviews.
+	MetricsSecure bool
+	// MetricsCertDir holds the tls.crt and tls.key MetricsSecure serves
+	// with, reloaded when they change; empty means a self-signed
+	// certificate made at start.
+	MetricsCertDir string
 	// Registry receives the lifecycle metrics; nil means controller-runtime's
 	// registry, which MetricsAddr serves.
 	Registry prometheus.Registerer
@@ -117,6 +125,16 @@ type Options struct {
 	// must fail its probes before it is called unreachable; zero takes
 	// clusters.DefaultUnreachableAfter.
 	ClusterUnreachableAfter time.Duration
+	// Namespace is the manager's own namespace, where it keeps what no
+	// tenant may read or write (the bootstrap tokens of machines repaired
+	// while their cluster could not be reached); empty means
+	// lifecycle.DefaultNamespace. It must exist.
+	Namespace string
+	// KubeconfigTrust is what a WorkloadCluster's kubeconfig may ask of
+	// the manager beyond inline data: by default nothing (no exec plugin,
+	// no file, no unverified server). Relaxing it trusts everyone who may
+	// write a WorkloadCluster's Secret with the manager's process.
+	KubeconfigTrust clusters.Trust
 	// Now is the calendar: the clock the disruption budgets' windows
 	// open and close on, for every controller that asks them and for the
 	// budgets' own status. time.Now when nil. Tests move it to open a
@@ -153,6 +171,10 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	if health == "" {
 		health = "0"
 	}
+	served, err := metricsServing(opts, addr)
+	if err != nil {
+		return nil, err
+	}
 	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
@@ -172,7 +194,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 			DefaultTransform: cache.TransformStripManagedFields(),
 			ByObject:         map[client.Object]cache.ByObject{&corev1.Node{}: {Transform: trimNode}},
 		},
-		Metrics:                 metricsserver.Options{BindAddress: addr},
+		Metrics:                 served,
 		HealthProbeBindAddress:  health,
 		PprofBindAddress:        cmp.Or(opts.PprofAddr, "0"),
 		LeaderElection:          opts.LeaderElection,
@@ -225,9 +247,15 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	if opts.JoinServer != "" {
 		local.Server, local.CAData = opts.JoinServer, opts.JoinCAData
 	}
+	if opts.KubeconfigTrust.Exec {
+		ctrl.Log.WithName("workloadcluster").Info("WARNING: the kubeconfigs of WorkloadClusters may run commands in the manager (" + clusters.ExecFlag + "): whoever may write their Secrets may run code here")
+	}
+	if opts.KubeconfigTrust.InsecureTLS {
+		ctrl.Log.WithName("workloadcluster").Info("WARNING: the kubeconfigs of WorkloadClusters may skip verifying their servers (" + clusters.InsecureTLSFlag + "): the clusters' credentials go to whoever answers at their addresses")
+	}
 	nodeSide, err := clusters.NewRegistry(clusters.Options{
 		Local: local, QPS: opts.ClusterQPS, Burst: opts.ClusterBurst,
-		WatchError: checks.WatchError, TrimNode: trimNode,
+		WatchError: checks.WatchError, TrimNode: trimNode, Trust: opts.KubeconfigTrust,
 	})
 	if err != nil {
 		return nil, err
@@ -254,6 +282,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 		APIReader:        mgr.GetAPIReader(),
 		Calendar:         opts.Now,
 		DriftDelay:       opts.DriftDelay,
+		Namespace:        opts.Namespace,
 	}
 	if err := machines.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineWorkers, 16), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err

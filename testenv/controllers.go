@@ -150,6 +150,13 @@ func (c *Controllers) stopManager() error {
 	return err
 }
 
+// Register makes a available to the controllers as the provider name,
+// beside the inmemory provider: a provider that misbehaves in a way the
+// test needs, say.
+func (c *Controllers) Register(name string, a actuators.Actuator) error {
+	return c.opts.Actuators.Register(name, a)
+}
+
 // RestartManager stops the manager, as a crash would, and starts a new one
 // with the same options; the provider's machines keep running meanwhile.
 func (c *Controllers) RestartManager() error {

@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -94,6 +95,10 @@ type Options struct {
 	// them that serves several versions converts through the tests' webhook.
 	CRDs []*apiextensionsv1.CustomResourceDefinition
 }
+
+// ManagerNamespace is the manager's own namespace in a management
+// cluster the tests start, as config/default deploys it.
+const ManagerNamespace = "machinist-system"
 
 // Root returns the repository's top directory, found from this file's path
 // so that tests in any package agree on it.
@@ -244,6 +249,12 @@ func StartWith(opts Options) (*Env, error) {
 		if err := apiserver.InstallCRDs(ctx, e.Client, crds, conv.url, conv.caBundle); err != nil {
 			return fail(err)
 		}
+		// The manager's own namespace, as config/default makes it: where
+		// it keeps the tokens of machines repaired while their cluster
+		// is down.
+		if err := e.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ManagerNamespace}}); err != nil {
+			return fail(err)
+		}
 	}
 	if err := e.startControllerManager(opts); err != nil {
 		return fail(err)
@@ -333,6 +344,9 @@ func RunWith(m *testing.M, setup func(*Env) (stop func(), err error)) int {
 
 // RunWithOptions is RunWith with more beside the control plane.
 func RunWithOptions(m *testing.M, opts Options, setup func(*Env) (stop func(), err error)) int {
+	if fuzzingOnly() {
+		return m.Run()
+	}
 	e, err := StartWith(opts)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -352,6 +366,25 @@ func RunWithOptions(m *testing.M, opts Options, setup func(*Env) (stop func(), e
 		return 1
 	}
 	return m.Run()
+}
+
+// fuzzingOnly reports whether this test binary runs a fuzz target's
+// inputs and no test: as a fuzzing worker, or as the process that
+// coordinates the workers when asked to run no test (go test -run '^$'
+// -fuzz ..., as make fuzz runs it). Neither needs a control plane, and
+// one started by every worker would crowd the host. A fuzz target never
+// uses the Env.
+func fuzzingOnly() bool {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	value := func(name string) string {
+		if f := flag.Lookup(name); f != nil {
+			return f.Value.String()
+		}
+		return ""
+	}
+	return value("test.fuzzworker") == "true" || (value("test.fuzz") != "" && value("test.run") == "^$")
 }
 
 // Namespace creates a namespace with a generated name for one test. Only

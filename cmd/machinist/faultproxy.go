@@ -106,7 +106,7 @@ metrics on --metrics-bind-address and printed when the proxy stops.`,
 	fs.StringVar(&rules, "rules", "", "YAML file of the seed and rules (see docs/reliability.md)")
 	fs.Uint64Var(&seed, "seed", 0, "seed of the faults' generator; 0 keeps the file's")
 	fs.StringVar(&out, "write-kubeconfig", "", "where to write the kubeconfig that reaches kube-apiserver through the proxy")
-	fs.StringVar(&metrics, "metrics-bind-address", "0", "address to serve the counts as Prometheus metrics on; 0 serves none")
+	fs.StringVar(&metrics, "metrics-bind-address", "0", "address to serve the counts as Prometheus metrics on, over plain HTTP to anyone who reaches it (keep it on loopback); 0 serves none")
 	logs.Add(fs)
 	return cmd
 }

@@ -2,6 +2,7 @@ package monitoring_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -17,21 +18,27 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	sigsyaml "sigs.k8s.io/yaml"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
 // TestEveryMetricUsedIsServed runs `machinist manager` with leader
-// election, as config/manager runs it, over a fleet with one of each
-// object the gauges report on (a Machine in a workload cluster among
-// them), reads its real /metrics, and checks that every metric the alerts
-// and the dashboard use is there.
+// election and secure metrics, as config/manager runs it, over a fleet
+// with one of each object the gauges report on (a Machine in a workload
+// cluster among them), reads its real /metrics as the ServiceMonitor does
+// (HTTPS, the token of a ServiceAccount bound to machinist-metrics-reader),
+// and checks that every metric the alerts and the dashboard use is there.
 func TestEveryMetricUsedIsServed(t *testing.T) {
 	_, metricnames := tools(t)
 	out, err := exec.Command(metricnames,
@@ -61,7 +68,7 @@ func TestEveryMetricUsedIsServed(t *testing.T) {
 	}
 	manager := exec.Command(binary, "manager", "--kubeconfig", env.Kubeconfig,
 		"--leader-elect", "--leader-election-namespace", ns,
-		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", port), "--health-probe-bind-address=0",
+		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", port), "--metrics-secure", "--health-probe-bind-address=0",
 		"--machine-workers=2", "--set-workers=1")
 	logs := &testenv.LockedBuffer{}
 	manager.Stdout, manager.Stderr = logs, logs
@@ -132,10 +139,11 @@ func TestEveryMetricUsedIsServed(t *testing.T) {
 		}
 	}
 
+	prometheus := scraper{url: fmt.Sprintf("https://127.0.0.1:%d/metrics", port), token: readerToken(t, ctx, ns)}
 	var served map[string]bool
 	var missing []string
 	testenv.WaitFor(t, 2*time.Minute, "every metric used served", func() error {
-		families, err := scrape(port)
+		families, err := prometheus.scrape()
 		if err != nil {
 			return err
 		}
@@ -170,7 +178,7 @@ func TestEveryMetricUsedIsServed(t *testing.T) {
 		{"machinist_machines", map[string]string{"phase": "Running"}, 3},
 	}
 	testenv.WaitFor(t, 2*time.Minute, "the gauges true of the fleet", func() error {
-		families, err := metricFamilies(port)
+		families, err := prometheus.families()
 		if err != nil {
 			return err
 		}
@@ -213,10 +221,16 @@ series:
 	return 0, false
 }
 
+// scraper reads a secure /metrics as the ServiceMonitor does: over HTTPS
+// without verifying the self-signed certificate, with a bearer token.
+type scraper struct {
+	url, token string
+}
+
 // scrape reads /metrics and returns the names it serves, a histogram's
 // series (_bucket, _sum, _count) under their own names too.
-func scrape(port int) (map[string]bool, error) {
-	families, err := metricFamilies(port)
+func (s scraper) scrape() (map[string]bool, error) {
+	families, err := s.families()
 	if err != nil {
 		return nil, err
 	}
@@ -233,9 +247,15 @@ func scrape(port int) (map[string]bool, error) {
 	return names, nil
 }
 
-// metricFamilies reads /metrics, by family name.
-func metricFamilies(port int) (map[string]*dto.MetricFamily, error) {
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+// families reads /metrics, by family name.
+func (s scraper) families() (map[string]*dto.MetricFamily, error) {
+	req, err := http.NewRequest(http.MethodGet, s.url, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+s.token)
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	resp, err := hc.Do(req)
 	if err != nil {
 		return nil, err
 	}
@@ -244,6 +264,47 @@ func metricFamilies(port int) (map[string]*dto.MetricFamily, error) {
 	if err != nil {
 		return nil, err
 	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s: %s", s.url, resp.Status, body)
+	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	return parser.TextToMetricFamilies(strings.NewReader(string(body)))
+}
+
+// readerToken is a token of a ServiceAccount in ns bound, as a Prometheus'
+// is, to the ClusterRole machinist-metrics-reader of config/rbac.
+func readerToken(t *testing.T, ctx context.Context, ns string) string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(testenv.Root(), "config", "rbac", "metrics_reader.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	role := &rbacv1.ClusterRole{}
+	if err := sigsyaml.Unmarshal(raw, role); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Create(ctx, role); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "prometheus"}}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: ns + "-prometheus"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: sa.Name}},
+	}
+	for _, o := range []client.Object{sa, binding} {
+		if err := env.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), binding) })
+	kube, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token, err := kube.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa.Name, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return token.Status.Token
 }

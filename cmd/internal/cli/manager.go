@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -17,6 +18,8 @@ import (
 	"github.com/machinist-dev/machinist/actuators/process"
 	"github.com/machinist-dev/machinist/actuators/qemu"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/clusters"
+	"github.com/machinist-dev/machinist/lifecycle"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/provider"
 )
@@ -142,6 +145,9 @@ logging "waiting for kube-apiserver", instead of exiting again.`,
 	fs.DurationVar(&opts.RenewDeadline, "leader-elect-renew-deadline", 0, "how long the leader keeps trying to renew before it gives up and exits (0: 10s)")
 	fs.DurationVar(&opts.RetryPeriod, "leader-elect-retry-period", 0, "how often candidates try to take the Lease and the leader renews it (0: 2s)")
 	fs.StringVar(&opts.MetricsAddr, "metrics-bind-address", ":8080", `address of /metrics; "0" turns it off`)
+	fs.BoolVar(&opts.MetricsSecure, "metrics-secure", false,
+		"serve /metrics over HTTPS to bearer tokens kube-apiserver authenticates and allows get on /metrics (ClusterRole machinist-metrics-reader); off, plain HTTP to anyone who reaches it")
+	fs.StringVar(&opts.MetricsCertDir, "metrics-cert-dir", "", "tls.crt and tls.key for --metrics-secure, reloaded when they change; empty means a self-signed certificate made at start")
 	fs.StringVar(&opts.PprofAddr, "pprof-bind-address", "0", `address of Go's /debug/pprof profiles; "0" turns them off`)
 	fs.StringVar(&opts.HealthAddr, "health-probe-bind-address", ":8081", `address of /healthz and /readyz; "0" turns them off`)
 	fs.IntVar(&opts.MachineWorkers, "machine-workers", 16, "Machines reconciled at once")
@@ -151,6 +157,12 @@ logging "waiting for kube-apiserver", instead of exiting again.`,
 	fs.Float32Var(&opts.ClusterQPS, "cluster-api-qps", 0, "requests per second to each workload cluster's API server, apart from --kube-api-qps; a Machine joining one costs about 3 (0: 100)")
 	fs.IntVar(&opts.ClusterBurst, "cluster-api-burst", 0, "burst of requests to each workload cluster's API server (0: 200)")
 	fs.DurationVar(&opts.ClusterProbePeriod, "cluster-probe-period", 0, "how often each workload cluster is probed and its status counted (0: 30s)")
+	fs.StringVar(&opts.Namespace, "namespace", cmp.Or(os.Getenv("POD_NAMESPACE"), lifecycle.DefaultNamespace),
+		"the manager's own namespace, where it keeps what no tenant may read or write: the bootstrap tokens of machines repaired while their cluster is down")
+	fs.BoolVar(&opts.KubeconfigTrust.Exec, strings.TrimPrefix(clusters.ExecFlag, "--"), false,
+		"let WorkloadClusters' kubeconfigs run exec credential plugins in the manager: whoever may write their Secrets may then run code here")
+	fs.BoolVar(&opts.KubeconfigTrust.InsecureTLS, strings.TrimPrefix(clusters.InsecureTLSFlag, "--"), false,
+		"let WorkloadClusters' kubeconfigs skip verifying their servers (insecure-skip-tls-verify, http://): their credentials then go to whoever answers")
 	fs.DurationVar(&opts.ClusterUnreachableAfter, "cluster-unreachable-after", 0,
 		"how long a workload cluster that answered must fail its probes before it is called unreachable, its health checks frozen and its drains held (0: 40s)")
 	fs.Float32Var(&opts.QPS, "kube-api-qps", 200, "requests per second to the API server")
