@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"time"
 
@@ -34,7 +35,8 @@ var CRDs = []string{
 }
 
 // Conversion is the conversion webhook: controller-runtime's handler over
-// every version of the API, converting through the hub, v1beta1.
+// every version of the API, converting through the hub, v1beta1, behind
+// a bound on the body (MaxConversionBody).
 func Conversion() http.Handler {
 	s := runtime.NewScheme()
 	if err := machinistv1.AddToScheme(s); err != nil {
@@ -43,7 +45,54 @@ func Conversion() http.Handler {
 	if err := v1beta1.AddToScheme(s); err != nil {
 		panic(err)
 	}
-	return conversion.NewWebhookHandler(s, conversion.NewRegistry())
+	return limitBody(conversion.NewWebhookHandler(s, conversion.NewRegistry()), MaxConversionBody)
+}
+
+// MaxConversionBody is the largest ConversionReview /convert reads; a
+// larger one is answered 413 Request Entity Too Large, and no more of it
+// than this is read. The path takes requests without credentials, and
+// controller-runtime's handler bounds nothing: it would read and decode a
+// body of any size. (The verbs server's HTTP/2 flow control lets a client
+// have only 256 KiB in flight, which paces a long body without ending it.)
+//
+// It is kube-apiserver's own bound on a request's body, 3 MiB, because
+// kube-apiserver sends one object per review, never a list: 3,000
+// Machines listed at v1alpha1, with and without its watch cache, in
+// kubectl's pages and without a limit, were 3,000 reviews of one object
+// each (the largest 3,977 bytes; docs/api.md). An object reaches
+// the webhook from storage, where kube-apiserver writes at most 2 MiB
+// (its etcd client's bound on a message; etcd's own is 1.5 MiB unless
+// raised), or from a client's request of
+// at most 3 MiB, which kube-apiserver may make larger (it writes '<', '>'
+// and '&' as six bytes each), but then the object is larger in storage
+// too, and refused there anyway. 3 MiB refuses no review kube-apiserver
+// could have stored the object of.
+const MaxConversionBody = 3 << 20
+
+// limitBody reads at most max bytes of a request's body before next sees
+// it, and answers 413 for a larger one.
+func limitBody(next http.Handler, max int64) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > max {
+			tooLarge(w, max)
+			return
+		}
+		body, err := io.ReadAll(io.LimitReader(r.Body, max+1))
+		if err != nil {
+			http.Error(w, fmt.Sprintf("reading the ConversionReview: %v", err), http.StatusBadRequest)
+			return
+		}
+		if int64(len(body)) > max {
+			tooLarge(w, max)
+			return
+		}
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+		next.ServeHTTP(w, r)
+	})
+}
+
+func tooLarge(w http.ResponseWriter, max int64) {
+	http.Error(w, fmt.Sprintf("a ConversionReview is at most %d bytes", max), http.StatusRequestEntityTooLarge)
 }
 
 // WebhookConversion is the conversion a Machinist CRD declares: the

@@ -188,6 +188,9 @@ func TestBodiesRefusedBeforeTheMachine(t *testing.T) {
 	}{
 		{"oversized", "repair", `{"reason":"` + strings.Repeat("x", 64<<10) + `"}`, http.StatusRequestEntityTooLarge, "options bodies are at most 65536 bytes"},
 		{"two objects", "reboot", `{"mode":"hard"} {"mode":"soft"}`, http.StatusBadRequest, "the body holds more than one JSON object"},
+		// A decoder's More is false before a closing bracket: the body
+		// was taken as {"mode":"hard"}.
+		{"a bracket after the object", "reboot", `{"mode":"hard"}]`, http.StatusBadRequest, "or something after it"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := NewWithT(t)

@@ -231,8 +231,9 @@ func (s *verbStorage) decode(req *http.Request, name string) (*machinistv1.Opera
 				return nil, apierrors.NewInvalid(gk, name, field.ErrorList{field.Invalid(field.NewPath(""), string(body), err.Error())})
 			}
 		}
-		if dec.More() {
-			return nil, apierrors.NewBadRequest("the body holds more than one JSON object")
+		// Not dec.More(), which is false before a ']' or '}' that follows.
+		if rest := bytes.TrimSpace(body[dec.InputOffset():]); len(rest) > 0 {
+			return nil, apierrors.NewBadRequest("the body holds more than one JSON object, or something after it")
 		}
 	}
 	var errs field.ErrorList
