@@ -9,7 +9,6 @@ import (
 
 	certutil "k8s.io/client-go/util/cert"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 )
 
@@ -29,7 +28,7 @@ func metricsServing(opts Options, addr string) (metricsserver.Options, error) {
 		return served, nil
 	}
 	served.SecureServing = true
-	served.FilterProvider = filters.WithAuthenticationAndAuthorization
+	served.FilterProvider = scrapers
 	// A scrape needs nothing of HTTP/2, and its stream-level attacks (rapid
 	// reset) would reach the server before authentication turns a stranger
 	// away.

@@ -45,7 +45,7 @@ func TestMain(m *testing.M) {
 // ClusterRole, so that it asks kube-apiserver about each scraper with only
 // the permissions config/rbac gives it, and serving a certificate from
 // MetricsCertDir. Over HTTPS with that certificate: no token is 401, a
-// token kube-apiserver did not issue 500; the token of a ServiceAccount
+// token kube-apiserver did not issue 401; the token of a ServiceAccount
 // not allowed /metrics is 403; that of one bound to machinist-metrics-reader
 // gets the metrics, over HTTP/1.1. Plain HTTP is refused.
 func TestSecureMetricsAnswerOnlyAuthorizedScrapers(t *testing.T) {
@@ -120,9 +120,7 @@ func TestSecureMetricsAnswerOnlyAuthorizedScrapers(t *testing.T) {
 		want       int
 	}{
 		{"no token", "", http.StatusUnauthorized},
-		// kube-apiserver's TokenReview of a token it did not issue carries
-		// an error, which controller-runtime's filter answers with 500.
-		{"a token kube-apiserver did not issue", "not-a-token", http.StatusInternalServerError},
+		{"a token kube-apiserver did not issue", "not-a-token", http.StatusUnauthorized},
 		{"a ServiceAccount not allowed /metrics", token("stranger"), http.StatusForbidden},
 		{"a ServiceAccount bound to machinist-metrics-reader", token("prometheus"), http.StatusOK},
 	} {
