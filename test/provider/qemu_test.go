@@ -78,7 +78,9 @@ func TestAKilledQEMUProviderAdoptsItsVMs(t *testing.T) {
 	defer c2.Close()
 	inst, err := c2.Describe(ctx, id)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(inst).To(Equal(actuators.Instance{Power: actuators.PowerOn, BootID: boot}))
+	// The owner survives the kill too: it is what keeps another Machine off
+	// this VM.
+	g.Expect(inst).To(Equal(actuators.Instance{Power: actuators.PowerOn, BootID: boot, Owner: actuators.OwnerOf(m)}))
 	g.Consistently(func() []int { return qemuProcesses(dir) }).WithTimeout(5*time.Second).Should(Equal(vms), "adopted, not booted again")
 
 	// The adopted VM is the provider's to reboot and to delete.
