@@ -43,12 +43,14 @@ generate: ## Generate deepcopy code and v1alpha1's conversions for the API types
 		github.com/machinist-dev/machinist/api/subresources/v1alpha1
 
 .PHONY: manifests
-manifests: ## Generate the CRDs (config/crd/bases) and the ClusterRoles (config/rbac): manager, verbs server, machine operator, viewer.
+manifests: ## Generate the CRDs (config/crd/bases) and the ClusterRoles (config/rbac): manager, verbs server, machine operator, viewer, editor, metrics reader.
 	$(CONTROLLER_GEN) crd paths="./api/v1alpha1/...;./api/v1beta1/..." output:crd:artifacts:config=config/crd/bases
 	$(CONTROLLER_GEN) rbac:roleName=machinist-manager paths=./internal/rbac output:rbac:artifacts:config=config/rbac
 	$(CONTROLLER_GEN) rbac:roleName=machinist-machine-operator,fileName=operator.yaml paths=./internal/rbac/operator output:rbac:artifacts:config=config/rbac
 	$(CONTROLLER_GEN) rbac:roleName=machinist-viewer,fileName=viewer.yaml paths=./internal/rbac/viewer output:rbac:artifacts:config=config/rbac
+	$(CONTROLLER_GEN) rbac:roleName=machinist-editor,fileName=editor.yaml paths=./internal/rbac/editor output:rbac:artifacts:config=config/rbac
 	$(CONTROLLER_GEN) rbac:roleName=machinist-verbs,fileName=verbs.yaml paths=./internal/rbac/verbs output:rbac:artifacts:config=config/rbac
+	$(CONTROLLER_GEN) rbac:roleName=machinist-metrics-reader,fileName=metrics_reader.yaml paths=./internal/rbac/metrics output:rbac:artifacts:config=config/rbac
 
 .PHONY: binaries
 binaries: ## Build bin/machinist, bin/machinist-manager (the manager alone) and bin/kubectl-machine (the kubectl plugin).
@@ -120,3 +122,21 @@ outage: controlplane ## Keep a workload cluster down for OUTAGE (10m) under Test
 .PHONY: bench
 bench: controlplane ## Run the benchmarks against the real control plane (not part of make test).
 	go test -run '^$$' -bench . -benchtime 1x -timeout 180m ./test/bench/ | tee bench.out
+
+# make fuzz: each fuzz target of the module (a func FuzzXxx in a _test.go
+# file, found anew at each run) for FUZZTIME, one after the other, so
+# that each has the host's cores. go test already runs their seed corpora
+# (testdata/fuzz/FuzzXxx) as tests; this looks for new inputs, and writes
+# one that fails into the target's testdata/fuzz, where it stays a seed.
+# No test runs beside (-run '^$$'), so no control plane is started.
+FUZZTIME ?= 30s
+
+.PHONY: fuzz
+fuzz: ## Run every fuzz target (each func FuzzXxx in the module) for FUZZTIME (30s), one at a time; see docs/development.md.
+	@targets=$$(git ls-files -co --exclude-standard '*_test.go' | { xargs grep -Ho '^func Fuzz[A-Za-z0-9_]*(' /dev/null || true; } | \
+		sed -E 's#^(.*)/[^/]*_test\.go:func (Fuzz[A-Za-z0-9_]*)\($$#\1 \2#; s#^[^/ ]*_test\.go:func (Fuzz[A-Za-z0-9_]*)\($$#. \1#' | sort -u); \
+	if [ -z "$$targets" ]; then echo "no fuzz targets"; exit 1; fi; \
+	echo "$$targets" | while read -r dir name; do \
+		echo "== $$name in ./$$dir for $(FUZZTIME)"; \
+		go test -run '^$$' -fuzz "^$$name\$$" -fuzztime '$(FUZZTIME)' -timeout 0 "./$$dir" || exit 1; \
+	done
