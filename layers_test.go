@@ -22,7 +22,7 @@ func layer(pkg string) (int, string) {
 		return 1, "helpers"
 	case slices.Contains([]string{"phases", "operation", "nodes", "drainrules", "actuators", "nodeagent", "disruption", "faults", "provider", "gauges", "migration"}, first):
 		return 2, "domain"
-	case slices.Contains([]string{"lifecycle", "machineset", "deployment", "healthcheck", "clusters", "apiserver"}, first):
+	case first == "controllers" || slices.Contains([]string{"machineset", "deployment", "healthcheck", "clusters", "apiserver"}, first):
 		return 3, "controllers and the verbs server"
 	case slices.Contains([]string{"manager", "local", "testenv", "controllermanager"}, first):
 		return 4, "wiring"
@@ -70,6 +70,12 @@ func TestLayersOnlyPointDown(t *testing.T) {
 }
 
 func samePackageTree(a, b string) bool {
-	top := func(p string) string { return strings.Split(strings.TrimPrefix(p, module), "/")[0] }
+	top := func(p string) string {
+		parts := strings.Split(strings.TrimPrefix(p, module), "/")
+		if parts[0] == "controllers" && len(parts) > 1 {
+			return parts[0] + "/" + parts[1]
+		}
+		return parts[0]
+	}
 	return top(a) == top(b)
 }

@@ -24,7 +24,7 @@ import (
 
 	subresourcesv1 "github.com/machinist-dev/machinist/api/subresources/v1alpha1"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/lifecycle"
+	machinecontroller "github.com/machinist-dev/machinist/controllers/machine"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/testenv"
 )
@@ -47,7 +47,7 @@ func TestMain(m *testing.M) {
 		env = e
 		var err error
 		controllers, err = e.StartControllers(manager.Options{
-			Backoff:   lifecycle.Backoff{Base: 50 * time.Millisecond, Cap: time.Second},
+			Backoff:   machinecontroller.Backoff{Base: 50 * time.Millisecond, Cap: time.Second},
 			DrainPoll: 200 * time.Millisecond,
 		}, testenv.Leases{DurationSeconds: 3, RenewInterval: 500 * time.Millisecond})
 		if err != nil {

@@ -29,11 +29,11 @@ import (
 	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/clusters"
+	"github.com/machinist-dev/machinist/controllers/machine"
 	"github.com/machinist-dev/machinist/deployment"
 	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/gauges"
 	"github.com/machinist-dev/machinist/healthcheck"
-	"github.com/machinist-dev/machinist/lifecycle"
 	"github.com/machinist-dev/machinist/machineset"
 	"github.com/machinist-dev/machinist/nodes"
 )
@@ -53,10 +53,10 @@ type Options struct {
 	// ProvisionTimeout, Backoff and DrainPoll tune the Machine controller;
 	// zero values take its defaults.
 	ProvisionTimeout time.Duration
-	Backoff          lifecycle.Backoff
+	Backoff          machine.Backoff
 	DrainPoll        time.Duration
 	// OperationTimeout bounds how long a reboot or repair may take; see
-	// lifecycle.Reconciler.
+	// machine.Reconciler.
 	OperationTimeout time.Duration
 	// QPS and Burst bound the manager's requests to the API server; zero
 	// keeps the rest.Config's own (client-go's default is 5 and 10, far too
@@ -103,7 +103,7 @@ type Options struct {
 	NodeGrace time.Duration
 	// DriftDelay is how long after a template changes its Machines'
 	// Drifted conditions are brought up to date; zero means
-	// lifecycle.DefaultDriftDelay.
+	// machine.DefaultDriftDelay.
 	DriftDelay time.Duration
 	// JoinServer and JoinCAData are how new machines of the manager's own
 	// cluster reach its API server, when not as the manager does: a
@@ -128,7 +128,7 @@ type Options struct {
 	// Namespace is the manager's own namespace, where it keeps what no
 	// tenant may read or write (the bootstrap tokens of machines repaired
 	// while their cluster could not be reached); empty means
-	// lifecycle.DefaultNamespace. It must exist.
+	// machine.DefaultNamespace. It must exist.
 	Namespace string
 	// KubeconfigTrust is what a WorkloadCluster's kubeconfig may ask of
 	// the manager beyond inline data: by default nothing (no exec plugin,
@@ -146,7 +146,7 @@ type Options struct {
 type Manager struct {
 	ctrl.Manager
 	// Metrics are the lifecycle metrics the Machine controller updates.
-	Metrics *lifecycle.Metrics
+	Metrics *machine.Metrics
 	// Rollouts counts MachineDeployment rollout transitions.
 	Rollouts *prometheus.CounterVec
 	// Remediations are the health checks' metrics.
@@ -224,7 +224,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 			return nil, err
 		}
 	}
-	metrics := lifecycle.NewMetrics(mgr.GetClient())
+	metrics := machine.NewMetrics(mgr.GetClient())
 	reg := opts.Registry
 	if reg == nil {
 		reg = crmetrics.Registry
@@ -268,7 +268,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	if err := workload.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err
 	}
-	machines := &lifecycle.Reconciler{
+	machines := &machine.Reconciler{
 		Client:           mgr.GetClient(),
 		Nodes:            nodeSide,
 		Connections:      nodeSide,

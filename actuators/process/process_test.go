@@ -36,7 +36,7 @@ import (
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/process"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/lifecycle"
+	machinecontroller "github.com/machinist-dev/machinist/controllers/machine"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/nodeagent"
 	"github.com/machinist-dev/machinist/testenv"
@@ -487,7 +487,7 @@ func TestKillNineMakesTheMachineUnhealthy(t *testing.T) {
 	mgr, err := manager.New(mctx, env.Config, env.Scheme, manager.Options{
 		Actuators:      registry,
 		MachineWorkers: 2,
-		Backoff:        lifecycle.Backoff{Base: 50 * time.Millisecond, Cap: time.Second},
+		Backoff:        machinecontroller.Backoff{Base: 50 * time.Millisecond, Cap: time.Second},
 		DrainPoll:      200 * time.Millisecond,
 		Repeatable:     true,
 		Registry:       prometheus.NewRegistry(),

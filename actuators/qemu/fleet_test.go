@@ -25,7 +25,7 @@ import (
 	"github.com/machinist-dev/machinist/actuators/process"
 	"github.com/machinist-dev/machinist/actuators/qemu"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/lifecycle"
+	machinecontroller "github.com/machinist-dev/machinist/controllers/machine"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/operation"
 	"github.com/machinist-dev/machinist/testenv"
@@ -150,7 +150,7 @@ func TestAMachineDeploymentOfVMs(t *testing.T) {
 	ctrls, err := env.StartControllers(manager.Options{
 		Actuators:      registry,
 		MachineWorkers: 4,
-		Backoff:        lifecycle.Backoff{Base: 100 * time.Millisecond, Cap: 5 * time.Second},
+		Backoff:        machinecontroller.Backoff{Base: 100 * time.Millisecond, Cap: 5 * time.Second},
 		DrainPoll:      time.Second,
 		NodeGrace:      5 * time.Second,
 	}, testenv.Leases{})

@@ -28,8 +28,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/controllers/machine"
 	"github.com/machinist-dev/machinist/internal/admission"
-	"github.com/machinist-dev/machinist/lifecycle"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/testenv"
 )
@@ -99,7 +99,7 @@ func setup(ctx context.Context) error {
 		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:machinist-system", "system:authenticated"},
 	}, manager.Options{
 		MachineWorkers:   4,
-		Backoff:          lifecycle.Backoff{Base: 100 * time.Millisecond, Cap: 2 * time.Second},
+		Backoff:          machine.Backoff{Base: 100 * time.Millisecond, Cap: 2 * time.Second},
 		DrainPoll:        200 * time.Millisecond,
 		OperationTimeout: 20 * time.Second,
 	}, testenv.Leases{DurationSeconds: 3, RenewInterval: 500 * time.Millisecond})

@@ -19,7 +19,7 @@ import (
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/qemu"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/lifecycle"
+	"github.com/machinist-dev/machinist/controllers/machine"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/testenv"
 )
@@ -96,7 +96,7 @@ func startQEMU(b *testing.B) *qemuBench {
 	}
 	ctrls, err := e.StartControllers(manager.Options{
 		Actuators: registry, MachineWorkers: 16,
-		Backoff: lifecycle.Backoff{Base: 100 * time.Millisecond, Cap: 5 * time.Second},
+		Backoff: machine.Backoff{Base: 100 * time.Millisecond, Cap: 5 * time.Second},
 	}, testenv.Leases{})
 	if err != nil {
 		b.Fatal(err)

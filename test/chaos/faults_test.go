@@ -21,7 +21,7 @@ import (
 	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/actuators/inmemory"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/lifecycle"
+	"github.com/machinist-dev/machinist/controllers/machine"
 	"github.com/machinist-dev/machinist/manager"
 )
 
@@ -111,7 +111,7 @@ func (f *flaky) Update(ctx context.Context, id string, op actuators.Operation) e
 
 // shortBackoff keeps a Machine that failed a few calls in a row from
 // waiting minutes: the faults are meant to be survived, not waited out.
-var shortBackoff = lifecycle.Backoff{Base: 500 * time.Millisecond, Cap: 5 * time.Second}
+var shortBackoff = machine.Backoff{Base: 500 * time.Millisecond, Cap: 5 * time.Second}
 
 // TestProviderFaults runs a scale-up of 20, a rolling upgrade of them and
 // 10 reboots against an inmemory provider that fails 30% of its calls

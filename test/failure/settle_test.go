@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/lifecycle"
+	machinecontroller "github.com/machinist-dev/machinist/controllers/machine"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/testenv"
 )
@@ -182,7 +182,7 @@ func TestSettledFleetWritesNothing(t *testing.T) {
 // Machine that has already retried done times: the one under way, plus
 // each later step that fits whole.
 func backoffSteps(done int32, d time.Duration) int {
-	var b lifecycle.Backoff
+	var b machinecontroller.Backoff
 	steps, spent := 1, time.Duration(0)
 	for n := done + 1; ; n++ {
 		if spent += b.After(n); spent > d {

@@ -33,8 +33,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	machinecontroller "github.com/machinist-dev/machinist/controllers/machine"
 	"github.com/machinist-dev/machinist/internal/admission"
-	"github.com/machinist-dev/machinist/lifecycle"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/testenv"
 )
@@ -124,7 +124,7 @@ func setup(ctx context.Context) error {
 		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:machinist-system", "system:authenticated"},
 	}, manager.Options{
 		MachineWorkers:          4,
-		Backoff:                 lifecycle.Backoff{Base: 100 * time.Millisecond, Cap: 2 * time.Second},
+		Backoff:                 machinecontroller.Backoff{Base: 100 * time.Millisecond, Cap: 2 * time.Second},
 		DrainPoll:               200 * time.Millisecond,
 		OperationTimeout:        time.Minute,
 		NodeGrace:               2 * time.Second,

@@ -1,0 +1,339 @@
+package machine
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/machinist-dev/machinist/actuators"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/nodes"
+	"github.com/machinist-dev/machinist/operation"
+	"github.com/machinist-dev/machinist/phases"
+)
+
+// Event reasons of operations.
+const (
+	reasonRequested = "OperationRequested"
+	reasonRefused   = "OperationRefused"
+	reasonStarted   = "OperationStarted"
+	reasonSucceeded = "OperationSucceeded"
+	reasonFailed    = "OperationFailed"
+	reasonDeadBoot  = "PodsOfDeadBootDeleted"
+)
+
+// repairFailed is Failed's handler: only a repair moves a Failed Machine,
+// and operation.Admit let no other in.
+func (r *Reconciler) repairFailed(ctx context.Context, s *step) outcome {
+	op := s.m.Status.Operation
+	if !operation.InFlight(op) || s.unstored(op) {
+		return s.wait("", 0)
+	}
+	if op.State == machinistv1.OperationPending {
+		startOperation(s)
+	}
+	return r.callProvider(ctx, s)
+}
+
+// callProvider asks the provider to reboot, repair or update the drained
+// (or, for a reboot without drain, running) Machine and moves it on. The
+// provider is idempotent on the operation ID, so a controller that stopped
+// before storing the move calls it again harmlessly.
+func (r *Reconciler) callProvider(ctx context.Context, s *step) outcome {
+	m := s.m
+	op := m.Status.Operation
+	act, why := r.actuatorFor(m, s.class)
+	if why != nil {
+		return r.retry(s, why.reason, why.err)
+	}
+	req := actuators.Operation{ID: op.ID, Hard: op.Options != nil && op.Options.Mode == machinistv1.RebootHard}
+	// Judged before the reboot: a machine that boots fast could renew
+	// its Lease before the provider even answers.
+	var dead *deadNode
+	if !operation.Drains(op.Type, op.Options) && req.Hard && s.down == nil {
+		var err error
+		if dead, err = r.unreachable(ctx, s); err != nil {
+			return fail(err)
+		}
+	}
+	var err error
+	event, doing := phases.Reboot, "rebooting"
+	switch op.Type {
+	case machinistv1.OperationRepair:
+		event, doing = phases.Repair, "repairing"
+		if s.down != nil {
+			// The re-imaged machine re-joins once the cluster is back,
+			// with a token kept for it until then.
+			setUnseenHealth(s)
+			if req.Join, err = r.deferJoin(ctx, s); err != nil {
+				return s.unseen(machinistv1.ConditionReady, metav1.ConditionFalse,
+					fmt.Sprintf("the repair waits for the cluster: %v", err))
+			}
+		} else if req.Join, err = r.join(ctx, s); err != nil {
+			return r.joinFailed(s, machinistv1.ReasonProviderError, err)
+		}
+		err = act.Repair(ctx, m.Status.ProviderID, req)
+	case machinistv1.OperationUpdate:
+		event, doing = phases.Update, "updating"
+		req.Version = op.ToVersion
+		err = act.Update(ctx, m.Status.ProviderID, req)
+	default:
+		err = act.Reboot(ctx, m.Status.ProviderID, req)
+	}
+	if actuators.IsPermanent(err) {
+		msg := fmt.Sprintf("the provider refused: %v", err)
+		if s.fsm.State() == machinistv1.MachineDraining {
+			return r.abort(ctx, s, msg)
+		}
+		endOperation(s, machinistv1.OperationFailed, msg)
+		return s.wait("the provider refused", 0)
+	}
+	if err != nil {
+		return r.retry(s, machinistv1.ReasonProviderError, err)
+	}
+	if dead != nil {
+		if err := r.forgetDeadBoot(ctx, s, dead); err != nil {
+			return fail(err)
+		}
+	}
+	op.Message = fmt.Sprintf("the provider is %s the instance; waiting for its Node to report a new boot ID and Ready", doing)
+	if op.Type == machinistv1.OperationUpdate {
+		op.Message = fmt.Sprintf("the provider is updating the instance to %s; waiting for its Node to report it, a new boot ID and Ready", op.ToVersion)
+	}
+	s.after(r.operationTimeout())
+	if d := operation.Deadline(op); !d.IsZero() {
+		s.after(d.Sub(s.now))
+	}
+	// The Node may have booted anew already: a fast machine, or an
+	// earlier call that took effect though its reply was lost or its move
+	// not stored. Its Node's event was then spent while the Machine was
+	// not yet Rebooting, and this reconcile's own write wakes nothing:
+	// the new phase's handler looks now, not at the deadline.
+	return advance(event)
+}
+
+// deadNode is a Node found not healthy before a hard reboot.
+type deadNode struct {
+	node *corev1.Node
+	why  string
+}
+
+// unreachable returns the Machine's Node if it is not healthy, else nil.
+func (r *Reconciler) unreachable(ctx context.Context, s *step) (*deadNode, error) {
+	node, err := s.nodes.Node(ctx, s.m.Status.ProviderID)
+	if err != nil || node == nil {
+		return nil, err
+	}
+	h, err := nodes.Judge(ctx, s.nodes, node, s.now)
+	if err != nil || h.Healthy {
+		return nil, err
+	}
+	return &deadNode{node: node, why: h.Message}, nil
+}
+
+// forgetDeadBoot deletes, at once, the pods bound to the Node of a Machine
+// that was just hard-rebooted without a drain while its Node was not
+// healthy. Nothing of the old boot runs any more, and no kubelet is left
+// to say so: without this, its pods would stay Running on the API, and
+// their controllers would not replace them, until the node lifecycle's
+// eviction some minutes later. Mirror pods are the kubelet's own to
+// recreate. A healthy Node's kubelet reports its pods itself after the
+// reboot, so they are left alone.
+func (r *Reconciler) forgetDeadBoot(ctx context.Context, s *step, dead *deadNode) error {
+	gone, err := s.nodes.DeletePods(ctx, dead.node)
+	if err != nil {
+		return fmt.Errorf("deleting the pods of the dead boot: %w", err)
+	}
+	if gone > 0 {
+		s.note(corev1.EventTypeNormal, reasonDeadBoot, "Reboot", "deleted %d pod(s) of node %s that died with its unreachable boot (%s)",
+			gone, dead.node.Name, dead.why)
+	}
+	return nil
+}
+
+// awaitBoot is the handler of Rebooting, Repairing and Updating: the
+// Machine runs again once its Node reports a boot ID other than the one
+// recorded before (and, for an update, the version asked for) and is
+// healthy; it fails if that does not happen by the deadline.
+func (r *Reconciler) awaitBoot(ctx context.Context, s *step) outcome {
+	m := s.m
+	event, verb, failure := phases.Rebooted, "reboot", machinistv1.FailureRebootTimeout
+	switch s.fsm.State() {
+	case machinistv1.MachineRepairing:
+		event, verb, failure = phases.Repaired, "repair", machinistv1.FailureRepairTimeout
+	case machinistv1.MachineUpdating:
+		event, verb, failure = phases.Updated, "update", machinistv1.FailureUpdateTimeout
+	}
+	op := m.Status.Operation
+	// An update is done only once the Node runs the version it asked for.
+	version := ""
+	if operation.InFlight(op) && op.Type == machinistv1.OperationUpdate {
+		version = op.ToVersion
+	}
+	if s.down != nil {
+		setUnseenHealth(s)
+		return r.awaitBootUnseen(ctx, s, event, verb)
+	}
+	node, err := s.nodes.Node(ctx, m.Status.ProviderID)
+	if err != nil {
+		return fail(err)
+	}
+	// The boot the operation found; status.bootID may already hold the new
+	// one, if the reconcile that called the provider could not store it.
+	before := m.Status.BootID
+	if operation.InFlight(op) && op.BootID != "" {
+		before = op.BootID
+	}
+	if node != nil {
+		boot := node.Status.NodeInfo.BootID
+		if boot != "" && boot != before && (version == "" || node.Status.NodeInfo.KubeletVersion == version) {
+			h, err := nodes.Judge(ctx, s.nodes, node, s.now)
+			if err != nil {
+				return fail(err)
+			}
+			if h.Healthy {
+				if event == phases.Repaired {
+					// The machine re-joined with a token of its own.
+					if err := r.spent(ctx, s); err != nil {
+						return fail(err)
+					}
+				}
+				// Only what this operation cordoned is uncordoned. The
+				// Node comes first: were it left cordoned, the Machine
+				// would stay here and try again rather than run on a Node
+				// no pod can be scheduled to.
+				if err := r.applyNodeSpec(ctx, s, node, op == nil || operation.Drains(op.Type, op.Options)); err != nil {
+					return fail(err)
+				}
+				observeNode(m, node)
+				setHealth(m, h)
+				meta.RemoveStatusCondition(&m.Status.Conditions, machinistv1.ConditionDrained)
+				if operation.InFlight(op) {
+					done := fmt.Sprintf("%s: boot ID %s -> %s", operation.PastTense(verb), before, boot)
+					if version != "" {
+						done = fmt.Sprintf("updated: version %s -> %s, boot ID %s -> %s", op.FromVersion, version, before, boot)
+					}
+					endOperation(s, machinistv1.OperationSucceeded, done)
+				}
+				return settle(event)
+			}
+			// Booted, but not judged healthy yet: its Node's Ready and its
+			// Lease's renewal or deletion wake it (leaseExpiry).
+		}
+	}
+	deadline := s.since(s.enteredAt()).Add(r.operationTimeout())
+	want := "a new boot ID"
+	if version != "" {
+		want = "version " + version + " and a new boot ID"
+	}
+	msg := fmt.Sprintf("no Ready Node with %s %s after the provider began the %s", want, r.operationTimeout(), verb)
+	if d := operation.Deadline(op); !d.IsZero() && d.Before(deadline) {
+		deadline = d
+		msg = fmt.Sprintf("no Ready Node with %s %s after the %s began", want, d.Sub(op.StartedAt.Time), verb)
+	}
+	if !s.now.Before(deadline) {
+		if operation.InFlight(op) {
+			endOperation(s, machinistv1.OperationFailed, msg)
+		}
+		return s.failMachine(failure, msg)
+	}
+	return s.wait("waiting for the Node to boot anew", deadline.Sub(s.now))
+}
+
+// unseenBootPoll is how often the provider is asked about the new boot of
+// a Machine whose cluster cannot be reached: a call, and no write, per
+// look.
+const unseenBootPoll = 5 * time.Second
+
+// awaitBootUnseen is awaitBoot while the Machine's cluster cannot be
+// reached: the operation completes on the provider's word, once it reports
+// the instance on with a boot other than the one the operation began
+// from. The record says so, and that the Node was not seen; BootConfirmed
+// is Unknown until the Node is (confirmBoot). An update waits for the
+// Node, the only one to say which version runs; so does an operation whose
+// provider cannot tell. No deadline runs meanwhile: it counts from the
+// cluster's return.
+func (r *Reconciler) awaitBootUnseen(ctx context.Context, s *step, event phases.Event, verb string) outcome {
+	m := s.m
+	op := m.Status.Operation
+	if !operation.InFlight(op) || op.Type == machinistv1.OperationUpdate {
+		return s.wait("its cluster cannot be reached", downPoll)
+	}
+	act, why := r.actuatorFor(m, s.class)
+	if why != nil {
+		return s.wait("no provider to ask", downPoll)
+	}
+	in, err := act.Describe(ctx, m.Status.ProviderID)
+	if err != nil {
+		log.FromContext(ctx).V(1).Info("asking the provider about the new boot", "error", err.Error())
+		return s.wait("the provider did not answer", unseenBootPoll)
+	}
+	before := op.BootID
+	if before == "" {
+		before = m.Status.BootID
+	}
+	if in.Power != actuators.PowerOn || in.BootID == "" || in.BootID == before {
+		return s.wait("waiting for the provider to report a new boot", unseenBootPoll)
+	}
+	m.Status.BootID, op.ProviderBootID = in.BootID, in.BootID
+	meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
+		Type: machinistv1.ConditionBootConfirmed, Status: metav1.ConditionUnknown, Reason: machinistv1.ReasonNodeNotSeen,
+		Message: fmt.Sprintf("the provider reported boot ID %s after %s %s; the Node's is checked once its cluster answers",
+			in.BootID, verb, op.ID),
+		ObservedGeneration: m.Generation,
+	})
+	endOperation(s, machinistv1.OperationSucceeded, fmt.Sprintf("%s on the provider's word: boot ID %s -> %s; the Node was not seen: %s",
+		operation.PastTense(verb), before, in.BootID, s.down.Unseen()))
+	return settle(event)
+}
+
+// confirmBoot checks, once the cluster of a Machine whose last operation
+// was completed on its provider's word answers, that its Node reports the
+// boot the provider did. A Node still showing the boot before the
+// operation has not reported since (stale is true): the next change of it
+// wakes the Machine, and meanwhile what the Machine records of its boot is
+// the provider's. A mismatch is a Warning Event and BootConfirmed False;
+// either way the condition is written once.
+func (r *Reconciler) confirmBoot(ctx context.Context, s *step, node *corev1.Node) (stale bool, err error) {
+	m := s.m
+	c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionBootConfirmed)
+	if c == nil || c.Status != metav1.ConditionUnknown || node == nil {
+		return false, nil
+	}
+	op := m.Status.Operation
+	if op == nil || op.ProviderBootID == "" {
+		meta.RemoveStatusCondition(&m.Status.Conditions, machinistv1.ConditionBootConfirmed)
+		return false, nil
+	}
+	have := node.Status.NodeInfo.BootID
+	if have == "" || have == op.BootID {
+		return true, nil
+	}
+	set := func(status metav1.ConditionStatus, reason, message string) {
+		meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
+			Type: machinistv1.ConditionBootConfirmed, Status: status, Reason: reason, Message: message, ObservedGeneration: m.Generation,
+		})
+	}
+	if have != op.ProviderBootID {
+		msg := fmt.Sprintf("after %s %s the provider reported boot ID %s, and Node %s now reports %s: the machine booted again since, or the provider's word was wrong",
+			operation.Verb(op.Type), op.ID, op.ProviderBootID, node.Name, have)
+		set(metav1.ConditionFalse, machinistv1.ReasonBootIDMismatch, msg)
+		s.note(corev1.EventTypeWarning, machinistv1.ReasonBootIDMismatch, "Confirm", "%s", msg)
+		return false, nil
+	}
+	if op.Type == machinistv1.OperationRepair {
+		// The re-imaged machine has joined: its token is spent.
+		if err := r.spent(ctx, s); err != nil {
+			return false, err
+		}
+	}
+	set(metav1.ConditionTrue, machinistv1.ReasonBootIDMatches,
+		fmt.Sprintf("Node %s reports boot ID %s, as the provider did after %s %s", node.Name, have, operation.Verb(op.Type), op.ID))
+	return false, nil
+}

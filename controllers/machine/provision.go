@@ -1,0 +1,210 @@
+package machine
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/machinist-dev/machinist/actuators"
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/internal/bootstrap"
+	"github.com/machinist-dev/machinist/nodes"
+	"github.com/machinist-dev/machinist/phases"
+)
+
+// While a Machine has just entered Provisioning, it is looked at every
+// provisionPoll for provisionPollFor; after that only Node events and the
+// deadline wake it.
+const (
+	provisionPoll    = time.Second
+	provisionPollFor = 10 * time.Second
+)
+
+// create is Pending's handler: it asks the provider for an instance.
+func (r *Reconciler) create(ctx context.Context, s *step) outcome {
+	m := s.m
+	act, why := r.actuatorFor(m, s.class)
+	if why != nil {
+		return r.retry(s, why.reason, why.err)
+	}
+	if s.down != nil {
+		// The machine could not join: its bootstrap token is made in
+		// its cluster.
+		return s.unseen(machinistv1.ConditionReady, metav1.ConditionFalse,
+			"the instance is made once the cluster answers, since the machine joins it with a bootstrap token made there")
+	}
+	if m.Spec.ProviderID != "" {
+		// Asked before any token is made for it: an instance that is
+		// another Machine's is not touched at all.
+		if out, taken := r.adoptable(ctx, s, act); taken {
+			return out
+		}
+	}
+	join, err := r.join(ctx, s)
+	if err != nil {
+		return r.joinFailed(s, machinistv1.ReasonCreateError, err)
+	}
+	id, err := act.Create(ctx, m, s.class, join)
+	if actuators.IsTaken(err) {
+		return s.failMachine(machinistv1.FailureInstanceTaken, instanceTaken)
+	}
+	if actuators.IsPermanent(err) {
+		return s.failMachine(machinistv1.FailureCreate, err.Error())
+	}
+	if err != nil {
+		return r.retry(s, machinistv1.ReasonCreateError, err)
+	}
+	m.Status.ProviderID = id
+	setProvisioning(m)
+	return advance(phases.Provision)
+}
+
+// instanceTaken is a Machine's failure when the instance it names belongs
+// to another Machine. It names neither that Machine nor the instance:
+// whoever made this Machine may not even read the other's namespace, and
+// must not learn from a failure whose instance they guessed.
+const instanceTaken = "the instance spec.providerID names belongs to another Machine, so this Machine does not adopt it, and the instance is left as it is: delete this Machine, and name an instance that belongs to no Machine, or leave spec.providerID out"
+
+// adoptable asks the provider whom the instance m.Spec.ProviderID names
+// belongs to, and fails m if another Machine: the provider refuses that
+// adoption too (actuators.ErrTaken), but one that does not record owners,
+// or does not check, is not trusted to. A provider that cannot say is
+// left to Create.
+func (r *Reconciler) adoptable(ctx context.Context, s *step, act actuators.Actuator) (outcome, bool) {
+	m := s.m
+	in, err := act.Describe(ctx, m.Spec.ProviderID)
+	switch {
+	case actuators.IsTaken(err):
+		return s.failMachine(machinistv1.FailureInstanceTaken, instanceTaken), true
+	case actuators.IsPermanent(err):
+		// Create says why, as for an instance that does not exist.
+		return outcome{}, false
+	case err != nil:
+		return r.retry(s, machinistv1.ReasonCreateError, fmt.Errorf("asking the provider whom the instance to adopt belongs to: %w", err)), true
+	case !in.Owner.IsZero() && in.Owner.UID != m.UID:
+		return s.failMachine(machinistv1.FailureInstanceTaken, instanceTaken), true
+	}
+	return outcome{}, false
+}
+
+// setProvisioning says that the Machine waits for its Node.
+func setProvisioning(m *machinistv1.Machine) {
+	meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
+		Type: machinistv1.ConditionReady, Status: metav1.ConditionFalse, Reason: machinistv1.ReasonProvisioning,
+		Message: "waiting for the Node with providerID " + m.Status.ProviderID + " to become Ready", ObservedGeneration: m.Generation,
+	})
+}
+
+// join makes what m's instance joins its cluster with: a bootstrap token
+// of its own in that cluster, which lives long enough for the slowest
+// boot the controller waits for, and goes once the machine has joined.
+func (r *Reconciler) join(ctx context.Context, s *step) (bootstrap.Join, error) {
+	j, err := s.nodes.Join(ctx, s.m, max(r.provisionTimeout(), r.operationTimeout())+joinSlack)
+	if err != nil {
+		return bootstrap.Join{}, fmt.Errorf("making the join data for machine %s/%s: %w", s.m.Namespace, s.m.Name, err)
+	}
+	return j, nil
+}
+
+// joinFailed retries a Machine whose join data could not be made: under
+// ClusterUnreachable when its cluster did not answer (the cluster's fault,
+// which the Machine waits out), under reason otherwise.
+func (r *Reconciler) joinFailed(s *step, reason string, err error) outcome {
+	if nodes.Unreachable(err) {
+		reason = machinistv1.ReasonClusterUnreachable
+	}
+	return r.retry(s, reason, err)
+}
+
+// joinSlack outlives a token beyond the deadline it serves, so that a
+// machine that joins just in time is not refused.
+const joinSlack = 5 * time.Minute
+
+// awaitNode is Provisioning's handler: the Machine runs once its Node is
+// Ready, and fails if none is by the deadline.
+func (r *Reconciler) awaitNode(ctx context.Context, s *step) outcome {
+	m := s.m
+	if s.down != nil {
+		return s.unseen(machinistv1.ConditionReady, metav1.ConditionFalse, fmt.Sprintf(
+			"its Node is looked for once the cluster answers, and the provisioning timeout of %s counts from then", r.provisionTimeout()))
+	}
+	if c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionReady); c != nil && c.Reason == machinistv1.ReasonClusterUnreachable {
+		setProvisioning(m)
+	}
+	node, err := s.nodes.Node(ctx, m.Status.ProviderID)
+	if err != nil {
+		return fail(err)
+	}
+	if node == nil || !nodes.Ready(node) {
+		deadline := s.since(s.enteredAt()).Add(r.provisionTimeout())
+		if !s.now.Before(deadline) {
+			return s.failMachine(machinistv1.FailureProvisioningTimeout, fmt.Sprintf(
+				"no Ready Node with providerID %s after %s", m.Status.ProviderID, r.provisionTimeout()))
+		}
+		if s.now.Sub(s.enteredAt()) < provisionPollFor {
+			// A Node that turned Ready before the cache held this
+			// Machine's providerID mapped to no Machine, and the
+			// controller's own write wakes nothing: look again.
+			s.after(provisionPoll)
+		}
+		return s.wait("no Ready Node yet", deadline.Sub(s.now))
+	}
+	// Joined: its bootstrap token has done its work, and no one else
+	// may join with it.
+	if err := s.nodes.Joined(ctx, m); err != nil {
+		return fail(err)
+	}
+	observeNode(m, node)
+	return advance(phases.Provisioned)
+}
+
+// class returns the Machine's MachineClass, or nil if it does not exist.
+func (r *Reconciler) class(ctx context.Context, m *machinistv1.Machine) (*machinistv1.MachineClass, error) {
+	c := &machinistv1.MachineClass{}
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: m.Spec.ClassRef.Name}, c)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	return c, err
+}
+
+// unavailable is why no provider can act for a Machine now: a reason for
+// its Ready condition and a message for people.
+type unavailable struct {
+	reason string
+	err    error
+}
+
+// actuatorFor picks the provider for a Machine: by its class while it has
+// no instance, then by its providerID's scheme, so a Machine can still be
+// deleted after its class is gone.
+func (r *Reconciler) actuatorFor(m *machinistv1.Machine, class *machinistv1.MachineClass) (actuators.Actuator, *unavailable) {
+	if id := m.Status.ProviderID; id != "" {
+		u, err := url.Parse(id)
+		if err != nil || u.Scheme == "" {
+			return nil, &unavailable{machinistv1.ReasonInvalidProviderID, fmt.Errorf("providerID %q does not start with <provider>://", id)}
+		}
+		act, err := r.Actuators.Get(u.Scheme)
+		if err != nil {
+			return nil, &unavailable{machinistv1.ReasonProviderNotFound, fmt.Errorf("providerID %q: %w", id, err)}
+		}
+		return act, nil
+	}
+	if class == nil {
+		return nil, &unavailable{machinistv1.ReasonMachineClassNotFound, fmt.Errorf(
+			"MachineClass %q does not exist in namespace %q; create it, or fix spec.classRef.name",
+			m.Spec.ClassRef.Name, m.Namespace)}
+	}
+	act, err := r.Actuators.Get(class.Spec.Provider)
+	if err != nil {
+		return nil, &unavailable{machinistv1.ReasonProviderNotFound, fmt.Errorf("MachineClass %q names provider %q: %w",
+			class.Name, class.Spec.Provider, err)}
+	}
+	return act, nil
+}
