@@ -30,11 +30,11 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/clusters"
 	"github.com/machinist-dev/machinist/controllers/machine"
+	"github.com/machinist-dev/machinist/controllers/machineset"
 	"github.com/machinist-dev/machinist/deployment"
 	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/gauges"
 	"github.com/machinist-dev/machinist/healthcheck"
-	"github.com/machinist-dev/machinist/machineset"
 	"github.com/machinist-dev/machinist/nodes"
 )
 

@@ -10,7 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/machineset"
+	"github.com/machinist-dev/machinist/controllers/machineset"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
