@@ -30,8 +30,8 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/clusters"
 	"github.com/machinist-dev/machinist/controllers/machine"
+	"github.com/machinist-dev/machinist/controllers/machinedeployment"
 	"github.com/machinist-dev/machinist/controllers/machineset"
-	"github.com/machinist-dev/machinist/deployment"
 	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/gauges"
 	"github.com/machinist-dev/machinist/healthcheck"
@@ -297,11 +297,11 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	if err := sets.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err
 	}
-	rollouts := deployment.NewTransitionsMetric()
+	rollouts := machinedeployment.NewTransitionsMetric()
 	if err := reg.Register(rollouts); err != nil {
 		return nil, err
 	}
-	deployments := &deployment.Reconciler{
+	deployments := &machinedeployment.Reconciler{
 		Client:      mgr.GetClient(),
 		Recorder:    mgr.GetEventRecorder("machinist-machinedeployment"),
 		Transitions: rollouts,

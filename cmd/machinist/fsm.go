@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/machinist-dev/machinist/deployment"
+	"github.com/machinist-dev/machinist/controllers/machinedeployment"
 	"github.com/machinist-dev/machinist/healthcheck"
 	"github.com/machinist-dev/machinist/phases"
 )
@@ -13,7 +13,7 @@ import (
 // diagrams are the state machines machinist fsm prints, by name.
 var diagrams = map[string]func(format string) (string, error){
 	"machine":     phases.Diagram,
-	"rollout":     deployment.Rollout.Diagram,
+	"rollout":     machinedeployment.Rollout.Diagram,
 	"remediation": healthcheck.Diagram,
 }
 

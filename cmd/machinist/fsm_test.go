@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/machinist-dev/machinist/deployment"
+	"github.com/machinist-dev/machinist/controllers/machinedeployment"
 	"github.com/machinist-dev/machinist/healthcheck"
 	"github.com/machinist-dev/machinist/phases"
 )
@@ -79,7 +79,7 @@ func TestDocsShowTheTables(t *testing.T) {
 		states, events []string
 	}{
 		{"lifecycle.md", "machine", strs(phases.Table.States()), strs(phases.Table.Events())},
-		{"rollouts.md", "rollout", strs(deployment.Rollout.States()), strs(deployment.Rollout.Events())},
+		{"rollouts.md", "rollout", strs(machinedeployment.Rollout.States()), strs(machinedeployment.Rollout.Events())},
 		{"healthchecks.md", "remediation", strs(healthcheck.Table.States()), strs(healthcheck.Table.Events())},
 	} {
 		doc, err := os.ReadFile(filepath.Join("..", "..", "docs", c.doc))

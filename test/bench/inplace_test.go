@@ -10,7 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/deployment"
+	"github.com/machinist-dev/machinist/controllers/machinedeployment"
 	"github.com/machinist-dev/machinist/operation"
 	"github.com/machinist-dev/machinist/testenv"
 )
@@ -47,7 +47,7 @@ func inPlaceUpgrade(b *testing.B, n int) {
 
 	next := md.Spec.Template.DeepCopy()
 	next.Spec.Version = "v1.37.2"
-	upgraded, churn, err := watchInPlace(ctx, ns, n, "v1.37.2", deployment.TemplateHash(*next))
+	upgraded, churn, err := watchInPlace(ctx, ns, n, "v1.37.2", machinedeployment.TemplateHash(*next))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/deployment"
+	"github.com/machinist-dev/machinist/controllers/machinedeployment"
 	"github.com/machinist-dev/machinist/phases"
 )
 
@@ -393,7 +393,7 @@ func (m *monitor) check() verdict {
 					available++
 				}
 			}
-			strategy, err := deployment.Resolve(md.Spec.Strategy, replicas)
+			strategy, err := machinedeployment.Resolve(md.Spec.Strategy, replicas)
 			if err != nil {
 				continue
 			}

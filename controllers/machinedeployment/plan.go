@@ -1,9 +1,9 @@
-// Package deployment rolls MachineDeployments out through MachineSets.
+// Package machinedeployment rolls MachineDeployments out through MachineSets.
 //
 // This file holds the rollout planner: pure arithmetic over the sets'
 // counts, with no API access, so that its invariants can be checked over
 // many simulated rollouts (plan_sim_test.go).
-package deployment
+package machinedeployment
 
 import (
 	"fmt"

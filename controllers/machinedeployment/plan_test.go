@@ -1,4 +1,4 @@
-package deployment
+package machinedeployment
 
 import (
 	"math/rand/v2"

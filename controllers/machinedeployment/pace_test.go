@@ -1,4 +1,4 @@
-package deployment_test
+package machinedeployment_test
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package deployment_test
+package machinedeployment_test
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/deployment"
+	"github.com/machinist-dev/machinist/controllers/machinedeployment"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -123,7 +123,7 @@ var _ = Describe("InPlace rollouts", func() {
 		Expect(f.maxUnavailable()).To(BeNumerically("<=", 2), "more Machines down at once than maxUnavailable")
 		Expect(f.maxUnavailable()).To(BeNumerically(">=", 1), "the watch saw no Machine go down: did anything update?")
 		Expect(f.uids()).To(ConsistOf(keys(before)), "no Machine was created or deleted")
-		newHash := deployment.TemplateHash(md.Spec.Template)
+		newHash := machinedeployment.TemplateHash(md.Spec.Template)
 		Expect(k8s.List(ctx, &list, client.InNamespace(ns))).To(Succeed())
 		Expect(list.Items).To(HaveLen(replicas))
 		for _, m := range list.Items {
@@ -157,7 +157,7 @@ var _ = Describe("InPlace rollouts", func() {
 		f := watchFleet(ctx, ns, 3)
 		Expect(k8s.Create(ctx, md)).To(Succeed())
 		Eventually(settled(ctx, md, 3)).WithTimeout(time.Minute).Should(Succeed())
-		oldHash := deployment.TemplateHash(md.Spec.Template)
+		oldHash := machinedeployment.TemplateHash(md.Spec.Template)
 		setTemplateVersion(ctx, md, "v1.38.0")
 		Eventually(settled(ctx, md, 3)).WithTimeout(2 * time.Minute).Should(Succeed())
 		f.reset()

@@ -1,4 +1,4 @@
-package deployment
+package machinedeployment
 
 import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
