@@ -31,10 +31,10 @@ import (
 	"github.com/machinist-dev/machinist/clusters"
 	"github.com/machinist-dev/machinist/controllers/machine"
 	"github.com/machinist-dev/machinist/controllers/machinedeployment"
+	"github.com/machinist-dev/machinist/controllers/machinehealthcheck"
 	"github.com/machinist-dev/machinist/controllers/machineset"
 	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/gauges"
-	"github.com/machinist-dev/machinist/healthcheck"
 	"github.com/machinist-dev/machinist/nodes"
 )
 
@@ -150,7 +150,7 @@ type Manager struct {
 	// Rollouts counts MachineDeployment rollout transitions.
 	Rollouts *prometheus.CounterVec
 	// Remediations are the health checks' metrics.
-	Remediations *healthcheck.Metrics
+	Remediations *machinehealthcheck.Metrics
 }
 
 // New builds a manager running the Machine, MachineSet, MachineDeployment
@@ -182,7 +182,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	if err := awaitAPI(ctx, kube, health); err != nil {
 		return nil, err
 	}
-	checks := &healthcheck.Reconciler{NodeGrace: opts.NodeGrace, Calendar: opts.Now}
+	checks := &machinehealthcheck.Reconciler{NodeGrace: opts.NodeGrace, Calendar: opts.Now}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: scheme,
 		// A watch that failed may mean the API server was out of reach:
@@ -313,7 +313,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	if err := deployments.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err
 	}
-	remediations := healthcheck.NewMetrics()
+	remediations := machinehealthcheck.NewMetrics()
 	if err := remediations.Register(reg); err != nil {
 		return nil, err
 	}

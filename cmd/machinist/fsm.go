@@ -6,7 +6,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/machinist-dev/machinist/controllers/machinedeployment"
-	"github.com/machinist-dev/machinist/healthcheck"
+	"github.com/machinist-dev/machinist/controllers/machinehealthcheck"
 	"github.com/machinist-dev/machinist/phases"
 )
 
@@ -14,7 +14,7 @@ import (
 var diagrams = map[string]func(format string) (string, error){
 	"machine":     phases.Diagram,
 	"rollout":     machinedeployment.Rollout.Diagram,
-	"remediation": healthcheck.Diagram,
+	"remediation": machinehealthcheck.Diagram,
 }
 
 func fsmCommand() *cobra.Command {

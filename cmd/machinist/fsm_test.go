@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/machinist-dev/machinist/controllers/machinedeployment"
-	"github.com/machinist-dev/machinist/healthcheck"
+	"github.com/machinist-dev/machinist/controllers/machinehealthcheck"
 	"github.com/machinist-dev/machinist/phases"
 )
 
@@ -80,7 +80,7 @@ func TestDocsShowTheTables(t *testing.T) {
 	}{
 		{"lifecycle.md", "machine", strs(phases.Table.States()), strs(phases.Table.Events())},
 		{"rollouts.md", "rollout", strs(machinedeployment.Rollout.States()), strs(machinedeployment.Rollout.Events())},
-		{"healthchecks.md", "remediation", strs(healthcheck.Table.States()), strs(healthcheck.Table.Events())},
+		{"healthchecks.md", "remediation", strs(machinehealthcheck.Table.States()), strs(machinehealthcheck.Table.Events())},
 	} {
 		doc, err := os.ReadFile(filepath.Join("..", "..", "docs", c.doc))
 		if err != nil {

@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/healthcheck"
+	"github.com/machinist-dev/machinist/controllers/machinehealthcheck"
 	"github.com/machinist-dev/machinist/manager"
 	nodeside "github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/testenv"
@@ -596,7 +596,7 @@ type histogram struct{ count, sum float64 }
 
 // remediationMetrics reads the health checks' rung counts, by "action
 // outcome", and the recovery-time histogram.
-func remediationMetrics(b *testing.B, m *healthcheck.Metrics) (map[string]float64, histogram) {
+func remediationMetrics(b *testing.B, m *machinehealthcheck.Metrics) (map[string]float64, histogram) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(m.Rungs, m.Recovery)
 	families, err := reg.Gather()

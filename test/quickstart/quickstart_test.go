@@ -36,7 +36,7 @@ import (
 
 	"github.com/machinist-dev/machinist/actuators/qemu"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/healthcheck"
+	"github.com/machinist-dev/machinist/controllers/machinehealthcheck"
 	"github.com/machinist-dev/machinist/local"
 	"github.com/machinist-dev/machinist/testenv"
 )
@@ -573,7 +573,7 @@ func TestQuickStart(t *testing.T) {
 				HaveField("Rung", BeEquivalentTo(0)), HaveField("Action", machinistv1.RemediateReboot),
 				HaveField("RecoveredAt", Not(BeNil())), HaveField("OperationID", op.ID)), "%+v", rem)
 			g.Expect(*op).To(And(HaveField("Type", machinistv1.OperationReboot), HaveField("State", machinistv1.OperationSucceeded),
-				HaveField("RequestedBy", healthcheck.RequestedBy(local.SampleHealthCheck)), HaveField("Source", machinistv1.SourceHealthCheck),
+				HaveField("RequestedBy", machinehealthcheck.RequestedBy(local.SampleHealthCheck)), HaveField("Source", machinistv1.SourceHealthCheck),
 				HaveField("BootID", before.boot)), "%+v", op)
 			g.Expect(op.Options).NotTo(BeNil())
 			g.Expect(op.Options.Mode).To(Equal(machinistv1.RebootHard), "the Node was unreachable")

@@ -1,9 +1,9 @@
-// Package healthcheck is the MachineHealthCheck controller: it judges the
+// Package machinehealthcheck is the MachineHealthCheck controller: it judges the
 // Machines a health check selects and walks each unhealthy one up the
 // check's remediation ladder (reboot, repair, replace), within the limits
 // the check sets. Where a Machine stands on the ladder is one declared
 // state machine, stored in the Machine's status.remediation.
-package healthcheck
+package machinehealthcheck
 
 import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"

@@ -1,4 +1,4 @@
-package healthcheck_test
+package machinehealthcheck_test
 
 import (
 	"context"
