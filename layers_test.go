@@ -22,7 +22,7 @@ func layer(pkg string) (int, string) {
 		return 1, "helpers"
 	case slices.Contains([]string{"phases", "operation", "nodes", "drainrules", "actuators", "nodeagent", "disruption", "faults", "provider", "gauges", "migration"}, first):
 		return 2, "domain"
-	case first == "controllers" || slices.Contains([]string{"machineset", "deployment", "healthcheck", "clusters", "apiserver"}, first):
+	case first == "controllers" || slices.Contains([]string{"clusters", "apiserver"}, first):
 		return 3, "controllers and the verbs server"
 	case slices.Contains([]string{"manager", "local", "testenv", "controllermanager"}, first):
 		return 4, "wiring"

@@ -1,6 +1,6 @@
-// Package lifecycle drives every Machine through one declared state
+// Package phases drives every Machine through one declared state
 // machine. The table below is the only place phases and their transitions
-// are defined; the Machine controller in this package is the only code that
+// are defined; the Machine controller (controllers/machine) is the only code that
 // moves a Machine from one phase to another, and only by firing an event
 // the table allows.
 package phases

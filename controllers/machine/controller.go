@@ -1,4 +1,4 @@
-// Package lifecycle is the Machine controller: for every Machine it reads
+// Package machine is the Machine controller: for every Machine it reads
 // the world, runs the handler of the Machine's phase, fires the events of
 // the state machine (package phases) that the world justifies, and writes
 // the outcome in at most one status update. Handlers are grouped by
