@@ -3,9 +3,9 @@
 // connection per WorkloadCluster (a client, a cache of the Nodes and
 // Leases there, and a rate limit of its own, so that one slow cluster
 // cannot starve the others), started when the first Machine needs it and
-// stopped when the cluster goes; and it reconciles each WorkloadCluster,
-// saying whether its cluster is reachable and holding its deletion until
-// no Machine serves it.
+// stopped when the cluster goes, and it decides which kubeconfigs it
+// trusts. The WorkloadCluster controller (controllers/workloadcluster)
+// says whether each cluster is reachable.
 package clusters
 
 import (

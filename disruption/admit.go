@@ -315,11 +315,12 @@ func record(b *machinistv1.MachineDisruptionBudget, st State, entry machinistv1.
 	if !st.Out(entry.Machine) {
 		disrupted++
 	}
-	fill(b, st, ledger, disrupted, now)
+	Fill(b, st, ledger, disrupted, now)
 }
 
-// fill writes a state into b's status.
-func fill(b *machinistv1.MachineDisruptionBudget, st State, ledger []machinistv1.Disruption, disrupted int32, now time.Time) {
+// Fill writes a state into b's status: the counts, the window, the
+// ledger of disruptions sorted by Machine, and DisruptionAllowed.
+func Fill(b *machinistv1.MachineDisruptionBudget, st State, ledger []machinistv1.Disruption, disrupted int32, now time.Time) {
 	s := &b.Status
 	s.ObservedGeneration = b.Generation
 	s.SelectedMachines, s.MaxDisrupted, s.Disrupted = st.Selected, st.Max, disrupted

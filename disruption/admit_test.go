@@ -13,10 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/disruption"
@@ -29,56 +26,14 @@ func TestMain(m *testing.M) {
 	os.Exit(testenv.Run(m, func(e *testenv.Env) { env = e }))
 }
 
-// pool creates n Machines labelled pool=<pool>, Running and Ready as a
-// controller would have left them (no controller runs here: the budgets
-// alone are under test).
-func pool(t *testing.T, ns, name string, n int) []*machinistv1.Machine {
-	t.Helper()
-	ctx := context.Background()
-	var ms []*machinistv1.Machine
-	for i := range n {
-		m := &machinistv1.Machine{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("%s-%d", name, i), Labels: map[string]string{"pool": name}},
-			Spec:       machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}, Version: "v1.37.2"},
-		}
-		if err := env.Client.Create(ctx, m); err != nil {
-			t.Fatal(err)
-		}
-		m.Status.Phase = machinistv1.MachineRunning
-		m.Status.NodeRef = &machinistv1.NodeReference{Name: m.Name}
-		m.Status.Conditions = []metav1.Condition{{Type: machinistv1.ConditionReady, Status: metav1.ConditionTrue,
-			Reason: "NodeReady", LastTransitionTime: metav1.Now()}}
-		if err := env.Client.Status().Update(ctx, m); err != nil {
-			t.Fatal(err)
-		}
-		ms = append(ms, m)
-	}
-	return ms
-}
-
-func newBudget(t *testing.T, ns, name string, selector map[string]string, max intstr.IntOrString, change ...func(*machinistv1.MachineDisruptionBudget)) *machinistv1.MachineDisruptionBudget {
-	t.Helper()
-	b := &machinistv1.MachineDisruptionBudget{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec:       machinistv1.MachineDisruptionBudgetSpec{Selector: machinistv1.LabelSelector{MatchLabels: selector}, MaxDisrupted: max},
-	}
-	for _, c := range change {
-		c(b)
-	}
-	if err := env.Client.Create(context.Background(), b); err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 func reboot(m *machinistv1.Machine, op string) disruption.Request {
 	return disruption.Request{Machine: m, Reason: machinistv1.DisruptionReboot, OperationID: op, By: "test"}
 }
 
 func TestConcurrentRequestsNeverTakeMoreThanTheBudget(t *testing.T) {
 	ns := env.NewNamespace(t, "disruption")
-	ms := pool(t, ns, "a", 10)
-	newBudget(t, ns, "two", map[string]string{"pool": "a"}, intstr.FromInt32(2))
+	ms := env.ReadyMachines(t, ns, "a", 10)
+	env.NewBudget(t, ns, "two", map[string]string{"pool": "a"}, intstr.FromInt32(2))
 	// Ten actors at once, each with a client of its own, as the verbs
 	// server's replicas and the controllers would be.
 	var wg sync.WaitGroup
@@ -129,10 +84,10 @@ func TestConcurrentRequestsNeverTakeMoreThanTheBudget(t *testing.T) {
 
 func TestTheStricterBudgetWinsAndReasonsArePassedBy(t *testing.T) {
 	ns := env.NewNamespace(t, "disruption")
-	ms := pool(t, ns, "a", 4)
-	newBudget(t, ns, "loose", map[string]string{"pool": "a"}, intstr.FromInt32(3))
-	newBudget(t, ns, "strict", map[string]string{"pool": "a"}, intstr.FromInt32(1)) // v1beta1 refuses an empty selector
-	newBudget(t, ns, "rollouts-only", map[string]string{"pool": "a"}, intstr.FromInt32(0), func(b *machinistv1.MachineDisruptionBudget) {
+	ms := env.ReadyMachines(t, ns, "a", 4)
+	env.NewBudget(t, ns, "loose", map[string]string{"pool": "a"}, intstr.FromInt32(3))
+	env.NewBudget(t, ns, "strict", map[string]string{"pool": "a"}, intstr.FromInt32(1)) // v1beta1 refuses an empty selector
+	env.NewBudget(t, ns, "rollouts-only", map[string]string{"pool": "a"}, intstr.FromInt32(0), func(b *machinistv1.MachineDisruptionBudget) {
 		b.Spec.Reasons = []machinistv1.DisruptionReason{machinistv1.DisruptionRollout}
 	})
 	ctx := context.Background()
@@ -151,8 +106,8 @@ func TestTheStricterBudgetWinsAndReasonsArePassedBy(t *testing.T) {
 
 func TestAClosedWindowRefusesUntilItOpens(t *testing.T) {
 	ns := env.NewNamespace(t, "disruption")
-	ms := pool(t, ns, "a", 3)
-	newBudget(t, ns, "nightly", map[string]string{"pool": "a"}, intstr.FromInt32(1), func(b *machinistv1.MachineDisruptionBudget) {
+	ms := env.ReadyMachines(t, ns, "a", 3)
+	env.NewBudget(t, ns, "nightly", map[string]string{"pool": "a"}, intstr.FromInt32(1), func(b *machinistv1.MachineDisruptionBudget) {
 		b.Spec.Windows = []machinistv1.DisruptionWindow{{Schedule: "0 2 * * *", Duration: metav1.Duration{Duration: time.Hour}}}
 	})
 	noon := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
@@ -168,8 +123,8 @@ func TestAClosedWindowRefusesUntilItOpens(t *testing.T) {
 
 func TestADeadMachineIsNotADisruption(t *testing.T) {
 	ns := env.NewNamespace(t, "disruption")
-	ms := pool(t, ns, "a", 3)
-	newBudget(t, ns, "none", map[string]string{"pool": "a"}, intstr.FromInt32(0))
+	ms := env.ReadyMachines(t, ns, "a", 3)
+	env.NewBudget(t, ns, "none", map[string]string{"pool": "a"}, intstr.FromInt32(0))
 	ctx := context.Background()
 	if _, ok := disruption.AsRefusal(disruption.Direct(env.Client).Admit(ctx, reboot(ms[0], "x"), time.Now())); !ok {
 		t.Fatal("a budget of 0 admitted a reboot")
@@ -183,142 +138,6 @@ func TestADeadMachineIsNotADisruption(t *testing.T) {
 	req := disruption.Request{Machine: dead, Reason: machinistv1.DisruptionRemediation, OperationID: "heal", By: "machinehealthcheck/h"}
 	if err := disruption.Direct(env.Client).Admit(ctx, req, time.Now()); err != nil {
 		t.Fatalf("the remediation of a dead Machine: %v", err)
-	}
-}
-
-// TestTheControllerKeepsTheStatusAndEndsDisruptions runs the budget
-// controller alone, with a clock the test moves: the counts follow the
-// Machines, an admitted disruption ends when its operation ends, one that
-// never showed lapses, a closed window shows its next opening, and a
-// settled budget is not written again.
-func TestTheControllerKeepsTheStatusAndEndsDisruptions(t *testing.T) {
-	ns := env.NewNamespace(t, "disruption")
-	ms := pool(t, ns, "a", 4)
-	newBudget(t, ns, "b", map[string]string{"pool": "a"}, intstr.FromInt32(2))
-	var mu sync.Mutex
-	// Whole seconds, as the API stores times.
-	clock := time.Now().Truncate(time.Second)
-	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{Scheme: env.Scheme, Metrics: metricsserver.Options{BindAddress: "0"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	skip := true
-	// Writes as often as asked: the test reconciles by hand and reads what
-	// each reconcile wrote.
-	r := &disruption.Reconciler{Client: mgr.GetClient(), Now: now, StatusInterval: -1}
-	if err := r.SetupWithManager(mgr, controller.Options{SkipNameValidation: &skip}); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-
-	status := func() machinistv1.MachineDisruptionBudgetStatus {
-		var b machinistv1.MachineDisruptionBudget
-		if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "b"}, &b); err != nil {
-			t.Fatal(err)
-		}
-		return b.Status
-	}
-	waitFor := func(what string, cond func(machinistv1.MachineDisruptionBudgetStatus) bool) {
-		t.Helper()
-		testenv.WaitFor(t, 20*time.Second, what, func() error {
-			if s := status(); !cond(s) {
-				return fmt.Errorf("status %+v", s)
-			}
-			return nil
-		})
-	}
-	waitFor("counts of a fleet at rest", func(s machinistv1.MachineDisruptionBudgetStatus) bool {
-		return s.SelectedMachines == 4 && s.MaxDisrupted == 2 && s.DisruptionsAllowed == 2 && s.WindowOpen
-	})
-
-	// Two admitted: one whose reboot starts and ends, one that never shows.
-	if err := disruption.Direct(env.Client).Admit(ctx, reboot(ms[0], "op0"), now()); err != nil {
-		t.Fatal(err)
-	}
-	if err := disruption.Direct(env.Client).Admit(ctx, reboot(ms[1], "op1"), now()); err != nil {
-		t.Fatal(err)
-	}
-	waitFor("two admitted", func(s machinistv1.MachineDisruptionBudgetStatus) bool {
-		return s.Disrupted == 2 && s.DisruptionsAllowed == 0
-	})
-	m := ms[0].DeepCopy()
-	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(m), m); err != nil {
-		t.Fatal(err)
-	}
-	m.Status.Operation = &machinistv1.Operation{ID: "op0", Type: machinistv1.OperationReboot, State: machinistv1.OperationSucceeded}
-	if err := env.Client.Status().Update(ctx, m); err != nil {
-		t.Fatal(err)
-	}
-	waitFor("the finished reboot's disruption ended", func(s machinistv1.MachineDisruptionBudgetStatus) bool {
-		return s.Disrupted == 1 && len(s.Disruptions) == 1 && s.Disruptions[0].Machine == ms[1].Name
-	})
-	// Nothing will change on the Machines: the controller must ask to
-	// come back when the record lapses, Pending after it was admitted
-	// (the clock has not moved since).
-	key := ctrl.Request{NamespacedName: client.ObjectKey{Namespace: ns, Name: "b"}}
-	// The manager's own reconcile of the budget may write first: a
-	// conflict asks to look again, as it would in the manager.
-	reconcileNow := func() ctrl.Result {
-		t.Helper()
-		var res ctrl.Result
-		testenv.WaitFor(t, 5*time.Second, "a reconcile of the budget without a conflict", func() bool {
-			var err error
-			if res, err = r.Reconcile(ctx, key); err != nil {
-				t.Fatal(err)
-			}
-			return !res.Requeue
-		})
-		return res
-	}
-	res := reconcileNow()
-	if res.RequeueAfter != disruption.Pending+time.Second {
-		t.Errorf("RequeueAfter = %s, want %s: when the record lapses", res.RequeueAfter, disruption.Pending+time.Second)
-	}
-	mu.Lock()
-	clock = clock.Add(disruption.Pending + time.Second)
-	mu.Unlock()
-	// That time has come (on the test's clock): the look it asked for.
-	reconcileNow()
-	waitFor("the disruption that never showed lapsed", func(s machinistv1.MachineDisruptionBudgetStatus) bool {
-		return s.Disrupted == 0 && len(s.Disruptions) == 0 && s.DisruptionsAllowed == 2
-	})
-
-	// A closed window.
-	var b machinistv1.MachineDisruptionBudget
-	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "b"}, &b); err != nil {
-		t.Fatal(err)
-	}
-	closed := clock.UTC().Add(2 * time.Hour)
-	b.Spec.Windows = []machinistv1.DisruptionWindow{{Schedule: fmt.Sprintf("%d %d * * *", closed.Minute(), closed.Hour()), Duration: metav1.Duration{Duration: time.Hour}}}
-	if err := env.Client.Update(ctx, &b); err != nil {
-		t.Fatal(err)
-	}
-	waitFor("the window closed, its next opening shown", func(s machinistv1.MachineDisruptionBudgetStatus) bool {
-		return !s.WindowOpen && s.DisruptionsAllowed == 0 && s.NextWindow != nil && s.NextWindow.Time.Equal(closed.Truncate(time.Minute))
-	})
-
-	// At rest: no write.
-	rv := func() string {
-		var b machinistv1.MachineDisruptionBudget
-		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "b"}, &b); err != nil {
-			t.Fatal(err)
-		}
-		return b.ResourceVersion
-	}
-	before := rv()
-	// Nothing is to happen now: three seconds in which a write would show.
-	time.Sleep(3 * time.Second)
-	if after := rv(); after != before {
-		t.Errorf("a settled budget was written: resourceVersion %s -> %s", before, after)
-	}
-	// And it asks to come back when the window opens.
-	res = reconcileNow()
-	if want := closed.Truncate(time.Minute).Sub(now()) + time.Second; res.RequeueAfter != want {
-		t.Errorf("RequeueAfter = %s, want %s: when the window opens", res.RequeueAfter, want)
 	}
 }
 
@@ -340,7 +159,7 @@ func (c *countingReader) List(ctx context.Context, list client.ObjectList, opts 
 // server, and one a budget covers is decided on the API server's copy.
 func TestACacheSparesTheReadWhenNoBudgetApplies(t *testing.T) {
 	ns := env.NewNamespace(t, "disruption")
-	ms := pool(t, ns, "a", 2)
+	ms := env.ReadyMachines(t, ns, "a", 2)
 	ctx := context.Background()
 	api := &countingReader{Reader: env.Client}
 	store := disruption.Store{Budgets: api, Machines: env.Client, Status: env.Client, Cache: env.Client}
@@ -350,7 +169,7 @@ func TestACacheSparesTheReadWhenNoBudgetApplies(t *testing.T) {
 	if api.lists != 0 {
 		t.Fatalf("%d lists past the cache with no budget in it, want 0", api.lists)
 	}
-	newBudget(t, ns, "none", map[string]string{"pool": "a"}, intstr.FromInt32(0))
+	env.NewBudget(t, ns, "none", map[string]string{"pool": "a"}, intstr.FromInt32(0))
 	if _, ok := disruption.AsRefusal(store.Admit(ctx, reboot(ms[1], "y"), time.Now())); !ok {
 		t.Fatal("a budget of 0 in the cache admitted a reboot")
 	}
@@ -380,8 +199,8 @@ func (e emptyBudgets) List(ctx context.Context, list client.ObjectList, opts ...
 // budget's write to each other.
 func TestManyAtOnceAreAllAdmitted(t *testing.T) {
 	ns := env.NewNamespace(t, "disruption")
-	ms := pool(t, ns, "a", 50)
-	newBudget(t, ns, "all", map[string]string{"pool": "a"}, intstr.FromString("100%"))
+	ms := env.ReadyMachines(t, ns, "a", 50)
+	env.NewBudget(t, ns, "all", map[string]string{"pool": "a"}, intstr.FromString("100%"))
 	ctx := context.Background()
 	errs := make(chan error, len(ms))
 	var wg sync.WaitGroup
@@ -422,8 +241,8 @@ func (conflictingWriter) Update(context.Context, client.Object, ...client.SubRes
 // not failed: the verbs answer 429, not 500.
 func TestContentionIsARefusal(t *testing.T) {
 	ns := env.NewNamespace(t, "disruption")
-	ms := pool(t, ns, "a", 1)
-	newBudget(t, ns, "all", map[string]string{"pool": "a"}, intstr.FromString("100%"))
+	ms := env.ReadyMachines(t, ns, "a", 1)
+	env.NewBudget(t, ns, "all", map[string]string{"pool": "a"}, intstr.FromString("100%"))
 	store := disruption.Store{Budgets: env.Client, Machines: env.Client, Status: conflicting{}}
 	r, ok := disruption.AsRefusal(store.Admit(context.Background(), reboot(ms[0], "x"), time.Now()))
 	if !ok || r.RetryAfter != time.Second || r.Budget != "" || !strings.Contains(r.Message, "are busy") {
@@ -436,8 +255,8 @@ func TestContentionIsARefusal(t *testing.T) {
 // once, rather than holding it until the record lapses.
 func TestReleaseGivesTheAllowanceBack(t *testing.T) {
 	ns := env.NewNamespace(t, "disruption")
-	ms := pool(t, ns, "a", 2)
-	newBudget(t, ns, "one", map[string]string{"pool": "a"}, intstr.FromInt32(1))
+	ms := env.ReadyMachines(t, ns, "a", 2)
+	env.NewBudget(t, ns, "one", map[string]string{"pool": "a"}, intstr.FromInt32(1))
 	ctx := context.Background()
 	store := disruption.Direct(env.Client)
 	if err := store.Admit(ctx, reboot(ms[0], "x"), time.Now()); err != nil {

@@ -31,9 +31,10 @@ import (
 	"github.com/machinist-dev/machinist/clusters"
 	"github.com/machinist-dev/machinist/controllers/machine"
 	"github.com/machinist-dev/machinist/controllers/machinedeployment"
+	"github.com/machinist-dev/machinist/controllers/machinedisruptionbudget"
 	"github.com/machinist-dev/machinist/controllers/machinehealthcheck"
 	"github.com/machinist-dev/machinist/controllers/machineset"
-	"github.com/machinist-dev/machinist/disruption"
+	"github.com/machinist-dev/machinist/controllers/workloadcluster"
 	"github.com/machinist-dev/machinist/gauges"
 	"github.com/machinist-dev/machinist/nodes"
 )
@@ -119,11 +120,11 @@ type Options struct {
 	ClusterQPS   float32
 	ClusterBurst int
 	// ClusterProbePeriod is how often each workload cluster is probed;
-	// zero takes clusters.DefaultProbePeriod.
+	// zero takes workloadcluster.DefaultProbePeriod.
 	ClusterProbePeriod time.Duration
 	// ClusterUnreachableAfter is how long a workload cluster that answered
 	// must fail its probes before it is called unreachable; zero takes
-	// clusters.DefaultUnreachableAfter.
+	// workloadcluster.DefaultUnreachableAfter.
 	ClusterUnreachableAfter time.Duration
 	// Namespace is the manager's own namespace, where it keeps what no
 	// tenant may read or write (the bootstrap tokens of machines repaired
@@ -260,7 +261,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	if err != nil {
 		return nil, err
 	}
-	workload := &clusters.Reconciler{
+	workload := &workloadcluster.Reconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Registry: nodeSide,
 		Recorder: mgr.GetEventRecorder("machinist-workloadcluster"), ProbePeriod: opts.ClusterProbePeriod,
 		UnreachableAfter: opts.ClusterUnreachableAfter,
@@ -322,7 +323,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	if err := checks.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err
 	}
-	budgets := &disruption.Reconciler{Client: mgr.GetClient(), Now: opts.Now}
+	budgets := &machinedisruptionbudget.Reconciler{Client: mgr.GetClient(), Now: opts.Now}
 	if err := budgets.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err
 	}

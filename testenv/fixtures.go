@@ -3,6 +3,7 @@ package testenv
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 
@@ -91,3 +92,47 @@ func (e *Env) Machines(t testing.TB, ns string, opts ...client.ListOption) []mac
 // NewMachineList makes an empty MachineList: the newList of Watch for
 // Machines.
 func NewMachineList() client.ObjectList { return &machinistv1.MachineList{} }
+
+// ReadyMachines creates n Machines labelled pool=name, Running and Ready
+// as a Machine controller would have left them, for tests in which none
+// runs (budgets and their controller).
+func (e *Env) ReadyMachines(t testing.TB, ns, name string, n int) []*machinistv1.Machine {
+	t.Helper()
+	ctx := context.Background()
+	var ms []*machinistv1.Machine
+	for i := range n {
+		m := &machinistv1.Machine{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("%s-%d", name, i), Labels: map[string]string{"pool": name}},
+			Spec:       machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: "small"}, Version: "v1.37.2"},
+		}
+		if err := e.Client.Create(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		m.Status.Phase = machinistv1.MachineRunning
+		m.Status.NodeRef = &machinistv1.NodeReference{Name: m.Name}
+		m.Status.Conditions = []metav1.Condition{{Type: machinistv1.ConditionReady, Status: metav1.ConditionTrue,
+			Reason: "NodeReady", LastTransitionTime: metav1.Now()}}
+		if err := e.Client.Status().Update(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		ms = append(ms, m)
+	}
+	return ms
+}
+
+// NewBudget creates a MachineDisruptionBudget over the Machines selector
+// matches, changed by change before it is created.
+func (e *Env) NewBudget(t testing.TB, ns, name string, selector map[string]string, max intstr.IntOrString, change ...func(*machinistv1.MachineDisruptionBudget)) *machinistv1.MachineDisruptionBudget {
+	t.Helper()
+	b := &machinistv1.MachineDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:       machinistv1.MachineDisruptionBudgetSpec{Selector: machinistv1.LabelSelector{MatchLabels: selector}, MaxDisrupted: max},
+	}
+	for _, c := range change {
+		c(b)
+	}
+	if err := e.Client.Create(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}

@@ -1,8 +1,11 @@
-package disruption
+// Package machinedisruptionbudget is the MachineDisruptionBudget status
+// controller: it keeps each budget's counts, window and ledger true. What
+// a disruption may do is decided by package disruption, which the verbs
+// server and every controller that disrupts a Machine ask.
+package machinedisruptionbudget
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -15,18 +18,17 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/internal/wake"
 )
 
 // Reconciler keeps each MachineDisruptionBudget's status true: the counts,
 // the next window, and the record of admitted disruptions, from which it
-// drops those that are over. It decides nothing; Admit does.
+// drops those that are over. It decides nothing; disruption.Admit does.
 type Reconciler struct {
 	Client client.Client
 	// Now is the clock; time.Now when nil. Tests move it to open and
@@ -72,7 +74,7 @@ func (r *Reconciler) budgetsOf(ctx context.Context, o client.Object) []reconcile
 	var reqs []reconcile.Request
 	for i := range list.Items {
 		b := &list.Items[i]
-		selected, err := Selects(b, m)
+		selected, err := disruption.Selects(b, m)
 		recorded := slices.ContainsFunc(b.Status.Disruptions, func(d machinistv1.Disruption) bool { return d.Machine == m.Name })
 		if selected || recorded || err != nil {
 			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(b)})
@@ -104,7 +106,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	now := r.now()
 	before := b.Status.DeepCopy()
-	st, err := Evaluate(b, machines.Items, now)
+	st, err := disruption.Evaluate(b, machines.Items, now)
 	if err != nil {
 		// A window kube-apiserver admitted but cron cannot read, or a
 		// time zone this host does not know: say so; allow nothing.
@@ -115,7 +117,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			Message: err.Error(), ObservedGeneration: b.Generation,
 		})
 	} else {
-		fill(b, st, st.Disruptions, st.Disrupted, now)
+		disruption.Fill(b, st, st.Disruptions, st.Disrupted, now)
 	}
 	if !equality.Semantic.DeepEqual(before, &b.Status) {
 		if wait := r.untilNextWrite(req.NamespacedName); wait > 0 && before.ObservedGeneration == b.Generation {
@@ -148,46 +150,4 @@ func (r *Reconciler) untilNextWrite(key client.ObjectKey) time.Duration {
 		interval = time.Second
 	}
 	return time.Until(v.(time.Time).Add(interval))
-}
-
-// setCondition sets DisruptionAllowed from the counts in b's status.
-func setCondition(b *machinistv1.MachineDisruptionBudget, _ time.Time) {
-	s := &b.Status
-	c := metav1.Condition{Type: machinistv1.ConditionDisruptionAllowed, Status: metav1.ConditionTrue, Reason: machinistv1.ReasonDisruptionAllowed,
-		Message:            fmt.Sprintf("%d more of %d Machines may be disrupted", s.DisruptionsAllowed, s.SelectedMachines),
-		ObservedGeneration: b.Generation}
-	switch {
-	case !s.WindowOpen:
-		c.Status, c.Reason = metav1.ConditionFalse, machinistv1.ReasonWindowClosed
-		c.Message = "no window is open"
-		if s.NextWindow != nil {
-			c.Message += "; the next opens at " + s.NextWindow.UTC().Format(time.RFC3339)
-		}
-	case s.DisruptionsAllowed == 0:
-		c.Status, c.Reason = metav1.ConditionFalse, machinistv1.ReasonBudgetSpent
-		c.Message = fmt.Sprintf("%d of %d Machines are disrupted and %d may be", s.Disrupted, s.SelectedMachines, s.MaxDisrupted)
-	}
-	meta.SetStatusCondition(&s.Conditions, c)
-}
-
-// Freed passes the updates of a budget that may let a held disruption go:
-// its allowance grew, a window opened, or its spec changed. An actor a
-// budget holds watches budgets through it, so that it goes ahead within
-// the budget's status interval of the allowance coming back, not at its
-// next look (spentRetry later).
-func Freed() predicate.Funcs {
-	return predicate.Funcs{
-		CreateFunc:  func(event.CreateEvent) bool { return false },
-		DeleteFunc:  func(event.DeleteEvent) bool { return true },
-		GenericFunc: func(event.GenericEvent) bool { return false },
-		UpdateFunc: func(e event.UpdateEvent) bool {
-			o, ok1 := e.ObjectOld.(*machinistv1.MachineDisruptionBudget)
-			n, ok2 := e.ObjectNew.(*machinistv1.MachineDisruptionBudget)
-			if !ok1 || !ok2 {
-				return false
-			}
-			return n.Generation != o.Generation || n.Status.DisruptionsAllowed > o.Status.DisruptionsAllowed ||
-				n.Status.WindowOpen && !o.Status.WindowOpen
-		},
-	}
 }

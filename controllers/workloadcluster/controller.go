@@ -1,4 +1,8 @@
-package clusters
+// Package workloadcluster is the WorkloadCluster controller: it says
+// whether each cluster is reachable, through the connection package
+// clusters keeps, and holds a WorkloadCluster's deletion until no Machine
+// serves it.
+package workloadcluster
 
 import (
 	"context"
@@ -27,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/clusters"
 	"github.com/machinist-dev/machinist/internal/index"
 	"github.com/machinist-dev/machinist/nodes"
 )
@@ -63,7 +68,7 @@ type Reconciler struct {
 	// cost more than the reads.
 	APIReader client.Reader
 	// Registry holds the connections.
-	Registry *Registry
+	Registry *clusters.Registry
 	// Recorder emits Events; nil emits none.
 	Recorder events.EventRecorder
 	// ProbePeriod: zero means DefaultProbePeriod.
