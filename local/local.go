@@ -39,10 +39,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/machinist-dev/machinist/actuators"
-	"github.com/machinist-dev/machinist/actuators/inmemory"
-	"github.com/machinist-dev/machinist/actuators/process"
-	"github.com/machinist-dev/machinist/actuators/qemu"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/apiserver"
 	"github.com/machinist-dev/machinist/config"
@@ -52,6 +48,10 @@ import (
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/migration"
 	"github.com/machinist-dev/machinist/provider"
+	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/inmemory"
+	"github.com/machinist-dev/machinist/providers/process"
+	"github.com/machinist-dev/machinist/providers/qemu"
 )
 
 // VerbsService is the Service the verbs server is registered under.
@@ -235,7 +235,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 	defer goroutines.Stop()
-	registry := actuators.NewRegistry()
+	registry := providers.NewRegistry()
 	if err := errors.Join(registry.Register(process.Name, remote), registry.Register(qemu.Name, remoteVMs),
 		registry.Register(inmemory.Name, goroutines)); err != nil {
 		return err

@@ -26,7 +26,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
-	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/clusters"
 	"github.com/machinist-dev/machinist/controllers/machine"
@@ -37,12 +36,13 @@ import (
 	"github.com/machinist-dev/machinist/controllers/workloadcluster"
 	"github.com/machinist-dev/machinist/gauges"
 	"github.com/machinist-dev/machinist/nodes"
+	"github.com/machinist-dev/machinist/providers"
 )
 
 // Options configure the controllers.
 type Options struct {
 	// Actuators are the providers Machines can use.
-	Actuators *actuators.Registry
+	Actuators *providers.Registry
 	// MachineWorkers and MachineSetWorkers are the concurrent reconciles of
 	// the Machine controller and of each set controller (MachineSet and
 	// MachineDeployment); zero means 16 and 4.
@@ -233,7 +233,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	if err := metrics.Register(reg); err != nil {
 		return nil, err
 	}
-	calls := actuators.NewMetrics(opts.Actuators)
+	calls := providers.NewMetrics(opts.Actuators)
 	if err := errors.Join(calls.Register(reg), reg.Register(gauges.New(mgr.GetClient()))); err != nil {
 		return nil, err
 	}

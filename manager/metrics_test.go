@@ -29,8 +29,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/manager"
+	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -187,7 +187,7 @@ func TestSecureMetricsWithoutACertDirAreSelfSigned(t *testing.T) {
 	}
 
 	_, err = manager.New(ctx, env.Config, env.Scheme, manager.Options{
-		Actuators: actuators.NewRegistry(), Registry: prometheus.NewRegistry(), Repeatable: true,
+		Actuators: providers.NewRegistry(), Registry: prometheus.NewRegistry(), Repeatable: true,
 		MetricsAddr: "127.0.0.1:0", MetricsSecure: true, MetricsCertDir: t.TempDir(),
 	})
 	if err == nil || !strings.Contains(err.Error(), "tls.crt") {
@@ -221,7 +221,7 @@ func TestSecureMetricsWithoutACertDirAreSelfSigned(t *testing.T) {
 // start runs a manager with opts as cfg until the test ends.
 func start(t *testing.T, ctx context.Context, cfg *rest.Config, opts manager.Options) {
 	t.Helper()
-	opts.Actuators, opts.Repeatable = actuators.NewRegistry(), true
+	opts.Actuators, opts.Repeatable = providers.NewRegistry(), true
 	mgr, err := manager.New(ctx, cfg, env.Scheme, opts)
 	if err != nil {
 		t.Fatal(err)

@@ -17,9 +17,9 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	providerv1 "github.com/machinist-dev/machinist/provider/v1"
+	"github.com/machinist-dev/machinist/providers"
 )
 
 // DialOptions tune a Client.
@@ -53,7 +53,7 @@ const serviceConfig = `{
   }]
 }`
 
-// Client is an actuators.Actuator that calls a provider over the
+// Client is an providers.Actuator that calls a provider over the
 // protocol. It looks to the Machine controller like any in-process one.
 type Client struct {
 	name     string
@@ -72,8 +72,8 @@ type Client struct {
 }
 
 var (
-	_ actuators.Actuator = (*Client)(nil)
-	_ actuators.Pinger   = (*Client)(nil)
+	_ providers.Actuator = (*Client)(nil)
+	_ providers.Pinger   = (*Client)(nil)
 )
 
 // Dial returns a Client for the provider called name at endpoint. It does
@@ -163,10 +163,10 @@ func (c *Client) ask(ctx context.Context) (*providerv1.GetCapabilitiesResponse, 
 	if name != "" && info.GetName() != name {
 		// A wrong socket or address: wait, as for a provider that is
 		// not there, rather than let another provider act.
-		return nil, actuators.Unavailable(fmt.Errorf("provider %s: %s serves provider %q instead", name, c.endpoint, info.GetName()))
+		return nil, providers.Unavailable(fmt.Errorf("provider %s: %s serves provider %q instead", name, c.endpoint, info.GetName()))
 	}
 	if info.GetProtocol() != Protocol {
-		return nil, actuators.Unavailable(fmt.Errorf("provider %s at %s speaks protocol %q, not %q", info.GetName(), c.endpoint, info.GetProtocol(), Protocol))
+		return nil, providers.Unavailable(fmt.Errorf("provider %s at %s speaks protocol %q, not %q", info.GetName(), c.endpoint, info.GetProtocol(), Protocol))
 	}
 	caps, err := c.identity.GetCapabilities(ctx, &providerv1.GetCapabilitiesRequest{})
 	if err != nil {
@@ -227,18 +227,18 @@ func (c *Client) Info(ctx context.Context) (*providerv1.GetInfoResponse, error) 
 }
 
 // Create sends the Machine and its class as JSON, with the join data.
-func (c *Client) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join actuators.Join) (string, error) {
+func (c *Client) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join providers.Join) (string, error) {
 	if _, err := c.Capabilities(ctx); err != nil {
 		return "", err
 	}
 	req := &providerv1.CreateRequest{MachineUid: string(m.UID), Join: joinToWire(join)}
 	var err error
 	if req.Machine, err = marshal(m, "Machine"); err != nil {
-		return "", actuators.Permanent(err)
+		return "", providers.Permanent(err)
 	}
 	if class != nil {
 		if req.MachineClass, err = marshal(class, "MachineClass"); err != nil {
-			return "", actuators.Permanent(err)
+			return "", providers.Permanent(err)
 		}
 	}
 	ctx, cancel := c.call(ctx)
@@ -280,25 +280,25 @@ func (c *Client) Exists(ctx context.Context, providerID string) (bool, error) {
 // Describe asks what the provider knows of the instance now, its owner
 // with the rest. A provider that does not implement it (UNIMPLEMENTED)
 // cannot tell: a zero Instance, no error.
-func (c *Client) Describe(ctx context.Context, providerID string) (actuators.Instance, error) {
+func (c *Client) Describe(ctx context.Context, providerID string) (providers.Instance, error) {
 	ctx, cancel := c.call(ctx)
 	defer cancel()
 	resp, err := c.machines.Describe(ctx, &providerv1.DescribeRequest{ProviderId: providerID})
 	if status.Code(err) == codes.Unimplemented {
-		return actuators.Instance{}, nil
+		return providers.Instance{}, nil
 	}
 	if err != nil {
-		return actuators.Instance{}, fromStatus(c.who(), "Describe", err)
+		return providers.Instance{}, fromStatus(c.who(), "Describe", err)
 	}
-	in := actuators.Instance{BootID: resp.GetBootId()}
+	in := providers.Instance{BootID: resp.GetBootId()}
 	if o := resp.GetOwner(); o != nil {
-		in.Owner = actuators.Owner{Namespace: o.GetNamespace(), Name: o.GetName(), UID: types.UID(o.GetUid())}
+		in.Owner = providers.Owner{Namespace: o.GetNamespace(), Name: o.GetName(), UID: types.UID(o.GetUid())}
 	}
 	switch resp.GetPower() {
 	case providerv1.PowerState_POWER_STATE_ON:
-		in.Power = actuators.PowerOn
+		in.Power = providers.PowerOn
 	case providerv1.PowerState_POWER_STATE_OFF:
-		in.Power, in.BootID = actuators.PowerOff, ""
+		in.Power, in.BootID = providers.PowerOff, ""
 	}
 	return in, nil
 }
@@ -333,13 +333,13 @@ func (c *Client) declared(ctx context.Context, verb providerv1.Verb) error {
 		return err
 	}
 	if !slices.Contains(caps.GetVerbs(), verb) {
-		return actuators.Permanent(fmt.Errorf("provider %s cannot %s machines: %w", c.who(), verbName(verb), ErrNotDeclared))
+		return providers.Permanent(fmt.Errorf("provider %s cannot %s machines: %w", c.who(), verbName(verb), ErrNotDeclared))
 	}
 	return nil
 }
 
 // Reboot asks for a reboot, once per op.ID.
-func (c *Client) Reboot(ctx context.Context, providerID string, op actuators.Operation) error {
+func (c *Client) Reboot(ctx context.Context, providerID string, op providers.Operation) error {
 	if err := c.declared(ctx, VerbReboot); err != nil {
 		return err
 	}
@@ -350,7 +350,7 @@ func (c *Client) Reboot(ctx context.Context, providerID string, op actuators.Ope
 }
 
 // Repair asks for a repair, once per op.ID, with op.Join.
-func (c *Client) Repair(ctx context.Context, providerID string, op actuators.Operation) error {
+func (c *Client) Repair(ctx context.Context, providerID string, op providers.Operation) error {
 	if err := c.declared(ctx, VerbRepair); err != nil {
 		return err
 	}
@@ -361,7 +361,7 @@ func (c *Client) Repair(ctx context.Context, providerID string, op actuators.Ope
 }
 
 // Update asks for an in-place update to op.Version, once per op.ID.
-func (c *Client) Update(ctx context.Context, providerID string, op actuators.Operation) error {
+func (c *Client) Update(ctx context.Context, providerID string, op providers.Operation) error {
 	if err := c.declared(ctx, VerbUpdate); err != nil {
 		return err
 	}
@@ -376,7 +376,7 @@ func (c *Client) Update(ctx context.Context, providerID string, op actuators.Ope
 // in-place rollout into replacements); a provider never reached is taken to
 // update nothing in place, and a rollout then waits or replaces, as its
 // strategy's fallback says.
-func (c *Client) InPlace(change actuators.Change) bool {
+func (c *Client) InPlace(change providers.Change) bool {
 	if change.Empty() {
 		return true
 	}
@@ -403,7 +403,7 @@ func (c *Client) InPlace(change actuators.Change) bool {
 
 // joinToWire is join as the protocol carries it; a zero Join is no
 // message at all, which the provider refuses.
-func joinToWire(j actuators.Join) *providerv1.Join {
+func joinToWire(j providers.Join) *providerv1.Join {
 	if j.IsZero() {
 		return nil
 	}
@@ -411,6 +411,6 @@ func joinToWire(j actuators.Join) *providerv1.Join {
 }
 
 // joinFromWire is the inverse of joinToWire.
-func joinFromWire(j *providerv1.Join) actuators.Join {
-	return actuators.Join{Server: j.GetServer(), CAData: j.GetCaData(), Token: j.GetToken()}
+func joinFromWire(j *providerv1.Join) providers.Join {
+	return providers.Join{Server: j.GetServer(), CAData: j.GetCaData(), Token: j.GetToken()}
 }

@@ -1,6 +1,6 @@
 // Package provider carries the Actuator contract over gRPC, so that a
 // provider can run in a process of its own: Serve offers any
-// actuators.Actuator on an endpoint, and Dial returns an Actuator that
+// providers.Actuator on an endpoint, and Dial returns an Actuator that
 // calls one. The protocol is defined in proto/machinist/provider/v1 and
 // described, with its error contract, in docs/providers.md.
 package provider

@@ -8,8 +8,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/machinist-dev/machinist/actuators"
 	providerv1 "github.com/machinist-dev/machinist/provider/v1"
+	"github.com/machinist-dev/machinist/providers"
 )
 
 // permanentCodes are the codes that mean "retrying cannot help" when a
@@ -26,7 +26,7 @@ var permanentCodes = map[codes.Code]bool{
 
 // ReasonInstanceTaken is the reason of the Failure a Create is refused
 // with when its Machine's spec.providerID names an instance that belongs
-// to another Machine: an error wrapping actuators.ErrTaken on either side.
+// to another Machine: an error wrapping providers.ErrTaken on either side.
 const ReasonInstanceTaken = "InstanceTaken"
 
 // toStatus is how a server answers an actuator's error: a permanent one
@@ -49,8 +49,8 @@ func toStatus(err error) error {
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	}
-	code, permanent, reason := codes.Aborted, actuators.IsPermanent(err), ""
-	if actuators.IsTaken(err) {
+	code, permanent, reason := codes.Aborted, providers.IsPermanent(err), ""
+	if providers.IsTaken(err) {
 		permanent, reason = true, ReasonInstanceTaken
 	}
 	if permanent {
@@ -66,7 +66,7 @@ func toStatus(err error) error {
 // fromStatus turns a call's error into the Actuator contract's: marked
 // Permanent, marked Unavailable (the provider did not answer), or left
 // transient. A Failure whose reason is ReasonInstanceTaken is permanent
-// and wraps actuators.ErrTaken.
+// and wraps providers.ErrTaken.
 func fromStatus(name, call string, err error) error {
 	if err == nil {
 		return nil
@@ -80,19 +80,19 @@ func fromStatus(name, call string, err error) error {
 		if f, ok := d.(*providerv1.Failure); ok {
 			if f.GetReason() == ReasonInstanceTaken {
 				// Permanent whatever the detail says, as toStatus makes it.
-				return actuators.Permanent(marked{wrapped, actuators.ErrTaken})
+				return providers.Permanent(marked{wrapped, providers.ErrTaken})
 			}
 			if f.GetPermanent() {
-				return actuators.Permanent(wrapped)
+				return providers.Permanent(wrapped)
 			}
 			return wrapped
 		}
 	}
 	switch {
 	case permanentCodes[st.Code()]:
-		return actuators.Permanent(wrapped)
+		return providers.Permanent(wrapped)
 	case st.Code() == codes.Unavailable:
-		return actuators.Unavailable(fmt.Errorf("provider %s is unavailable: %s: %s", name, call, st.Message()))
+		return providers.Unavailable(fmt.Errorf("provider %s is unavailable: %s: %s", name, call, st.Message()))
 	}
 	return wrapped
 }

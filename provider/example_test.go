@@ -9,10 +9,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/nodeagent"
 	"github.com/machinist-dev/machinist/provider"
+	"github.com/machinist-dev/machinist/providers"
 )
 
 // toyCloud is the smallest honest provider: its "instances" are entries
@@ -30,7 +30,7 @@ type toyInstance struct {
 	// owner is the Machine the instance belongs to. A real provider
 	// records it on the instance itself (a tag, a label), so that it
 	// survives the provider's restart.
-	owner   actuators.Owner
+	owner   providers.Owner
 	version string
 	lastOp  string // the last operation carried out, for idempotency
 	// userData is what the instance boots with: its kubelet's bootstrap
@@ -39,8 +39,8 @@ type toyInstance struct {
 	userData []byte
 }
 
-func (c *toyCloud) Create(_ context.Context, m *machinistv1.Machine, _ *machinistv1.MachineClass, join actuators.Join) (string, error) {
-	if err := actuators.RequireJoin(join, "creating machine "+m.Name); err != nil {
+func (c *toyCloud) Create(_ context.Context, m *machinistv1.Machine, _ *machinistv1.MachineClass, join providers.Join) (string, error) {
+	if err := providers.RequireJoin(join, "creating machine "+m.Name); err != nil {
 		return "", err
 	}
 	userData, err := nodeagent.BootstrapKubeconfig(join)
@@ -52,14 +52,14 @@ func (c *toyCloud) Create(_ context.Context, m *machinistv1.Machine, _ *machinis
 	if m.Spec.ProviderID != "" { // adopt an existing instance
 		in, ok := c.instances[m.Spec.ProviderID]
 		if !ok {
-			return "", actuators.Permanent(fmt.Errorf("no instance %q to adopt", m.Spec.ProviderID))
+			return "", providers.Permanent(fmt.Errorf("no instance %q to adopt", m.Spec.ProviderID))
 		}
 		// Another Machine's instance is refused before anything touches it.
-		if err := actuators.Claim(in.owner, m); err != nil {
+		if err := providers.Claim(in.owner, m); err != nil {
 			return "", err
 		}
 		if in.owner.IsZero() { // one made outside Machinist: now m's
-			in.owner, in.userData = actuators.OwnerOf(m), userData
+			in.owner, in.userData = providers.OwnerOf(m), userData
 		}
 		c.byUID[m.UID] = m.Spec.ProviderID
 		return m.Spec.ProviderID, nil
@@ -69,7 +69,7 @@ func (c *toyCloud) Create(_ context.Context, m *machinistv1.Machine, _ *machinis
 	}
 	id := fmt.Sprintf("toy:///%s/%s/%s", m.Namespace, m.Name, m.UID)
 	c.byUID[m.UID] = id
-	c.instances[id] = &toyInstance{owner: actuators.OwnerOf(m), version: m.Spec.Version, userData: userData}
+	c.instances[id] = &toyInstance{owner: providers.OwnerOf(m), version: m.Spec.Version, userData: userData}
 	return id, nil
 }
 
@@ -99,12 +99,12 @@ func (c *toyCloud) FindByUID(_ context.Context, uid types.UID) (string, error) {
 }
 
 // restart carries an operation out at most once per operation ID.
-func (c *toyCloud) restart(id string, op actuators.Operation, apply func(*toyInstance)) error {
+func (c *toyCloud) restart(id string, op providers.Operation, apply func(*toyInstance)) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	in, ok := c.instances[id]
 	if !ok {
-		return actuators.Permanent(errors.New("no such instance"))
+		return providers.Permanent(errors.New("no such instance"))
 	}
 	if in.lastOp == op.ID {
 		return nil
@@ -114,14 +114,14 @@ func (c *toyCloud) restart(id string, op actuators.Operation, apply func(*toyIns
 	return nil
 }
 
-func (c *toyCloud) Reboot(_ context.Context, id string, op actuators.Operation) error {
+func (c *toyCloud) Reboot(_ context.Context, id string, op providers.Operation) error {
 	return c.restart(id, op, func(*toyInstance) {})
 }
 
 // Repair re-images the instance, which joins again with op.Join: its old
 // credentials went with the old image.
-func (c *toyCloud) Repair(_ context.Context, id string, op actuators.Operation) error {
-	if err := actuators.RequireJoin(op.Join, "repairing "+id); err != nil {
+func (c *toyCloud) Repair(_ context.Context, id string, op providers.Operation) error {
+	if err := providers.RequireJoin(op.Join, "repairing "+id); err != nil {
 		return err
 	}
 	userData, err := nodeagent.BootstrapKubeconfig(op.Join)
@@ -131,27 +131,27 @@ func (c *toyCloud) Repair(_ context.Context, id string, op actuators.Operation) 
 	return c.restart(id, op, func(in *toyInstance) { in.userData = userData })
 }
 
-func (c *toyCloud) Update(_ context.Context, id string, op actuators.Operation) error {
+func (c *toyCloud) Update(_ context.Context, id string, op providers.Operation) error {
 	return c.restart(id, op, func(in *toyInstance) { in.version = op.Version })
 }
 
 // InPlace: a new version is applied in place; a new class needs a new
 // instance.
-func (c *toyCloud) InPlace(change actuators.Change) bool { return !change.Class }
+func (c *toyCloud) InPlace(change providers.Change) bool { return !change.Class }
 
 // Describe: the toy cloud knows its instances run and whose they are, but
 // cannot see inside them, so it reports no boot ID.
-func (c *toyCloud) Describe(_ context.Context, id string) (actuators.Instance, error) {
+func (c *toyCloud) Describe(_ context.Context, id string) (providers.Instance, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	in, ok := c.instances[id]
 	if !ok {
-		return actuators.Instance{}, actuators.Permanent(errors.New("no such instance"))
+		return providers.Instance{}, providers.Permanent(errors.New("no such instance"))
 	}
-	return actuators.Instance{Power: actuators.PowerOn, Owner: in.owner}, nil
+	return providers.Instance{Power: providers.PowerOn, Owner: in.owner}, nil
 }
 
-// A provider of one's own is an actuators.Actuator and one call to Serve.
+// A provider of one's own is an providers.Actuator and one call to Serve.
 // The manager reaches it with --provider toy=unix:///run/toy.sock; a
 // MachineClass uses it with spec.provider: toy.
 func ExampleServe() {

@@ -21,11 +21,11 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/pki"
 	"github.com/machinist-dev/machinist/provider"
 	providerv1 "github.com/machinist-dev/machinist/provider/v1"
+	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -36,8 +36,8 @@ type recorder struct {
 	calls   []string
 	machine *machinistv1.Machine
 	class   *machinistv1.MachineClass
-	join    actuators.Join
-	op      actuators.Operation
+	join    providers.Join
+	op      providers.Operation
 	err     error
 	block   bool
 	inPlace bool
@@ -58,7 +58,7 @@ func (r *recorder) Calls() []string {
 	return append([]string(nil), r.calls...)
 }
 
-func (r *recorder) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join actuators.Join) (string, error) {
+func (r *recorder) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join providers.Join) (string, error) {
 	r.mu.Lock()
 	r.machine, r.class, r.join = m, class, join
 	r.mu.Unlock()
@@ -80,42 +80,42 @@ func (r *recorder) FindByUID(_ context.Context, uid types.UID) (string, error) {
 	return "test://" + string(uid), r.record("FindByUID " + string(uid))
 }
 
-func (r *recorder) operation(call, id string, op actuators.Operation) error {
+func (r *recorder) operation(call, id string, op providers.Operation) error {
 	r.mu.Lock()
 	r.op = op
 	r.mu.Unlock()
 	return r.record(call + " " + id)
 }
 
-func (r *recorder) Reboot(_ context.Context, id string, op actuators.Operation) error {
+func (r *recorder) Reboot(_ context.Context, id string, op providers.Operation) error {
 	return r.operation("Reboot", id, op)
 }
 
-func (r *recorder) Repair(_ context.Context, id string, op actuators.Operation) error {
+func (r *recorder) Repair(_ context.Context, id string, op providers.Operation) error {
 	return r.operation("Repair", id, op)
 }
 
-func (r *recorder) Update(_ context.Context, id string, op actuators.Operation) error {
+func (r *recorder) Update(_ context.Context, id string, op providers.Operation) error {
 	return r.operation("Update", id, op)
 }
 
-func (r *recorder) InPlace(c actuators.Change) bool { return r.inPlace && !c.Class }
+func (r *recorder) InPlace(c providers.Change) bool { return r.inPlace && !c.Class }
 
 // owner is the Machine test://on and test://off belong to.
-var owner = actuators.Owner{Namespace: "ns", Name: "m1", UID: "uid-1"}
+var owner = providers.Owner{Namespace: "ns", Name: "m1", UID: "uid-1"}
 
 // Describe reports test://on running boot-1 and test://off off, both
 // owner's; any other instance the recorder cannot tell.
-func (r *recorder) Describe(_ context.Context, id string) (actuators.Instance, error) {
-	in := map[string]actuators.Instance{
-		"test://on":  {Power: actuators.PowerOn, BootID: "boot-1", Owner: owner},
-		"test://off": {Power: actuators.PowerOff, Owner: owner},
+func (r *recorder) Describe(_ context.Context, id string) (providers.Instance, error) {
+	in := map[string]providers.Instance{
+		"test://on":  {Power: providers.PowerOn, BootID: "boot-1", Owner: owner},
+		"test://off": {Power: providers.PowerOff, Owner: owner},
 	}[id]
 	return in, r.record("Describe " + id)
 }
 
 // serve offers a on a socket in a temporary directory until the test ends.
-func serve(t *testing.T, a actuators.Actuator, opts provider.ServeOptions) string {
+func serve(t *testing.T, a providers.Actuator, opts provider.ServeOptions) string {
 	t.Helper()
 	endpoint := "unix://" + filepath.Join(t.TempDir(), "p.sock")
 	serveAt(t, endpoint, a, opts)
@@ -124,7 +124,7 @@ func serve(t *testing.T, a actuators.Actuator, opts provider.ServeOptions) strin
 
 // serveAt listens before it returns, so that the first call finds the
 // provider.
-func serveAt(t *testing.T, endpoint string, a actuators.Actuator, opts provider.ServeOptions) {
+func serveAt(t *testing.T, endpoint string, a providers.Actuator, opts provider.ServeOptions) {
 	t.Helper()
 	e, err := provider.ParseEndpoint(endpoint)
 	if err != nil {
@@ -194,23 +194,23 @@ func TestEveryCallReachesTheActuatorWithWhatItNeeds(t *testing.T) {
 	if id, err := c.FindByUID(ctx, "uid-9"); id != "test://uid-9" || err != nil {
 		t.Errorf("FindByUID = %q, %v", id, err)
 	}
-	if err := c.Reboot(ctx, "test://a", actuators.Operation{ID: "op1", Hard: true}); err != nil || !sameOp(rec.op, actuators.Operation{ID: "op1", Hard: true}) {
+	if err := c.Reboot(ctx, "test://a", providers.Operation{ID: "op1", Hard: true}); err != nil || !sameOp(rec.op, providers.Operation{ID: "op1", Hard: true}) {
 		t.Errorf("Reboot: %v, op %+v", err, rec.op)
 	}
 	again := testJoin("ghijkl.fedcba9876543210")
-	if err := c.Repair(ctx, "test://a", actuators.Operation{ID: "op2", Join: again}); err != nil || !sameOp(rec.op, actuators.Operation{ID: "op2", Join: again}) {
+	if err := c.Repair(ctx, "test://a", providers.Operation{ID: "op2", Join: again}); err != nil || !sameOp(rec.op, providers.Operation{ID: "op2", Join: again}) {
 		t.Errorf("Repair: %v, op %+v", err, rec.op)
 	}
-	if err := c.Update(ctx, "test://a", actuators.Operation{ID: "op3", Version: "v1.38.0"}); err != nil || !sameOp(rec.op, actuators.Operation{ID: "op3", Version: "v1.38.0"}) {
+	if err := c.Update(ctx, "test://a", providers.Operation{ID: "op3", Version: "v1.38.0"}); err != nil || !sameOp(rec.op, providers.Operation{ID: "op3", Version: "v1.38.0"}) {
 		t.Errorf("Update: %v, op %+v", err, rec.op)
 	}
 	for _, d := range []struct {
 		id   string
-		want actuators.Instance
+		want providers.Instance
 	}{
-		{"test://a", actuators.Instance{}},
-		{"test://off", actuators.Instance{Power: actuators.PowerOff, Owner: owner}},
-		{"test://on", actuators.Instance{Power: actuators.PowerOn, BootID: "boot-1", Owner: owner}},
+		{"test://a", providers.Instance{}},
+		{"test://off", providers.Instance{Power: providers.PowerOff, Owner: owner}},
+		{"test://on", providers.Instance{Power: providers.PowerOn, BootID: "boot-1", Owner: owner}},
 	} {
 		if in, err := c.Describe(ctx, d.id); in != d.want || err != nil {
 			t.Errorf("Describe(%s) = %+v, %v; want %+v", d.id, in, err, d.want)
@@ -224,7 +224,7 @@ func TestEveryCallReachesTheActuatorWithWhatItNeeds(t *testing.T) {
 	if got := rec.Calls(); strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Errorf("calls = %q, want %q", got, want)
 	}
-	if !c.InPlace(actuators.Change{Version: true}) || c.InPlace(actuators.Change{Class: true}) || c.InPlace(actuators.Change{Version: true, Class: true}) {
+	if !c.InPlace(providers.Change{Version: true}) || c.InPlace(providers.Change{Class: true}) || c.InPlace(providers.Change{Version: true, Class: true}) {
 		t.Error("InPlace does not follow the declared changes (version only)")
 	}
 }
@@ -240,13 +240,13 @@ func TestErrorsKeepTheirMeaningAcrossTheWire(t *testing.T) {
 		err                           error
 		permanent, unavailable, taken bool
 	}{
-		{"permanent", actuators.Permanent(errors.New("no such image")), true, false, false},
+		{"permanent", providers.Permanent(errors.New("no such image")), true, false, false},
 		{"transient", errors.New("out of capacity, try later"), false, false, false},
 		{"a status code that means permanent", status.Error(codes.NotFound, "no instance"), true, false, false},
 		{"a status code that means transient", status.Error(codes.Internal, "boom"), false, false, false},
 		{"the provider's own unavailability is not the client's", status.Error(codes.ResourceExhausted, "quota"), false, false, false},
-		{"taken", actuators.Permanent(fmt.Errorf("cannot adopt: %w", actuators.ErrTaken)), true, false, true},
-		{"taken, though not marked permanent", fmt.Errorf("cannot adopt: %w", actuators.ErrTaken), true, false, true},
+		{"taken", providers.Permanent(fmt.Errorf("cannot adopt: %w", providers.ErrTaken)), true, false, true},
+		{"taken, though not marked permanent", fmt.Errorf("cannot adopt: %w", providers.ErrTaken), true, false, true},
 		{"taken, as a provider in another language says it", takenStatus.Err(), true, false, true},
 	}
 	for _, tc := range cases {
@@ -257,8 +257,8 @@ func TestErrorsKeepTheirMeaningAcrossTheWire(t *testing.T) {
 			if err == nil {
 				t.Fatal("no error")
 			}
-			if actuators.IsPermanent(err) != tc.permanent || actuators.IsUnavailable(err) != tc.unavailable || actuators.IsTaken(err) != tc.taken {
-				t.Errorf("%v: permanent %v, unavailable %v, taken %v; want %v, %v, %v", err, actuators.IsPermanent(err), actuators.IsUnavailable(err), actuators.IsTaken(err), tc.permanent, tc.unavailable, tc.taken)
+			if providers.IsPermanent(err) != tc.permanent || providers.IsUnavailable(err) != tc.unavailable || providers.IsTaken(err) != tc.taken {
+				t.Errorf("%v: permanent %v, unavailable %v, taken %v; want %v, %v, %v", err, providers.IsPermanent(err), providers.IsUnavailable(err), providers.IsTaken(err), tc.permanent, tc.unavailable, tc.taken)
 			}
 			if !strings.Contains(err.Error(), status.Convert(tc.err).Message()) {
 				t.Errorf("the error lost the provider's message: %v", err)
@@ -276,15 +276,15 @@ func TestAnUndeclaredVerbIsRefusedWithoutReachingTheActuator(t *testing.T) {
 	c := dial(t, "test", endpoint, provider.DialOptions{})
 	ctx := context.Background()
 	for name, call := range map[string]func() error{
-		"repair": func() error { return c.Repair(ctx, "test://a", actuators.Operation{ID: "x"}) },
-		"update": func() error { return c.Update(ctx, "test://a", actuators.Operation{ID: "x", Version: "v1.38.0"}) },
+		"repair": func() error { return c.Repair(ctx, "test://a", providers.Operation{ID: "x"}) },
+		"update": func() error { return c.Update(ctx, "test://a", providers.Operation{ID: "x", Version: "v1.38.0"}) },
 	} {
 		err := call()
-		if !actuators.IsPermanent(err) || !errors.Is(err, provider.ErrNotDeclared) {
+		if !providers.IsPermanent(err) || !errors.Is(err, provider.ErrNotDeclared) {
 			t.Errorf("%s: %v, want a permanent refusal", name, err)
 		}
 	}
-	if c.InPlace(actuators.Change{Version: true}) {
+	if c.InPlace(providers.Change{Version: true}) {
 		t.Error("InPlace is true though update is not declared")
 	}
 	// A client that does not check first is refused by the server.
@@ -297,7 +297,7 @@ func TestAnUndeclaredVerbIsRefusedWithoutReachingTheActuator(t *testing.T) {
 	if status.Code(err) != codes.Unimplemented {
 		t.Errorf("raw Repair: %v, want Unimplemented", err)
 	}
-	if err := c.Reboot(ctx, "test://a", actuators.Operation{ID: "y"}); err != nil {
+	if err := c.Reboot(ctx, "test://a", providers.Operation{ID: "y"}); err != nil {
 		t.Errorf("a declared verb: %v", err)
 	}
 	if got := rec.Calls(); len(got) != 1 || got[0] != "Reboot test://a" {
@@ -337,7 +337,7 @@ func TestAProviderThatIsNotThereIsUnavailableUntilItComes(t *testing.T) {
 	c := dial(t, "test", endpoint, provider.DialOptions{Timeout: 2 * time.Second})
 	m, class := testMachine()
 	_, err := c.Create(context.Background(), m, class, testJoin("abcdef.0123456789abcdef"))
-	if !actuators.IsUnavailable(err) || actuators.IsPermanent(err) {
+	if !providers.IsUnavailable(err) || providers.IsPermanent(err) {
 		t.Fatalf("Create with no provider: %v, want Unavailable", err)
 	}
 	serveAt(t, endpoint, &recorder{}, provider.ServeOptions{Name: "test"})
@@ -355,7 +355,7 @@ func TestAnEndpointServingAnotherProviderIsNotUsed(t *testing.T) {
 	c := dial(t, "cloud", serve(t, rec, provider.ServeOptions{Name: "other"}), provider.DialOptions{})
 	m, class := testMachine()
 	_, err := c.Create(context.Background(), m, class, testJoin("abcdef.0123456789abcdef"))
-	if !actuators.IsUnavailable(err) || !strings.Contains(err.Error(), `serves provider "other"`) {
+	if !providers.IsUnavailable(err) || !strings.Contains(err.Error(), `serves provider "other"`) {
 		t.Errorf("Create: %v, want Unavailable naming the provider found", err)
 	}
 	if len(rec.Calls()) != 0 {
@@ -369,7 +369,7 @@ func TestACallIsBoundedByTheTimeoutAndCancelsTheProvidersWork(t *testing.T) {
 	m, class := testMachine()
 	start := time.Now()
 	_, err := c.Create(context.Background(), m, class, testJoin("abcdef.0123456789abcdef"))
-	if err == nil || actuators.IsPermanent(err) || actuators.IsUnavailable(err) {
+	if err == nil || providers.IsPermanent(err) || providers.IsUnavailable(err) {
 		t.Fatalf("Create past its deadline: %v, want a transient error", err)
 	}
 	if took := time.Since(start); took > 5*time.Second {
@@ -511,31 +511,31 @@ func TestInPlaceKeepsTheLastAnswerWhileTheProviderIsAway(t *testing.T) {
 	}
 	go func() { _ = srv.Serve(lis) }()
 	c := dial(t, "test", endpoint, provider.DialOptions{Timeout: time.Second, Refresh: time.Millisecond})
-	if !c.InPlace(actuators.Change{Version: true}) {
+	if !c.InPlace(providers.Change{Version: true}) {
 		t.Fatal("InPlace(version) is false with the provider there")
 	}
 	srv.Stop()
 	// Nothing is to change now: past the refresh interval, a client that
 	// forgot what it learnt would say false.
 	time.Sleep(10 * time.Millisecond)
-	if !c.InPlace(actuators.Change{Version: true}) {
+	if !c.InPlace(providers.Change{Version: true}) {
 		t.Error("InPlace(version) turned false while the provider was away")
 	}
 	never := dial(t, "test", "unix://"+filepath.Join(t.TempDir(), "never.sock"), provider.DialOptions{Timeout: time.Second})
-	if never.InPlace(actuators.Change{Version: true}) {
+	if never.InPlace(providers.Change{Version: true}) {
 		t.Error("InPlace(version) is true for a provider never reached")
 	}
 }
 
-func testJoin(token string) actuators.Join {
-	return actuators.Join{Server: "https://cluster.example:6443", CAData: []byte("-----BEGIN CERTIFICATE-----\n" + token + "\n"), Token: token}
+func testJoin(token string) providers.Join {
+	return providers.Join{Server: "https://cluster.example:6443", CAData: []byte("-----BEGIN CERTIFICATE-----\n" + token + "\n"), Token: token}
 }
 
-func sameJoin(a, b actuators.Join) bool {
+func sameJoin(a, b providers.Join) bool {
 	return a.Server == b.Server && bytes.Equal(a.CAData, b.CAData) && a.Token == b.Token
 }
 
-func sameOp(a, b actuators.Operation) bool {
+func sameOp(a, b providers.Operation) bool {
 	return a.ID == b.ID && a.Hard == b.Hard && a.Version == b.Version && sameJoin(a.Join, b.Join)
 }
 
@@ -544,21 +544,21 @@ func TestCreateAndRepairWithoutJoinDataAreRefusedBeforeTheActuator(t *testing.T)
 	c := dial(t, "test", serve(t, rec, provider.ServeOptions{Name: "test"}), provider.DialOptions{})
 	ctx := context.Background()
 	m, class := testMachine()
-	for name, join := range map[string]actuators.Join{
+	for name, join := range map[string]providers.Join{
 		"none":      {},
 		"no token":  {Server: "https://cluster.example:6443"},
 		"no server": {Token: "abcdef.0123456789abcdef"},
 	} {
 		_, err := c.Create(ctx, m, class, join)
-		if !actuators.IsPermanent(err) || !strings.Contains(err.Error(), actuators.ErrNoJoin.Error()) {
-			t.Errorf("Create with join data %s: %v, want a permanent error saying %q", name, err, actuators.ErrNoJoin)
+		if !providers.IsPermanent(err) || !strings.Contains(err.Error(), providers.ErrNoJoin.Error()) {
+			t.Errorf("Create with join data %s: %v, want a permanent error saying %q", name, err, providers.ErrNoJoin)
 		}
 		if strings.Contains(fmt.Sprint(err), "0123456789abcdef") {
 			t.Errorf("Create with join data %s: the error shows the token's secret: %v", name, err)
 		}
-		err = c.Repair(ctx, "test://a", actuators.Operation{ID: "op", Join: join})
-		if !actuators.IsPermanent(err) || !strings.Contains(err.Error(), actuators.ErrNoJoin.Error()) {
-			t.Errorf("Repair with join data %s: %v, want a permanent error saying %q", name, err, actuators.ErrNoJoin)
+		err = c.Repair(ctx, "test://a", providers.Operation{ID: "op", Join: join})
+		if !providers.IsPermanent(err) || !strings.Contains(err.Error(), providers.ErrNoJoin.Error()) {
+			t.Errorf("Repair with join data %s: %v, want a permanent error saying %q", name, err, providers.ErrNoJoin)
 		}
 	}
 	if calls := rec.Calls(); len(calls) > 0 {

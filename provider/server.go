@@ -17,9 +17,9 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	providerv1 "github.com/machinist-dev/machinist/provider/v1"
+	"github.com/machinist-dev/machinist/providers"
 )
 
 // Protocol is the protocol version this package serves and speaks.
@@ -54,8 +54,8 @@ type ServeOptions struct {
 // ends, then stops gracefully. It logs the address it listens on to ctx's
 // logger (logr), if any. A socket file left by an earlier run is
 // replaced. This is all a Go provider needs: implement
-// actuators.Actuator and call Serve.
-func Serve(ctx context.Context, endpoint string, a actuators.Actuator, opts ServeOptions) error {
+// providers.Actuator and call Serve.
+func Serve(ctx context.Context, endpoint string, a providers.Actuator, opts ServeOptions) error {
 	e, err := ParseEndpoint(endpoint)
 	if err != nil {
 		return err
@@ -113,7 +113,7 @@ func Listen(e Endpoint) (net.Listener, error) {
 // NewServer returns a gRPC server offering a, with mutual TLS when
 // opts.TLS names files. Serve is the usual way in; NewServer is for a
 // provider that manages its own listener.
-func NewServer(a actuators.Actuator, opts ServeOptions) (*grpc.Server, error) {
+func NewServer(a providers.Actuator, opts ServeOptions) (*grpc.Server, error) {
 	if opts.Name == "" {
 		return nil, errors.New("a provider needs a name")
 	}
@@ -129,7 +129,7 @@ func NewServer(a actuators.Actuator, opts ServeOptions) (*grpc.Server, error) {
 	s := &server{a: a, opts: opts, verbs: opts.Verbs}
 	if s.verbs == nil {
 		s.verbs = []providerv1.Verb{VerbReboot, VerbRepair}
-		if a.InPlace(actuators.Change{Version: true}) || a.InPlace(actuators.Change{Class: true}) {
+		if a.InPlace(providers.Change{Version: true}) || a.InPlace(providers.Change{Class: true}) {
 			s.verbs = append(s.verbs, VerbUpdate)
 		}
 	}
@@ -141,7 +141,7 @@ func NewServer(a actuators.Actuator, opts ServeOptions) (*grpc.Server, error) {
 type server struct {
 	providerv1.UnimplementedIdentityServiceServer
 	providerv1.UnimplementedMachineServiceServer
-	a     actuators.Actuator
+	a     providers.Actuator
 	opts  ServeOptions
 	verbs []providerv1.Verb
 }
@@ -153,10 +153,10 @@ func (s *server) GetInfo(context.Context, *providerv1.GetInfoRequest) (*provider
 func (s *server) GetCapabilities(context.Context, *providerv1.GetCapabilitiesRequest) (*providerv1.GetCapabilitiesResponse, error) {
 	resp := &providerv1.GetCapabilitiesResponse{Verbs: s.verbs}
 	if slices.Contains(s.verbs, VerbUpdate) {
-		if s.a.InPlace(actuators.Change{Version: true}) {
+		if s.a.InPlace(providers.Change{Version: true}) {
 			resp.InPlace = append(resp.InPlace, providerv1.Change_CHANGE_VERSION)
 		}
-		if s.a.InPlace(actuators.Change{Class: true}) {
+		if s.a.InPlace(providers.Change{Class: true}) {
 			resp.InPlace = append(resp.InPlace, providerv1.Change_CHANGE_CLASS)
 		}
 	}
@@ -222,9 +222,9 @@ func (s *server) Describe(ctx context.Context, req *providerv1.DescribeRequest) 
 	}
 	power := providerv1.PowerState_POWER_STATE_UNSPECIFIED
 	switch in.Power {
-	case actuators.PowerOn:
+	case providers.PowerOn:
 		power = providerv1.PowerState_POWER_STATE_ON
-	case actuators.PowerOff:
+	case providers.PowerOff:
 		power = providerv1.PowerState_POWER_STATE_OFF
 	}
 	resp := &providerv1.DescribeResponse{Power: power, BootId: in.BootID}
@@ -259,7 +259,7 @@ func (s *server) Reboot(ctx context.Context, req *providerv1.RebootRequest) (*pr
 	if err := s.operation(VerbReboot, req.GetProviderId(), req.GetOperationId()); err != nil {
 		return nil, err
 	}
-	op := actuators.Operation{ID: req.GetOperationId(), Hard: req.GetHard()}
+	op := providers.Operation{ID: req.GetOperationId(), Hard: req.GetHard()}
 	if err := s.a.Reboot(ctx, req.GetProviderId(), op); err != nil {
 		return nil, toStatus(err)
 	}
@@ -274,7 +274,7 @@ func (s *server) Repair(ctx context.Context, req *providerv1.RepairRequest) (*pr
 	if err := needJoin(join, "Repair of "+req.GetProviderId()); err != nil {
 		return nil, err
 	}
-	if err := s.a.Repair(ctx, req.GetProviderId(), actuators.Operation{ID: req.GetOperationId(), Join: join}); err != nil {
+	if err := s.a.Repair(ctx, req.GetProviderId(), providers.Operation{ID: req.GetOperationId(), Join: join}); err != nil {
 		return nil, toStatus(err)
 	}
 	return &providerv1.RepairResponse{}, nil
@@ -287,7 +287,7 @@ func (s *server) Update(ctx context.Context, req *providerv1.UpdateRequest) (*pr
 	if req.GetVersion() == "" {
 		return nil, status.Error(codes.InvalidArgument, "version is required: it is what the instance is updated to")
 	}
-	op := actuators.Operation{ID: req.GetOperationId(), Version: req.GetVersion()}
+	op := providers.Operation{ID: req.GetOperationId(), Version: req.GetVersion()}
 	if err := s.a.Update(ctx, req.GetProviderId(), op); err != nil {
 		return nil, toStatus(err)
 	}
@@ -310,8 +310,8 @@ func (s *server) operation(verb providerv1.Verb, providerID, operationID string)
 
 // needJoin refuses, as malformed, a request whose machine could not join
 // its cluster, before the Actuator is asked.
-func needJoin(j actuators.Join, call string) error {
-	if err := actuators.RequireJoin(j, call); err != nil {
+func needJoin(j providers.Join, call string) error {
+	if err := providers.RequireJoin(j, call); err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
 	return nil

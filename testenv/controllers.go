@@ -16,10 +16,10 @@ import (
 
 	"go.uber.org/zap/zapcore"
 
-	"github.com/machinist-dev/machinist/actuators"
-	"github.com/machinist-dev/machinist/actuators/inmemory"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/manager"
+	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/inmemory"
 )
 
 // Controllers are Machinist's controllers and an inmemory provider running
@@ -105,8 +105,8 @@ func (e *Env) StartServedControllers(opts manager.Options, leases Leases) (*Cont
 	return c, c.start(opts, served.Client)
 }
 
-func (c *Controllers) start(opts manager.Options, a actuators.Actuator) error {
-	opts.Actuators = actuators.NewRegistry()
+func (c *Controllers) start(opts manager.Options, a providers.Actuator) error {
+	opts.Actuators = providers.NewRegistry()
 	if err := opts.Actuators.Register(inmemory.Name, a); err != nil {
 		return errors.Join(err, c.stopProvider())
 	}
@@ -153,7 +153,7 @@ func (c *Controllers) stopManager() error {
 // Register makes a available to the controllers as the provider name,
 // beside the inmemory provider: a provider that misbehaves in a way the
 // test needs, say.
-func (c *Controllers) Register(name string, a actuators.Actuator) error {
+func (c *Controllers) Register(name string, a providers.Actuator) error {
 	return c.opts.Actuators.Register(name, a)
 }
 

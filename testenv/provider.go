@@ -19,10 +19,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/machinist-dev/machinist/actuators"
-	"github.com/machinist-dev/machinist/actuators/inmemory"
 	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/provider"
+	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/inmemory"
 )
 
 // The machinist binary tests run as processes: built once while any Env
@@ -226,7 +226,7 @@ func (b *LockedBuffer) String() string {
 // (*inmemory.Provider) or served by a process of its own (ServedInmemory):
 // its faults and its books.
 type Provider interface {
-	actuators.Actuator
+	providers.Actuator
 	SetFaults(inmemory.ProviderSpec)
 	FailNext(n int)
 	LoseNextReplies(n int)

@@ -9,8 +9,8 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/grpclog"
 
-	"github.com/machinist-dev/machinist/actuators/qemu/guest"
 	"github.com/machinist-dev/machinist/cmd/internal/cli"
+	"github.com/machinist-dev/machinist/providers/qemu/guest"
 )
 
 func main() {

@@ -16,12 +16,12 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"github.com/machinist-dev/machinist/actuators"
-	"github.com/machinist-dev/machinist/actuators/inmemory"
-	"github.com/machinist-dev/machinist/actuators/process"
-	"github.com/machinist-dev/machinist/actuators/qemu"
 	"github.com/machinist-dev/machinist/cmd/internal/cli"
 	"github.com/machinist-dev/machinist/provider"
+	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/inmemory"
+	"github.com/machinist-dev/machinist/providers/process"
+	"github.com/machinist-dev/machinist/providers/qemu"
 )
 
 func providerCommand() *cobra.Command {
@@ -77,7 +77,7 @@ Node itself.`,
 			}
 			ctx := ctrl.SetupSignalHandler()
 			var (
-				a     actuators.Actuator
+				a     providers.Actuator
 				ready func(context.Context) error
 			)
 			switch name {

@@ -20,13 +20,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/requeue"
 	"github.com/machinist-dev/machinist/internal/stale"
 	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/operation"
 	"github.com/machinist-dev/machinist/phases"
+	"github.com/machinist-dev/machinist/providers"
 )
 
 // Reconciler is the Machine controller: for every Machine it reads the
@@ -44,7 +44,7 @@ type Reconciler struct {
 	// Recorder emits a Kubernetes Event per transition.
 	Recorder events.EventRecorder
 	// Actuators maps MachineClass.spec.provider to a provider.
-	Actuators *actuators.Registry
+	Actuators *providers.Registry
 	// Metrics is updated on every transition; nil records none.
 	Metrics *Metrics
 	// ProvisionTimeout is how long a Machine may stay in Provisioning before

@@ -11,11 +11,11 @@ import (
 
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/operation"
 	"github.com/machinist-dev/machinist/phases"
+	"github.com/machinist-dev/machinist/providers"
 )
 
 // Event reasons of operations.
@@ -52,7 +52,7 @@ func (r *Reconciler) callProvider(ctx context.Context, s *step) outcome {
 	if why != nil {
 		return r.retry(s, why.reason, why.err)
 	}
-	req := actuators.Operation{ID: op.ID, Hard: op.Options != nil && op.Options.Mode == machinistv1.RebootHard}
+	req := providers.Operation{ID: op.ID, Hard: op.Options != nil && op.Options.Mode == machinistv1.RebootHard}
 	// Judged before the reboot: a machine that boots fast could renew
 	// its Lease before the provider even answers.
 	var dead *deadNode
@@ -86,7 +86,7 @@ func (r *Reconciler) callProvider(ctx context.Context, s *step) outcome {
 	default:
 		err = act.Reboot(ctx, m.Status.ProviderID, req)
 	}
-	if actuators.IsPermanent(err) {
+	if providers.IsPermanent(err) {
 		msg := fmt.Sprintf("the provider refused: %v", err)
 		if s.fsm.State() == machinistv1.MachineDraining {
 			return r.abort(ctx, s, msg)
@@ -278,7 +278,7 @@ func (r *Reconciler) awaitBootUnseen(ctx context.Context, s *step, event phases.
 	if before == "" {
 		before = m.Status.BootID
 	}
-	if in.Power != actuators.PowerOn || in.BootID == "" || in.BootID == before {
+	if in.Power != providers.PowerOn || in.BootID == "" || in.BootID == before {
 		return s.wait("waiting for the provider to report a new boot", unseenBootPoll)
 	}
 	m.Status.BootID, op.ProviderBootID = in.BootID, in.BootID

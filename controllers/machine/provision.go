@@ -11,11 +11,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/phases"
+	"github.com/machinist-dev/machinist/providers"
 )
 
 // While a Machine has just entered Provisioning, it is looked at every
@@ -51,10 +51,10 @@ func (r *Reconciler) create(ctx context.Context, s *step) outcome {
 		return r.joinFailed(s, machinistv1.ReasonCreateError, err)
 	}
 	id, err := act.Create(ctx, m, s.class, join)
-	if actuators.IsTaken(err) {
+	if providers.IsTaken(err) {
 		return s.failMachine(machinistv1.FailureInstanceTaken, instanceTaken)
 	}
-	if actuators.IsPermanent(err) {
+	if providers.IsPermanent(err) {
 		return s.failMachine(machinistv1.FailureCreate, err.Error())
 	}
 	if err != nil {
@@ -73,16 +73,16 @@ const instanceTaken = "the instance spec.providerID names belongs to another Mac
 
 // adoptable asks the provider whom the instance m.Spec.ProviderID names
 // belongs to, and fails m if another Machine: the provider refuses that
-// adoption too (actuators.ErrTaken), but one that does not record owners,
+// adoption too (providers.ErrTaken), but one that does not record owners,
 // or does not check, is not trusted to. A provider that cannot say is
 // left to Create.
-func (r *Reconciler) adoptable(ctx context.Context, s *step, act actuators.Actuator) (outcome, bool) {
+func (r *Reconciler) adoptable(ctx context.Context, s *step, act providers.Actuator) (outcome, bool) {
 	m := s.m
 	in, err := act.Describe(ctx, m.Spec.ProviderID)
 	switch {
-	case actuators.IsTaken(err):
+	case providers.IsTaken(err):
 		return s.failMachine(machinistv1.FailureInstanceTaken, instanceTaken), true
-	case actuators.IsPermanent(err):
+	case providers.IsPermanent(err):
 		// Create says why, as for an instance that does not exist.
 		return outcome{}, false
 	case err != nil:
@@ -184,7 +184,7 @@ type unavailable struct {
 // actuatorFor picks the provider for a Machine: by its class while it has
 // no instance, then by its providerID's scheme, so a Machine can still be
 // deleted after its class is gone.
-func (r *Reconciler) actuatorFor(m *machinistv1.Machine, class *machinistv1.MachineClass) (actuators.Actuator, *unavailable) {
+func (r *Reconciler) actuatorFor(m *machinistv1.Machine, class *machinistv1.MachineClass) (providers.Actuator, *unavailable) {
 	if id := m.Status.ProviderID; id != "" {
 		u, err := url.Parse(id)
 		if err != nil || u.Scheme == "" {

@@ -11,12 +11,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/admission"
 	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/operation"
 	"github.com/machinist-dev/machinist/phases"
+	"github.com/machinist-dev/machinist/providers"
 )
 
 // serve is Running's handler: it keeps the Machine's conditions and its
@@ -181,7 +181,7 @@ func (r *Reconciler) updateFor(ctx context.Context, s *step, node *corev1.Node) 
 		return nil
 	}
 	op.FromVersion, op.ToVersion = have, want
-	if !act.InPlace(actuators.Change{Version: true}) {
+	if !act.InPlace(providers.Change{Version: true}) {
 		startOperation(s)
 		endOperation(s, machinistv1.OperationFailed, fmt.Sprintf(
 			"provider %q cannot change the version of an instance in place: replace the Machine to run %s", s.class.Spec.Provider, want))

@@ -11,11 +11,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/operation"
 	"github.com/machinist-dev/machinist/phases"
+	"github.com/machinist-dev/machinist/providers"
 )
 
 // step is one reconcile of one Machine: the state machine rebuilt from
@@ -128,7 +128,7 @@ func endOperation(s *step, state machinistv1.OperationState, message string) {
 // Machine says why it waits in its Ready condition; a Warning Event marks
 // only a change of reason, not every attempt.
 func (r *Reconciler) retry(s *step, reason string, err error) outcome {
-	if actuators.IsUnavailable(err) {
+	if providers.IsUnavailable(err) {
 		reason = machinistv1.ReasonProviderUnavailable
 	}
 	s.m.Status.ErrorCount++

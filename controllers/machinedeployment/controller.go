@@ -32,7 +32,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
-	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/index"
 	"github.com/machinist-dev/machinist/internal/pace"
@@ -40,6 +39,7 @@ import (
 	"github.com/machinist-dev/machinist/internal/requeue"
 	"github.com/machinist-dev/machinist/internal/stale"
 	"github.com/machinist-dev/machinist/internal/wake"
+	"github.com/machinist-dev/machinist/providers"
 )
 
 // Reconciler is the MachineDeployment controller.
@@ -53,7 +53,7 @@ type Reconciler struct {
 	Transitions *prometheus.CounterVec
 	// Actuators say which changes an InPlace rollout can apply in place;
 	// without them none can.
-	Actuators *actuators.Registry
+	Actuators *providers.Registry
 	// APIReader reads past the cache: the disruption budgets an expiry
 	// asks before it replaces a Machine. Nil asks none.
 	APIReader client.Reader

@@ -15,9 +15,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/operation"
+	"github.com/machinist-dev/machinist/providers"
 )
 
 // inPlaceMode is how this reconcile rolls an InPlace deployment out.
@@ -33,8 +33,8 @@ type inPlaceMode struct {
 // change is what differs between two Machine specs, as a provider sees
 // it. Labels, taints and drain settings are the Machine controller's to
 // apply to the Node, so they change in place whatever the provider.
-func change(from, to machinistv1.MachineSpec) actuators.Change {
-	return actuators.Change{
+func change(from, to machinistv1.MachineSpec) providers.Change {
+	return providers.Change{
 		Version: from.Version != to.Version,
 		Class:   from.ClassRef != to.ClassRef,
 	}
@@ -67,7 +67,7 @@ func (r *Reconciler) mode(ctx context.Context, md *machinistv1.MachineDeployment
 			// A Machine serves one cluster for life: nothing moves in
 			// place, whatever the provider.
 			ok, why = false, fmt.Sprintf("moves them from %s to %s, and a Machine never changes cluster", clusterOrOwn(from), clusterOrOwn(to))
-			c = actuators.Change{}
+			c = providers.Change{}
 		case c.Empty():
 			continue
 		default:
@@ -93,7 +93,7 @@ func (r *Reconciler) mode(ctx context.Context, md *machinistv1.MachineDeployment
 }
 
 // inPlaceable asks the provider of ms's class whether it can apply c.
-func (r *Reconciler) inPlaceable(ctx context.Context, ms *machinistv1.MachineSet, c actuators.Change) (bool, string, error) {
+func (r *Reconciler) inPlaceable(ctx context.Context, ms *machinistv1.MachineSet, c providers.Change) (bool, string, error) {
 	class := &machinistv1.MachineClass{}
 	key := client.ObjectKey{Namespace: ms.Namespace, Name: ms.Spec.Template.Spec.ClassRef.Name}
 	if err := r.Client.Get(ctx, key, class); err != nil {

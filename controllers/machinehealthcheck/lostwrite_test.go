@@ -10,9 +10,9 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/operation"
+	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -47,7 +47,7 @@ func TestRebootDoneBeforeItWasStoredIsNotAwaitedAgain(t *testing.T) {
 			return err
 		}
 		// What the lost reconcile did before its write failed.
-		if err := controllers.Provider.Reboot(ctx, m.Status.ProviderID, actuators.Operation{ID: op.ID}); err != nil {
+		if err := controllers.Provider.Reboot(ctx, m.Status.ProviderID, providers.Operation{ID: op.ID}); err != nil {
 			return err
 		}
 		testenv.WaitFor(t, wait, "the Node back with a new boot ID", func() bool {

@@ -16,9 +16,9 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/manager"
+	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -292,4 +292,4 @@ func errOrNil(err error) string {
 	return err.Error()
 }
 
-func actuatorOp(id string) actuators.Operation { return actuators.Operation{ID: id} }
+func actuatorOp(id string) providers.Operation { return providers.Operation{ID: id} }

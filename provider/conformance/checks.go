@@ -13,10 +13,10 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/util/uuid"
 
-	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/provider"
 	providerv1 "github.com/machinist-dev/machinist/provider/v1"
+	"github.com/machinist-dev/machinist/providers"
 )
 
 // concurrentCreates is how many Creates race for one Machine: the
@@ -158,7 +158,7 @@ func checkAdoptMissing(ctx context.Context, t *trial) error {
 	switch {
 	case err == nil:
 		return fmt.Errorf("Create adopting %s, which does not exist, returned %q", m.Spec.ProviderID, id)
-	case !actuators.IsPermanent(err):
+	case !providers.IsPermanent(err):
 		return fmt.Errorf("Create adopting %s, which does not exist, failed transiently (the controller would retry forever): %w", m.Spec.ProviderID, err)
 	}
 	return nil
@@ -167,7 +167,7 @@ func checkAdoptMissing(ctx context.Context, t *trial) error {
 // checkTaken proves that one Machine's instance is never handed to
 // another: Create for Machine B of another namespace whose
 // spec.providerID names Machine A's instance fails permanently with
-// actuators.ErrTaken, in a message that names neither A nor its
+// providers.ErrTaken, in a message that names neither A nor its
 // namespace, and leaves A's instance as it was: still A's, on the same
 // boot, and B with no instance. Describe must report A as the owner
 // recorded on its instance, before and after; A itself, naming its own
@@ -177,8 +177,8 @@ func checkTaken(ctx context.Context, t *trial) error {
 	if err != nil {
 		return err
 	}
-	want := actuators.OwnerOf(a)
-	owned := func(when string) (actuators.Instance, error) {
+	want := providers.OwnerOf(a)
+	owned := func(when string) (providers.Instance, error) {
 		in, err := t.s.client.Describe(ctx, idA)
 		switch {
 		case err != nil:
@@ -203,10 +203,10 @@ func checkTaken(ctx context.Context, t *trial) error {
 	switch {
 	case err == nil:
 		return fmt.Errorf("Create for Machine %s/%s, whose spec.providerID names the instance of Machine %s/%s, returned %q: it was handed another Machine's instance", b.Namespace, b.Name, a.Namespace, a.Name, id)
-	case !actuators.IsPermanent(err):
-		return fmt.Errorf("Create for a Machine whose spec.providerID names another Machine's instance failed transiently (the controller would retry forever), want a permanent error wrapping %q: %w", actuators.ErrTaken, err)
-	case !actuators.IsTaken(err):
-		return fmt.Errorf("Create for a Machine whose spec.providerID names another Machine's instance failed without saying the instance is taken (a Failure with reason %s), want a permanent error wrapping %q: %w", provider.ReasonInstanceTaken, actuators.ErrTaken, err)
+	case !providers.IsPermanent(err):
+		return fmt.Errorf("Create for a Machine whose spec.providerID names another Machine's instance failed transiently (the controller would retry forever), want a permanent error wrapping %q: %w", providers.ErrTaken, err)
+	case !providers.IsTaken(err):
+		return fmt.Errorf("Create for a Machine whose spec.providerID names another Machine's instance failed without saying the instance is taken (a Failure with reason %s), want a permanent error wrapping %q: %w", provider.ReasonInstanceTaken, providers.ErrTaken, err)
 	}
 	// B's own name and namespace may be in the message; A's may not.
 	msg := strings.ReplaceAll(strings.ReplaceAll(err.Error(), b.Name, ""), b.Namespace, "")
@@ -276,12 +276,12 @@ func checkInvalid(ctx context.Context, t *trial) error {
 
 	// Without join data the machine could not join: no retry helps.
 	lost := t.machine()
-	if id, err := t.s.client.Create(ctx, lost.DeepCopy(), class, actuators.Join{}); err == nil {
+	if id, err := t.s.client.Create(ctx, lost.DeepCopy(), class, providers.Join{}); err == nil {
 		t.mu.Lock()
 		t.ids = append(t.ids, id)
 		t.mu.Unlock()
 		return fmt.Errorf("Create without join data returned %s, want a permanent error", id)
-	} else if !actuators.IsPermanent(err) {
+	} else if !providers.IsPermanent(err) {
 		return fmt.Errorf("Create without join data failed transiently (the controller would retry forever), want a permanent error: %w", err)
 	}
 	if found, err := t.s.client.FindByUID(ctx, lost.UID); err != nil {
@@ -310,9 +310,9 @@ func checkInvalid(ctx context.Context, t *trial) error {
 		return nil
 	}
 	op := "conformance-" + suffix()
-	if err := t.s.client.Repair(ctx, id, actuators.Operation{ID: op}); err == nil {
+	if err := t.s.client.Repair(ctx, id, providers.Operation{ID: op}); err == nil {
 		return fmt.Errorf("repair %s without join data succeeded, want a permanent error: the repaired machine could not join", op)
-	} else if !actuators.IsPermanent(err) {
+	} else if !providers.IsPermanent(err) {
 		return fmt.Errorf("repair %s without join data failed transiently (the controller would retry forever), want a permanent error: %w", op, err)
 	}
 	return nil
@@ -344,7 +344,7 @@ func checkJoin(ctx context.Context, t *trial) error {
 		return err
 	}
 	op := "conformance-a-" + suffix()
-	if err := t.s.client.Repair(ctx, id, actuators.Operation{ID: op, Join: again}); err != nil {
+	if err := t.s.client.Repair(ctx, id, providers.Operation{ID: op, Join: again}); err != nil {
 		return fmt.Errorf("repair %s: %w", op, err)
 	}
 	h, err = t.s.nodes.await(ctx, t.s.cfg.Timeout, id, "a Ready Node with a new boot ID after repair "+op, func(h nodeHistory) bool {
@@ -373,7 +373,7 @@ func checkNoTokenLog(_ context.Context, t *trial) error {
 }
 
 // wireJoin is j as a request sent without the Client carries it.
-func wireJoin(j actuators.Join) *providerv1.Join {
+func wireJoin(j providers.Join) *providerv1.Join {
 	return &providerv1.Join{Server: j.Server, CaData: j.CAData, Token: j.Token}
 }
 
@@ -424,11 +424,11 @@ func checkDelete(ctx context.Context, t *trial) error {
 	// as right as calling it gone; what the controller cannot live with
 	// is an error it retries forever, or an instance it waits on.
 	foreign := t.s.name + "://conformance-never-" + suffix()
-	if err := t.s.client.Delete(ctx, foreign); err != nil && !actuators.IsPermanent(err) {
+	if err := t.s.client.Delete(ctx, foreign); err != nil && !providers.IsPermanent(err) {
 		return fmt.Errorf("Delete of %s, never made, failed transiently: %w", foreign, err)
 	}
 	exists, err = t.s.client.Exists(ctx, foreign)
-	if err != nil && !actuators.IsPermanent(err) {
+	if err != nil && !providers.IsPermanent(err) {
 		return fmt.Errorf("Exists of %s, never made, failed transiently: %w", foreign, err)
 	}
 	if err == nil && exists {
@@ -449,7 +449,7 @@ func checkOncePerOperation(ctx context.Context, t *trial, verb providerv1.Verb) 
 	before := len(h.boots)
 	opA, opB := "conformance-a-"+suffix(), "conformance-b-"+suffix()
 	call := func(op string) error {
-		a := actuators.Operation{ID: op}
+		a := providers.Operation{ID: op}
 		if verb == provider.VerbRepair {
 			// Fresh join data for every call, as the controller may make.
 			var err error
@@ -507,7 +507,7 @@ func checkDescribe(ctx context.Context, t *trial) error {
 		switch {
 		case err != nil:
 			return false, fmt.Errorf("Describe %s: %w", id, err)
-		case in.Power == actuators.PowerOff:
+		case in.Power == providers.PowerOff:
 			return false, fmt.Errorf("Describe says %s is off, while its Node is Ready with boot ID %s", id, node)
 		case in.BootID != "" && in.BootID != node:
 			return false, fmt.Errorf("Describe reports boot ID %s for %s, whose Node reports %s", in.BootID, id, node)
@@ -519,7 +519,7 @@ func checkDescribe(ctx context.Context, t *trial) error {
 		return err
 	}
 	before := len(h.boots)
-	if err := t.s.client.Reboot(ctx, id, actuators.Operation{ID: "conformance-describe-" + suffix()}); err != nil {
+	if err := t.s.client.Reboot(ctx, id, providers.Operation{ID: "conformance-describe-" + suffix()}); err != nil {
 		return fmt.Errorf("reboot: %w", err)
 	}
 	h, err = t.s.nodes.await(ctx, t.s.cfg.Timeout, id, "a new boot ID, Ready, after a reboot", func(h nodeHistory) bool {
@@ -557,7 +557,7 @@ func checkUpdate(ctx context.Context, t *trial) error {
 	version := t.s.cfg.UpdateVersion
 	op := "conformance-a-" + suffix()
 	call := func(op string) error {
-		return t.s.client.Update(ctx, id, actuators.Operation{ID: op, Version: version})
+		return t.s.client.Update(ctx, id, providers.Operation{ID: op, Version: version})
 	}
 	if err := call(op); err != nil {
 		return fmt.Errorf("update %s to %s: %w", op, version, err)
@@ -597,7 +597,7 @@ func checkUndeclared(ctx context.Context, t *trial) error {
 		if err := wantCode(t.rawVerb(ctx, verb, id, op), codes.Unimplemented, word+", undeclared,"); err != nil {
 			errs = append(errs, err)
 		}
-		a := actuators.Operation{ID: op, Version: t.s.cfg.UpdateVersion}
+		a := providers.Operation{ID: op, Version: t.s.cfg.UpdateVersion}
 		var err error
 		switch verb {
 		case provider.VerbReboot:
@@ -607,7 +607,7 @@ func checkUndeclared(ctx context.Context, t *trial) error {
 		case provider.VerbUpdate:
 			err = t.s.client.Update(ctx, id, a)
 		}
-		if !actuators.IsPermanent(err) || !errors.Is(err, provider.ErrNotDeclared) {
+		if !providers.IsPermanent(err) || !errors.Is(err, provider.ErrNotDeclared) {
 			errs = append(errs, fmt.Errorf("the client's %s, undeclared: got %v, want a permanent error wrapping %q", word, err, provider.ErrNotDeclared))
 		}
 	}
@@ -666,12 +666,12 @@ func checkDeadline(ctx context.Context, t *trial) error {
 	var errs []error
 	if id, err := t.create(past, m); err == nil {
 		errs = append(errs, fmt.Errorf("Create with its deadline passed returned %s", id))
-	} else if actuators.IsPermanent(err) {
+	} else if providers.IsPermanent(err) {
 		errs = append(errs, fmt.Errorf("Create with its deadline passed failed permanently (the Machine would fail for a slow call): %w", err))
 	}
 	if _, err := t.s.client.FindByUID(past, m.UID); err == nil {
 		errs = append(errs, errors.New("FindByUID with its deadline passed succeeded"))
-	} else if actuators.IsPermanent(err) {
+	} else if providers.IsPermanent(err) {
 		errs = append(errs, fmt.Errorf("FindByUID with its deadline passed failed permanently: %w", err))
 	}
 	probe, err := t.s.client.Probe(ctx)
@@ -693,7 +693,7 @@ func checkTransient(ctx context.Context, t *trial) error {
 	switch {
 	case err == nil:
 		return fmt.Errorf("Create with the transient providerSpec %s returned %s instead of failing", t.s.cfg.TransientProviderSpec, id)
-	case actuators.IsPermanent(err):
+	case providers.IsPermanent(err):
 		return fmt.Errorf("Create with the transient providerSpec failed permanently (the Machine would fail instead of retrying): %w", err)
 	}
 	return nil
@@ -704,7 +704,7 @@ func checkTransient(ctx context.Context, t *trial) error {
 // carries join data of its own, so that nothing else is amiss.
 func (t *trial) rawVerb(ctx context.Context, verb providerv1.Verb, id, op string) error {
 	s := t.s
-	var join actuators.Join
+	var join providers.Join
 	if verb == provider.VerbRepair {
 		var err error
 		if join, err = t.newJoin(ctx); err != nil {

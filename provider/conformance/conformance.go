@@ -31,9 +31,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	bootstraputil "k8s.io/cluster-bootstrap/token/util"
 
-	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/provider"
 	providerv1 "github.com/machinist-dev/machinist/provider/v1"
+	"github.com/machinist-dev/machinist/providers"
 )
 
 // Config says which provider to check and how.
@@ -360,7 +360,7 @@ func (s *suite) undeclared() []providerv1.Verb {
 // check, for an instance left behind is one the controller would leak.
 func (s *suite) run(ctx context.Context, c check) Result {
 	began := time.Now()
-	t := &trial{s: s, slug: c.slug, joins: map[string]actuators.Join{}}
+	t := &trial{s: s, slug: c.slug, joins: map[string]providers.Join{}}
 	err := c.run(ctx, t)
 	if cerr := t.cleanUp(ctx); cerr != nil {
 		err = errors.Join(err, fmt.Errorf("cleaning up: %w", cerr))

@@ -17,8 +17,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
+	"github.com/machinist-dev/machinist/providers"
 )
 
 // The suite hands every Create and Repair join data of its own: a
@@ -40,12 +40,12 @@ type token struct {
 
 // newJoin makes a bootstrap token for the trial and returns join data
 // carrying it. The trial deletes it when it ends.
-func (t *trial) newJoin(ctx context.Context) (actuators.Join, error) {
+func (t *trial) newJoin(ctx context.Context) (providers.Join, error) {
 	callCtx, cancel := context.WithTimeout(ctx, t.s.cfg.Timeout)
 	defer cancel()
 	made, err := bootstrap.NewToken()
 	if err != nil {
-		return actuators.Join{}, err
+		return providers.Join{}, err
 	}
 	secret := bootstrap.TokenSecret(made, bootstrap.TokenOptions{
 		Expiration:  time.Now().Add(tokenTTL),
@@ -53,20 +53,20 @@ func (t *trial) newJoin(ctx context.Context) (actuators.Join, error) {
 		Groups:      t.s.cfg.TokenGroups,
 	})
 	if _, err := t.s.cfg.Kube.CoreV1().Secrets(secret.Namespace).Create(callCtx, secret, metav1.CreateOptions{}); err != nil {
-		return actuators.Join{}, fmt.Errorf("making bootstrap token %s: %w", made, err)
+		return providers.Join{}, fmt.Errorf("making bootstrap token %s: %w", made, err)
 	}
 	k := token{Token: made, check: t.slug}
 	t.mu.Lock()
 	t.tokens = append(t.tokens, k)
 	t.mu.Unlock()
 	t.s.handedOver(k)
-	return actuators.Join{Server: t.s.cfg.Server, CAData: t.s.cfg.CAData, Token: made.Value()}, nil
+	return providers.Join{Server: t.s.cfg.Server, CAData: t.s.cfg.CAData, Token: made.Value()}, nil
 }
 
 // joinFor is the join data of m's Creates: one token per Machine, as
 // the controller makes one per Machine, so that concurrent Creates for
 // one UID carry the same.
-func (t *trial) joinFor(ctx context.Context, uid string) (actuators.Join, error) {
+func (t *trial) joinFor(ctx context.Context, uid string) (providers.Join, error) {
 	t.mu.Lock()
 	j, ok := t.joins[uid]
 	t.mu.Unlock()
@@ -83,7 +83,7 @@ func (t *trial) joinFor(ctx context.Context, uid string) (actuators.Join, error)
 	}
 	j, err := t.newJoin(ctx)
 	if err != nil {
-		return actuators.Join{}, err
+		return providers.Join{}, err
 	}
 	t.mu.Lock()
 	t.joins[uid] = j
@@ -107,7 +107,7 @@ func (t *trial) deleteTokens(ctx context.Context) error {
 }
 
 // tokenOf is the token a Join the suite made carries.
-func tokenOf(j actuators.Join) token {
+func tokenOf(j providers.Join) token {
 	id, secret, _ := strings.Cut(j.Token, ".")
 	return token{Token: bootstrap.Token{ID: id, Secret: secret}}
 }

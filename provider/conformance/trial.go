@@ -14,8 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/uuid"
 
-	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/providers"
 )
 
 // className is the fabricated MachineClass's name.
@@ -32,7 +32,7 @@ type trial struct {
 	uids   []types.UID
 	ids    []string
 	tokens []token
-	joins  map[string]actuators.Join // by Machine UID
+	joins  map[string]providers.Join // by Machine UID
 	// joinMu makes concurrent Creates for one Machine wait for one token.
 	joinMu sync.Mutex
 }
@@ -166,7 +166,7 @@ func (t *trial) forgetNodes(ctx context.Context, deleted map[string]bool) error 
 	var errs []error
 	for _, n := range nodes.Items {
 		if deleted[n.Spec.ProviderID] {
-			errs = append(errs, actuators.ForgetNode(ctx, t.s.cfg.Kube, n.Name))
+			errs = append(errs, providers.ForgetNode(ctx, t.s.cfg.Kube, n.Name))
 		}
 	}
 	return errors.Join(errs...)

@@ -16,11 +16,11 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/machinist-dev/machinist/actuators"
-	"github.com/machinist-dev/machinist/actuators/qemu"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/controllers/machine"
 	"github.com/machinist-dev/machinist/manager"
+	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/qemu"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -90,7 +90,7 @@ func startQEMU(b *testing.B) *qemuBench {
 		defer cancel()
 		_ = p.Stop(ctx)
 	})
-	registry := actuators.NewRegistry()
+	registry := providers.NewRegistry()
 	if err := registry.Register(qemu.Name, p); err != nil {
 		b.Fatal(err)
 	}

@@ -10,9 +10,9 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/machinist-dev/machinist/actuators/inmemory"
 	"github.com/machinist-dev/machinist/faults"
 	"github.com/machinist-dev/machinist/manager"
+	"github.com/machinist-dev/machinist/providers/inmemory"
 )
 
 // writes and ours scope the API faults: every write and read of

@@ -18,11 +18,11 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/machinist-dev/machinist/actuators"
-	"github.com/machinist-dev/machinist/actuators/inmemory"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/controllers/machine"
 	"github.com/machinist-dev/machinist/manager"
+	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/inmemory"
 )
 
 // flaky is a provider that fails a share of its calls and answers each
@@ -31,7 +31,7 @@ import (
 // way back: the controller cannot tell the two apart, and must not
 // repeat what was done.
 type flaky struct {
-	actuators.Actuator
+	providers.Actuator
 	rate    float64
 	latency time.Duration
 
@@ -69,7 +69,7 @@ func (f *flaky) do(ctx context.Context, call string, fn func() error) error {
 	return err
 }
 
-func (f *flaky) Create(ctx context.Context, m *machinistv1.Machine, c *machinistv1.MachineClass, join actuators.Join) (string, error) {
+func (f *flaky) Create(ctx context.Context, m *machinistv1.Machine, c *machinistv1.MachineClass, join providers.Join) (string, error) {
 	var id string
 	err := f.do(ctx, "create", func() (err error) { id, err = f.Actuator.Create(ctx, m, c, join); return err })
 	if err != nil {
@@ -97,15 +97,15 @@ func (f *flaky) FindByUID(ctx context.Context, uid types.UID) (string, error) {
 	return id, nil
 }
 
-func (f *flaky) Reboot(ctx context.Context, id string, op actuators.Operation) error {
+func (f *flaky) Reboot(ctx context.Context, id string, op providers.Operation) error {
 	return f.do(ctx, "reboot", func() error { return f.Actuator.Reboot(ctx, id, op) })
 }
 
-func (f *flaky) Repair(ctx context.Context, id string, op actuators.Operation) error {
+func (f *flaky) Repair(ctx context.Context, id string, op providers.Operation) error {
 	return f.do(ctx, "repair", func() error { return f.Actuator.Repair(ctx, id, op) })
 }
 
-func (f *flaky) Update(ctx context.Context, id string, op actuators.Operation) error {
+func (f *flaky) Update(ctx context.Context, id string, op providers.Operation) error {
 	return f.do(ctx, "update", func() error { return f.Actuator.Update(ctx, id, op) })
 }
 
@@ -140,9 +140,9 @@ func TestProviderFaults(t *testing.T) {
 // kube-apiserver with cfg, with act (provider, or provider behind faults)
 // as the inmemory provider; the run's books become the provider's and its
 // Machines are of that provider. Both stop with the run.
-func (r *run) managerInProcess(cfg *rest.Config, provider *inmemory.Provider, act actuators.Actuator, opts manager.Options) {
+func (r *run) managerInProcess(cfg *rest.Config, provider *inmemory.Provider, act providers.Actuator, opts manager.Options) {
 	ctx, cancel := context.WithCancel(context.Background())
-	reg := actuators.NewRegistry()
+	reg := providers.NewRegistry()
 	r.must(reg.Register(inmemory.Name, act))
 	opts.Actuators, opts.Repeatable, opts.Registry = reg, true, prometheus.NewRegistry()
 	mgr, err := manager.New(ctx, cfg, env.Scheme, opts)

@@ -24,13 +24,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/machinist-dev/machinist/actuators"
-	"github.com/machinist-dev/machinist/actuators/process"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/provider"
+	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/process"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -68,7 +68,7 @@ func TestMain(m *testing.M) {
 		if err != nil {
 			return nil, err
 		}
-		reg := actuators.NewRegistry()
+		reg := providers.NewRegistry()
 		if err := reg.Register(process.Name, c); err != nil {
 			return nil, err
 		}

@@ -15,12 +15,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/uuid"
 
-	"github.com/machinist-dev/machinist/actuators"
-	"github.com/machinist-dev/machinist/actuators/inmemory"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/provider"
 	"github.com/machinist-dev/machinist/provider/conformance"
 	providerv1 "github.com/machinist-dev/machinist/provider/v1"
+	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/inmemory"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -91,7 +91,7 @@ func TestCommandPassesForInmemory(t *testing.T) {
 // ID behaves.
 type forgetfulReboot struct{ *inmemory.Provider }
 
-func (f forgetfulReboot) Reboot(ctx context.Context, providerID string, op actuators.Operation) error {
+func (f forgetfulReboot) Reboot(ctx context.Context, providerID string, op providers.Operation) error {
 	op.ID = string(uuid.NewUUID())
 	return f.Provider.Reboot(ctx, providerID, op)
 }
@@ -134,7 +134,7 @@ type racyCreate struct {
 	made map[types.UID]string // Machine UID → provider ID
 }
 
-func (r *racyCreate) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join actuators.Join) (string, error) {
+func (r *racyCreate) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join providers.Join) (string, error) {
 	if m.Spec.ProviderID != "" {
 		// The provider knows its own instances by the UIDs made up.
 		if id, err := r.FindByUID(ctx, m.UID); err != nil || id == m.Spec.ProviderID {
@@ -176,7 +176,7 @@ func (r *racyCreate) FindByUID(ctx context.Context, uid types.UID) (string, erro
 
 // Describe reports the Machine an instance was made for as its owner,
 // not the UID made up for it.
-func (r *racyCreate) Describe(ctx context.Context, providerID string) (actuators.Instance, error) {
+func (r *racyCreate) Describe(ctx context.Context, providerID string) (providers.Instance, error) {
 	in, err := r.Provider.Describe(ctx, providerID)
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -208,10 +208,10 @@ type staleDescribe struct {
 	*inmemory.Provider
 
 	mu   sync.Mutex
-	seen map[string]actuators.Instance
+	seen map[string]providers.Instance
 }
 
-func (s *staleDescribe) Describe(ctx context.Context, providerID string) (actuators.Instance, error) {
+func (s *staleDescribe) Describe(ctx context.Context, providerID string) (providers.Instance, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if in, ok := s.seen[providerID]; ok {
@@ -227,7 +227,7 @@ func (s *staleDescribe) Describe(ctx context.Context, providerID string) (actuat
 func TestSuiteFailsADescribeThatDoesNotFollowTheBoot(t *testing.T) {
 	t.Parallel()
 	p := newInmemory(t)
-	endpoint := serveInProcess(t, &staleDescribe{Provider: p, seen: map[string]actuators.Instance{}}, provider.ServeOptions{})
+	endpoint := serveInProcess(t, &staleDescribe{Provider: p, seen: map[string]providers.Instance{}}, provider.ServeOptions{})
 	results := run(t, config(endpoint, "conformance-describe"))
 	onlyFailed(t, results, allChecks, conformance.CheckDescribe)
 	for _, r := range results {
@@ -369,7 +369,7 @@ type leakyJoin struct {
 	log *testenv.LockedBuffer
 }
 
-func (l leakyJoin) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join actuators.Join) (string, error) {
+func (l leakyJoin) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join providers.Join) (string, error) {
 	fmt.Fprintf(l.log, "I creating machine %s/%s: server=%s token=%s\n", m.Namespace, m.Name, join.Server, join.Token)
 	return l.Provider.Create(ctx, m, class, join)
 }
@@ -395,13 +395,13 @@ func TestSuiteFailsAProviderThatLogsTheToken(t *testing.T) {
 // keeps no owners does: a Machine of one namespace gets another's.
 type trusting struct{ *inmemory.Provider }
 
-func (p trusting) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join actuators.Join) (string, error) {
+func (p trusting) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join providers.Join) (string, error) {
 	id := m.Spec.ProviderID
 	if id == "" {
 		return p.Provider.Create(ctx, m, class, join)
 	}
 	if ok, err := p.Exists(ctx, id); err != nil || !ok {
-		return "", actuators.Permanent(fmt.Errorf("cannot adopt %q: no such instance", id))
+		return "", providers.Permanent(fmt.Errorf("cannot adopt %q: no such instance", id))
 	}
 	return id, nil
 }
@@ -423,11 +423,11 @@ func TestSuiteFailsAProviderThatHandsOneMachinesInstanceToAnother(t *testing.T) 
 // telling refuses another Machine's instance, but says whose it is.
 type telling struct{ *inmemory.Provider }
 
-func (p telling) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join actuators.Join) (string, error) {
+func (p telling) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join providers.Join) (string, error) {
 	id, err := p.Provider.Create(ctx, m, class, join)
-	if actuators.IsTaken(err) {
+	if providers.IsTaken(err) {
 		in, _ := p.Describe(ctx, m.Spec.ProviderID)
-		return "", actuators.Permanent(fmt.Errorf("%s belongs to Machine %s/%s: %w", m.Spec.ProviderID, in.Owner.Namespace, in.Owner.Name, actuators.ErrTaken))
+		return "", providers.Permanent(fmt.Errorf("%s belongs to Machine %s/%s: %w", m.Spec.ProviderID, in.Owner.Namespace, in.Owner.Name, providers.ErrTaken))
 	}
 	return id, err
 }

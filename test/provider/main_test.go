@@ -19,10 +19,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/machinist-dev/machinist/actuators"
-	"github.com/machinist-dev/machinist/actuators/inmemory"
 	"github.com/machinist-dev/machinist/provider"
 	"github.com/machinist-dev/machinist/provider/conformance"
+	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/inmemory"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -87,7 +87,7 @@ func serveOutOfProcess(t *testing.T, name string, flags ...string) *testenv.Serv
 // serveInProcess offers a under the name inmemory, as its provider IDs
 // say, on a socket of its own until the test ends, and returns the
 // endpoint once the provider answers.
-func serveInProcess(t *testing.T, a actuators.Actuator, opts provider.ServeOptions) string {
+func serveInProcess(t *testing.T, a providers.Actuator, opts provider.ServeOptions) string {
 	t.Helper()
 	opts.Name = inmemory.Name
 	// Unix socket paths are short; the test's TempDir may not be.

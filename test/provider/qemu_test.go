@@ -17,9 +17,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/uuid"
 
-	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/provider"
+	"github.com/machinist-dev/machinist/providers"
 )
 
 // qemuProcesses lists the QEMU processes whose command line names dir
@@ -65,8 +65,8 @@ func TestAKilledQEMUProviderAdoptsItsVMs(t *testing.T) {
 		ProviderSpec: runtime.RawExtension{Raw: []byte(`{"memory":"256Mi"}`)}}}
 	id, err := c.Create(ctx, m, class, env.JoinData(t))
 	g.Expect(err).NotTo(HaveOccurred())
-	t.Cleanup(func() { deleteNode(ctx, actuators.NodeName(m.Name, m.UID)) })
-	boot := nodeBoot(t, actuators.NodeName(m.Name, m.UID), "")
+	t.Cleanup(func() { deleteNode(ctx, providers.NodeName(m.Name, m.UID)) })
+	boot := nodeBoot(t, providers.NodeName(m.Name, m.UID), "")
 	vms := qemuProcesses(dir)
 	g.Expect(vms).To(HaveLen(1))
 
@@ -80,12 +80,12 @@ func TestAKilledQEMUProviderAdoptsItsVMs(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	// The owner survives the kill too: it is what keeps another Machine off
 	// this VM.
-	g.Expect(inst).To(Equal(actuators.Instance{Power: actuators.PowerOn, BootID: boot, Owner: actuators.OwnerOf(m)}))
+	g.Expect(inst).To(Equal(providers.Instance{Power: providers.PowerOn, BootID: boot, Owner: providers.OwnerOf(m)}))
 	g.Consistently(func() []int { return qemuProcesses(dir) }).WithTimeout(5*time.Second).Should(Equal(vms), "adopted, not booted again")
 
 	// The adopted VM is the provider's to reboot and to delete.
-	g.Expect(c2.Reboot(ctx, id, actuators.Operation{ID: "after-adoption"})).To(Succeed())
-	nodeBoot(t, actuators.NodeName(m.Name, m.UID), boot)
+	g.Expect(c2.Reboot(ctx, id, providers.Operation{ID: "after-adoption"})).To(Succeed())
+	nodeBoot(t, providers.NodeName(m.Name, m.UID), boot)
 	g.Expect(c2.Delete(ctx, id)).To(Succeed())
 	g.Expect(qemuProcesses(dir)).To(BeEmpty())
 }

@@ -14,8 +14,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -171,10 +171,10 @@ var _ = corev1.NodeReady
 // Machine's instance to another.
 type lax struct{ testenv.Provider }
 
-func (p lax) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join actuators.Join) (string, error) {
+func (p lax) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join providers.Join) (string, error) {
 	if id := m.Spec.ProviderID; id != "" {
 		if ok, err := p.Exists(ctx, id); err != nil || !ok {
-			return "", actuators.Permanent(fmt.Errorf("no instance %s: %v", id, err))
+			return "", providers.Permanent(fmt.Errorf("no instance %s: %v", id, err))
 		}
 		return id, nil
 	}

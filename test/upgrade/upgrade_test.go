@@ -29,11 +29,11 @@ import (
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/machinist-dev/machinist/actuators/process"
 	"github.com/machinist-dev/machinist/api/v1alpha1"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/apiserver"
 	"github.com/machinist-dev/machinist/config"
+	"github.com/machinist-dev/machinist/providers/process"
 	"github.com/machinist-dev/machinist/testenv"
 )
 

@@ -7,8 +7,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/machinist-dev/machinist/actuators/qemu"
 	"github.com/machinist-dev/machinist/provider"
+	"github.com/machinist-dev/machinist/providers/qemu"
 )
 
 // AddQEMUFlags adds the flags of the qemu provider, in process or served.

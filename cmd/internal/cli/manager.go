@@ -13,15 +13,15 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"github.com/machinist-dev/machinist/actuators"
-	"github.com/machinist-dev/machinist/actuators/inmemory"
-	"github.com/machinist-dev/machinist/actuators/process"
-	"github.com/machinist-dev/machinist/actuators/qemu"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/clusters"
 	"github.com/machinist-dev/machinist/controllers/machine"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/provider"
+	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/inmemory"
+	"github.com/machinist-dev/machinist/providers/process"
+	"github.com/machinist-dev/machinist/providers/qemu"
 )
 
 // ManagerCommand is `manager`: the controllers.
@@ -76,7 +76,7 @@ logging "waiting for kube-apiserver", instead of exiting again.`,
 				return errors.New("--join-server and --join-ca-file go together: new machines need both the address and the CA that verifies it")
 			}
 			ctx := ctrl.SetupSignalHandler()
-			opts.Actuators = actuators.NewRegistry()
+			opts.Actuators = providers.NewRegistry()
 			clients, err := registerRemotes(opts.Actuators, remotes, remoteOpts)
 			for _, c := range clients {
 				defer func() { _ = c.Close() }()
@@ -188,7 +188,7 @@ logging "waiting for kube-apiserver", instead of exiting again.`,
 // not wait for the provider: one that is not up yet makes its Machines
 // wait (ProviderUnavailable), which is what a manager starting beside
 // its providers wants.
-func registerRemotes(reg *actuators.Registry, specs []string, opts provider.DialOptions) ([]*provider.Client, error) {
+func registerRemotes(reg *providers.Registry, specs []string, opts provider.DialOptions) ([]*provider.Client, error) {
 	var clients []*provider.Client
 	for _, spec := range specs {
 		name, endpoint, ok := strings.Cut(spec, "=")

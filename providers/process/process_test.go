@@ -33,12 +33,12 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/machinist-dev/machinist/actuators"
-	"github.com/machinist-dev/machinist/actuators/process"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	machinecontroller "github.com/machinist-dev/machinist/controllers/machine"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/nodeagent"
+	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/process"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -232,7 +232,7 @@ func TestAdoptionHandsNoMachineAnotherMachinesInstance(t *testing.T) {
 	booted(t, p, id, "")
 	before, err := p.Describe(ctx, id)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(before.Owner).To(Equal(actuators.Owner{Namespace: "tenant-a", Name: "orig", UID: orig.UID}), "Create records the Machine it made the instance for")
+	g.Expect(before.Owner).To(Equal(providers.Owner{Namespace: "tenant-a", Name: "orig", UID: orig.UID}), "Create records the Machine it made the instance for")
 	pid, err := p.PID(id)
 	g.Expect(err).NotTo(HaveOccurred())
 	mdir := filepath.Join(dir, "tenant-a_orig_"+string(orig.UID))
@@ -252,8 +252,8 @@ func TestAdoptionHandsNoMachineAnotherMachinesInstance(t *testing.T) {
 	thief.Spec.ProviderID = id
 	_, err = p.Create(ctx, thief, nil, env.JoinData(t))
 	g.Expect(err).To(HaveOccurred())
-	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "no retry hands the instance over: %v", err)
-	g.Expect(actuators.IsTaken(err)).To(BeTrue(), "%v", err)
+	g.Expect(providers.IsPermanent(err)).To(BeTrue(), "no retry hands the instance over: %v", err)
+	g.Expect(providers.IsTaken(err)).To(BeTrue(), "%v", err)
 	for _, secret := range []string{"tenant-a", "orig", string(orig.UID)} {
 		g.Expect(err.Error()).NotTo(ContainSubstring(secret), "the refusal tells whose the instance is")
 	}
@@ -266,7 +266,7 @@ func TestAdoptionHandsNoMachineAnotherMachinesInstance(t *testing.T) {
 	instances, err := process.Instances(dir)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(instances).To(HaveLen(1))
-	g.Expect(instances[0].Owner).To(Equal(actuators.OwnerOf(orig)))
+	g.Expect(instances[0].Owner).To(Equal(providers.OwnerOf(orig)))
 
 	// The original Machine naming its own instance is a repeated call.
 	self := orig.DeepCopy()
@@ -280,22 +280,22 @@ func TestAdoptionHandsNoMachineAnotherMachinesInstance(t *testing.T) {
 	half.Namespace = "tenant-a"
 	g.Expect(os.Mkdir(filepath.Join(dir, "tenant-a_half_"+string(half.UID)), 0o755)).To(Succeed())
 	early := machine("early")
-	early.Spec.ProviderID = actuators.ProviderID(process.Name, half)
+	early.Spec.ProviderID = providers.ProviderID(process.Name, half)
 	_, err = p.Create(ctx, early, nil, join(t))
-	g.Expect(actuators.IsPermanent(err) && actuators.IsTaken(err)).To(BeTrue(), "%v", err)
+	g.Expect(providers.IsPermanent(err) && providers.IsTaken(err)).To(BeTrue(), "%v", err)
 	g.Expect(p.FindByUID(ctx, early.UID)).To(BeEmpty())
 
 	stranger := machine("stranger")
 	stranger.Spec.ProviderID = "process:///proc/ghost/00000000-0000-0000-0000-000000000000"
 	_, err = p.Create(ctx, stranger, nil, join(t))
-	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "adopting an unknown instance cannot succeed later: %v", err)
-	g.Expect(actuators.IsTaken(err)).To(BeFalse(), "a missing instance is no one's: %v", err)
+	g.Expect(providers.IsPermanent(err)).To(BeTrue(), "adopting an unknown instance cannot succeed later: %v", err)
+	g.Expect(providers.IsTaken(err)).To(BeFalse(), "a missing instance is no one's: %v", err)
 
 	for _, bad := range []string{"inmemory:///proc/x/1", "process:///only/two"} {
 		_, err := p.Exists(ctx, bad)
-		g.Expect(actuators.IsPermanent(err)).To(BeTrue(), bad)
-		g.Expect(actuators.IsPermanent(p.Delete(ctx, bad))).To(BeTrue(), bad)
-		g.Expect(actuators.IsPermanent(p.Reboot(ctx, bad, actuators.Operation{ID: "x"}))).To(BeTrue(), bad)
+		g.Expect(providers.IsPermanent(err)).To(BeTrue(), bad)
+		g.Expect(providers.IsPermanent(p.Delete(ctx, bad))).To(BeTrue(), bad)
+		g.Expect(providers.IsPermanent(p.Reboot(ctx, bad, providers.Operation{ID: "x"}))).To(BeTrue(), bad)
 	}
 }
 
@@ -319,17 +319,17 @@ func TestAStateFileWithoutAnOwnerIsItsProviderIDsMachines(t *testing.T) {
 	p, _ := newProvider(t, dir)
 	in, err := p.Describe(ctx, id)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(in.Owner).To(Equal(actuators.OwnerOf(orig)))
+	g.Expect(in.Owner).To(Equal(providers.OwnerOf(orig)))
 	g.Expect(p.FindByUID(ctx, orig.UID)).To(Equal(id))
 	instances, err := process.Instances(dir)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(instances).To(HaveLen(1))
-	g.Expect(instances[0].Owner).To(Equal(actuators.OwnerOf(orig)))
+	g.Expect(instances[0].Owner).To(Equal(providers.OwnerOf(orig)))
 
 	thief := machine("thief")
 	thief.Spec.ProviderID = id
 	_, err = p.Create(ctx, thief, nil, join(t))
-	g.Expect(actuators.IsPermanent(err) && actuators.IsTaken(err)).To(BeTrue(), "%v", err)
+	g.Expect(providers.IsPermanent(err) && providers.IsTaken(err)).To(BeTrue(), "%v", err)
 	g.Expect(p.FindByUID(ctx, thief.UID)).To(BeEmpty())
 	self := orig.DeepCopy()
 	self.Spec.ProviderID = id
@@ -361,16 +361,16 @@ func TestFindByUIDFindsTheMachineByItsRecordedOwner(t *testing.T) {
 	p, _ := newProvider(t, dir)
 	g.Expect(p.FindByUID(ctx, holder.UID)).To(Equal(id))
 	g.Expect(p.FindByUID(ctx, maker.UID)).To(BeEmpty(), "its directory names the maker, which it no longer belongs to")
-	g.Expect(p.Describe(ctx, id)).To(HaveField("Owner", actuators.OwnerOf(holder)))
+	g.Expect(p.Describe(ctx, id)).To(HaveField("Owner", providers.OwnerOf(holder)))
 	instances, err := process.Instances(dir)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(instances).To(ConsistOf(HaveField("Owner", actuators.OwnerOf(holder))))
+	g.Expect(instances).To(ConsistOf(HaveField("Owner", providers.OwnerOf(holder))))
 
 	adopter := holder.DeepCopy()
 	adopter.Spec.ProviderID = id
 	g.Expect(p.Create(ctx, adopter, nil, join(t))).To(Equal(id))
 	_, err = p.Create(ctx, maker, nil, join(t))
-	g.Expect(actuators.IsPermanent(err) && actuators.IsTaken(err)).To(BeTrue(), "the maker's Create: %v", err)
+	g.Expect(providers.IsPermanent(err) && providers.IsTaken(err)).To(BeTrue(), "the maker's Create: %v", err)
 	g.Expect(p.Delete(ctx, id)).To(Succeed())
 	g.Expect(p.FindByUID(ctx, holder.UID)).To(BeEmpty())
 }
@@ -388,7 +388,7 @@ func TestRebootIsIdempotentOnOperationID(t *testing.T) {
 	g.Expect(clientset.CoreV1().Nodes().Patch(ctx, before.Name, types.MergePatchType,
 		[]byte(`{"metadata":{"labels":{"team":"a"}}}`), metav1.PatchOptions{})).Error().NotTo(HaveOccurred())
 
-	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "op-1"})).To(Succeed())
+	g.Expect(p.Reboot(ctx, id, providers.Operation{ID: "op-1"})).To(Succeed())
 	after := booted(t, p, id, before.Status.NodeInfo.BootID)
 	g.Expect(after.UID).To(Equal(before.UID))
 	g.Expect(after.Labels).To(HaveKeyWithValue("team", "a"))
@@ -398,7 +398,7 @@ func TestRebootIsIdempotentOnOperationID(t *testing.T) {
 	g.Expect(gone(pid)).To(BeTrue())
 	g.Expect(p.Restarts(id)).To(Equal(1))
 
-	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "op-1"})).To(Succeed())
+	g.Expect(p.Reboot(ctx, id, providers.Operation{ID: "op-1"})).To(Succeed())
 	g.Expect(p.Restarts(id)).To(Equal(1))
 	g.Expect(p.PID(id)).To(Equal(newPID))
 	g.Expect(p.BootID(id)).To(Equal(after.Status.NodeInfo.BootID))
@@ -414,11 +414,11 @@ func TestUpdateRunsTheNewVersionOnTheSameNode(t *testing.T) {
 	g.Expect(before.Status.NodeInfo.KubeletVersion).To(Equal("v1.37.2"))
 	g.Expect(clientset.CoreV1().Nodes().Patch(ctx, before.Name, types.MergePatchType,
 		[]byte(`{"metadata":{"labels":{"team":"a"}}}`), metav1.PatchOptions{})).Error().NotTo(HaveOccurred())
-	g.Expect(p.InPlace(actuators.Change{Version: true})).To(BeTrue())
-	g.Expect(p.InPlace(actuators.Change{Version: true, Class: true})).To(BeFalse())
-	g.Expect(actuators.IsPermanent(p.Update(ctx, id, actuators.Operation{ID: "no-version"}))).To(BeTrue())
+	g.Expect(p.InPlace(providers.Change{Version: true})).To(BeTrue())
+	g.Expect(p.InPlace(providers.Change{Version: true, Class: true})).To(BeFalse())
+	g.Expect(providers.IsPermanent(p.Update(ctx, id, providers.Operation{ID: "no-version"}))).To(BeTrue())
 
-	g.Expect(p.Update(ctx, id, actuators.Operation{ID: "op-1", Version: "v1.38.0"})).To(Succeed())
+	g.Expect(p.Update(ctx, id, providers.Operation{ID: "op-1", Version: "v1.38.0"})).To(Succeed())
 	after := booted(t, p, id, before.Status.NodeInfo.BootID)
 	g.Expect(after.Name).To(Equal(before.Name))
 	g.Expect(after.UID).To(Equal(before.UID), "the same Node, not registered afresh")
@@ -431,7 +431,7 @@ func TestUpdateRunsTheNewVersionOnTheSameNode(t *testing.T) {
 	// Exactly once per operation ID.
 	pid, err := p.PID(id)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(p.Update(ctx, id, actuators.Operation{ID: "op-1", Version: "v1.38.0"})).To(Succeed())
+	g.Expect(p.Update(ctx, id, providers.Operation{ID: "op-1", Version: "v1.38.0"})).To(Succeed())
 	g.Expect(p.Restarts(id)).To(Equal(1))
 	g.Expect(p.PID(id)).To(Equal(pid))
 
@@ -457,14 +457,14 @@ func TestRepairWipesAndReRegisters(t *testing.T) {
 	junk := filepath.Join(dirs[0], "scratch")
 	g.Expect(os.WriteFile(junk, []byte("left by the old image"), 0o644)).To(Succeed())
 
-	g.Expect(p.Repair(ctx, id, actuators.Operation{ID: "r-1", Join: join(t)})).To(Succeed())
+	g.Expect(p.Repair(ctx, id, providers.Operation{ID: "r-1", Join: join(t)})).To(Succeed())
 	after := booted(t, p, id, before.Status.NodeInfo.BootID)
 	g.Expect(after.UID).NotTo(Equal(before.UID), "the Node registered afresh")
 	g.Expect(after.Labels).NotTo(HaveKey("team"))
 	g.Expect(junk).NotTo(BeAnExistingFile())
 	g.Expect(p.Restarts(id)).To(Equal(1))
 
-	g.Expect(p.Repair(ctx, id, actuators.Operation{ID: "r-1", Join: join(t)})).To(Succeed())
+	g.Expect(p.Repair(ctx, id, providers.Operation{ID: "r-1", Join: join(t)})).To(Succeed())
 	g.Expect(p.Restarts(id)).To(Equal(1))
 	g.Expect(node(g, p, id).UID).To(Equal(after.UID))
 }
@@ -481,7 +481,7 @@ func TestKillNineMakesTheMachineUnhealthy(t *testing.T) {
 		ctrllog.SetLogger(logr.Discard())
 	}
 	p, _ := newProvider(t, "")
-	registry := actuators.NewRegistry()
+	registry := providers.NewRegistry()
 	g.Expect(registry.Register(process.Name, p)).To(Succeed())
 	mctx, cancel := context.WithCancel(ctx)
 	mgr, err := manager.New(mctx, env.Config, env.Scheme, manager.Options{
@@ -636,7 +636,7 @@ func TestDeleteStopsTheAgentAndRemovesItsState(t *testing.T) {
 	_, err = p.PID(id)
 	g.Expect(err).To(HaveOccurred())
 	g.Expect(p.Delete(ctx, id)).To(Succeed(), "deleting what is gone is not an error")
-	g.Expect(actuators.IsPermanent(p.Reboot(ctx, id, actuators.Operation{ID: "late"}))).To(BeTrue())
+	g.Expect(providers.IsPermanent(p.Reboot(ctx, id, providers.Operation{ID: "late"}))).To(BeTrue())
 }
 
 func TestStopLeavesNoAgentRunning(t *testing.T) {
@@ -796,7 +796,7 @@ func TestNewTakesNothingOverUntilTheFirstCall(t *testing.T) {
 	wg.Go(func() { _, errs[0] = leader.Restarts(id) })
 	wg.Go(func() { _, errs[1] = leader.Exists(ctx, id) })
 	wg.Go(func() { _, errs[2] = leader.PID(id) })
-	wg.Go(func() { errs[3] = leader.Reboot(ctx, id, actuators.Operation{ID: "never"}) })
+	wg.Go(func() { errs[3] = leader.Reboot(ctx, id, providers.Operation{ID: "never"}) })
 	wg.Wait()
 	g.Expect(errs).To(HaveEach(MatchError(ContainSubstring("broken"))))
 	g.Expect(agents(id)).To(HaveLen(1))
@@ -969,7 +969,7 @@ func TestTakeoverFinishesAPendingOpWhoseHaltHadCompleted(t *testing.T) {
 			// The controller's retry finds it done: one restart, one new
 			// boot. Its retry of a repair carries join data as every
 			// repair does, and a repair without is refused.
-			retry := actuators.Operation{ID: "op-1", Version: tc.version}
+			retry := providers.Operation{ID: "op-1", Version: tc.version}
 			if tc.repair {
 				retry.Join = join(t)
 			}
@@ -1004,7 +1004,7 @@ func TestTakeoverRecordsDoneAPendingOpWhoseAgentWasStartedAfterTheHalt(t *testin
 	p, _ := newProvider(t, dir)
 	// The controller's retry, the first call: the takeover records the
 	// operation done, and the retry finds it so.
-	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "op-1", Hard: true})).To(Succeed())
+	g.Expect(p.Reboot(ctx, id, providers.Operation{ID: "op-1", Hard: true})).To(Succeed())
 	g.Expect(p.Restarts(id)).To(Equal(1))
 	g.Expect(p.PID(id)).To(Equal(rebooted))
 	g.Expect(agents(id)).To(Equal([]int{rebooted}))
@@ -1015,7 +1015,7 @@ func TestTakeoverRecordsDoneAPendingOpWhoseAgentWasStartedAfterTheHalt(t *testin
 	after := booted(t, p, id, before.Status.NodeInfo.BootID)
 	g.Expect(p.BootID(id)).To(Equal(after.Status.NodeInfo.BootID))
 
-	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "op-1", Hard: true})).To(Succeed())
+	g.Expect(p.Reboot(ctx, id, providers.Operation{ID: "op-1", Hard: true})).To(Succeed())
 	g.Expect(p.Restarts(id)).To(Equal(1))
 	g.Expect(p.PID(id)).To(Equal(rebooted))
 	g.Expect(p.BootID(id)).To(Equal(after.Status.NodeInfo.BootID))
@@ -1051,7 +1051,7 @@ func TestTakeoverLeavesPendingAnOpWhoseAgentStillRuns(t *testing.T) {
 	g.Expect(st).To(HaveKeyWithValue("pending", HaveKeyWithValue("id", "op-1")))
 	g.Expect(st).NotTo(HaveKey("lastOperation"))
 
-	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "op-1"})).To(Succeed())
+	g.Expect(p.Reboot(ctx, id, providers.Operation{ID: "op-1"})).To(Succeed())
 	g.Expect(p.Restarts(id)).To(Equal(1))
 	newPID, err := p.PID(id)
 	g.Expect(err).NotTo(HaveOccurred())
@@ -1063,7 +1063,7 @@ func TestTakeoverLeavesPendingAnOpWhoseAgentStillRuns(t *testing.T) {
 	g.Expect(st).NotTo(HaveKey("pending"))
 	g.Expect(st).To(HaveKeyWithValue("lastOperation", "op-1"))
 
-	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "op-1"})).To(Succeed())
+	g.Expect(p.Reboot(ctx, id, providers.Operation{ID: "op-1"})).To(Succeed())
 	g.Expect(p.Restarts(id)).To(Equal(1))
 	g.Expect(p.PID(id)).To(Equal(newPID))
 	g.Expect(p.BootID(id)).To(Equal(after.Status.NodeInfo.BootID))
@@ -1093,7 +1093,7 @@ func TestTakeoverLeavesACrashedMachineOff(t *testing.T) {
 	_, err = second.PID(id)
 	g.Expect(err).To(HaveOccurred(), "no agent runs")
 
-	g.Expect(second.Reboot(ctx, id, actuators.Operation{ID: "op-1"})).To(Succeed())
+	g.Expect(second.Reboot(ctx, id, providers.Operation{ID: "op-1"})).To(Succeed())
 	booted(t, second, id, before.Status.NodeInfo.BootID)
 	g.Expect(agents(id)).To(HaveLen(1))
 	g.Expect(second.Restarts(id)).To(Equal(1))
@@ -1124,14 +1124,14 @@ func TestTakeoverDoesNotBootAMachineBeingDeleted(t *testing.T) {
 }
 
 // joins keeps each test's join data, so that a test makes one token.
-var joins sync.Map // *testing.T → actuators.Join
+var joins sync.Map // *testing.T → providers.Join
 
 // join is the test's join data: a bootstrap token of its own, deleted
 // when the test ends.
-func join(t *testing.T) actuators.Join {
+func join(t *testing.T) providers.Join {
 	t.Helper()
 	if j, ok := joins.Load(t); ok {
-		return j.(actuators.Join)
+		return j.(providers.Join)
 	}
 	j := env.JoinData(t)
 	joins.Store(t, j)
@@ -1184,13 +1184,13 @@ func TestMachinesJoinWithTheirJoinDataAndKeepTheirCredentials(t *testing.T) {
 
 	// A reboot keeps the machine's credentials, as a kubelet keeps them.
 	kept := private(g, kubeconfig)
-	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "b-1"})).To(Succeed())
+	g.Expect(p.Reboot(ctx, id, providers.Operation{ID: "b-1"})).To(Succeed())
 	rebooted := booted(t, p, id, before.Status.NodeInfo.BootID)
 	g.Expect(private(g, kubeconfig)).To(Equal(kept), "a reboot joined again")
 
 	// A repair wipes them: the machine joins with the repair's data.
 	second := env.JoinData(t)
-	g.Expect(p.Repair(ctx, id, actuators.Operation{ID: "r-1", Join: second})).To(Succeed())
+	g.Expect(p.Repair(ctx, id, providers.Operation{ID: "r-1", Join: second})).To(Succeed())
 	booted(t, p, id, rebooted.Status.NodeInfo.BootID)
 	j, err = nodeagent.JoinFromBootstrapKubeconfig(private(g, bootstrapFile))
 	g.Expect(err).NotTo(HaveOccurred())
@@ -1201,7 +1201,7 @@ func TestMachinesJoinWithTheirJoinDataAndKeepTheirCredentials(t *testing.T) {
 	// The provider's log, and the agent's, name no token.
 	logged, err := os.ReadFile(filepath.Join(dirs[0], "agent.log"))
 	g.Expect(err).NotTo(HaveOccurred())
-	for _, k := range []actuators.Join{first, second} {
+	for _, k := range []providers.Join{first, second} {
 		_, secret, _ := strings.Cut(k.Token, ".")
 		g.Expect(string(logged)).NotTo(ContainSubstring(secret))
 	}
@@ -1211,11 +1211,11 @@ func TestCreateAndRepairRefuseMissingJoinData(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	p, dir := newProvider(t, "")
-	_, err := p.Create(ctx, machine("nojoin"), nil, actuators.Join{Server: env.Config.Host})
-	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "%v", err)
-	g.Expect(err).To(MatchError(actuators.ErrNoJoin))
+	_, err := p.Create(ctx, machine("nojoin"), nil, providers.Join{Server: env.Config.Host})
+	g.Expect(providers.IsPermanent(err)).To(BeTrue(), "%v", err)
+	g.Expect(err).To(MatchError(providers.ErrNoJoin))
 	g.Expect(filepath.Glob(filepath.Join(dir, "proc_nojoin_*"))).To(BeEmpty())
-	err = p.Repair(ctx, "process:///proc/nojoin/"+string(uuid.NewUUID()), actuators.Operation{ID: "r"})
-	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "%v", err)
-	g.Expect(err).To(MatchError(actuators.ErrNoJoin))
+	err = p.Repair(ctx, "process:///proc/nojoin/"+string(uuid.NewUUID()), providers.Operation{ID: "r"})
+	g.Expect(providers.IsPermanent(err)).To(BeTrue(), "%v", err)
+	g.Expect(err).To(MatchError(providers.ErrNoJoin))
 }

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/machinist-dev/machinist/actuators"
-	"github.com/machinist-dev/machinist/actuators/process"
+	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/process"
 )
 
 func TestProviderSpecs(t *testing.T) {
@@ -58,7 +58,7 @@ func TestCommandRefusesWhatCannotBoot(t *testing.T) {
 		`{"cpus":-1}`:        "cpus -1",
 	} {
 		_, err := h.Command(process.Boot{Dir: dir, Spec: []byte(spec)})
-		if err == nil || !strings.Contains(err.Error(), want) || !actuators.IsPermanent(err) {
+		if err == nil || !strings.Contains(err.Error(), want) || !providers.IsPermanent(err) {
 			t.Errorf("%s: got %v, want a permanent error saying %q", spec, err, want)
 		}
 	}

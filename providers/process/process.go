@@ -56,8 +56,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/providers"
 )
 
 // Name is the provider name MachineClasses use for this provider.
@@ -96,7 +96,7 @@ type Options struct {
 	Hardware Hardware
 }
 
-// Provider is the process actuators.Actuator. Machines run until deleted or
+// Provider is the process providers.Actuator. Machines run until deleted or
 // until Stop; a new Provider over the same StateDir takes them over on its
 // first call.
 type Provider struct {
@@ -113,7 +113,7 @@ type Provider struct {
 	stopped  bool
 }
 
-var _ actuators.Actuator = (*Provider)(nil)
+var _ providers.Actuator = (*Provider)(nil)
 
 // state is a machine's state file: what a new Provider needs to take the
 // machine over.
@@ -146,7 +146,7 @@ type state struct {
 	Deleting bool `json:"deleting,omitempty"`
 }
 
-// owner is actuators.Owner as a state file records it.
+// owner is providers.Owner as a state file records it.
 type owner struct {
 	Namespace string    `json:"namespace"`
 	Name      string    `json:"name"`
@@ -154,32 +154,32 @@ type owner struct {
 }
 
 // recorded is o as a state file records it.
-func recorded(o actuators.Owner) *owner {
+func recorded(o providers.Owner) *owner {
 	return &owner{Namespace: o.Namespace, Name: o.Name, UID: o.UID}
 }
 
 // owner is the Machine the machine of st belongs to: the one recorded, or,
 // in a state file from before owners were recorded, the one its
 // providerID was made for (<provider>:///<namespace>/<name>/<uid>).
-func (st state) owner() actuators.Owner {
+func (st state) owner() providers.Owner {
 	if o := st.Owner; o != nil {
-		return actuators.Owner{Namespace: o.Namespace, Name: o.Name, UID: o.UID}
+		return providers.Owner{Namespace: o.Namespace, Name: o.Name, UID: o.UID}
 	}
 	return madeFor(st.ProviderID)
 }
 
 // madeFor is the Machine a providerID was made for, zero for one that is
-// not of the form actuators.ProviderID makes, whatever its provider.
-func madeFor(providerID string) actuators.Owner {
+// not of the form providers.ProviderID makes, whatever its provider.
+func madeFor(providerID string) providers.Owner {
 	scheme, _, ok := strings.Cut(providerID, ":///")
 	if !ok {
-		return actuators.Owner{}
+		return providers.Owner{}
 	}
-	ns, name, uid, err := actuators.ParseProviderID(scheme, providerID)
+	ns, name, uid, err := providers.ParseProviderID(scheme, providerID)
 	if err != nil {
-		return actuators.Owner{}
+		return providers.Owner{}
 	}
-	return actuators.Owner{Namespace: ns, Name: name, UID: uid}
+	return providers.Owner{Namespace: ns, Name: name, UID: uid}
 }
 
 // pendingOp is a reboot or repair begun and not yet finished.
@@ -342,7 +342,7 @@ func (p *Provider) loadMachine(ctx context.Context, dir string, st state, pids [
 	p.mu.Unlock()
 	// What an earlier, failed attempt left is on disk and in /proc too.
 	m.st, m.live, m.proc, m.exit = st, true, nil, nil
-	if err := p.adoptOrBoot(ctx, m, pids); err != nil && !actuators.IsPermanent(err) {
+	if err := p.adoptOrBoot(ctx, m, pids); err != nil && !providers.IsPermanent(err) {
 		return err
 	}
 	// A machine that cannot boot for good (its hardware refuses what it
@@ -498,30 +498,30 @@ func (p *Provider) BootID(providerID string) (string, error) {
 	return id, nil
 }
 
-// Describe implements actuators.Actuator: an instance is on while its
+// Describe implements providers.Actuator: an instance is on while its
 // agent process runs, and its boot ID is the one that process chose as it
 // started, before joining. A process just started may not have written
 // its own yet, and the last boot's is reported until it has: never a boot
 // that has not happened. Its owner is the one its state file records.
-func (p *Provider) Describe(ctx context.Context, providerID string) (actuators.Instance, error) {
+func (p *Provider) Describe(ctx context.Context, providerID string) (providers.Instance, error) {
 	if err := p.takeOver(ctx); err != nil {
-		return actuators.Instance{}, err
+		return providers.Instance{}, err
 	}
 	m, err := p.lookup(providerID)
 	if err != nil {
-		return actuators.Instance{}, err
+		return providers.Instance{}, err
 	}
 	m.mu.Lock()
 	running, owner := m.running(), m.st.owner()
 	m.mu.Unlock()
 	if !running {
-		return actuators.Instance{Power: actuators.PowerOff, Owner: owner}, nil
+		return providers.Instance{Power: providers.PowerOff, Owner: owner}, nil
 	}
 	boot, err := p.BootID(providerID)
 	if err != nil {
-		return actuators.Instance{}, err
+		return providers.Instance{}, err
 	}
-	return actuators.Instance{Power: actuators.PowerOn, BootID: boot, Owner: owner}, nil
+	return providers.Instance{Power: providers.PowerOn, BootID: boot, Owner: owner}, nil
 }
 
 // Restarts reports how many reboots and repairs the instance has done;
@@ -539,12 +539,12 @@ func (p *Provider) Restarts(providerID string) (int, error) {
 	return m.st.Restarts, nil
 }
 
-// Create implements actuators.Actuator. The providerID follows from the
+// Create implements providers.Actuator. The providerID follows from the
 // Machine alone, so a repeated call finds the same directory and starts the
 // agent only if it is not running. The state file records the Machine as
 // the machine's owner.
-func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class *machinistv1.MachineClass, join actuators.Join) (string, error) {
-	if err := actuators.RequireJoin(join, fmt.Sprintf(p.hw.Name()+": creating an instance for machine %s/%s", mach.Namespace, mach.Name)); err != nil {
+func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class *machinistv1.MachineClass, join providers.Join) (string, error) {
+	if err := providers.RequireJoin(join, fmt.Sprintf(p.hw.Name()+": creating an instance for machine %s/%s", mach.Namespace, mach.Name)); err != nil {
 		return "", err
 	}
 	if err := p.takeOver(ctx); err != nil {
@@ -554,7 +554,7 @@ func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class 
 		return p.claim(mach, id)
 	}
 	if mach.UID == "" {
-		return "", actuators.Permanent(fmt.Errorf("machine %s/%s has no UID", mach.Namespace, mach.Name))
+		return "", providers.Permanent(fmt.Errorf("machine %s/%s has no UID", mach.Namespace, mach.Name))
 	}
 	var spec json.RawMessage
 	if class != nil && len(class.Spec.ProviderSpec.Raw) > 0 {
@@ -567,9 +567,9 @@ func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class 
 	// Before anything is made: a machine that could never boot leaves
 	// nothing behind to take over.
 	if err := p.hw.Check(spec, capacity); err != nil {
-		return "", actuators.Permanent(err)
+		return "", providers.Permanent(err)
 	}
-	id := actuators.ProviderID(p.hw.Name(), mach)
+	id := providers.ProviderID(p.hw.Name(), mach)
 	p.mu.Lock()
 	if p.stopped {
 		p.mu.Unlock()
@@ -586,12 +586,12 @@ func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class 
 	defer m.mu.Unlock()
 	if m.live {
 		// Named after mach, yet it may have been handed to another.
-		if err := actuators.Claim(m.st.owner(), mach); err != nil {
+		if err := providers.Claim(m.st.owner(), mach); err != nil {
 			return "", err
 		}
 	}
 	if !m.live {
-		st := state{ProviderID: id, Owner: recorded(actuators.OwnerOf(mach)), NodeName: actuators.NodeName(mach.Name, mach.UID), Version: mach.Spec.Version}
+		st := state{ProviderID: id, Owner: recorded(providers.OwnerOf(mach)), NodeName: providers.NodeName(mach.Name, mach.UID), Version: mach.Spec.Version}
 		st.Capacity, st.Spec = capacity.DeepCopy(), spec
 		if err := os.MkdirAll(m.dir, 0o755); err != nil {
 			return "", p.errorf("creating %s: %w", id, err)
@@ -631,7 +631,7 @@ func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class 
 func (p *Provider) claim(mach *machinistv1.Machine, providerID string) (string, error) {
 	ns, name, uid, err := p.parse(providerID)
 	if err != nil {
-		return "", actuators.Permanent(fmt.Errorf("cannot adopt %q: %w", providerID, err))
+		return "", providers.Permanent(fmt.Errorf("cannot adopt %q: %w", providerID, err))
 	}
 	p.mu.Lock()
 	m, ok := p.machines[providerID]
@@ -641,21 +641,21 @@ func (p *Provider) claim(mach *machinistv1.Machine, providerID string) (string, 
 		live, o := m.live, m.st.owner()
 		m.mu.Unlock()
 		if live {
-			if err := actuators.Claim(o, mach); err != nil {
+			if err := providers.Claim(o, mach); err != nil {
 				return "", err
 			}
 			return providerID, nil
 		}
 	}
 	if exists(p.dir(ns, name, uid)) {
-		if err := actuators.Claim(actuators.Owner{Namespace: ns, Name: name, UID: uid}, mach); err != nil {
+		if err := providers.Claim(providers.Owner{Namespace: ns, Name: name, UID: uid}, mach); err != nil {
 			return "", err
 		}
 	}
-	return "", actuators.Permanent(fmt.Errorf("cannot adopt %q: no such instance", providerID))
+	return "", providers.Permanent(fmt.Errorf("cannot adopt %q: no such instance", providerID))
 }
 
-// Exists implements actuators.Actuator: the machine's directory exists. A
+// Exists implements providers.Actuator: the machine's directory exists. A
 // crashed machine exists; only Delete ends one.
 func (p *Provider) Exists(ctx context.Context, providerID string) (bool, error) {
 	if err := p.takeOver(ctx); err != nil {
@@ -663,7 +663,7 @@ func (p *Provider) Exists(ctx context.Context, providerID string) (bool, error) 
 	}
 	ns, name, uid, err := p.parse(providerID)
 	if err != nil {
-		return false, actuators.Permanent(err)
+		return false, providers.Permanent(err)
 	}
 	_, err = os.Stat(p.dir(ns, name, uid))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -672,7 +672,7 @@ func (p *Provider) Exists(ctx context.Context, providerID string) (bool, error) 
 	return err == nil, err
 }
 
-// FindByUID implements actuators.Actuator: the machine whose state file
+// FindByUID implements providers.Actuator: the machine whose state file
 // records the Machine as its owner. The machine's directory is named
 // after the Machine it was made for, its owner unless it was handed to
 // another, so that is looked for first, and finds a Create that died
@@ -703,7 +703,7 @@ func (p *Provider) FindByUID(ctx context.Context, uid types.UID) (string, error)
 			case st.owner().UID != uid:
 				continue
 			}
-			return actuators.ProviderID(p.hw.Name(), &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{
+			return providers.ProviderID(p.hw.Name(), &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{
 				Namespace: parts[0], Name: parts[1], UID: uid}}), nil
 		}
 	}
@@ -729,7 +729,7 @@ func (p *Provider) FindByUID(ctx context.Context, uid types.UID) (string, error)
 	return "", nil
 }
 
-// Delete implements actuators.Actuator: it stops the agent and removes the
+// Delete implements providers.Actuator: it stops the agent and removes the
 // machine's directory. The Node is the controller's to delete.
 func (p *Provider) Delete(ctx context.Context, providerID string) error {
 	if err := p.takeOver(ctx); err != nil {
@@ -737,7 +737,7 @@ func (p *Provider) Delete(ctx context.Context, providerID string) error {
 	}
 	ns, name, uid, err := p.parse(providerID)
 	if err != nil {
-		return actuators.Permanent(err)
+		return providers.Permanent(err)
 	}
 	p.mu.Lock()
 	m, ok := p.machines[providerID]
@@ -767,36 +767,36 @@ func (p *Provider) Delete(ctx context.Context, providerID string) error {
 	return nil
 }
 
-// Reboot implements actuators.Actuator: the agent is stopped (SIGTERM, or
+// Reboot implements providers.Actuator: the agent is stopped (SIGTERM, or
 // SIGKILL for a hard reboot) and started again, and the new process boots
 // with a new boot ID; the Node keeps what others put on it. A crashed
 // machine comes back. A second call with the same op.ID does nothing.
-func (p *Provider) Reboot(ctx context.Context, providerID string, op actuators.Operation) error {
+func (p *Provider) Reboot(ctx context.Context, providerID string, op providers.Operation) error {
 	return p.restart(ctx, providerID, op, false)
 }
 
-// Update implements actuators.Actuator: like Reboot, but the new agent
+// Update implements providers.Actuator: like Reboot, but the new agent
 // runs op.Version, so the same Node reports the new kubelet version. It
 // is written ahead like every restart: a provider killed halfway leaves a
 // machine the next one boots with the new version, once.
-func (p *Provider) Update(ctx context.Context, providerID string, op actuators.Operation) error {
+func (p *Provider) Update(ctx context.Context, providerID string, op providers.Operation) error {
 	if op.Version == "" {
-		return actuators.Permanent(p.errorf("updating %s: no version to update to", providerID))
+		return providers.Permanent(p.errorf("updating %s: no version to update to", providerID))
 	}
 	return p.restart(ctx, providerID, op, false)
 }
 
-// InPlace implements actuators.Actuator: an agent can be restarted with
+// InPlace implements providers.Actuator: an agent can be restarted with
 // another version; another class is another machine.
-func (p *Provider) InPlace(change actuators.Change) bool { return !change.Class }
+func (p *Provider) InPlace(change providers.Change) bool { return !change.Class }
 
-// Repair implements actuators.Actuator: like Reboot, but everything in the
+// Repair implements providers.Actuator: like Reboot, but everything in the
 // machine's directory except the provider's state file is wiped, the
 // machine's credentials with it, and its Node and Lease are deleted, so
 // the machine joins again with op.Join and its Node registers afresh
 // without the labels and taints others had put on it.
-func (p *Provider) Repair(ctx context.Context, providerID string, op actuators.Operation) error {
-	if err := actuators.RequireJoin(op.Join, p.hw.Name()+": repairing "+providerID); err != nil {
+func (p *Provider) Repair(ctx context.Context, providerID string, op providers.Operation) error {
+	if err := providers.RequireJoin(op.Join, p.hw.Name()+": repairing "+providerID); err != nil {
 		return err
 	}
 	return p.restart(ctx, providerID, op, true)
@@ -826,18 +826,18 @@ func (p *Provider) Repair(ctx context.Context, providerID string, op actuators.O
 //     it (it was started after the halt) and records the operation done;
 //     the retry does nothing.
 //   - after start's state write: done; the retry does nothing.
-func (p *Provider) restart(ctx context.Context, providerID string, op actuators.Operation, wipe bool) error {
+func (p *Provider) restart(ctx context.Context, providerID string, op providers.Operation, wipe bool) error {
 	if err := p.takeOver(ctx); err != nil {
 		return err
 	}
 	m, err := p.lookup(providerID)
 	if err != nil {
-		return actuators.Permanent(err)
+		return providers.Permanent(err)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.live {
-		return actuators.Permanent(p.errorf("no instance %q", providerID))
+		return providers.Permanent(p.errorf("no instance %q", providerID))
 	}
 	if op.ID != "" && m.st.LastOperation == op.ID {
 		return nil
@@ -928,7 +928,7 @@ func (p *Provider) start(m *machine, commit func(*state)) error {
 	cmd, err := p.hw.Command(Boot{Dir: m.dir, ProviderID: next.ProviderID, NodeName: next.NodeName,
 		Version: next.Version, Capacity: next.Capacity, Spec: next.Spec})
 	if err != nil {
-		if actuators.IsPermanent(err) {
+		if providers.IsPermanent(err) {
 			return err
 		}
 		return p.errorf("starting %s: %w", m.st.ProviderID, err)
@@ -1095,7 +1095,7 @@ type Instance struct {
 	ProviderID      string
 	// Owner is the Machine the machine belongs to: the one it was made
 	// for, unless its state file records another.
-	Owner actuators.Owner
+	Owner providers.Owner
 	// Restarts counts the reboots and repairs carried out.
 	Restarts int
 }
@@ -1128,7 +1128,7 @@ func Instances(stateDir string) ([]Instance, error) {
 			}
 		}
 		in := Instance{Namespace: parts[0], Name: parts[1], UID: types.UID(parts[2]), ProviderID: st.ProviderID, Restarts: st.Restarts}
-		in.Owner = actuators.Owner{Namespace: in.Namespace, Name: in.Name, UID: in.UID}
+		in.Owner = providers.Owner{Namespace: in.Namespace, Name: in.Name, UID: in.UID}
 		if st.ProviderID != "" {
 			in.Owner = st.owner()
 		}
@@ -1230,7 +1230,7 @@ func (p *Provider) removeDir(dir string) error {
 }
 
 // parse splits one of this provider's providerIDs
-// (actuators.ProviderID) into its Machine's namespace, name and UID.
+// (providers.ProviderID) into its Machine's namespace, name and UID.
 func (p *Provider) parse(providerID string) (namespace, name string, uid types.UID, err error) {
-	return actuators.ParseProviderID(p.hw.Name(), providerID)
+	return providers.ParseProviderID(p.hw.Name(), providerID)
 }

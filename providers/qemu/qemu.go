@@ -54,10 +54,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/machinist-dev/machinist/actuators"
-	"github.com/machinist-dev/machinist/actuators/process"
-	"github.com/machinist-dev/machinist/actuators/qemu/guest"
 	"github.com/machinist-dev/machinist/nodeagent"
+	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/process"
+	"github.com/machinist-dev/machinist/providers/qemu/guest"
 )
 
 // Name is the provider name MachineClasses use for this provider.
@@ -245,7 +245,7 @@ func (h *vms) Command(b process.Boot) (*exec.Cmd, error) {
 	// been replaced by one that does not fit since, and a machine made
 	// before capacities were checked may have one that is not written.
 	if err := h.Check(b.Spec, b.Capacity); err != nil {
-		return nil, actuators.Permanent(err)
+		return nil, providers.Permanent(err)
 	}
 	spec, _ := parseSpec(b.Spec)
 	initrd, accel, err := h.prepare()
@@ -265,7 +265,7 @@ func (h *vms) Command(b process.Boot) (*exec.Cmd, error) {
 	args, err := h.args(b, spec, initrd, accel)
 	if err != nil {
 		_ = log.Close()
-		return nil, actuators.Permanent(err)
+		return nil, providers.Permanent(err)
 	}
 	cmd := exec.Command(h.opts.QEMU, args...)
 	cmd.Dir = b.Dir
@@ -451,7 +451,7 @@ func (h *vms) Halt(dir string, _ *os.Process, hard bool) error {
 // Provision writes the join data the guest reads through fw_cfg. The
 // guest uses it only while its disk holds no credentials, so writing
 // newer data for a machine that has joined changes nothing.
-func (h *vms) Provision(dir string, join actuators.Join) error {
+func (h *vms) Provision(dir string, join providers.Join) error {
 	if err := writeJoin(filepath.Join(dir, joinFile), join); err != nil {
 		return err
 	}
@@ -467,7 +467,7 @@ func (*vms) Joined(string) bool { return false }
 
 // PrepareReimage makes the repair's fresh disk and writes its join data,
 // both aside.
-func (h *vms) PrepareReimage(dir string, join actuators.Join) error {
+func (h *vms) PrepareReimage(dir string, join providers.Join) error {
 	if err := writeJoin(filepath.Join(dir, joinFile+nextSuffix), join); err != nil {
 		return err
 	}
@@ -521,7 +521,7 @@ func lastBootID(path string) (string, error) {
 // writeJoin writes the join data as the guest's bootstrap kubeconfig. A
 // server on the host's loopback is the user-mode net's gateway to the
 // guest; TLS verifies the name the server was given as.
-func writeJoin(path string, j actuators.Join) error {
+func writeJoin(path string, j providers.Join) error {
 	u, err := url.Parse(j.Server)
 	if err != nil {
 		return fmt.Errorf("the join data's server %q: %w", j.Server, err)

@@ -21,13 +21,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/machinist-dev/machinist/actuators"
-	"github.com/machinist-dev/machinist/actuators/process"
-	"github.com/machinist-dev/machinist/actuators/qemu"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	machinecontroller "github.com/machinist-dev/machinist/controllers/machine"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/operation"
+	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/process"
+	"github.com/machinist-dev/machinist/providers/qemu"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -145,7 +145,7 @@ func TestAMachineDeploymentOfVMs(t *testing.T) {
 	dir := t.TempDir()
 	showConsoles(t, dir)
 	p := newProvider(t, dir)
-	registry := actuators.NewRegistry()
+	registry := providers.NewRegistry()
 	g.Expect(registry.Register(qemu.Name, p)).To(Succeed())
 	ctrls, err := env.StartControllers(manager.Options{
 		Actuators:      registry,

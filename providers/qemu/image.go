@@ -15,7 +15,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/machinist-dev/machinist/actuators/qemu/guest"
+	"github.com/machinist-dev/machinist/providers/qemu/guest"
 )
 
 // modules are the kernel modules the guest loads, each after those it

@@ -29,9 +29,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/machinist-dev/machinist/actuators"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/nodeagent"
+	"github.com/machinist-dev/machinist/providers"
 )
 
 // Name is the provider name MachineClasses use for this provider.
@@ -147,7 +147,7 @@ type Options struct {
 	Seed uint64
 }
 
-// Provider is the in-memory actuators.Actuator. Its instances live until
+// Provider is the in-memory providers.Actuator. Its instances live until
 // deleted or until Stop.
 type Provider struct {
 	opts Options
@@ -166,7 +166,7 @@ type Provider struct {
 	isStopped bool
 }
 
-var _ actuators.Actuator = (*Provider)(nil)
+var _ providers.Actuator = (*Provider)(nil)
 
 // New returns a Provider; call Stop to end it.
 func New(opts Options) (*Provider, error) {
@@ -261,15 +261,15 @@ func (p *Provider) BootID(providerID string) (string, error) {
 	return in.bootID(), nil
 }
 
-// Describe implements actuators.Actuator: an instance is on from its
+// Describe implements providers.Actuator: an instance is on from its
 // power-on to its crash or power-off, and its boot ID is the one its
 // power-on chose, as a kernel's is: known before the machine joins, so a
 // machine repaired while its cluster is down reports its new boot. Its
 // owner is the Machine it was made for or adopted by.
-func (p *Provider) Describe(_ context.Context, providerID string) (actuators.Instance, error) {
+func (p *Provider) Describe(_ context.Context, providerID string) (providers.Instance, error) {
 	in, err := p.lookup(providerID)
 	if err != nil {
-		return actuators.Instance{}, err
+		return providers.Instance{}, err
 	}
 	p.mu.Lock()
 	owner := in.owner
@@ -278,9 +278,9 @@ func (p *Provider) Describe(_ context.Context, providerID string) (actuators.Ins
 	on := in.cancel != nil
 	in.mu.Unlock()
 	if !on {
-		return actuators.Instance{Power: actuators.PowerOff, Owner: owner}, nil
+		return providers.Instance{Power: providers.PowerOff, Owner: owner}, nil
 	}
-	return actuators.Instance{Power: actuators.PowerOn, BootID: in.bootID(), Owner: owner}, nil
+	return providers.Instance{Power: providers.PowerOn, BootID: in.bootID(), Owner: owner}, nil
 }
 
 // MakeUnowned makes an instance as one made outside Machinist would be:
@@ -292,13 +292,13 @@ func (p *Provider) Describe(_ context.Context, providerID string) (actuators.Ins
 // class's do.
 func (p *Provider) MakeUnowned(namespace, name string) (string, error) {
 	m := &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, UID: uuid.NewUUID()}}
-	providerID := actuators.ProviderID(Name, m)
+	providerID := providers.ProviderID(Name, m)
 	if _, _, _, err := parseProviderID(providerID); err != nil {
 		return "", err
 	}
 	in := &instance{
 		providerID: providerID,
-		nodeName:   actuators.NodeName(m.Name, m.UID),
+		nodeName:   providers.NodeName(m.Name, m.UID),
 		p:          p,
 	}
 	in.cfg = nodeagent.Config{
@@ -347,10 +347,10 @@ func (p *Provider) Break(providerID string) error {
 	return nil
 }
 
-// Create implements actuators.Actuator: the new instance's agent joins
+// Create implements providers.Actuator: the new instance's agent joins
 // the cluster with join as it first boots.
-func (p *Provider) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join actuators.Join) (string, error) {
-	if err := actuators.RequireJoin(join, fmt.Sprintf("inmemory: creating an instance for machine %s/%s", m.Namespace, m.Name)); err != nil {
+func (p *Provider) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join providers.Join) (string, error) {
+	if err := providers.RequireJoin(join, fmt.Sprintf("inmemory: creating an instance for machine %s/%s", m.Namespace, m.Name)); err != nil {
 		return "", err
 	}
 	if err := p.injectFailure(nil); err != nil {
@@ -414,16 +414,16 @@ func (p *Provider) Create(ctx context.Context, m *machinistv1.Machine, class *ma
 }
 
 // adopt hands m the instance its spec.providerID names, if that belongs
-// to no Machine or to m already (actuators.Claim), and touches nothing of
+// to no Machine or to m already (providers.Claim), and touches nothing of
 // one that belongs to another. An instance that belonged to none becomes
 // m's, and boots with m's join data, version and capacity.
-func (p *Provider) adopt(m *machinistv1.Machine, class *machinistv1.MachineClass, join actuators.Join) (string, error) {
+func (p *Provider) adopt(m *machinistv1.Machine, class *machinistv1.MachineClass, join providers.Join) (string, error) {
 	in, err := p.lookup(m.Spec.ProviderID)
 	if err != nil {
-		return "", actuators.Permanent(fmt.Errorf("cannot adopt %q: %w", m.Spec.ProviderID, err))
+		return "", providers.Permanent(fmt.Errorf("cannot adopt %q: %w", m.Spec.ProviderID, err))
 	}
 	if m.UID == "" {
-		return "", actuators.Permanent(fmt.Errorf("machine %s/%s has no UID", m.Namespace, m.Name))
+		return "", providers.Permanent(fmt.Errorf("machine %s/%s has no UID", m.Namespace, m.Name))
 	}
 	// The owner is checked and taken under p.mu, so that of two Machines
 	// adopting one instance at once, one gets it.
@@ -431,14 +431,14 @@ func (p *Provider) adopt(m *machinistv1.Machine, class *machinistv1.MachineClass
 	if p.byID[in.providerID] != in {
 		// Deleted since the lookup.
 		p.mu.Unlock()
-		return "", actuators.Permanent(fmt.Errorf("cannot adopt %q: %w", in.providerID, ErrNotFound))
+		return "", providers.Permanent(fmt.Errorf("cannot adopt %q: %w", in.providerID, ErrNotFound))
 	}
-	if err := actuators.Claim(in.owner, m); err != nil {
+	if err := providers.Claim(in.owner, m); err != nil {
 		p.mu.Unlock()
 		return "", err
 	}
 	unowned := in.owner.IsZero()
-	in.owner = actuators.OwnerOf(m)
+	in.owner = providers.OwnerOf(m)
 	p.byUID[m.UID] = in
 	p.mu.Unlock()
 	if !unowned {
@@ -447,7 +447,7 @@ func (p *Provider) adopt(m *machinistv1.Machine, class *machinistv1.MachineClass
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if in.destroyed {
-		return "", actuators.Permanent(fmt.Errorf("cannot adopt %q: %w", in.providerID, ErrNotFound))
+		return "", providers.Permanent(fmt.Errorf("cannot adopt %q: %w", in.providerID, ErrNotFound))
 	}
 	in.cfg.Version = m.Spec.Version
 	if class != nil && class.Spec.NodeTemplate != nil {
@@ -460,12 +460,12 @@ func (p *Provider) adopt(m *machinistv1.Machine, class *machinistv1.MachineClass
 	return in.providerID, nil
 }
 
-func (p *Provider) create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, spec ProviderSpec, join actuators.Join) (*instance, error) {
+func (p *Provider) create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, spec ProviderSpec, join providers.Join) (*instance, error) {
 	if spec.FailCreate != "" {
-		return nil, actuators.Permanent(fmt.Errorf("creating instance for machine %s/%s: %s", m.Namespace, m.Name, spec.FailCreate))
+		return nil, providers.Permanent(fmt.Errorf("creating instance for machine %s/%s: %s", m.Namespace, m.Name, spec.FailCreate))
 	}
 	if m.UID == "" {
-		return nil, actuators.Permanent(fmt.Errorf("machine %s/%s has no UID", m.Namespace, m.Name))
+		return nil, providers.Permanent(fmt.Errorf("machine %s/%s has no UID", m.Namespace, m.Name))
 	}
 	if d := spec.CreateLatency.Duration; d > 0 {
 		t := time.NewTimer(d)
@@ -476,9 +476,9 @@ func (p *Provider) create(ctx context.Context, m *machinistv1.Machine, class *ma
 			return nil, ctx.Err()
 		}
 	}
-	providerID := actuators.ProviderID(Name, m)
+	providerID := providers.ProviderID(Name, m)
 	cfg := nodeagent.Config{
-		NodeName:             actuators.NodeName(m.Name, m.UID),
+		NodeName:             providers.NodeName(m.Name, m.UID),
 		ProviderID:           providerID,
 		Version:              m.Spec.Version,
 		LeaseDurationSeconds: p.opts.LeaseDurationSeconds,
@@ -491,7 +491,7 @@ func (p *Provider) create(ctx context.Context, m *machinistv1.Machine, class *ma
 	return &instance{
 		providerID: providerID,
 		nodeName:   cfg.NodeName,
-		owner:      actuators.OwnerOf(m),
+		owner:      providers.OwnerOf(m),
 		faults:     spec,
 		cfg:        cfg,
 		join:       join,
@@ -499,11 +499,11 @@ func (p *Provider) create(ctx context.Context, m *machinistv1.Machine, class *ma
 	}, nil
 }
 
-// Exists implements actuators.Actuator. A crashed instance exists; only
+// Exists implements providers.Actuator. A crashed instance exists; only
 // Delete ends one.
 func (p *Provider) Exists(_ context.Context, providerID string) (bool, error) {
 	if _, _, _, err := parseProviderID(providerID); err != nil {
-		return false, actuators.Permanent(err)
+		return false, providers.Permanent(err)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -511,7 +511,7 @@ func (p *Provider) Exists(_ context.Context, providerID string) (bool, error) {
 	return ok, nil
 }
 
-// FindByUID implements actuators.Actuator: the instance made for the
+// FindByUID implements providers.Actuator: the instance made for the
 // Machine, or adopted by it.
 func (p *Provider) FindByUID(_ context.Context, uid types.UID) (string, error) {
 	p.mu.Lock()
@@ -522,11 +522,11 @@ func (p *Provider) FindByUID(_ context.Context, uid types.UID) (string, error) {
 	return "", nil
 }
 
-// Delete implements actuators.Actuator. It powers the instance off and
+// Delete implements providers.Actuator. It powers the instance off and
 // forgets it; the Node is the controller's to delete.
 func (p *Provider) Delete(_ context.Context, providerID string) error {
 	if _, _, _, err := parseProviderID(providerID); err != nil {
-		return actuators.Permanent(err)
+		return providers.Permanent(err)
 	}
 	p.mu.Lock()
 	in, ok := p.byID[providerID]
@@ -556,32 +556,32 @@ func (p *Provider) Delete(_ context.Context, providerID string) error {
 	return nil
 }
 
-// Reboot implements actuators.Actuator: the agent stops and boots again
+// Reboot implements providers.Actuator: the agent stops and boots again
 // with a new boot ID; the Node keeps what others put on it. A crashed
 // instance comes back. A second call with the same op.ID does nothing.
-func (p *Provider) Reboot(ctx context.Context, providerID string, op actuators.Operation) error {
+func (p *Provider) Reboot(ctx context.Context, providerID string, op providers.Operation) error {
 	return p.restart(ctx, providerID, op, reboot)
 }
 
-// Repair implements actuators.Actuator: like Reboot, but the machine comes
+// Repair implements providers.Actuator: like Reboot, but the machine comes
 // back from a fresh image, so nothing of its previous agent survives: its
 // credentials are gone, and it joins again with op.Join; its Node and
 // Lease are deleted and registered again, without the labels and taints
 // others had put on them.
-func (p *Provider) Repair(ctx context.Context, providerID string, op actuators.Operation) error {
+func (p *Provider) Repair(ctx context.Context, providerID string, op providers.Operation) error {
 	return p.restart(ctx, providerID, op, repair)
 }
 
-// Update implements actuators.Actuator: like Reboot, but the machine
+// Update implements providers.Actuator: like Reboot, but the machine
 // boots op.Version; its Node keeps its name and what others put on it, and
 // reports the new version. A second call with the same op.ID does nothing.
-func (p *Provider) Update(ctx context.Context, providerID string, op actuators.Operation) error {
+func (p *Provider) Update(ctx context.Context, providerID string, op providers.Operation) error {
 	return p.restart(ctx, providerID, op, update)
 }
 
-// InPlace implements actuators.Actuator: a new version is a restart of
+// InPlace implements providers.Actuator: a new version is a restart of
 // the agent, but a machine of another class is another machine.
-func (p *Provider) InPlace(change actuators.Change) bool { return !change.Class }
+func (p *Provider) InPlace(change providers.Change) bool { return !change.Class }
 
 // restartKind is what a restart does besides powering the machine off and
 // on again.
@@ -599,10 +599,10 @@ func (k restartKind) String() string {
 	return [...]string{"reboot", "repair", "update"}[k]
 }
 
-func (p *Provider) restart(ctx context.Context, providerID string, op actuators.Operation, kind restartKind) error {
+func (p *Provider) restart(ctx context.Context, providerID string, op providers.Operation, kind restartKind) error {
 	wipe := kind == repair
 	if wipe {
-		if err := actuators.RequireJoin(op.Join, "inmemory: repairing "+providerID); err != nil {
+		if err := providers.RequireJoin(op.Join, "inmemory: repairing "+providerID); err != nil {
 			return err
 		}
 	}
@@ -611,18 +611,18 @@ func (p *Provider) restart(ctx context.Context, providerID string, op actuators.
 	}
 	in, err := p.lookup(providerID)
 	if err != nil {
-		return actuators.Permanent(err)
+		return providers.Permanent(err)
 	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if msg := in.faults.FailReboot; msg != "" && kind == reboot {
-		return actuators.Permanent(fmt.Errorf("rebooting %s: %s", providerID, msg))
+		return providers.Permanent(fmt.Errorf("rebooting %s: %s", providerID, msg))
 	}
 	if msg := in.faults.FailUpdate; msg != "" && kind == update {
-		return actuators.Permanent(fmt.Errorf("updating %s to %s: %s", providerID, op.Version, msg))
+		return providers.Permanent(fmt.Errorf("updating %s to %s: %s", providerID, op.Version, msg))
 	}
 	if kind == update && op.Version == "" {
-		return actuators.Permanent(fmt.Errorf("updating %s: no version to update to", providerID))
+		return providers.Permanent(fmt.Errorf("updating %s: no version to update to", providerID))
 	}
 	if op.ID != "" && in.lastOp == op.ID {
 		return p.loseReply(kind)
@@ -707,12 +707,12 @@ func (p *Provider) classFaults(class *machinistv1.MachineClass) (ProviderSpec, e
 		if raw == nil && class.Spec.ProviderSpec.Object != nil {
 			var err error
 			if raw, err = json.Marshal(class.Spec.ProviderSpec.Object); err != nil {
-				return ProviderSpec{}, actuators.Permanent(fmt.Errorf("inmemory providerSpec: %w", err))
+				return ProviderSpec{}, providers.Permanent(fmt.Errorf("inmemory providerSpec: %w", err))
 			}
 		}
 		var err error
 		if spec, err = ParseProviderSpec(raw); err != nil {
-			return ProviderSpec{}, actuators.Permanent(fmt.Errorf("machineclass %s/%s: %w", class.Namespace, class.Name, err))
+			return ProviderSpec{}, providers.Permanent(fmt.Errorf("machineclass %s/%s: %w", class.Namespace, class.Name, err))
 		}
 	}
 	p.mu.Lock()
@@ -741,7 +741,7 @@ type instance struct {
 	// owner is the Machine the instance belongs to, zero for one made by
 	// MakeUnowned until a Machine adopts it. Guarded by p.mu, under which
 	// byUID changes with it.
-	owner  actuators.Owner
+	owner  providers.Owner
 	faults ProviderSpec
 	// cfg is what each boot's agent runs with, but for its client, which
 	// comes from the machine's credentials.
@@ -753,7 +753,7 @@ type instance struct {
 	// boot writes it once joined, while mu may be held by a caller
 	// waiting to power off, so it has a lock of its own.
 	disk sync.Mutex
-	join actuators.Join
+	join providers.Join
 	kube kubernetes.Interface
 
 	// booted guards bootedAs, the ID of the current or last boot, which
@@ -808,7 +808,7 @@ func (in *instance) bootID() string {
 // boot to join with; that boot deletes the old Node and Lease itself
 // (nodeagent.Forget), so that the Node registers afresh. Callers hold
 // in.mu with the agent off.
-func (in *instance) reimage(join actuators.Join) {
+func (in *instance) reimage(join providers.Join) {
 	in.disk.Lock()
 	defer in.disk.Unlock()
 	in.join, in.kube = join, nil
@@ -916,7 +916,7 @@ func (in *instance) powerOff() {
 }
 
 // parseProviderID splits one of this provider's providerIDs
-// (actuators.ProviderID) into its Machine's namespace, name and UID.
+// (providers.ProviderID) into its Machine's namespace, name and UID.
 func parseProviderID(providerID string) (namespace, name string, uid types.UID, err error) {
-	return actuators.ParseProviderID(Name, providerID)
+	return providers.ParseProviderID(Name, providerID)
 }

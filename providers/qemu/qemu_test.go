@@ -22,10 +22,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/machinist-dev/machinist/actuators"
-	"github.com/machinist-dev/machinist/actuators/process"
-	"github.com/machinist-dev/machinist/actuators/qemu"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/process"
+	"github.com/machinist-dev/machinist/providers/qemu"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -189,14 +189,14 @@ func TestAMachineLivesItsOwnLife(t *testing.T) {
 	g.Expect(n.Status.Capacity.Memory().String()).To(Equal("256Mi"))
 	inst, err := p.Describe(ctx, id)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(inst).To(Equal(actuators.Instance{Power: actuators.PowerOn, BootID: n.Status.NodeInfo.BootID, Owner: actuators.OwnerOf(m)}))
+	g.Expect(inst).To(Equal(providers.Instance{Power: providers.PowerOn, BootID: n.Status.NodeInfo.BootID, Owner: providers.OwnerOf(m)}))
 	g.Expect(vms(id)).To(HaveLen(1))
 	joins := csrs(g, n.Name)
 	g.Expect(joins).To(Equal(1))
 
 	// A soft reboot: Ctrl-Alt-Del, an orderly restart in the guest.
-	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "soft"})).To(Succeed())
-	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "soft"})).To(Succeed())
+	g.Expect(p.Reboot(ctx, id, providers.Operation{ID: "soft"})).To(Succeed())
+	g.Expect(p.Reboot(ctx, id, providers.Operation{ID: "soft"})).To(Succeed())
 	soft := booted(t, p, id, n.Status.NodeInfo.BootID)
 	g.Expect(csrs(g, n.Name)).To(Equal(joins), "the disk kept the Node's credentials")
 	g.Expect(n.Status.NodeInfo.MachineID).To(HaveLen(32))
@@ -207,13 +207,13 @@ func TestAMachineLivesItsOwnLife(t *testing.T) {
 	g.Expect(lastConsole(g, machineDir)).To(ContainSubstring("machinist: init: stopping the agent"))
 
 	// A hard one: QMP system_reset.
-	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "hard", Hard: true})).To(Succeed())
+	g.Expect(p.Reboot(ctx, id, providers.Operation{ID: "hard", Hard: true})).To(Succeed())
 	hard := booted(t, p, id, soft.Status.NodeInfo.BootID)
 	g.Expect(csrs(g, n.Name)).To(Equal(joins))
 	g.Expect(lastConsole(g, machineDir)).NotTo(ContainSubstring("stopping the agent"), "a reset gives no chance to stop")
 
 	// An update boots the new version on the same Node.
-	g.Expect(p.Update(ctx, id, actuators.Operation{ID: "update", Version: "v1.37.3"})).To(Succeed())
+	g.Expect(p.Update(ctx, id, providers.Operation{ID: "update", Version: "v1.37.3"})).To(Succeed())
 	var updated *corev1.Node
 	g.Eventually(func(g Gomega) {
 		updated = booted(t, p, id, hard.Status.NodeInfo.BootID)
@@ -233,7 +233,7 @@ func TestAMachineLivesItsOwnLife(t *testing.T) {
 	p = again
 
 	// A repair re-images the disk: the machine joins afresh.
-	g.Expect(p.Repair(ctx, id, actuators.Operation{ID: "repair", Join: env.JoinData(t)})).To(Succeed())
+	g.Expect(p.Repair(ctx, id, providers.Operation{ID: "repair", Join: env.JoinData(t)})).To(Succeed())
 	repaired := booted(t, p, id, updated.Status.NodeInfo.BootID)
 	g.Expect(repaired.UID).NotTo(Equal(n.UID), "the Node registered afresh")
 	g.Expect(csrs(g, n.Name)).To(Equal(joins+1), "the new disk held no credentials")
@@ -243,11 +243,11 @@ func TestAMachineLivesItsOwnLife(t *testing.T) {
 	pids = vms(id)
 	g.Expect(pids).To(HaveLen(1))
 	g.Expect(syscall.Kill(pids[0], syscall.SIGKILL)).To(Succeed())
-	g.Eventually(func() actuators.Power {
+	g.Eventually(func() providers.Power {
 		inst, _ := p.Describe(ctx, id)
 		return inst.Power
-	}).WithTimeout(10 * time.Second).Should(Equal(actuators.PowerOff))
-	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "heal", Hard: true})).To(Succeed())
+	}).WithTimeout(10 * time.Second).Should(Equal(providers.PowerOff))
+	g.Expect(p.Reboot(ctx, id, providers.Operation{ID: "heal", Hard: true})).To(Succeed())
 	booted(t, p, id, repaired.Status.NodeInfo.BootID)
 
 	// Delete leaves no process and no file.
@@ -291,7 +291,7 @@ func TestAMachineThatCannotBootBlocksNothing(t *testing.T) {
 	bad := &machinistv1.MachineClass{Spec: machinistv1.MachineClassSpec{Provider: qemu.Name,
 		ProviderSpec: runtime.RawExtension{Raw: []byte(`{"memory":"256Mi","disk":"1Gi"}`)}}}
 	_, err := p.Create(ctx, machine("refused"), bad, env.JoinData(t))
-	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "%v", err)
+	g.Expect(providers.IsPermanent(err)).To(BeTrue(), "%v", err)
 	g.Expect(err).To(MatchError(ContainSubstring(`unknown field "disk"`)))
 	left, _ := filepath.Glob(filepath.Join(dir, "vm_refused_*"))
 	g.Expect(left).To(BeEmpty())
@@ -312,9 +312,9 @@ func TestAMachineThatCannotBootBlocksNothing(t *testing.T) {
 	g.Expect(again.TakeOver(ctx)).To(Succeed())
 	inst, err := again.Describe(ctx, id)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(inst.Power).To(Equal(actuators.PowerOff))
-	err = again.Reboot(ctx, id, actuators.Operation{ID: "r1"})
-	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "%v", err)
+	g.Expect(inst.Power).To(Equal(providers.PowerOff))
+	err = again.Reboot(ctx, id, providers.Operation{ID: "r1"})
+	g.Expect(providers.IsPermanent(err)).To(BeTrue(), "%v", err)
 	g.Expect(err).To(MatchError(ContainSubstring("does not fit")))
 	g.Expect(again.Delete(ctx, id)).To(Succeed())
 	g.Expect(vms(id)).To(BeEmpty())

@@ -12,7 +12,7 @@ import (
 
 	"github.com/digitalocean/go-qemu/qmp"
 
-	"github.com/machinist-dev/machinist/actuators/qemu/guest"
+	"github.com/machinist-dev/machinist/providers/qemu/guest"
 )
 
 // kvmDevice is KVM's device; tests point it elsewhere.

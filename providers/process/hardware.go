@@ -18,8 +18,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/nodeagent"
+	"github.com/machinist-dev/machinist/providers"
 )
 
 // Hardware is what a machine's boots run as. The Provider keeps the books
@@ -44,7 +44,7 @@ type Hardware interface {
 	Check(spec json.RawMessage, capacity corev1.ResourceList) error
 	// Command is the process of one boot of b. Output it sets is closed
 	// by the Provider once the process has started. An error wrapped with
-	// actuators.Permanent is a machine that cannot boot as asked, such as
+	// providers.Permanent is a machine that cannot boot as asked, such as
 	// a provider spec it refuses.
 	Command(b Boot) (*exec.Cmd, error)
 	// Owner is the providerID of the machine whose boot runs with the
@@ -57,14 +57,14 @@ type Hardware interface {
 	Halt(dir string, proc *os.Process, hard bool) error
 	// Provision writes join, the data a machine joins its cluster with,
 	// in dir: a new machine's, or newer data for one not joined yet.
-	Provision(dir string, join actuators.Join) error
+	Provision(dir string, join providers.Join) error
 	// Joined reports whether the machine in dir has credentials of its
 	// own, after which the join data it was given is not used.
 	Joined(dir string) bool
 	// PrepareReimage writes a repair's join data in dir, aside, before
 	// the repair is recorded pending: whoever finishes the repair, this
 	// provider or the next, finds it there.
-	PrepareReimage(dir string, join actuators.Join) error
+	PrepareReimage(dir string, join providers.Join) error
 	// Reimage wipes the stopped machine in dir: its disk, its credentials
 	// with it, and what PrepareReimage put aside takes the old join
 	// data's place. It keeps the Provider's state file (StateFile), and
@@ -130,7 +130,7 @@ func (h agents) Command(b Boot) (*exec.Cmd, error) {
 	// Checked at Create; checked again for a machine created before
 	// capacities were.
 	if _, err := CapacityFlag(b.Capacity); err != nil {
-		return nil, actuators.Permanent(err)
+		return nil, providers.Permanent(err)
 	}
 	log, err := os.OpenFile(filepath.Join(b.Dir, logFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -214,13 +214,13 @@ func (agents) Halt(_ string, proc *os.Process, hard bool) error {
 	return proc.Signal(syscall.SIGTERM)
 }
 
-func (agents) Provision(dir string, join actuators.Join) error {
+func (agents) Provision(dir string, join providers.Join) error {
 	return nodeagent.WriteBootstrapKubeconfig(filepath.Join(dir, bootstrapFile), join)
 }
 
 func (agents) Joined(dir string) bool { return exists(filepath.Join(dir, nodeKubeconfigFile)) }
 
-func (agents) PrepareReimage(dir string, join actuators.Join) error {
+func (agents) PrepareReimage(dir string, join providers.Join) error {
 	return nodeagent.WriteBootstrapKubeconfig(filepath.Join(dir, nextBootstrapFile), join)
 }
 

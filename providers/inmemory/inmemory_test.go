@@ -23,10 +23,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/machinist-dev/machinist/actuators"
-	"github.com/machinist-dev/machinist/actuators/inmemory"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
+	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/inmemory"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -91,13 +91,13 @@ func machine(t *testing.T, namespace, name, providerSpec string, mutate ...func(
 
 // joins keeps each test's join data, so that a test calling Create in a
 // loop makes one token.
-var joins sync.Map // *testing.T → actuators.Join
+var joins sync.Map // *testing.T → providers.Join
 
 // join is the test's join data, made on the first call.
-func join(t *testing.T) actuators.Join {
+func join(t *testing.T) providers.Join {
 	t.Helper()
 	if j, ok := joins.Load(t); ok {
-		return j.(actuators.Join)
+		return j.(providers.Join)
 	}
 	j := env.JoinData(t)
 	joins.Store(t, j)
@@ -107,7 +107,7 @@ func join(t *testing.T) actuators.Join {
 
 // certificatesFor lists the nodes a token's user asked certificates for
 // and was given them, one entry per CertificateSigningRequest.
-func certificatesFor(g Gomega, j actuators.Join) []string {
+func certificatesFor(g Gomega, j providers.Join) []string {
 	k, err := bootstrap.ParseToken(j.Token)
 	g.Expect(err).NotTo(HaveOccurred())
 	csrs, err := clientset.CertificatesV1().CertificateSigningRequests().List(context.Background(), metav1.ListOptions{})
@@ -235,16 +235,16 @@ func TestAdoptionHandsNoMachineAnotherMachinesInstance(t *testing.T) {
 	}).WithTimeout(wait).Should(Succeed())
 	before, err := p.Describe(ctx, id)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(before.Owner).To(Equal(actuators.Owner{Namespace: "adopt-a", Name: "orig", UID: orig.UID}), "Create records the Machine it made the instance for")
-	g.Expect(before.Power).To(Equal(actuators.PowerOn))
+	g.Expect(before.Owner).To(Equal(providers.Owner{Namespace: "adopt-a", Name: "orig", UID: orig.UID}), "Create records the Machine it made the instance for")
+	g.Expect(before.Power).To(Equal(providers.PowerOn))
 
 	thief, thiefClass := machine(t, "adopt-b", "thief", "", func(m *machinistv1.Machine, _ *machinistv1.MachineClass) {
 		m.Spec.ProviderID = id
 	})
 	_, err = p.Create(ctx, thief, thiefClass, env.JoinData(t))
 	g.Expect(err).To(HaveOccurred())
-	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "no retry hands the instance over: %v", err)
-	g.Expect(actuators.IsTaken(err)).To(BeTrue(), "%v", err)
+	g.Expect(providers.IsPermanent(err)).To(BeTrue(), "no retry hands the instance over: %v", err)
+	g.Expect(providers.IsTaken(err)).To(BeTrue(), "%v", err)
 	for _, secret := range []string{"adopt-a", "orig", string(orig.UID)} {
 		g.Expect(err.Error()).NotTo(ContainSubstring(secret), "the refusal tells whose the instance is")
 	}
@@ -271,8 +271,8 @@ func TestAdoptionHandsNoMachineAnotherMachinesInstance(t *testing.T) {
 	})
 	_, err = p.Create(ctx, stranger, strangerClass, join(t))
 	g.Expect(err).To(HaveOccurred())
-	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "adopting an unknown instance cannot succeed later: %v", err)
-	g.Expect(actuators.IsTaken(err)).To(BeFalse(), "a missing instance is no one's: %v", err)
+	g.Expect(providers.IsPermanent(err)).To(BeTrue(), "adopting an unknown instance cannot succeed later: %v", err)
+	g.Expect(providers.IsTaken(err)).To(BeFalse(), "a missing instance is no one's: %v", err)
 }
 
 // TestAdoptingAnUnownedInstance: an instance made outside Machinist
@@ -286,7 +286,7 @@ func TestAdoptingAnUnownedInstance(t *testing.T) {
 	id, err := p.MakeUnowned("racked", "rack-1")
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(id).To(HavePrefix("inmemory:///racked/rack-1/"))
-	g.Expect(p.Describe(ctx, id)).To(Equal(actuators.Instance{Power: actuators.PowerOff}), "off, and no one's")
+	g.Expect(p.Describe(ctx, id)).To(Equal(providers.Instance{Power: providers.PowerOff}), "off, and no one's")
 	g.Expect(p.Instances()).To(Equal([]string{id}))
 
 	adopter, class := machine(t, "adopt-u", "adopter", "", func(m *machinistv1.Machine, _ *machinistv1.MachineClass) {
@@ -297,7 +297,7 @@ func TestAdoptingAnUnownedInstance(t *testing.T) {
 	g.Expect(p.Create(ctx, adopter, class, theirs)).To(Equal(id))
 	in, err := p.Describe(ctx, id)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(in.Owner).To(Equal(actuators.OwnerOf(adopter)))
+	g.Expect(in.Owner).To(Equal(providers.OwnerOf(adopter)))
 	g.Expect(p.FindByUID(ctx, adopter.UID)).To(Equal(id))
 	node, err := p.NodeName(id)
 	g.Expect(err).NotTo(HaveOccurred())
@@ -321,10 +321,10 @@ func TestAdoptingAnUnownedInstance(t *testing.T) {
 		m.Spec.ProviderID = id
 	})
 	_, err = p.Create(ctx, late, lateClass, env.JoinData(t))
-	g.Expect(actuators.IsPermanent(err) && actuators.IsTaken(err)).To(BeTrue(), "%v", err)
+	g.Expect(providers.IsPermanent(err) && providers.IsTaken(err)).To(BeTrue(), "%v", err)
 	g.Expect(err.Error()).NotTo(ContainSubstring("adopter"))
 	g.Expect(p.FindByUID(ctx, late.UID)).To(BeEmpty())
-	g.Expect(p.Describe(ctx, id)).To(HaveField("Owner", actuators.OwnerOf(adopter)))
+	g.Expect(p.Describe(ctx, id)).To(HaveField("Owner", providers.OwnerOf(adopter)))
 
 	g.Expect(p.Delete(ctx, id)).To(Succeed())
 	g.Expect(p.FindByUID(ctx, adopter.UID)).To(BeEmpty(), "a deleted instance is not found")
@@ -363,7 +363,7 @@ func TestFailNextIsTransient(t *testing.T) {
 	for range 2 {
 		_, err := p.Create(ctx, m, class, join(t))
 		g.Expect(err).To(MatchError(inmemory.ErrTransient))
-		g.Expect(actuators.IsPermanent(err)).To(BeFalse())
+		g.Expect(providers.IsPermanent(err)).To(BeFalse())
 	}
 	id, err := p.Create(ctx, m, class, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
@@ -384,7 +384,7 @@ func TestErrorRate(t *testing.T) {
 	for range 3 {
 		_, err := p.Create(ctx, always, alwaysClass, join(t))
 		g.Expect(err).To(MatchError(inmemory.ErrTransient))
-		g.Expect(actuators.IsPermanent(err)).To(BeFalse())
+		g.Expect(providers.IsPermanent(err)).To(BeFalse())
 	}
 
 	// With failCreate as well, no call ever creates anything, so every call
@@ -396,10 +396,10 @@ func TestErrorRate(t *testing.T) {
 		_, err := p.Create(ctx, half, halfClass, join(t))
 		g.Expect(err).To(HaveOccurred())
 		if errors.Is(err, inmemory.ErrTransient) {
-			g.Expect(actuators.IsPermanent(err)).To(BeFalse())
+			g.Expect(providers.IsPermanent(err)).To(BeFalse())
 			transient++
 		} else {
-			g.Expect(actuators.IsPermanent(err)).To(BeTrue())
+			g.Expect(providers.IsPermanent(err)).To(BeTrue())
 		}
 	}
 	g.Expect(transient).To(BeNumerically("~", 100, 40))
@@ -434,13 +434,13 @@ func TestFailCreateIsPermanent(t *testing.T) {
 	m, class := machine(t, "failcreate", "m", `{"failCreate": "quota exceeded"}`)
 	_, err := p.Create(ctx, m, class, join(t))
 	g.Expect(err).To(MatchError(ContainSubstring("quota exceeded")))
-	g.Expect(actuators.IsPermanent(err)).To(BeTrue())
+	g.Expect(providers.IsPermanent(err)).To(BeTrue())
 
 	// Set on the Provider instead of the class.
 	m2, class2 := machine(t, "failcreate", "m2", "")
 	p.SetFaults(inmemory.ProviderSpec{FailCreate: "out of capacity"})
 	_, err = p.Create(ctx, m2, class2, join(t))
-	g.Expect(actuators.IsPermanent(err)).To(BeTrue())
+	g.Expect(providers.IsPermanent(err)).To(BeTrue())
 	g.Expect(err).To(MatchError(ContainSubstring("out of capacity")))
 	p.SetFaults(inmemory.ProviderSpec{})
 	_, err = p.Create(ctx, m2, class2, join(t))
@@ -454,7 +454,7 @@ func TestBadProviderSpecIsPermanent(t *testing.T) {
 		m, class := machine(t, "badspec", fmt.Sprintf("m%d", i), spec)
 		_, err := p.Create(context.Background(), m, class, join(t))
 		g.Expect(err).To(HaveOccurred(), spec)
-		g.Expect(actuators.IsPermanent(err)).To(BeTrue(), spec)
+		g.Expect(providers.IsPermanent(err)).To(BeTrue(), spec)
 		g.Expect(err.Error()).To(ContainSubstring("providerSpec"))
 	}
 	_, err := inmemory.ParseProviderSpec([]byte(`{"createLatencyy": "1s"}`))
@@ -525,10 +525,10 @@ func TestRebootAndRepairChangeBootID(t *testing.T) {
 
 	for i, op := range []struct {
 		name  string
-		do    func(context.Context, string, actuators.Operation) error
+		do    func(context.Context, string, providers.Operation) error
 		keeps bool
 	}{{"reboot", p.Reboot, true}, {"repair", p.Repair, false}} {
-		opID := actuators.Operation{ID: op.name + "-1", Join: join(t)}
+		opID := providers.Operation{ID: op.name + "-1", Join: join(t)}
 		g.Expect(op.do(ctx, id, opID)).To(Succeed(), op.name)
 		g.Eventually(func(g Gomega) {
 			g.Expect(bootOnNode(g)).NotTo(Equal(boot))
@@ -552,8 +552,8 @@ func TestRebootAndRepairChangeBootID(t *testing.T) {
 		g.Expect(p.BootID(id)).To(Equal(boot), op.name)
 	}
 
-	err = p.Reboot(ctx, "inmemory:///reboot/ghost/0000", actuators.Operation{ID: "x"})
-	g.Expect(actuators.IsPermanent(err)).To(BeTrue())
+	err = p.Reboot(ctx, "inmemory:///reboot/ghost/0000", providers.Operation{ID: "x"})
+	g.Expect(providers.IsPermanent(err)).To(BeTrue())
 }
 
 func TestBrokenStaysNotReadyThroughRebootAndRepair(t *testing.T) {
@@ -573,10 +573,10 @@ func TestBrokenStaysNotReadyThroughRebootAndRepair(t *testing.T) {
 	boot := before
 	for _, op := range []struct {
 		name string
-		do   func(context.Context, string, actuators.Operation) error
+		do   func(context.Context, string, providers.Operation) error
 	}{{"break", nil}, {"reboot", p.Reboot}, {"repair", p.Repair}} {
 		if op.do != nil {
-			g.Expect(op.do(ctx, id, actuators.Operation{ID: op.name, Join: join(t)})).To(Succeed())
+			g.Expect(op.do(ctx, id, providers.Operation{ID: op.name, Join: join(t)})).To(Succeed())
 		}
 		g.Eventually(func(g Gomega) {
 			n := nodeFor(g, p, id)
@@ -592,8 +592,8 @@ func TestUpdateRunsTheNewVersionOnTheSameNode(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	p := newProvider(t)
-	g.Expect(p.InPlace(actuators.Change{Version: true})).To(BeTrue())
-	g.Expect(p.InPlace(actuators.Change{Class: true})).To(BeFalse())
+	g.Expect(p.InPlace(providers.Change{Version: true})).To(BeTrue())
+	g.Expect(p.InPlace(providers.Change{Class: true})).To(BeFalse())
 	m, class := machine(t, "update", "m", "")
 	id, err := p.Create(ctx, m, class, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
@@ -603,7 +603,7 @@ func TestUpdateRunsTheNewVersionOnTheSameNode(t *testing.T) {
 		g.Expect(readyStatus(before)).To(Equal(corev1.ConditionTrue))
 	}).WithTimeout(wait).Should(Succeed())
 
-	op := actuators.Operation{ID: "update-1", Version: "v1.38.0"}
+	op := providers.Operation{ID: "update-1", Version: "v1.38.0"}
 	g.Expect(p.Update(ctx, id, op)).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		n := nodeFor(g, p, id)
@@ -620,8 +620,8 @@ func TestUpdateRunsTheNewVersionOnTheSameNode(t *testing.T) {
 	m, class = machine(t, "update-refused", "m", `{"failUpdate":"no image"}`)
 	id, err = p.Create(ctx, m, class, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
-	err = p.Update(ctx, id, actuators.Operation{ID: "update-2", Version: "v1.38.0"})
-	g.Expect(actuators.IsPermanent(err)).To(BeTrue())
+	err = p.Update(ctx, id, providers.Operation{ID: "update-2", Version: "v1.38.0"})
+	g.Expect(providers.IsPermanent(err)).To(BeTrue())
 	g.Expect(err.Error()).To(ContainSubstring("no image"))
 	g.Expect(p.Restarts(id)).To(Equal(0))
 }
@@ -640,7 +640,7 @@ func TestRebootLatencyKeepsTheMachineOff(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 
 	start := time.Now()
-	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "r"})).To(Succeed())
+	g.Expect(p.Reboot(ctx, id, providers.Operation{ID: "r"})).To(Succeed())
 	g.Expect(time.Since(start)).To(BeNumerically("<", time.Second), "Reboot returns while the machine is off")
 	g.Eventually(func(g Gomega) {
 		n := nodeFor(g, p, id)
@@ -673,7 +673,7 @@ func TestCrashStopsLeaseButInstanceExists(t *testing.T) {
 	g.Expect(exists).To(BeTrue(), "a crashed machine is not a deleted one")
 
 	// Power-cycling brings it back.
-	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "power-cycle"})).To(Succeed())
+	g.Expect(p.Reboot(ctx, id, providers.Operation{ID: "power-cycle"})).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		g.Expect(renewTime(g, node)).To(BeTemporally(">", stopped))
 	}).WithTimeout(wait).Should(Succeed())
@@ -708,7 +708,7 @@ func TestDelete(t *testing.T) {
 	}).WithTimeout(wait).Should(Succeed())
 
 	_, err = p.Exists(ctx, "aws:///us-east-1/i-123")
-	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "another provider's ID is a caller bug")
+	g.Expect(providers.IsPermanent(err)).To(BeTrue(), "another provider's ID is a caller bug")
 	g.Expect(p.Delete(ctx, "inmemory:///delete/never/1234")).To(Succeed(), "an instance never made is already gone")
 }
 
@@ -747,16 +747,16 @@ func TestCreateAndRepairRefuseMissingJoinData(t *testing.T) {
 	ctx := context.Background()
 	p := newProvider(t)
 	m, class := machine(t, "nojoin", "m", "")
-	_, err := p.Create(ctx, m, class, actuators.Join{Server: env.Config.Host})
-	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "%v", err)
-	g.Expect(err).To(MatchError(actuators.ErrNoJoin))
+	_, err := p.Create(ctx, m, class, providers.Join{Server: env.Config.Host})
+	g.Expect(providers.IsPermanent(err)).To(BeTrue(), "%v", err)
+	g.Expect(err).To(MatchError(providers.ErrNoJoin))
 	g.Expect(p.Instances()).To(BeEmpty())
 
 	id, err := p.Create(ctx, m, class, join(t))
 	g.Expect(err).NotTo(HaveOccurred())
-	err = p.Repair(ctx, id, actuators.Operation{ID: "r"})
-	g.Expect(actuators.IsPermanent(err)).To(BeTrue(), "%v", err)
-	g.Expect(err).To(MatchError(actuators.ErrNoJoin))
+	err = p.Repair(ctx, id, providers.Operation{ID: "r"})
+	g.Expect(providers.IsPermanent(err)).To(BeTrue(), "%v", err)
+	g.Expect(err).To(MatchError(providers.ErrNoJoin))
 	g.Expect(p.Restarts(id)).To(Equal(0))
 }
 
@@ -778,7 +778,7 @@ func TestMachinesJoinWithTheirOwnJoinData(t *testing.T) {
 	// A reboot keeps the machine's certificate, as a kubelet keeps its own.
 	boot, err := p.BootID(id)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(p.Reboot(ctx, id, actuators.Operation{ID: "reboot"})).To(Succeed())
+	g.Expect(p.Reboot(ctx, id, providers.Operation{ID: "reboot"})).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		n := nodeFor(g, p, id)
 		g.Expect(n.Status.NodeInfo.BootID).NotTo(Equal(boot))
@@ -790,7 +790,7 @@ func TestMachinesJoinWithTheirOwnJoinData(t *testing.T) {
 	second := env.JoinData(t)
 	boot, err = p.BootID(id)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(p.Repair(ctx, id, actuators.Operation{ID: "repair", Join: second})).To(Succeed())
+	g.Expect(p.Repair(ctx, id, providers.Operation{ID: "repair", Join: second})).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		n := nodeFor(g, p, id)
 		g.Expect(n.Status.NodeInfo.BootID).NotTo(Equal(boot))
@@ -806,7 +806,7 @@ func TestAMachineWithATokenTheClusterRefusesRegistersNoNode(t *testing.T) {
 	p := newProvider(t)
 	m, class := machine(t, "badtoken", "m", "")
 	// A well-formed token that no Secret backs.
-	id, err := p.Create(ctx, m, class, actuators.Join{Server: env.Config.Host, CAData: env.Config.CAData, Token: "abcdef.0123456789abcdef"})
+	id, err := p.Create(ctx, m, class, providers.Join{Server: env.Config.Host, CAData: env.Config.CAData, Token: "abcdef.0123456789abcdef"})
 	g.Expect(err).NotTo(HaveOccurred())
 	node, err := p.NodeName(id)
 	g.Expect(err).NotTo(HaveOccurred())

@@ -10,7 +10,7 @@ import (
 
 	"github.com/go-logr/logr/funcr"
 
-	"github.com/machinist-dev/machinist/actuators/qemu/guest"
+	"github.com/machinist-dev/machinist/providers/qemu/guest"
 )
 
 // fakeQEMU writes a QEMU stand-in that acts out a probe boot: it writes

@@ -8,7 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/machinist-dev/machinist/actuators"
+	"github.com/machinist-dev/machinist/providers"
 )
 
 // An agent's --capacity is one argument, which the agent splits at ','
@@ -29,7 +29,7 @@ func TestAgentsAreGivenOnlyResourceNamesAndQuantities(t *testing.T) {
 			t.Errorf("%s: Check accepted %v", what, c)
 		}
 		dir := t.TempDir()
-		if _, err := h.Command(Boot{Dir: dir, Capacity: c}); err == nil || !actuators.IsPermanent(err) {
+		if _, err := h.Command(Boot{Dir: dir, Capacity: c}); err == nil || !providers.IsPermanent(err) {
 			t.Errorf("%s: Command gave %v, want a permanent error", what, err)
 		}
 		if entries, _ := os.ReadDir(dir); len(entries) > 0 {

@@ -1,4 +1,4 @@
-package actuators
+package providers
 
 import (
 	"context"

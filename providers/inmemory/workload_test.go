@@ -1,4 +1,4 @@
-package process_test
+package inmemory_test
 
 import (
 	"context"
@@ -12,14 +12,14 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/machinist-dev/machinist/actuators"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
+	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
-// The provider knows no cluster: its machine's Node lives in a workload
+// The provider knows no cluster: its Machine's Node lives in a workload
 // cluster it holds no credentials for, and a repair still registers it
-// afresh, by the machine's agent with the repair's token.
+// afresh, by the machine with the repair's token.
 func TestRepairRegistersAfreshInAWorkloadCluster(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
@@ -27,16 +27,17 @@ func TestRepairRegistersAfreshInAWorkloadCluster(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	t.Cleanup(func() { g.Expect(workload.Stop()).To(Succeed()) })
 	admin := kubernetes.NewForConfigOrDie(workload.Config)
-	p, _ := newProvider(t, "")
+	p := newProvider(t)
+	m, class := machine(t, "workload", "m", "")
 	created := workload.JoinData(t)
-	id, err := p.Create(ctx, machine("workload"), nil, created)
+	id, err := p.Create(ctx, m, class, created)
 	g.Expect(err).NotTo(HaveOccurred())
 	name, err := p.NodeName(id)
 	g.Expect(err).NotTo(HaveOccurred())
 	readyNode := func(g Gomega) *corev1.Node {
 		n, err := admin.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		g.Expect(err).NotTo(HaveOccurred())
-		g.Expect(ready(n)).To(BeTrue())
+		g.Expect(readyStatus(n)).To(Equal(corev1.ConditionTrue))
 		return n
 	}
 	var before *corev1.Node
@@ -48,7 +49,7 @@ func TestRepairRegistersAfreshInAWorkloadCluster(t *testing.T) {
 	repaired := workload.JoinData(t)
 	repairer, err := bootstrap.ParseToken(repaired.Token)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(p.Repair(ctx, id, actuators.Operation{ID: "r-1", Join: repaired})).To(Succeed())
+	g.Expect(p.Repair(ctx, id, providers.Operation{ID: "r-1", Join: repaired})).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		n := readyNode(g)
 		g.Expect(n.UID).NotTo(Equal(before.UID), "registered afresh")
@@ -67,5 +68,4 @@ func TestRepairRegistersAfreshInAWorkloadCluster(t *testing.T) {
 	)))
 	_, err = clientset.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 	g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "no Node in the management cluster: %v", err)
-	g.Expect(p.Delete(ctx, id)).To(Succeed())
 }

@@ -1,7 +1,7 @@
-// Package actuators defines what a provider must do for Machinist (the
+// Package providers defines what a provider must do for Machinist (the
 // Actuator interface) and a registry that picks one by
 // MachineClass.spec.provider. Providers live in subpackages.
-package actuators
+package providers
 
 import (
 	"context"

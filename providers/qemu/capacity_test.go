@@ -10,9 +10,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/machinist-dev/machinist/actuators"
-	"github.com/machinist-dev/machinist/actuators/process"
-	"github.com/machinist-dev/machinist/actuators/qemu/guest"
+	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/process"
+	"github.com/machinist-dev/machinist/providers/qemu/guest"
 )
 
 // initArgs are the arguments the guest's init gets: the words after "--"
@@ -84,7 +84,7 @@ func TestOnlyResourceNamesAndQuantitiesReachTheKernelCommandLine(t *testing.T) {
 			t.Errorf("%s: Check accepted %v", what, c)
 		}
 		cmd, err := h.Command(boot(c))
-		if err == nil || !actuators.IsPermanent(err) {
+		if err == nil || !providers.IsPermanent(err) {
 			t.Errorf("%s: Command gave %v and %v, want a permanent error", what, cmd, err)
 		}
 		if entries, _ := os.ReadDir(dir); len(entries) > 0 {
@@ -133,7 +133,7 @@ func TestEveryAgentFlagStaysOneWord(t *testing.T) {
 	h, dir := settled(t)
 	for _, version := range []string{"v1.37.2 --provider-id=qemu:///other/m/1", `v1"`, "v1\n"} {
 		_, err := h.Command(process.Boot{Dir: dir, ProviderID: "qemu:///ns/m/0b5c", NodeName: "m", Version: version})
-		if err == nil || !actuators.IsPermanent(err) {
+		if err == nil || !providers.IsPermanent(err) {
 			t.Errorf("version %q: got %v, want a permanent error", version, err)
 		}
 	}

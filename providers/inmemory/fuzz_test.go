@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/machinist-dev/machinist/actuators/inmemory"
+	"github.com/machinist-dev/machinist/providers/inmemory"
 )
 
 // FuzzParseProviderSpec: a class's providerSpec is whatever its author

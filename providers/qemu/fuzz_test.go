@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/machinist-dev/machinist/actuators/process"
+	"github.com/machinist-dev/machinist/providers/process"
 )
 
 // FuzzParseSpec: a class's providerSpec is whatever its author wrote.
