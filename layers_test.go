@@ -16,11 +16,11 @@ func layer(pkg string) (int, string) {
 	p := strings.TrimPrefix(pkg, module)
 	first := strings.Split(p, "/")[0]
 	switch {
-	case first == "api" || first == "config" || p == "apiserver/openapi" || p == "provider/v1":
+	case first == "api" || first == "config" || p == "apiserver/openapi" || p == "providers/plugin/v1":
 		return 0, "API types and manifests"
 	case first == "internal":
 		return 1, "helpers"
-	case slices.Contains([]string{"phases", "operation", "nodes", "drainrules", "providers", "nodeagent", "disruption", "faults", "provider", "gauges", "migration", "clusters"}, first):
+	case slices.Contains([]string{"phases", "operation", "nodes", "drainrules", "providers", "nodeagent", "disruption", "faults", "gauges", "migration", "clusters"}, first):
 		return 2, "domain"
 	case first == "controllers" || slices.Contains([]string{"apiserver"}, first):
 		return 3, "controllers and the verbs server"

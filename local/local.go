@@ -47,9 +47,9 @@ import (
 	"github.com/machinist-dev/machinist/internal/pki"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/migration"
-	"github.com/machinist-dev/machinist/provider"
 	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/providers/inmemory"
+	"github.com/machinist-dev/machinist/providers/plugin"
 	"github.com/machinist-dev/machinist/providers/process"
 	"github.com/machinist-dev/machinist/providers/qemu"
 )
@@ -205,7 +205,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, machines.stop(time.Minute)) }()
-	remote, err := provider.Dial(process.Name, machines.endpoint, provider.DialOptions{})
+	remote, err := plugin.Dial(process.Name, machines.endpoint, plugin.DialOptions{})
 	if err != nil {
 		return err
 	}
@@ -222,7 +222,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	}
 	// Each VM is asked to restart in order, under TCG a few seconds.
 	defer func() { err = errors.Join(err, vms.stop(2*time.Minute)) }()
-	remoteVMs, err := provider.Dial(qemu.Name, vms.endpoint, provider.DialOptions{})
+	remoteVMs, err := plugin.Dial(qemu.Name, vms.endpoint, plugin.DialOptions{})
 	if err != nil {
 		return err
 	}
@@ -372,7 +372,7 @@ func serveProvider(self, dir, name, logName string, flags ...string) (*served, e
 
 // waitReady waits until the provider answers, so that the controllers'
 // first calls find it rather than report it unavailable.
-func (s *served) waitReady(ctx context.Context, c *provider.Client, timeout time.Duration) error {
+func (s *served) waitReady(ctx context.Context, c *plugin.Client, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		probe, cancel := context.WithTimeout(ctx, time.Second)

@@ -20,9 +20,9 @@ import (
 	"time"
 
 	"github.com/machinist-dev/machinist/internal/orphans"
-	"github.com/machinist-dev/machinist/provider"
 	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/providers/inmemory"
+	"github.com/machinist-dev/machinist/providers/plugin"
 )
 
 // The machinist binary tests run as processes: built once while any Env
@@ -120,12 +120,12 @@ func (e *Env) ServeProvider(name string, extra ...string) (*ServedProvider, erro
 }
 
 // Dial returns a client for the served provider.
-func (p *ServedProvider) Dial(opts provider.DialOptions) (*provider.Client, error) {
-	return provider.Dial(p.Name, p.Endpoint, opts)
+func (p *ServedProvider) Dial(opts plugin.DialOptions) (*plugin.Client, error) {
+	return plugin.Dial(p.Name, p.Endpoint, opts)
 }
 
 func (p *ServedProvider) waitReady(timeout time.Duration) error {
-	c, err := p.Dial(provider.DialOptions{Timeout: time.Second})
+	c, err := p.Dial(plugin.DialOptions{Timeout: time.Second})
 	if err != nil {
 		return err
 	}
@@ -245,7 +245,7 @@ var _ Provider = (*inmemory.Provider)(nil)
 // the provider cannot be reached, which fails the test that called them.
 type ServedInmemory struct {
 	*ServedProvider
-	*provider.Client
+	*plugin.Client
 	http *http.Client
 }
 
@@ -270,7 +270,7 @@ func (e *Env) ServeInmemory(leases Leases) (*ServedInmemory, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := served.Dial(provider.DialOptions{})
+	c, err := served.Dial(plugin.DialOptions{})
 	if err != nil {
 		return nil, errors.Join(err, served.Kill())
 	}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/machinist-dev/machinist/cmd/internal/cli"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
-	"github.com/machinist-dev/machinist/provider/conformance"
+	"github.com/machinist-dev/machinist/providers/plugin/conformance"
 )
 
 func providerConformanceCommand() *cobra.Command {

@@ -17,9 +17,9 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/machinist-dev/machinist/cmd/internal/cli"
-	"github.com/machinist-dev/machinist/provider"
 	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/providers/inmemory"
+	"github.com/machinist-dev/machinist/providers/plugin"
 	"github.com/machinist-dev/machinist/providers/process"
 	"github.com/machinist-dev/machinist/providers/qemu"
 )
@@ -42,7 +42,7 @@ func providerServeCommand() *cobra.Command {
 	var (
 		name     string
 		endpoint string
-		tlsFiles provider.TLSFiles
+		tlsFiles plugin.TLSFiles
 		control  string
 		machines process.Options
 		vms      qemu.Options
@@ -116,7 +116,7 @@ Node itself.`,
 			default:
 				return fmt.Errorf("--provider %q: the built-in providers are %s, %s and %s", name, inmemory.Name, process.Name, qemu.Name)
 			}
-			return provider.Serve(logr.NewContext(ctx, ctrl.Log), endpoint, a, provider.ServeOptions{Name: name, VendorVersion: version(), TLS: tlsFiles, Ready: ready})
+			return plugin.Serve(logr.NewContext(ctx, ctrl.Log), endpoint, a, plugin.ServeOptions{Name: name, VendorVersion: version(), TLS: tlsFiles, Ready: ready})
 		},
 	}
 	fs := cmd.Flags()
@@ -159,14 +159,14 @@ func hostProvider(name string, machines process.Options, vms qemu.Options) (*pro
 
 // serveControl serves h over HTTP on a Unix socket until stop is called.
 func serveControl(endpoint string, h http.Handler) (stop func(), err error) {
-	e, err := provider.ParseEndpoint(endpoint)
+	e, err := plugin.ParseEndpoint(endpoint)
 	if err != nil {
 		return nil, err
 	}
 	if e.Network != "unix" {
 		return nil, fmt.Errorf("--inmemory-control %s: only a Unix socket, which only this host's users reach", endpoint)
 	}
-	lis, err := provider.Listen(e)
+	lis, err := plugin.Listen(e)
 	if err != nil {
 		return nil, err
 	}

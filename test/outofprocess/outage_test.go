@@ -28,8 +28,8 @@ import (
 	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/manager"
-	"github.com/machinist-dev/machinist/provider"
 	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/plugin"
 	"github.com/machinist-dev/machinist/providers/process"
 	"github.com/machinist-dev/machinist/testenv"
 )
@@ -64,7 +64,7 @@ func TestMain(m *testing.M) {
 		if err != nil {
 			return nil, err
 		}
-		c, err := served.Dial(provider.DialOptions{Timeout: 10 * time.Second})
+		c, err := served.Dial(plugin.DialOptions{Timeout: 10 * time.Second})
 		if err != nil {
 			return nil, err
 		}
@@ -222,7 +222,7 @@ func TestAServedProviderBootsItsMachinesAsItStarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = own.Stop() }()
-	c, err := own.Dial(provider.DialOptions{Timeout: 10 * time.Second})
+	c, err := own.Dial(plugin.DialOptions{Timeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,11 +16,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/uuid"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/provider"
-	"github.com/machinist-dev/machinist/provider/conformance"
-	providerv1 "github.com/machinist-dev/machinist/provider/v1"
 	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/providers/inmemory"
+	"github.com/machinist-dev/machinist/providers/plugin"
+	"github.com/machinist-dev/machinist/providers/plugin/conformance"
+	providerv1 "github.com/machinist-dev/machinist/providers/plugin/v1"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -99,7 +99,7 @@ func (f forgetfulReboot) Reboot(ctx context.Context, providerID string, op provi
 func TestSuiteFailsARebootThatIgnoresTheOperationID(t *testing.T) {
 	t.Parallel()
 	p := newInmemory(t)
-	endpoint := serveInProcess(t, forgetfulReboot{p}, provider.ServeOptions{})
+	endpoint := serveInProcess(t, forgetfulReboot{p}, plugin.ServeOptions{})
 	var (
 		wg     sync.WaitGroup
 		out    string
@@ -227,7 +227,7 @@ func (s *staleDescribe) Describe(ctx context.Context, providerID string) (provid
 func TestSuiteFailsADescribeThatDoesNotFollowTheBoot(t *testing.T) {
 	t.Parallel()
 	p := newInmemory(t)
-	endpoint := serveInProcess(t, &staleDescribe{Provider: p, seen: map[string]providers.Instance{}}, provider.ServeOptions{})
+	endpoint := serveInProcess(t, &staleDescribe{Provider: p, seen: map[string]providers.Instance{}}, plugin.ServeOptions{})
 	results := run(t, config(endpoint, "conformance-describe"))
 	onlyFailed(t, results, allChecks, conformance.CheckDescribe)
 	for _, r := range results {
@@ -241,7 +241,7 @@ func TestSuiteFailsADescribeThatDoesNotFollowTheBoot(t *testing.T) {
 func TestSuiteFailsACreateThatRaces(t *testing.T) {
 	t.Parallel()
 	p := newInmemory(t)
-	endpoint := serveInProcess(t, &racyCreate{Provider: p, made: map[types.UID]string{}}, provider.ServeOptions{})
+	endpoint := serveInProcess(t, &racyCreate{Provider: p, made: map[types.UID]string{}}, plugin.ServeOptions{})
 	results := run(t, config(endpoint, "conformance-race"))
 	onlyFailed(t, results, allChecks, conformance.CheckCreateOnce)
 	// The duplicates were cleaned up with the rest.
@@ -272,7 +272,7 @@ var rebootOnlyChecks = []string{
 func TestSuitePassesAProviderDeclaringOnlyReboot(t *testing.T) {
 	t.Parallel()
 	p := newInmemory(t)
-	endpoint := serveInProcess(t, p, provider.ServeOptions{Verbs: []providerv1.Verb{provider.VerbReboot}})
+	endpoint := serveInProcess(t, p, plugin.ServeOptions{Verbs: []providerv1.Verb{plugin.VerbReboot}})
 	results := run(t, config(endpoint, "conformance-reboot-only"))
 	onlyFailed(t, results, rebootOnlyChecks)
 	nothingLeft(t, p, "conformance-reboot-only")
@@ -293,7 +293,7 @@ func (u *understated) GetInfo(ctx context.Context, req *providerv1.GetInfoReques
 }
 
 func (u *understated) GetCapabilities(context.Context, *providerv1.GetCapabilitiesRequest) (*providerv1.GetCapabilitiesResponse, error) {
-	return &providerv1.GetCapabilitiesResponse{Verbs: []providerv1.Verb{provider.VerbReboot}}, nil
+	return &providerv1.GetCapabilitiesResponse{Verbs: []providerv1.Verb{plugin.VerbReboot}}, nil
 }
 
 func (u *understated) Probe(ctx context.Context, req *providerv1.ProbeRequest) (*providerv1.ProbeResponse, error) {
@@ -335,8 +335,8 @@ func (u *understated) Describe(ctx context.Context, req *providerv1.DescribeRequ
 func TestSuiteFailsAVerbCarriedOutThoughUndeclared(t *testing.T) {
 	t.Parallel()
 	p := newInmemory(t)
-	honest := serveInProcess(t, p, provider.ServeOptions{})
-	e, err := provider.ParseEndpoint(honest)
+	honest := serveInProcess(t, p, plugin.ServeOptions{})
+	e, err := plugin.ParseEndpoint(honest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -350,7 +350,7 @@ func TestSuiteFailsAVerbCarriedOutThoughUndeclared(t *testing.T) {
 	providerv1.RegisterIdentityServiceServer(front, u)
 	providerv1.RegisterMachineServiceServer(front, u)
 	sock := filepath.Join(filepath.Dir(e.Address), "front.sock")
-	lis, err := provider.Listen(provider.Endpoint{Network: "unix", Address: sock})
+	lis, err := plugin.Listen(plugin.Endpoint{Network: "unix", Address: sock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -378,7 +378,7 @@ func TestSuiteFailsAProviderThatLogsTheToken(t *testing.T) {
 	t.Parallel()
 	p := newInmemory(t)
 	log := &testenv.LockedBuffer{}
-	endpoint := serveInProcess(t, leakyJoin{Provider: p, log: log}, provider.ServeOptions{})
+	endpoint := serveInProcess(t, leakyJoin{Provider: p, log: log}, plugin.ServeOptions{})
 	cfg := config(endpoint, "conformance-leak")
 	cfg.Logs = func() ([]byte, error) { return []byte(log.String()), nil }
 	results := run(t, cfg)
@@ -409,7 +409,7 @@ func (p trusting) Create(ctx context.Context, m *machinistv1.Machine, class *mac
 func TestSuiteFailsAProviderThatHandsOneMachinesInstanceToAnother(t *testing.T) {
 	t.Parallel()
 	p := newInmemory(t)
-	endpoint := serveInProcess(t, trusting{p}, provider.ServeOptions{})
+	endpoint := serveInProcess(t, trusting{p}, plugin.ServeOptions{})
 	results := run(t, config(endpoint, "conformance-trusting"))
 	onlyFailed(t, results, allChecks, conformance.CheckTaken)
 	for _, r := range results {
@@ -435,7 +435,7 @@ func (p telling) Create(ctx context.Context, m *machinistv1.Machine, class *mach
 func TestSuiteFailsARefusalThatTellsWhoseTheInstanceIs(t *testing.T) {
 	t.Parallel()
 	p := newInmemory(t)
-	endpoint := serveInProcess(t, telling{p}, provider.ServeOptions{})
+	endpoint := serveInProcess(t, telling{p}, plugin.ServeOptions{})
 	results := run(t, config(endpoint, "conformance-telling"))
 	onlyFailed(t, results, allChecks, conformance.CheckTaken)
 	for _, r := range results {

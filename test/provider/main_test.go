@@ -19,10 +19,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/machinist-dev/machinist/provider"
-	"github.com/machinist-dev/machinist/provider/conformance"
 	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/providers/inmemory"
+	"github.com/machinist-dev/machinist/providers/plugin"
+	"github.com/machinist-dev/machinist/providers/plugin/conformance"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -87,7 +87,7 @@ func serveOutOfProcess(t *testing.T, name string, flags ...string) *testenv.Serv
 // serveInProcess offers a under the name inmemory, as its provider IDs
 // say, on a socket of its own until the test ends, and returns the
 // endpoint once the provider answers.
-func serveInProcess(t *testing.T, a providers.Actuator, opts provider.ServeOptions) string {
+func serveInProcess(t *testing.T, a providers.Actuator, opts plugin.ServeOptions) string {
 	t.Helper()
 	opts.Name = inmemory.Name
 	// Unix socket paths are short; the test's TempDir may not be.
@@ -99,7 +99,7 @@ func serveInProcess(t *testing.T, a providers.Actuator, opts provider.ServeOptio
 	endpoint := "unix://" + sock
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- provider.Serve(ctx, endpoint, a, opts) }()
+	go func() { served <- plugin.Serve(ctx, endpoint, a, opts) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-served; err != nil {
@@ -113,7 +113,7 @@ func serveInProcess(t *testing.T, a providers.Actuator, opts provider.ServeOptio
 		_, err := os.Stat(sock)
 		return err
 	})
-	c, err := provider.Dial(opts.Name, endpoint, provider.DialOptions{Timeout: time.Second})
+	c, err := plugin.Dial(opts.Name, endpoint, plugin.DialOptions{Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,8 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/uuid"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/provider"
 	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/plugin"
 )
 
 // qemuProcesses lists the QEMU processes whose command line names dir
@@ -54,7 +54,7 @@ func TestAKilledQEMUProviderAdoptsItsVMs(t *testing.T) {
 		}
 	})
 	p := serveOutOfProcess(t, "qemu", append([]string{"--qemu-state-dir", dir}, leaseFlags...)...)
-	c, err := p.Dial(provider.DialOptions{Timeout: 2 * time.Minute})
+	c, err := p.Dial(plugin.DialOptions{Timeout: 2 * time.Minute})
 	g.Expect(err).NotTo(HaveOccurred())
 	defer c.Close()
 	m := &machinistv1.Machine{
@@ -73,7 +73,7 @@ func TestAKilledQEMUProviderAdoptsItsVMs(t *testing.T) {
 	g.Expect(p.Kill()).To(Succeed())
 	g.Expect(qemuProcesses(dir)).To(Equal(vms), "the VM outlives its provider")
 	g.Expect(p.Restart()).To(Succeed())
-	c2, err := p.Dial(provider.DialOptions{Timeout: 2 * time.Minute})
+	c2, err := p.Dial(plugin.DialOptions{Timeout: 2 * time.Minute})
 	g.Expect(err).NotTo(HaveOccurred())
 	defer c2.Close()
 	inst, err := c2.Describe(ctx, id)

@@ -7,7 +7,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/machinist-dev/machinist/provider"
+	"github.com/machinist-dev/machinist/providers/plugin"
 	"github.com/machinist-dev/machinist/providers/qemu"
 )
 
@@ -19,7 +19,7 @@ func AddQEMUFlags(fs *pflag.FlagSet, o *qemu.Options) {
 }
 
 // AddServerTLSFlags adds a provider server's mutual-TLS flags.
-func AddServerTLSFlags(fs *pflag.FlagSet, f *provider.TLSFiles) {
+func AddServerTLSFlags(fs *pflag.FlagSet, f *plugin.TLSFiles) {
 	fs.StringVar(&f.CA, "tls-client-ca", "", "CA that signed the clients' certificates (mutual TLS; required for tcp://)")
 	fs.StringVar(&f.Cert, "tls-cert", "", "this provider's certificate (PEM)")
 	fs.StringVar(&f.Key, "tls-key", "", "this provider's key (PEM)")
@@ -27,7 +27,7 @@ func AddServerTLSFlags(fs *pflag.FlagSet, f *provider.TLSFiles) {
 
 // AddClientTLSFlags adds the mutual-TLS flags of a provider's client,
 // each name after prefix.
-func AddClientTLSFlags(fs *pflag.FlagSet, prefix string, f *provider.TLSFiles) {
+func AddClientTLSFlags(fs *pflag.FlagSet, prefix string, f *plugin.TLSFiles) {
 	fs.StringVar(&f.CA, prefix+"tls-ca", "", "CA that signed the providers' certificates (mutual TLS; required for tcp:// endpoints)")
 	fs.StringVar(&f.Cert, prefix+"tls-cert", "", "the client certificate presented to providers (PEM)")
 	fs.StringVar(&f.Key, prefix+"tls-key", "", "the client key (PEM)")

@@ -17,9 +17,9 @@ import (
 	"github.com/machinist-dev/machinist/clusters"
 	"github.com/machinist-dev/machinist/controllers/machine"
 	"github.com/machinist-dev/machinist/manager"
-	"github.com/machinist-dev/machinist/provider"
 	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/providers/inmemory"
+	"github.com/machinist-dev/machinist/providers/plugin"
 	"github.com/machinist-dev/machinist/providers/process"
 	"github.com/machinist-dev/machinist/providers/qemu"
 )
@@ -32,7 +32,7 @@ func ManagerCommand() *cobra.Command {
 		machines   process.Options
 		vms        qemu.Options
 		remotes    []string
-		remoteOpts provider.DialOptions
+		remoteOpts plugin.DialOptions
 		goroutines inmemory.Options
 		logs       LogFlags
 		joinCAFile string
@@ -188,14 +188,14 @@ logging "waiting for kube-apiserver", instead of exiting again.`,
 // not wait for the provider: one that is not up yet makes its Machines
 // wait (ProviderUnavailable), which is what a manager starting beside
 // its providers wants.
-func registerRemotes(reg *providers.Registry, specs []string, opts provider.DialOptions) ([]*provider.Client, error) {
-	var clients []*provider.Client
+func registerRemotes(reg *providers.Registry, specs []string, opts plugin.DialOptions) ([]*plugin.Client, error) {
+	var clients []*plugin.Client
 	for _, spec := range specs {
 		name, endpoint, ok := strings.Cut(spec, "=")
 		if !ok || name == "" || endpoint == "" {
 			return clients, fmt.Errorf("--provider %q: want NAME=ENDPOINT, such as process=unix:///run/machinist/process.sock", spec)
 		}
-		c, err := provider.Dial(name, endpoint, opts)
+		c, err := plugin.Dial(name, endpoint, opts)
 		if err != nil {
 			return clients, fmt.Errorf("--provider %s: %w", spec, err)
 		}

@@ -1,9 +1,9 @@
-// Package provider carries the Actuator contract over gRPC, so that a
+// Package plugin carries the Actuator contract over gRPC, so that a
 // provider can run in a process of its own: Serve offers any
 // providers.Actuator on an endpoint, and Dial returns an Actuator that
 // calls one. The protocol is defined in proto/machinist/provider/v1 and
 // described, with its error contract, in docs/providers.md.
-package provider
+package plugin
 
 import (
 	"crypto/tls"

@@ -1,4 +1,4 @@
-package provider_test
+package plugin_test
 
 import (
 	"bytes"
@@ -23,9 +23,9 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/pki"
-	"github.com/machinist-dev/machinist/provider"
-	providerv1 "github.com/machinist-dev/machinist/provider/v1"
 	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/plugin"
+	providerv1 "github.com/machinist-dev/machinist/providers/plugin/v1"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
@@ -115,7 +115,7 @@ func (r *recorder) Describe(_ context.Context, id string) (providers.Instance, e
 }
 
 // serve offers a on a socket in a temporary directory until the test ends.
-func serve(t *testing.T, a providers.Actuator, opts provider.ServeOptions) string {
+func serve(t *testing.T, a providers.Actuator, opts plugin.ServeOptions) string {
 	t.Helper()
 	endpoint := "unix://" + filepath.Join(t.TempDir(), "p.sock")
 	serveAt(t, endpoint, a, opts)
@@ -124,17 +124,17 @@ func serve(t *testing.T, a providers.Actuator, opts provider.ServeOptions) strin
 
 // serveAt listens before it returns, so that the first call finds the
 // provider.
-func serveAt(t *testing.T, endpoint string, a providers.Actuator, opts provider.ServeOptions) {
+func serveAt(t *testing.T, endpoint string, a providers.Actuator, opts plugin.ServeOptions) {
 	t.Helper()
-	e, err := provider.ParseEndpoint(endpoint)
+	e, err := plugin.ParseEndpoint(endpoint)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := provider.Listen(e)
+	lis, err := plugin.Listen(e)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := provider.NewServer(a, opts)
+	srv, err := plugin.NewServer(a, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,9 +142,9 @@ func serveAt(t *testing.T, endpoint string, a providers.Actuator, opts provider.
 	t.Cleanup(srv.Stop)
 }
 
-func dial(t *testing.T, name, endpoint string, opts provider.DialOptions) *provider.Client {
+func dial(t *testing.T, name, endpoint string, opts plugin.DialOptions) *plugin.Client {
 	t.Helper()
-	c, err := provider.Dial(name, endpoint, opts)
+	c, err := plugin.Dial(name, endpoint, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func testMachine() (*machinistv1.Machine, *machinistv1.MachineClass) {
 
 func TestEveryCallReachesTheActuatorWithWhatItNeeds(t *testing.T) {
 	rec := &recorder{inPlace: true}
-	c := dial(t, "test", serve(t, rec, provider.ServeOptions{Name: "test"}), provider.DialOptions{})
+	c := dial(t, "test", serve(t, rec, plugin.ServeOptions{Name: "test"}), plugin.DialOptions{})
 	ctx := context.Background()
 	m, class := testMachine()
 
@@ -231,7 +231,7 @@ func TestEveryCallReachesTheActuatorWithWhatItNeeds(t *testing.T) {
 
 func TestErrorsKeepTheirMeaningAcrossTheWire(t *testing.T) {
 	takenStatus, err := status.New(codes.FailedPrecondition, "that one is not yours").
-		WithDetails(&providerv1.Failure{Permanent: true, Reason: provider.ReasonInstanceTaken})
+		WithDetails(&providerv1.Failure{Permanent: true, Reason: plugin.ReasonInstanceTaken})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +252,7 @@ func TestErrorsKeepTheirMeaningAcrossTheWire(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := &recorder{err: tc.err}
-			c := dial(t, "test", serve(t, rec, provider.ServeOptions{Name: "test"}), provider.DialOptions{})
+			c := dial(t, "test", serve(t, rec, plugin.ServeOptions{Name: "test"}), plugin.DialOptions{})
 			err := c.Delete(context.Background(), "test://a")
 			if err == nil {
 				t.Fatal("no error")
@@ -272,15 +272,15 @@ func TestErrorsKeepTheirMeaningAcrossTheWire(t *testing.T) {
 
 func TestAnUndeclaredVerbIsRefusedWithoutReachingTheActuator(t *testing.T) {
 	rec := &recorder{inPlace: true}
-	endpoint := serve(t, rec, provider.ServeOptions{Name: "test", Verbs: []providerv1.Verb{provider.VerbReboot}})
-	c := dial(t, "test", endpoint, provider.DialOptions{})
+	endpoint := serve(t, rec, plugin.ServeOptions{Name: "test", Verbs: []providerv1.Verb{plugin.VerbReboot}})
+	c := dial(t, "test", endpoint, plugin.DialOptions{})
 	ctx := context.Background()
 	for name, call := range map[string]func() error{
 		"repair": func() error { return c.Repair(ctx, "test://a", providers.Operation{ID: "x"}) },
 		"update": func() error { return c.Update(ctx, "test://a", providers.Operation{ID: "x", Version: "v1.38.0"}) },
 	} {
 		err := call()
-		if !providers.IsPermanent(err) || !errors.Is(err, provider.ErrNotDeclared) {
+		if !providers.IsPermanent(err) || !errors.Is(err, plugin.ErrNotDeclared) {
 			t.Errorf("%s: %v, want a permanent refusal", name, err)
 		}
 	}
@@ -307,7 +307,7 @@ func TestAnUndeclaredVerbIsRefusedWithoutReachingTheActuator(t *testing.T) {
 
 func TestBadRequestsAreRefusedAsInvalid(t *testing.T) {
 	rec := &recorder{inPlace: true}
-	endpoint := serve(t, rec, provider.ServeOptions{Name: "test"})
+	endpoint := serve(t, rec, plugin.ServeOptions{Name: "test"})
 	conn, err := grpc.NewClient(strings.Replace(endpoint, "unix://", "unix:", 1), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -334,13 +334,13 @@ func TestBadRequestsAreRefusedAsInvalid(t *testing.T) {
 
 func TestAProviderThatIsNotThereIsUnavailableUntilItComes(t *testing.T) {
 	endpoint := "unix://" + filepath.Join(t.TempDir(), "later.sock")
-	c := dial(t, "test", endpoint, provider.DialOptions{Timeout: 2 * time.Second})
+	c := dial(t, "test", endpoint, plugin.DialOptions{Timeout: 2 * time.Second})
 	m, class := testMachine()
 	_, err := c.Create(context.Background(), m, class, testJoin("abcdef.0123456789abcdef"))
 	if !providers.IsUnavailable(err) || providers.IsPermanent(err) {
 		t.Fatalf("Create with no provider: %v, want Unavailable", err)
 	}
-	serveAt(t, endpoint, &recorder{}, provider.ServeOptions{Name: "test"})
+	serveAt(t, endpoint, &recorder{}, plugin.ServeOptions{Name: "test"})
 	testenv.WaitFor(t, 10*time.Second, "Create to succeed once the provider came", func() error {
 		id, err := c.Create(context.Background(), m, class, testJoin("abcdef.0123456789abcdef"))
 		if err == nil && id != "test://uid-1" {
@@ -352,7 +352,7 @@ func TestAProviderThatIsNotThereIsUnavailableUntilItComes(t *testing.T) {
 
 func TestAnEndpointServingAnotherProviderIsNotUsed(t *testing.T) {
 	rec := &recorder{}
-	c := dial(t, "cloud", serve(t, rec, provider.ServeOptions{Name: "other"}), provider.DialOptions{})
+	c := dial(t, "cloud", serve(t, rec, plugin.ServeOptions{Name: "other"}), plugin.DialOptions{})
 	m, class := testMachine()
 	_, err := c.Create(context.Background(), m, class, testJoin("abcdef.0123456789abcdef"))
 	if !providers.IsUnavailable(err) || !strings.Contains(err.Error(), `serves provider "other"`) {
@@ -365,7 +365,7 @@ func TestAnEndpointServingAnotherProviderIsNotUsed(t *testing.T) {
 
 func TestACallIsBoundedByTheTimeoutAndCancelsTheProvidersWork(t *testing.T) {
 	rec := &recorder{block: true, blocked: make(chan error, 1)}
-	c := dial(t, "test", serve(t, rec, provider.ServeOptions{Name: "test"}), provider.DialOptions{Timeout: 300 * time.Millisecond})
+	c := dial(t, "test", serve(t, rec, plugin.ServeOptions{Name: "test"}), plugin.DialOptions{Timeout: 300 * time.Millisecond})
 	m, class := testMachine()
 	start := time.Now()
 	_, err := c.Create(context.Background(), m, class, testJoin("abcdef.0123456789abcdef"))
@@ -393,8 +393,8 @@ func TestServeStopsWithItsContextAndRemovesTheSocket(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- provider.Serve(ctx, "unix://"+path, &recorder{}, provider.ServeOptions{Name: "test"}) }()
-	c := dial(t, "test", "unix://"+path, provider.DialOptions{})
+	go func() { done <- plugin.Serve(ctx, "unix://"+path, &recorder{}, plugin.ServeOptions{Name: "test"}) }()
+	c := dial(t, "test", "unix://"+path, plugin.DialOptions{})
 	testenv.WaitFor(t, 5*time.Second, "the provider serving", func() error {
 		_, err := c.Info(context.Background())
 		return err
@@ -415,12 +415,12 @@ func TestServeStopsWithItsContextAndRemovesTheSocket(t *testing.T) {
 
 func TestTCPNeedsMutualTLS(t *testing.T) {
 	dir := t.TempDir()
-	files := func(ca *pki.CA, name string, req pki.Request) provider.TLSFiles {
+	files := func(ca *pki.CA, name string, req pki.Request) plugin.TLSFiles {
 		kp, err := ca.Issue(req)
 		if err != nil {
 			t.Fatal(err)
 		}
-		f := provider.TLSFiles{CA: filepath.Join(dir, name+"-ca.crt"), Cert: filepath.Join(dir, name+".crt"), Key: filepath.Join(dir, name+".key")}
+		f := plugin.TLSFiles{CA: filepath.Join(dir, name+"-ca.crt"), Cert: filepath.Join(dir, name+".crt"), Key: filepath.Join(dir, name+".key")}
 		for path, data := range map[string][]byte{f.CA: ca.CertPEM(), f.Cert: kp.CertPEM, f.Key: kp.KeyPEM} {
 			if err := os.WriteFile(path, data, 0o600); err != nil {
 				t.Fatal(err)
@@ -449,7 +449,7 @@ func TestTCPNeedsMutualTLS(t *testing.T) {
 	}
 	// Served on this listener, so that no other process can take the
 	// port between finding it and listening on it.
-	srv, err := provider.NewServer(&recorder{}, provider.ServeOptions{Name: "test", TLS: serverFiles})
+	srv, err := plugin.NewServer(&recorder{}, plugin.ServeOptions{Name: "test", TLS: serverFiles})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -457,24 +457,24 @@ func TestTCPNeedsMutualTLS(t *testing.T) {
 	t.Cleanup(srv.Stop)
 	endpoint := fmt.Sprintf("tcp://%s", l.Addr())
 
-	if _, err := provider.Dial("test", endpoint, provider.DialOptions{}); err == nil {
+	if _, err := plugin.Dial("test", endpoint, plugin.DialOptions{}); err == nil {
 		t.Error("Dial over TCP without TLS was allowed")
 	}
-	if err := provider.Serve(context.Background(), "tcp://127.0.0.1:0", &recorder{}, provider.ServeOptions{Name: "test"}); err == nil {
+	if err := plugin.Serve(context.Background(), "tcp://127.0.0.1:0", &recorder{}, plugin.ServeOptions{Name: "test"}); err == nil {
 		t.Error("Serve over TCP without TLS was allowed")
 	}
-	c := dial(t, "test", endpoint, provider.DialOptions{TLS: clientFiles, Timeout: 5 * time.Second})
+	c := dial(t, "test", endpoint, plugin.DialOptions{TLS: clientFiles, Timeout: 5 * time.Second})
 	if ok, err := c.Exists(context.Background(), "test://there"); err != nil || !ok {
 		t.Errorf("Exists over mutual TLS: %v, %v", ok, err)
 	}
-	stranger := dial(t, "test", endpoint, provider.DialOptions{TLS: strangerFiles, Timeout: 5 * time.Second})
+	stranger := dial(t, "test", endpoint, plugin.DialOptions{TLS: strangerFiles, Timeout: 5 * time.Second})
 	if _, err := stranger.Exists(context.Background(), "test://there"); err == nil {
 		t.Error("a client whose certificate the CA did not sign was served")
 	}
 }
 
 func TestDialledWithoutANameTheClientLearnsIt(t *testing.T) {
-	c := dial(t, "", serve(t, &recorder{}, provider.ServeOptions{Name: "test"}), provider.DialOptions{})
+	c := dial(t, "", serve(t, &recorder{}, plugin.ServeOptions{Name: "test"}), plugin.DialOptions{})
 	m, class := testMachine()
 	if _, err := c.Create(context.Background(), m, class, testJoin("abcdef.0123456789abcdef")); err != nil {
 		t.Fatal(err)
@@ -485,32 +485,32 @@ func TestDialledWithoutANameTheClientLearnsIt(t *testing.T) {
 }
 
 func TestTLSIsRefusedOnAUnixSocket(t *testing.T) {
-	files := provider.TLSFiles{CA: "ca.crt", Cert: "tls.crt", Key: "tls.key"}
+	files := plugin.TLSFiles{CA: "ca.crt", Cert: "tls.crt", Key: "tls.key"}
 	endpoint := "unix://" + filepath.Join(t.TempDir(), "p.sock")
-	if _, err := provider.Dial("test", endpoint, provider.DialOptions{TLS: files}); err == nil || !strings.Contains(err.Error(), "TLS is for tcp://") {
+	if _, err := plugin.Dial("test", endpoint, plugin.DialOptions{TLS: files}); err == nil || !strings.Contains(err.Error(), "TLS is for tcp://") {
 		t.Errorf("Dial: %v", err)
 	}
-	if err := provider.Serve(context.Background(), endpoint, &recorder{}, provider.ServeOptions{Name: "test", TLS: files}); err == nil || !strings.Contains(err.Error(), "TLS is for tcp://") {
+	if err := plugin.Serve(context.Background(), endpoint, &recorder{}, plugin.ServeOptions{Name: "test", TLS: files}); err == nil || !strings.Contains(err.Error(), "TLS is for tcp://") {
 		t.Errorf("Serve: %v", err)
 	}
 }
 
 func TestInPlaceKeepsTheLastAnswerWhileTheProviderIsAway(t *testing.T) {
 	endpoint := "unix://" + filepath.Join(t.TempDir(), "p.sock")
-	e, err := provider.ParseEndpoint(endpoint)
+	e, err := plugin.ParseEndpoint(endpoint)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := provider.Listen(e)
+	lis, err := plugin.Listen(e)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := provider.NewServer(&recorder{inPlace: true}, provider.ServeOptions{Name: "test"})
+	srv, err := plugin.NewServer(&recorder{inPlace: true}, plugin.ServeOptions{Name: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	go func() { _ = srv.Serve(lis) }()
-	c := dial(t, "test", endpoint, provider.DialOptions{Timeout: time.Second, Refresh: time.Millisecond})
+	c := dial(t, "test", endpoint, plugin.DialOptions{Timeout: time.Second, Refresh: time.Millisecond})
 	if !c.InPlace(providers.Change{Version: true}) {
 		t.Fatal("InPlace(version) is false with the provider there")
 	}
@@ -521,7 +521,7 @@ func TestInPlaceKeepsTheLastAnswerWhileTheProviderIsAway(t *testing.T) {
 	if !c.InPlace(providers.Change{Version: true}) {
 		t.Error("InPlace(version) turned false while the provider was away")
 	}
-	never := dial(t, "test", "unix://"+filepath.Join(t.TempDir(), "never.sock"), provider.DialOptions{Timeout: time.Second})
+	never := dial(t, "test", "unix://"+filepath.Join(t.TempDir(), "never.sock"), plugin.DialOptions{Timeout: time.Second})
 	if never.InPlace(providers.Change{Version: true}) {
 		t.Error("InPlace(version) is true for a provider never reached")
 	}
@@ -541,7 +541,7 @@ func sameOp(a, b providers.Operation) bool {
 
 func TestCreateAndRepairWithoutJoinDataAreRefusedBeforeTheActuator(t *testing.T) {
 	rec := &recorder{}
-	c := dial(t, "test", serve(t, rec, provider.ServeOptions{Name: "test"}), provider.DialOptions{})
+	c := dial(t, "test", serve(t, rec, plugin.ServeOptions{Name: "test"}), plugin.DialOptions{})
 	ctx := context.Background()
 	m, class := testMachine()
 	for name, join := range map[string]providers.Join{
@@ -572,15 +572,15 @@ func TestCreateAndRepairWithoutJoinDataAreRefusedBeforeTheActuator(t *testing.T)
 // endpoint that serves another provider.
 func TestPingSaysWhetherTheProviderAnswers(t *testing.T) {
 	endpoint := "unix://" + filepath.Join(t.TempDir(), "ping.sock")
-	c := dial(t, "test", endpoint, provider.DialOptions{Timeout: 2 * time.Second})
+	c := dial(t, "test", endpoint, plugin.DialOptions{Timeout: 2 * time.Second})
 	if err := c.Ping(context.Background()); err == nil {
 		t.Fatal("Ping answered with no provider at the endpoint")
 	}
-	serveAt(t, endpoint, &recorder{}, provider.ServeOptions{Name: "test"})
+	serveAt(t, endpoint, &recorder{}, plugin.ServeOptions{Name: "test"})
 	testenv.WaitFor(t, 10*time.Second, "Ping to answer once the provider came", func() error {
 		return c.Ping(context.Background())
 	})
-	other := dial(t, "cloud", serve(t, &recorder{}, provider.ServeOptions{Name: "other"}), provider.DialOptions{})
+	other := dial(t, "cloud", serve(t, &recorder{}, plugin.ServeOptions{Name: "other"}), plugin.DialOptions{})
 	if err := other.Ping(context.Background()); err == nil || !strings.Contains(err.Error(), `"other"`) {
 		t.Errorf("Ping of an endpoint serving another provider: %v, want an error naming it", err)
 	}

@@ -31,9 +31,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	bootstraputil "k8s.io/cluster-bootstrap/token/util"
 
-	"github.com/machinist-dev/machinist/provider"
-	providerv1 "github.com/machinist-dev/machinist/provider/v1"
 	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/plugin"
+	providerv1 "github.com/machinist-dev/machinist/providers/plugin/v1"
 )
 
 // Config says which provider to check and how.
@@ -43,7 +43,7 @@ type Config struct {
 	Endpoint string
 	// TLS names the client's certificate and key and the CA that signed
 	// the provider's; required for a TCP endpoint.
-	TLS provider.TLSFiles
+	TLS plugin.TLSFiles
 	// Kube reaches the cluster the provider registers its Nodes with.
 	// Required: the contract is about what the Nodes report (a boot ID
 	// that changes once per reboot, the version after an update). The
@@ -174,7 +174,7 @@ type suite struct {
 	name     string
 	info     *providerv1.GetInfoResponse
 	caps     *providerv1.GetCapabilitiesResponse
-	client   *provider.Client
+	client   *plugin.Client
 	identity providerv1.IdentityServiceClient
 	machines providerv1.MachineServiceClient
 	nodes    *nodeWatch
@@ -257,7 +257,7 @@ func start(ctx context.Context, cfg Config) (*suite, error) {
 	}
 	// Dialled without a name: the suite checks whichever provider the
 	// endpoint serves, and learns its name first.
-	client, err := provider.Dial("", cfg.Endpoint, provider.DialOptions{TLS: cfg.TLS, Timeout: cfg.Timeout})
+	client, err := plugin.Dial("", cfg.Endpoint, plugin.DialOptions{TLS: cfg.TLS, Timeout: cfg.Timeout})
 	if err != nil {
 		return nil, err
 	}
@@ -311,17 +311,17 @@ func (s *suite) plan() []check {
 		{CheckDelete, "delete", checkDelete},
 		{CheckDescribe, "describe", checkDescribe},
 	}
-	if s.declares(provider.VerbReboot) {
+	if s.declares(plugin.VerbReboot) {
 		checks = append(checks, check{CheckReboot, "reboot", func(ctx context.Context, t *trial) error {
-			return checkOncePerOperation(ctx, t, provider.VerbReboot)
+			return checkOncePerOperation(ctx, t, plugin.VerbReboot)
 		}})
 	}
-	if s.declares(provider.VerbRepair) {
+	if s.declares(plugin.VerbRepair) {
 		checks = append(checks, check{CheckRepair, "repair", func(ctx context.Context, t *trial) error {
-			return checkOncePerOperation(ctx, t, provider.VerbRepair)
+			return checkOncePerOperation(ctx, t, plugin.VerbRepair)
 		}})
 	}
-	if s.declares(provider.VerbUpdate) && slices.Contains(s.caps.GetInPlace(), providerv1.Change_CHANGE_VERSION) {
+	if s.declares(plugin.VerbUpdate) && slices.Contains(s.caps.GetInPlace(), providerv1.Change_CHANGE_VERSION) {
 		checks = append(checks, check{CheckUpdate, "update", checkUpdate})
 	}
 	if len(s.undeclared()) > 0 {
@@ -342,7 +342,7 @@ func (s *suite) plan() []check {
 }
 
 // verbs are the protocol's verbs beyond create, exists, delete and find.
-var verbs = []providerv1.Verb{provider.VerbReboot, provider.VerbRepair, provider.VerbUpdate}
+var verbs = []providerv1.Verb{plugin.VerbReboot, plugin.VerbRepair, plugin.VerbUpdate}
 
 func (s *suite) declares(v providerv1.Verb) bool { return slices.Contains(s.caps.GetVerbs(), v) }
 

@@ -11,15 +11,15 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/machinist-dev/machinist/internal/bootstrap"
-	"github.com/machinist-dev/machinist/provider"
-	providerv1 "github.com/machinist-dev/machinist/provider/v1"
+	"github.com/machinist-dev/machinist/providers/plugin"
+	providerv1 "github.com/machinist-dev/machinist/providers/plugin/v1"
 )
 
 // The suite proper runs against a control plane in test/provider; these
 // cover what it decides without one.
 
 func TestCoherent(t *testing.T) {
-	update := provider.VerbUpdate
+	update := plugin.VerbUpdate
 	for _, c := range []struct {
 		name string
 		caps *providerv1.GetCapabilitiesResponse
@@ -27,11 +27,11 @@ func TestCoherent(t *testing.T) {
 	}{
 		{"nothing declared", &providerv1.GetCapabilitiesResponse{}, ""},
 		{"every verb, version in place", &providerv1.GetCapabilitiesResponse{
-			Verbs:   []providerv1.Verb{provider.VerbReboot, provider.VerbRepair, update},
+			Verbs:   []providerv1.Verb{plugin.VerbReboot, plugin.VerbRepair, update},
 			InPlace: []providerv1.Change{providerv1.Change_CHANGE_VERSION, providerv1.Change_CHANGE_CLASS},
 		}, ""},
 		{"in place without update", &providerv1.GetCapabilitiesResponse{
-			Verbs:   []providerv1.Verb{provider.VerbReboot},
+			Verbs:   []providerv1.Verb{plugin.VerbReboot},
 			InPlace: []providerv1.Change{providerv1.Change_CHANGE_VERSION},
 		}, "lack VERB_UPDATE"},
 		{"unspecified verb", &providerv1.GetCapabilitiesResponse{

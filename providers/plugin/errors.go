@@ -1,4 +1,4 @@
-package provider
+package plugin
 
 import (
 	"context"
@@ -8,8 +8,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	providerv1 "github.com/machinist-dev/machinist/provider/v1"
 	"github.com/machinist-dev/machinist/providers"
+	providerv1 "github.com/machinist-dev/machinist/providers/plugin/v1"
 )
 
 // permanentCodes are the codes that mean "retrying cannot help" when a

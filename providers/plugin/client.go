@@ -1,4 +1,4 @@
-package provider
+package plugin
 
 import (
 	"context"
@@ -18,8 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	providerv1 "github.com/machinist-dev/machinist/provider/v1"
 	"github.com/machinist-dev/machinist/providers"
+	providerv1 "github.com/machinist-dev/machinist/providers/plugin/v1"
 )
 
 // DialOptions tune a Client.

@@ -1,4 +1,4 @@
-package provider_test
+package plugin_test
 
 import (
 	"context"
@@ -11,8 +11,8 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/nodeagent"
-	"github.com/machinist-dev/machinist/provider"
 	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/plugin"
 )
 
 // toyCloud is the smallest honest provider: its "instances" are entries
@@ -157,7 +157,7 @@ func (c *toyCloud) Describe(_ context.Context, id string) (providers.Instance, e
 func ExampleServe() {
 	cloud := &toyCloud{byUID: map[types.UID]string{}, instances: map[string]*toyInstance{}}
 	ctx := ctrl.SetupSignalHandler() // stops on SIGTERM, as a Pod's container is stopped
-	err := provider.Serve(ctx, "unix:///run/toy.sock", cloud, provider.ServeOptions{Name: "toy", VendorVersion: "v0.1.0"})
+	err := plugin.Serve(ctx, "unix:///run/toy.sock", cloud, plugin.ServeOptions{Name: "toy", VendorVersion: "v0.1.0"})
 	if err != nil {
 		fmt.Println(err)
 	}

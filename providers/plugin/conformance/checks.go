@@ -14,9 +14,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/uuid"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/provider"
-	providerv1 "github.com/machinist-dev/machinist/provider/v1"
 	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/plugin"
+	providerv1 "github.com/machinist-dev/machinist/providers/plugin/v1"
 )
 
 // concurrentCreates is how many Creates race for one Machine: the
@@ -33,8 +33,8 @@ func checkIdentity(ctx context.Context, t *trial) error {
 	if info.GetName() == "" {
 		errs = append(errs, errors.New("GetInfo gives no name: MachineClasses could not name the provider"))
 	}
-	if info.GetProtocol() != provider.Protocol {
-		errs = append(errs, fmt.Errorf("GetInfo says protocol %q, want %q", info.GetProtocol(), provider.Protocol))
+	if info.GetProtocol() != plugin.Protocol {
+		errs = append(errs, fmt.Errorf("GetInfo says protocol %q, want %q", info.GetProtocol(), plugin.Protocol))
 	}
 	probe, err := t.s.client.Probe(ctx)
 	switch {
@@ -79,7 +79,7 @@ func coherent(caps *providerv1.GetCapabilitiesResponse) error {
 		}
 		changes[c] = true
 	}
-	if len(caps.GetInPlace()) > 0 && !seen[provider.VerbUpdate] {
+	if len(caps.GetInPlace()) > 0 && !seen[plugin.VerbUpdate] {
 		errs = append(errs, fmt.Errorf("in_place lists %v but verbs lack VERB_UPDATE, which applies them", caps.GetInPlace()))
 	}
 	return errors.Join(errs...)
@@ -206,7 +206,7 @@ func checkTaken(ctx context.Context, t *trial) error {
 	case !providers.IsPermanent(err):
 		return fmt.Errorf("Create for a Machine whose spec.providerID names another Machine's instance failed transiently (the controller would retry forever), want a permanent error wrapping %q: %w", providers.ErrTaken, err)
 	case !providers.IsTaken(err):
-		return fmt.Errorf("Create for a Machine whose spec.providerID names another Machine's instance failed without saying the instance is taken (a Failure with reason %s), want a permanent error wrapping %q: %w", provider.ReasonInstanceTaken, providers.ErrTaken, err)
+		return fmt.Errorf("Create for a Machine whose spec.providerID names another Machine's instance failed without saying the instance is taken (a Failure with reason %s), want a permanent error wrapping %q: %w", plugin.ReasonInstanceTaken, providers.ErrTaken, err)
 	}
 	// B's own name and namespace may be in the message; A's may not.
 	msg := strings.ReplaceAll(strings.ReplaceAll(err.Error(), b.Name, ""), b.Namespace, "")
@@ -306,7 +306,7 @@ func checkInvalid(ctx context.Context, t *trial) error {
 	if err := wantCode(err, codes.InvalidArgument, verbWord(verb)+" without operation_id"); err != nil {
 		return err
 	}
-	if !t.s.declares(provider.VerbRepair) {
+	if !t.s.declares(plugin.VerbRepair) {
 		return nil
 	}
 	op := "conformance-" + suffix()
@@ -335,7 +335,7 @@ func checkJoin(ctx context.Context, t *trial) error {
 	if err := t.s.joinedWith(ctx, tokenOf(join), h.node.Name, "Create"); err != nil {
 		return err
 	}
-	if !t.s.declares(provider.VerbRepair) {
+	if !t.s.declares(plugin.VerbRepair) {
 		return nil
 	}
 	before := len(h.boots)
@@ -450,7 +450,7 @@ func checkOncePerOperation(ctx context.Context, t *trial, verb providerv1.Verb) 
 	opA, opB := "conformance-a-"+suffix(), "conformance-b-"+suffix()
 	call := func(op string) error {
 		a := providers.Operation{ID: op}
-		if verb == provider.VerbRepair {
+		if verb == plugin.VerbRepair {
 			// Fresh join data for every call, as the controller may make.
 			var err error
 			if a.Join, err = t.newJoin(ctx); err != nil {
@@ -515,7 +515,7 @@ func checkDescribe(ctx context.Context, t *trial) error {
 		return in.BootID != "", nil
 	}
 	tells, err := describe(h.boot())
-	if err != nil || !tells || !t.s.declares(provider.VerbReboot) {
+	if err != nil || !tells || !t.s.declares(plugin.VerbReboot) {
 		return err
 	}
 	before := len(h.boots)
@@ -600,15 +600,15 @@ func checkUndeclared(ctx context.Context, t *trial) error {
 		a := providers.Operation{ID: op, Version: t.s.cfg.UpdateVersion}
 		var err error
 		switch verb {
-		case provider.VerbReboot:
+		case plugin.VerbReboot:
 			err = t.s.client.Reboot(ctx, id, a)
-		case provider.VerbRepair:
+		case plugin.VerbRepair:
 			err = t.s.client.Repair(ctx, id, a)
-		case provider.VerbUpdate:
+		case plugin.VerbUpdate:
 			err = t.s.client.Update(ctx, id, a)
 		}
-		if !providers.IsPermanent(err) || !errors.Is(err, provider.ErrNotDeclared) {
-			errs = append(errs, fmt.Errorf("the client's %s, undeclared: got %v, want a permanent error wrapping %q", word, err, provider.ErrNotDeclared))
+		if !providers.IsPermanent(err) || !errors.Is(err, plugin.ErrNotDeclared) {
+			errs = append(errs, fmt.Errorf("the client's %s, undeclared: got %v, want a permanent error wrapping %q", word, err, plugin.ErrNotDeclared))
 		}
 	}
 	if err := settle(ctx, t.s.cfg.Settle); err != nil {
@@ -705,7 +705,7 @@ func checkTransient(ctx context.Context, t *trial) error {
 func (t *trial) rawVerb(ctx context.Context, verb providerv1.Verb, id, op string) error {
 	s := t.s
 	var join providers.Join
-	if verb == provider.VerbRepair {
+	if verb == plugin.VerbRepair {
 		var err error
 		if join, err = t.newJoin(ctx); err != nil {
 			return err
@@ -715,11 +715,11 @@ func (t *trial) rawVerb(ctx context.Context, verb providerv1.Verb, id, op string
 	defer cancel()
 	var err error
 	switch verb {
-	case provider.VerbReboot:
+	case plugin.VerbReboot:
 		_, err = s.machines.Reboot(ctx, &providerv1.RebootRequest{ProviderId: id, OperationId: op})
-	case provider.VerbRepair:
+	case plugin.VerbRepair:
 		_, err = s.machines.Repair(ctx, &providerv1.RepairRequest{ProviderId: id, OperationId: op, Join: wireJoin(join)})
-	case provider.VerbUpdate:
+	case plugin.VerbUpdate:
 		_, err = s.machines.Update(ctx, &providerv1.UpdateRequest{ProviderId: id, OperationId: op, Version: s.cfg.UpdateVersion})
 	default:
 		return fmt.Errorf("no verb %v", verb)
@@ -741,11 +741,11 @@ func wantCode(err error, code codes.Code, what string) error {
 // verbWord is the verb as a person says it.
 func verbWord(v providerv1.Verb) string {
 	switch v {
-	case provider.VerbReboot:
+	case plugin.VerbReboot:
 		return "reboot"
-	case provider.VerbRepair:
+	case plugin.VerbRepair:
 		return "repair"
-	case provider.VerbUpdate:
+	case plugin.VerbUpdate:
 		return "update"
 	}
 	return v.String()
