@@ -1573,7 +1573,7 @@ const file_machinist_provider_v1_provider_proto_rawDesc = "" +
 	"\x06Reboot\x12$.machinist.provider.v1.RebootRequest\x1a%.machinist.provider.v1.RebootResponse\x12U\n" +
 	"\x06Repair\x12$.machinist.provider.v1.RepairRequest\x1a%.machinist.provider.v1.RepairResponse\x12U\n" +
 	"\x06Update\x12$.machinist.provider.v1.UpdateRequest\x1a%.machinist.provider.v1.UpdateResponse\x12[\n" +
-	"\bDescribe\x12&.machinist.provider.v1.DescribeRequest\x1a'.machinist.provider.v1.DescribeResponseB;Z9github.com/machinist-dev/machinist/provider/v1;providerv1b\x06proto3"
+	"\bDescribe\x12&.machinist.provider.v1.DescribeRequest\x1a'.machinist.provider.v1.DescribeResponseBCZAgithub.com/machinist-dev/machinist/providers/plugin/v1;providerv1b\x06proto3"
 
 var (
 	file_machinist_provider_v1_provider_proto_rawDescOnce sync.Once
