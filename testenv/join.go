@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/machinist-dev/machinist/internal/bootstrap"
-	"github.com/machinist-dev/machinist/nodeagent"
+	"github.com/machinist-dev/machinist/providers/nodeagent"
 )
 
 // Join makes a fresh bootstrap token for this cluster, stores its Secret

@@ -20,7 +20,7 @@ import (
 	"k8s.io/klog/v2"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/machinist-dev/machinist/nodeagent"
+	"github.com/machinist-dev/machinist/providers/nodeagent"
 )
 
 // agentOptions are the flags of machinist agent.

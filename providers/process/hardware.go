@@ -18,8 +18,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/machinist-dev/machinist/nodeagent"
 	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/nodeagent"
 )
 
 // Hardware is what a machine's boots run as. The Provider keeps the books

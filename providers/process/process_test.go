@@ -36,8 +36,8 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	machinecontroller "github.com/machinist-dev/machinist/controllers/machine"
 	"github.com/machinist-dev/machinist/manager"
-	"github.com/machinist-dev/machinist/nodeagent"
 	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/nodeagent"
 	"github.com/machinist-dev/machinist/providers/process"
 	"github.com/machinist-dev/machinist/testenv"
 )

@@ -25,7 +25,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
-	"github.com/machinist-dev/machinist/nodeagent"
+	"github.com/machinist-dev/machinist/providers/nodeagent"
 	"github.com/machinist-dev/machinist/testenv"
 )
 

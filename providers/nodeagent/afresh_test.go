@@ -17,7 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/machinist-dev/machinist/internal/bootstrap"
-	"github.com/machinist-dev/machinist/nodeagent"
+	"github.com/machinist-dev/machinist/providers/nodeagent"
 	"github.com/machinist-dev/machinist/testenv"
 )
 
