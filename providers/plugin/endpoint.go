@@ -1,9 +1,9 @@
 // Package plugin carries the Actuator contract over gRPC, so that a
 // provider can run in a process of its own: Serve offers any
 // providers.Actuator on an endpoint, and Dial returns an Actuator that
-// calls one. The protocol is defined in proto/machinist/provider/v1 (beside
-// this package) and
-// described, with its error contract, in docs/providers.md.
+// calls one. The protocol is defined in proto/machinist/provider/v1 beside
+// this package, and described, with its error contract, in
+// docs/providers.md.
 package plugin
 
 import (
