@@ -7,7 +7,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/machinist-dev/machinist/cmd/internal/cli"
-	"github.com/machinist-dev/machinist/local"
+	"github.com/machinist-dev/machinist/dev/local"
 )
 
 func runCommand() *cobra.Command {

@@ -36,7 +36,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/controllers/machinehealthcheck"
-	"github.com/machinist-dev/machinist/local"
+	"github.com/machinist-dev/machinist/dev/local"
 	"github.com/machinist-dev/machinist/providers/qemu"
 	"github.com/machinist-dev/machinist/testenv"
 )
