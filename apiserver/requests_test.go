@@ -19,7 +19,7 @@ import (
 
 	subresourcesv1 "github.com/machinist-dev/machinist/api/subresources/v1alpha1"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/testenv"
+	"github.com/machinist-dev/machinist/dev/testenv"
 )
 
 // asFrontProxy returns a client that presents the front-proxy client

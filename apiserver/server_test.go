@@ -25,8 +25,8 @@ import (
 	subresourcesv1 "github.com/machinist-dev/machinist/api/subresources/v1alpha1"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	machinecontroller "github.com/machinist-dev/machinist/controllers/machine"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/manager"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 var (

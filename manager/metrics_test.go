@@ -29,9 +29,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/providers"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 var env *testenv.Env

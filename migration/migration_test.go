@@ -23,8 +23,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/migration"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 var env *testenv.Env

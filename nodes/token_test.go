@@ -12,9 +12,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/nodes"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 // A Machine's bootstrap token lives in the API, not in the manager: a

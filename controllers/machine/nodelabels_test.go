@@ -19,8 +19,8 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/controllers/machine"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/manager"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 // cutIn lets another writer act between the manager's read of a Node and

@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/testenv"
+	"github.com/machinist-dev/machinist/dev/testenv"
 )
 
 var _ = Describe("A rollout under a disruption budget", func() {

@@ -20,7 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/testenv"
+	"github.com/machinist-dev/machinist/dev/testenv"
 )
 
 func newDeployment(ns, name string, replicas int32, strategy machinistv1.MachineDeploymentStrategy) *machinistv1.MachineDeployment {

@@ -16,7 +16,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/controllers/machinedeployment"
-	"github.com/machinist-dev/machinist/testenv"
+	"github.com/machinist-dev/machinist/dev/testenv"
 )
 
 func inPlace(maxUnavailable int32, fallback machinistv1.InPlaceFallback) machinistv1.MachineDeploymentStrategy {

@@ -17,9 +17,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/operation"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 const (

@@ -11,7 +11,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/controllers/machineset"
-	"github.com/machinist-dev/machinist/testenv"
+	"github.com/machinist-dev/machinist/dev/testenv"
 )
 
 // blindReader is a cache that has not yet seen any Machine: the worst lag

@@ -15,7 +15,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/controllers/machineset"
-	"github.com/machinist-dev/machinist/testenv"
+	"github.com/machinist-dev/machinist/dev/testenv"
 )
 
 // A creation whose outcome is unknown is repeated under its name. When the

@@ -11,8 +11,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/internal/index"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 // Machines finds a set's Machines and a namespace's orphans in the

@@ -24,10 +24,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/providers/inmemory"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 var (

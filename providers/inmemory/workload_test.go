@@ -12,9 +12,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/providers"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 // The provider knows no cluster: its Machine's Node lives in a workload

@@ -16,9 +16,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/providers/nodeagent"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 // A machine of a workload cluster, booted as `machinist agent

@@ -18,9 +18,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/providers/nodeagent"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 var (

@@ -24,9 +24,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/providers/nodeagent"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 // joinWait bounds a join: kube-controller-manager, started with the

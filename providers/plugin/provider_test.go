@@ -22,11 +22,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/internal/pki"
 	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/providers/plugin"
 	providerv1 "github.com/machinist-dev/machinist/providers/plugin/v1"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 // recorder is an Actuator that records what reached it and answers what

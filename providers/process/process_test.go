@@ -35,11 +35,11 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	machinecontroller "github.com/machinist-dev/machinist/controllers/machine"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/providers/nodeagent"
 	"github.com/machinist-dev/machinist/providers/process"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 var (

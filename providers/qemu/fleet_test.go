@@ -23,12 +23,12 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	machinecontroller "github.com/machinist-dev/machinist/controllers/machine"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/operation"
 	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/providers/process"
 	"github.com/machinist-dev/machinist/providers/qemu"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 // fleet is a MachineDeployment of VMs under a running manager.

@@ -23,10 +23,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/providers/process"
 	"github.com/machinist-dev/machinist/providers/qemu"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 var (

@@ -29,9 +29,9 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/controllers/machine"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/internal/admission"
 	"github.com/machinist-dev/machinist/manager"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 // The people and the controllers of these tests. pat may edit Machines

@@ -12,9 +12,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/faults"
 	"github.com/machinist-dev/machinist/operation"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 // uncordonRefused brings a Machine to Draining for a reboot with opts,

@@ -18,8 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/internal/admission"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 // BenchmarkRequestAdmission measures what the admission policies of the

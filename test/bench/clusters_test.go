@@ -25,7 +25,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/testenv"
+	"github.com/machinist-dev/machinist/dev/testenv"
 )
 
 // BenchmarkScaleUpAcrossClusters scales up 1,000 Machines three ways, each

@@ -22,8 +22,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	ctrl "sigs.k8s.io/controller-runtime"
 
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/internal/orphans"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 // fleet is a benchmark's control plane with `machinist manager` as a

@@ -25,8 +25,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/internal/pki"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 // unit is the floor's work for the i-th Machine in namespace ns: the

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/machinist-dev/machinist/testenv"
+	"github.com/machinist-dev/machinist/dev/testenv"
 )
 
 // BenchmarkProviderHop scales a MachineSet from 0 to 1,000 Running

@@ -11,8 +11,8 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/controllers/machinedeployment"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/operation"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 // BenchmarkInPlaceUpgrade times an in-place node upgrade of 500 Machines

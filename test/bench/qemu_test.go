@@ -18,10 +18,10 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/controllers/machine"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/providers/qemu"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 // BenchmarkQEMU times real VMs under the controllers, with the qemu

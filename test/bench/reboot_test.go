@@ -17,7 +17,7 @@ import (
 
 	subresourcesv1 "github.com/machinist-dev/machinist/api/subresources/v1alpha1"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/testenv"
+	"github.com/machinist-dev/machinist/dev/testenv"
 )
 
 // BenchmarkReboot reboots N Running Machines at once through the verbs

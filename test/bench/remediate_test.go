@@ -22,9 +22,9 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/controllers/machinehealthcheck"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/manager"
 	nodeside "github.com/machinist-dev/machinist/nodes"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 // A crashed agent's Node goes Ready=Unknown once the node lifecycle

@@ -35,8 +35,8 @@ import (
 
 	"go.uber.org/zap/zapcore"
 
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/internal/orphans"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 var (

@@ -3,7 +3,7 @@ package chaos_test
 import (
 	"context"
 	"fmt"
-	"github.com/machinist-dev/machinist/testenv"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"math/rand/v2"
 	"os"
 	"strings"

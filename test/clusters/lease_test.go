@@ -8,7 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/testenv"
+	"github.com/machinist-dev/machinist/dev/testenv"
 )
 
 // A workload cluster's kubelet Leases are watched as the manager's own

@@ -22,8 +22,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/manager"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 // The workload clusters' names, as their WorkloadClusters are named in

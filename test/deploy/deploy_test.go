@@ -41,7 +41,7 @@ import (
 
 	subresourcesv1 "github.com/machinist-dev/machinist/api/subresources/v1alpha1"
 	"github.com/machinist-dev/machinist/apiserver"
-	"github.com/machinist-dev/machinist/testenv"
+	"github.com/machinist-dev/machinist/dev/testenv"
 )
 
 var env *testenv.Env

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/machinist-dev/machinist/testenv"
+	"github.com/machinist-dev/machinist/dev/testenv"
 )
 
 // TestFaultProxyCommand runs `machinist fault-proxy` as a user would in

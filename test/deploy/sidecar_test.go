@@ -22,8 +22,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/internal/pki"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 // TestProviderSidecar renders config/provider-sidecar, checks that the

@@ -13,8 +13,8 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	machinecontroller "github.com/machinist-dev/machinist/controllers/machine"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/manager"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 // rest is how long a settled fleet is watched.

@@ -30,7 +30,7 @@ import (
 	sigsyaml "sigs.k8s.io/yaml"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/testenv"
+	"github.com/machinist-dev/machinist/dev/testenv"
 )
 
 // TestEveryMetricUsedIsServed runs `machinist manager` with leader

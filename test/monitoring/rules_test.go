@@ -18,7 +18,7 @@ import (
 
 	sigsyaml "sigs.k8s.io/yaml"
 
-	"github.com/machinist-dev/machinist/testenv"
+	"github.com/machinist-dev/machinist/dev/testenv"
 )
 
 var (

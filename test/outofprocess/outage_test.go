@@ -25,13 +25,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/providers/plugin"
 	"github.com/machinist-dev/machinist/providers/process"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 var (

@@ -16,12 +16,12 @@ import (
 	"k8s.io/apimachinery/pkg/util/uuid"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/providers/inmemory"
 	"github.com/machinist-dev/machinist/providers/plugin"
 	"github.com/machinist-dev/machinist/providers/plugin/conformance"
 	providerv1 "github.com/machinist-dev/machinist/providers/plugin/v1"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 func TestInmemoryConforms(t *testing.T) {

@@ -19,11 +19,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/providers/inmemory"
 	"github.com/machinist-dev/machinist/providers/plugin"
 	"github.com/machinist-dev/machinist/providers/plugin/conformance"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 var (

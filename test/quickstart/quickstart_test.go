@@ -37,8 +37,8 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/controllers/machinehealthcheck"
 	"github.com/machinist-dev/machinist/dev/local"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/providers/qemu"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 // quickStartBlock is the README's shell block after the quick-start marker.

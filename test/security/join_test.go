@@ -18,8 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/nodes"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 // ownCluster starts a workload cluster for one test and hands it, as the

@@ -22,8 +22,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/internal/pki"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 // listener is an HTTPS server the test runs where a tenant's kubeconfig

@@ -25,8 +25,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/yaml"
 
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/internal/orphans"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 // before is the last commit whose CRDs stored machinist.dev/v1alpha1 and

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/machinist-dev/machinist/testenv"
+	"github.com/machinist-dev/machinist/dev/testenv"
 )
 
 // Leader election timed as the chaos tests time it, so that a replica

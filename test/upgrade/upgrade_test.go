@@ -33,8 +33,8 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/apiserver"
 	"github.com/machinist-dev/machinist/config"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/providers/process"
-	"github.com/machinist-dev/machinist/testenv"
 )
 
 // resources are Machinist's kinds, by resource name.
