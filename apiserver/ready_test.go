@@ -24,7 +24,7 @@ import (
 
 	subresourcesv1 "github.com/machinist-dev/machinist/api/subresources/v1alpha1"
 	"github.com/machinist-dev/machinist/apiserver"
-	"github.com/machinist-dev/machinist/faults"
+	"github.com/machinist-dev/machinist/dev/faults"
 	"github.com/machinist-dev/machinist/internal/pki"
 )
 

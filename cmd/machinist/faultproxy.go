@@ -13,7 +13,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/machinist-dev/machinist/cmd/internal/cli"
-	"github.com/machinist-dev/machinist/faults"
+	"github.com/machinist-dev/machinist/dev/faults"
 )
 
 func faultProxyCommand() *cobra.Command {

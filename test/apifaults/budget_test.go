@@ -11,9 +11,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/dev/faults"
 	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/disruption"
-	"github.com/machinist-dev/machinist/faults"
 )
 
 func budget(ns, name string, max int32) *machinistv1.MachineDisruptionBudget {

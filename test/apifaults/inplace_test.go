@@ -12,8 +12,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/dev/faults"
 	"github.com/machinist-dev/machinist/dev/testenv"
-	"github.com/machinist-dev/machinist/faults"
 )
 
 // An in-place rollout hands each updated Machine from the old set to the

@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/faults"
+	"github.com/machinist-dev/machinist/dev/faults"
 )
 
 // created counts, from a watch of ns, every Machine it ever held.

@@ -10,7 +10,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/machinist-dev/machinist/faults"
+	"github.com/machinist-dev/machinist/dev/faults"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/providers/inmemory"
 )

@@ -19,7 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/faults"
+	"github.com/machinist-dev/machinist/dev/faults"
 	"github.com/machinist-dev/machinist/providers/process"
 )
 

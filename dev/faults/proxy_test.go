@@ -18,8 +18,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/machinist-dev/machinist/dev/faults"
 	"github.com/machinist-dev/machinist/dev/testenv"
-	"github.com/machinist-dev/machinist/faults"
 )
 
 var env *testenv.Env
