@@ -20,11 +20,11 @@ func layer(pkg string) (int, string) {
 		return 0, "API types and manifests"
 	case first == "internal":
 		return 1, "helpers"
-	case slices.Contains([]string{"phases", "operation", "nodes", "drainrules", "providers", "nodeagent", "disruption", "faults", "gauges", "migration", "clusters"}, first):
+	case slices.Contains([]string{"phases", "operation", "nodes", "drainrules", "providers", "nodeagent", "disruption", "gauges", "migration", "clusters"}, first):
 		return 2, "domain"
 	case first == "controllers" || slices.Contains([]string{"apiserver"}, first):
 		return 3, "controllers and the verbs server"
-	case slices.Contains([]string{"manager", "local", "testenv", "controllermanager"}, first):
+	case first == "manager" || first == "dev":
 		return 4, "wiring"
 	case first == "cmd" || first == "hack":
 		return 5, "commands and build tools"

@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/machinist-dev/machinist/controllermanager"
+	"github.com/machinist-dev/machinist/dev/kubecontrollermanager"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/internal/pki"
@@ -54,7 +54,7 @@ type cluster struct {
 	name       string
 	dir        string
 	env        *envtest.Environment
-	kcm        *controllermanager.Process
+	kcm        *kubecontrollermanager.Process
 	config     *rest.Config
 	kubeconfig string // an administrator's kubeconfig file
 	// starting is set once env.Start is called: from then on, whatever
@@ -87,11 +87,11 @@ func startCluster(ctx context.Context, opts clusterOptions) (*cluster, error) {
 	}
 	// Machines join as kubelets do, with certificates of this CA, kept
 	// so that they stay valid across restarts.
-	ca, err := controllermanager.NewClusterCA(filepath.Join(opts.dir, "cluster-ca"))
+	ca, err := kubecontrollermanager.NewClusterCA(filepath.Join(opts.dir, "cluster-ca"))
 	if err != nil {
 		return c, err
 	}
-	controllermanager.Joinable(env, ca)
+	kubecontrollermanager.Joinable(env, ca)
 	args := env.ControlPlane.GetAPIServer().Configure()
 	for flag, value := range opts.flags {
 		args.Set(flag, value)
@@ -122,7 +122,7 @@ func startCluster(ctx context.Context, opts clusterOptions) (*cluster, error) {
 	// machines join, the garbage collector, the namespace controller and
 	// the node lifecycle controller. Its Node grace period is
 	// nodeMonitorGrace, not Kubernetes' 50s.
-	c.kcm, err = controllermanager.Start(env, controllermanager.Options{
+	c.kcm, err = kubecontrollermanager.Start(env, kubecontrollermanager.Options{
 		Binary: filepath.Join(opts.binDir, "kube-controller-manager"), Dir: opts.dir,
 		CA: ca, Fleet: true,
 		NodeMonitorGracePeriod: nodeMonitorGrace,
@@ -170,7 +170,7 @@ func removeEnvtestKubeconfigs(dir string) error {
 // exited says why kube-controller-manager stopped, once it has.
 func (c *cluster) exited() error {
 	return fmt.Errorf("kube-controller-manager of %s stopped (%v); its log is %s",
-		c.name, c.kcm.Err(), filepath.Join(c.dir, controllermanager.LogFile))
+		c.name, c.kcm.Err(), filepath.Join(c.dir, kubecontrollermanager.LogFile))
 }
 
 // started lists the pids of after that are not in before.

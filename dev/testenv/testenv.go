@@ -39,7 +39,7 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/apiserver"
 	"github.com/machinist-dev/machinist/config"
-	"github.com/machinist-dev/machinist/controllermanager"
+	"github.com/machinist-dev/machinist/dev/kubecontrollermanager"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/internal/pki"
@@ -60,8 +60,8 @@ type Env struct {
 
 	env *envtest.Environment
 	dir string
-	ca  *controllermanager.ClusterCA
-	kcm *controllermanager.Process
+	ca  *kubecontrollermanager.ClusterCA
+	kcm *kubecontrollermanager.Process
 	// apiserverArgs is the command line of envtest's kube-apiserver, once
 	// StopAPIServer has killed it; apiserver is the one StartAPIServer
 	// started in its place, and apiserverDone is closed once that exits
@@ -166,7 +166,7 @@ func StartWith(opts Options) (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
-	ca, err := controllermanager.NewClusterCA(filepath.Join(dir, "cluster-ca"))
+	ca, err := kubecontrollermanager.NewClusterCA(filepath.Join(dir, "cluster-ca"))
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
@@ -178,7 +178,7 @@ func StartWith(opts Options) (*Env, error) {
 		ControlPlaneStartTimeout: 2 * time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
 	}
-	controllermanager.Joinable(env, ca)
+	kubecontrollermanager.Joinable(env, ca)
 	var conv *conversion
 	var crds []*apiextensionsv1.CustomResourceDefinition
 	if !opts.Workload {
@@ -271,7 +271,7 @@ func (e *Env) startControllerManager(opts Options) error {
 		grace = 5 * time.Second
 	}
 	var err error
-	e.kcm, err = controllermanager.Start(e.env, controllermanager.Options{
+	e.kcm, err = kubecontrollermanager.Start(e.env, kubecontrollermanager.Options{
 		Binary: filepath.Join(BinDir(), "kube-controller-manager"), Dir: e.dir,
 		CA: e.ca, Fleet: opts.ControllerManager,
 		NodeMonitorGracePeriod: grace, NodeMonitorPeriod: time.Second,

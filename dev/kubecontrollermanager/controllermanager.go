@@ -1,4 +1,4 @@
-// Package controllermanager runs Kubernetes' own kube-controller-manager
+// Package kubecontrollermanager runs Kubernetes' own kube-controller-manager
 // beside a kube-apiserver. It always runs what lets machines join as
 // kubelets do (JoinControllers: CertificateSigningRequests approved,
 // signed with the cluster's CA and cleaned up, expired bootstrap tokens
@@ -9,7 +9,7 @@
 // Lease is marked Ready=Unknown) and the storage version migrator (a
 // resource's stored objects rewritten at its storage version). `machinist run` and the tests use it, so
 // that what Kubernetes does is done by Kubernetes, as in a cluster.
-package controllermanager
+package kubecontrollermanager
 
 import (
 	"context"
