@@ -28,9 +28,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/drainrules"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/internal/index"
+	"github.com/machinist-dev/machinist/nodes/drain"
 )
 
 // Clusters finds the cluster that holds a Machine's Node.
@@ -165,8 +165,8 @@ type Cluster interface {
 	// no error.
 	Delete(ctx context.Context, node *corev1.Node) error
 	// Drain does one round of draining node without waiting
-	// (DrainRound), by rules.
-	Drain(ctx context.Context, node *corev1.Node, settings machinistv1.DrainSettings, healthy bool, rules drainrules.Rules) (DrainOutcome, error)
+	// (drain.Round), by rules.
+	Drain(ctx context.Context, node *corev1.Node, settings machinistv1.DrainSettings, healthy bool, rules drain.Rules) (drain.Outcome, error)
 	// VolumeAttachments returns the names of the VolumeAttachments whose
 	// spec.nodeName is node, sorted.
 	VolumeAttachments(ctx context.Context, node string) ([]string, error)
@@ -242,8 +242,8 @@ func (l *API) Delete(ctx context.Context, node *corev1.Node) error {
 }
 
 // Drain implements Cluster.
-func (l *API) Drain(ctx context.Context, node *corev1.Node, settings machinistv1.DrainSettings, healthy bool, rules drainrules.Rules) (DrainOutcome, error) {
-	return DrainRound(ctx, l.Kube, node, settings, healthy, rules)
+func (l *API) Drain(ctx context.Context, node *corev1.Node, settings machinistv1.DrainSettings, healthy bool, rules drain.Rules) (drain.Outcome, error) {
+	return drain.Round(ctx, l.Kube, node, settings, healthy, rules)
 }
 
 // VolumeAttachments implements Cluster. It lists from the API server, not
@@ -312,8 +312,8 @@ func (o Offline) Patch(context.Context, *corev1.Node, client.Patch) error { retu
 func (o Offline) Delete(context.Context, *corev1.Node) error { return o.Err }
 
 // Drain implements Cluster.
-func (o Offline) Drain(context.Context, *corev1.Node, machinistv1.DrainSettings, bool, drainrules.Rules) (DrainOutcome, error) {
-	return DrainOutcome{}, o.Err
+func (o Offline) Drain(context.Context, *corev1.Node, machinistv1.DrainSettings, bool, drain.Rules) (drain.Outcome, error) {
+	return drain.Outcome{}, o.Err
 }
 
 // VolumeAttachments implements Cluster.

@@ -14,8 +14,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/drainrules"
 	"github.com/machinist-dev/machinist/nodes"
+	"github.com/machinist-dev/machinist/nodes/drain"
 	"github.com/machinist-dev/machinist/operation"
 	"github.com/machinist-dev/machinist/phases"
 )
@@ -139,7 +139,7 @@ func (r *Reconciler) drain(ctx context.Context, s *step, next string) (bool, err
 	if err := r.Client.List(ctx, &list, client.InNamespace(m.Namespace)); err != nil {
 		return false, fmt.Errorf("listing MachineDrainRules: %w", err)
 	}
-	rules, err := drainrules.For(m, list.Items)
+	rules, err := drain.For(m, list.Items)
 	if err != nil {
 		// A rule the drain cannot read might be the one that keeps a
 		// pod: nothing is evicted until it is fixed.

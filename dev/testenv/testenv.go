@@ -107,7 +107,7 @@ func Root() string {
 	if !ok {
 		panic("testenv: cannot locate the source file")
 	}
-	return filepath.Clean(filepath.Join(filepath.Dir(file), ".."))
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 }
 
 // BinDir is where the control-plane binaries live: $MACHINIST_BIN or bin/.

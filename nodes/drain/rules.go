@@ -1,14 +1,17 @@
-// Package drainrules decides what a drain does with each pod: evict it in
-// some order, leave it, or wait for it to complete. It reads the
-// MachineDrainRules that select a Machine and each pod's drain label, and
-// says which of them decided, so that a person can find out why.
+// Package drain empties a Node: Round cordons it and evicts its pods
+// through the Eviction API, one round at a time, and Rules decide what it
+// does with each pod: evict it in some order, leave it, or wait for it to
+// complete. The Machine controller's drain phase calls it through a
+// nodes.Cluster. Rules are read from the MachineDrainRules that select a
+// Machine and from each pod's drain label, and a Decision says which of
+// them decided, so that a person can find out why.
 //
 // Precedence, from first to last:
 //  1. the pod's machinist.dev/drain label (skip, wait-completed, order.<n>);
 //  2. the first MachineDrainRule, by name, that selects the Machine and the
 //     pod;
 //  3. Drain, order 0.
-package drainrules
+package drain
 
 import (
 	"fmt"

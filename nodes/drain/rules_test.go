@@ -1,4 +1,4 @@
-package drainrules_test
+package drain_test
 
 import (
 	"slices"
@@ -10,7 +10,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/drainrules"
+	"github.com/machinist-dev/machinist/nodes/drain"
 )
 
 func rule(name string, behavior machinistv1.DrainBehavior, order *int32, machines map[string]string, pods ...machinistv1.MachineDrainRulePodSelector) machinistv1.MachineDrainRule {
@@ -49,7 +49,7 @@ func TestDecide(t *testing.T) {
 		rule("c-jobs", machinistv1.DrainBehaviorWaitCompleted, nil, nil, namespaces(map[string]string{"kind": "batch"})),
 		rule("d-other-pool", machinistv1.DrainBehaviorSkip, nil, map[string]string{"pool": "web"}),
 	}
-	rules, err := drainrules.For(machine, all)
+	rules, err := drain.For(machine, all)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func TestDecide(t *testing.T) {
 }
 
 func TestNoRulesDrainEveryPodAtOrderZero(t *testing.T) {
-	rules, err := drainrules.For(&machinistv1.Machine{}, nil)
+	rules, err := drain.For(&machinistv1.Machine{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestNoRulesDrainEveryPodAtOrderZero(t *testing.T) {
 
 func TestARuleWithABadSelectorIsAnErrorNamingIt(t *testing.T) {
 	bad := rule("broken", machinistv1.DrainBehaviorSkip, nil, nil, pods(map[string]string{"app": "not a label value"}))
-	if _, err := drainrules.For(&machinistv1.Machine{}, []machinistv1.MachineDrainRule{bad}); err == nil {
+	if _, err := drain.For(&machinistv1.Machine{}, []machinistv1.MachineDrainRule{bad}); err == nil {
 		t.Fatal("a selector with an invalid label value was accepted")
 	} else if want := "MachineDrainRule broken"; !strings.Contains(err.Error(), want) {
 		t.Fatalf("error %q does not name the rule", err)
@@ -111,7 +111,7 @@ func TestARuleWithABadSelectorIsAnErrorNamingIt(t *testing.T) {
 func TestParseLabel(t *testing.T) {
 	for v, want := range map[string]bool{"skip": true, "wait-completed": true, "order.0": true, "order.-10": true, "order.7": true,
 		"order=7": false, "order.": false, "order.x": false, "Skip": false, "": false, "order.99999999999": false} {
-		if _, _, err := drainrules.ParseLabel(v); (err == nil) != want {
+		if _, _, err := drain.ParseLabel(v); (err == nil) != want {
 			t.Errorf("ParseLabel(%q): error %v, want ok=%v", v, err, want)
 		}
 	}

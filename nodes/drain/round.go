@@ -1,4 +1,4 @@
-package nodes
+package drain
 
 import (
 	"context"
@@ -13,16 +13,15 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/kubectl/pkg/drain"
+	kubedrain "k8s.io/kubectl/pkg/drain"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/drainrules"
 	"github.com/machinist-dev/machinist/internal/outcome"
 )
 
-// DrainOutcome is where one drain round left the Node: done, or why not,
+// Outcome is where one drain round left the Node: done, or why not,
 // as a reason of the Drained condition and a message.
-type DrainOutcome struct {
+type Outcome struct {
 	Done    bool
 	Reason  string
 	Message string
@@ -35,7 +34,7 @@ type DrainOutcome struct {
 // listed is how many pods a message names before it counts the rest.
 const listed = 3
 
-// DrainRound does one non-blocking round of a drain: cordon, then evict,
+// Round does one non-blocking round of a drain: cordon, then evict,
 // through the Eviction API so that PodDisruptionBudgets hold, every pod
 // not yet terminating of the lowest order that still has pods. Pods of a
 // higher order wait until every pod of the lower ones is gone; pods the
@@ -43,8 +42,8 @@ const listed = 3
 // waits; the caller requeues until the Node holds only pods that drains
 // skip (DaemonSet and mirror pods, and those the rules skip) and the pods
 // waited for have completed.
-func DrainRound(ctx context.Context, kube kubernetes.Interface, node *corev1.Node, settings machinistv1.DrainSettings, nodeHealthy bool, rules drainrules.Rules) (DrainOutcome, error) {
-	helper := &drain.Helper{
+func Round(ctx context.Context, kube kubernetes.Interface, node *corev1.Node, settings machinistv1.DrainSettings, nodeHealthy bool, rules Rules) (Outcome, error) {
+	helper := &kubedrain.Helper{
 		Ctx:                 ctx,
 		Client:              kube,
 		Force:               true, // pods without a controller go too: the machine is going away
@@ -63,19 +62,19 @@ func DrainRound(ctx context.Context, kube kubernetes.Interface, node *corev1.Nod
 		helper.SkipWaitForDeleteTimeoutSeconds = 1
 	}
 	if !node.Spec.Unschedulable {
-		if err := drain.RunCordonOrUncordon(helper, node, true); err != nil {
-			return DrainOutcome{}, fmt.Errorf("cordoning node %s: %w", node.Name, err)
+		if err := kubedrain.RunCordonOrUncordon(helper, node, true); err != nil {
+			return Outcome{}, fmt.Errorf("cordoning node %s: %w", node.Name, err)
 		}
 	}
 	list, errs := helper.GetPodsForDeletion(node.Name)
 	if len(errs) > 0 {
-		return DrainOutcome{}, fmt.Errorf("listing pods to evict from node %s: %w", node.Name, errors.Join(errs...))
+		return Outcome{}, fmt.Errorf("listing pods to evict from node %s: %w", node.Name, errors.Join(errs...))
 	}
 	p, err := plan(ctx, kube, list.Pods(), rules, nodeHealthy)
 	if err != nil {
-		return DrainOutcome{}, fmt.Errorf("planning the drain of node %s: %w", node.Name, err)
+		return Outcome{}, fmt.Errorf("planning the drain of node %s: %w", node.Name, err)
 	}
-	out := DrainOutcome{Plan: p.describe()}
+	out := Outcome{Plan: p.describe()}
 	if len(p.orders) == 0 {
 		if len(p.waiting) > 0 {
 			out.Reason, out.Message = machinistv1.ReasonWaitCompleted, fmt.Sprintf(
@@ -105,7 +104,7 @@ func DrainRound(ctx context.Context, kube kubernetes.Interface, node *corev1.Nod
 		case apierrors.IsTooManyRequests(err):
 			blocked = append(blocked, fmt.Sprintf("%s/%s: %s", pod.Namespace, pod.Name, budgetMessage(err)))
 		default:
-			return DrainOutcome{}, fmt.Errorf("evicting pod %s/%s: %w", pod.Namespace, pod.Name, err)
+			return Outcome{}, fmt.Errorf("evicting pod %s/%s: %w", pod.Namespace, pod.Name, err)
 		}
 	}
 	where := fmt.Sprintf("group order %d", order)
@@ -141,7 +140,7 @@ type drainPlan struct {
 	decided map[string][]string
 }
 
-func plan(ctx context.Context, kube kubernetes.Interface, pods []corev1.Pod, rules drainrules.Rules, nodeHealthy bool) (drainPlan, error) {
+func plan(ctx context.Context, kube kubernetes.Interface, pods []corev1.Pod, rules Rules, nodeHealthy bool) (drainPlan, error) {
 	p := drainPlan{groups: map[int32][]corev1.Pod{}, decided: map[string][]string{}}
 	namespaces := map[string]map[string]string{}
 	for _, pod := range pods {
