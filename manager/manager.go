@@ -34,7 +34,7 @@ import (
 	"github.com/machinist-dev/machinist/controllers/machinehealthcheck"
 	"github.com/machinist-dev/machinist/controllers/machineset"
 	"github.com/machinist-dev/machinist/controllers/workloadcluster"
-	"github.com/machinist-dev/machinist/gauges"
+	"github.com/machinist-dev/machinist/manager/gauges"
 	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/providers"
 )
