@@ -12,7 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/machinist-dev/machinist/cmd/internal/cli"
-	"github.com/machinist-dev/machinist/migration"
+	"github.com/machinist-dev/machinist/internal/migration"
 )
 
 func migrateCommand() *cobra.Command {

@@ -24,7 +24,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/machinist-dev/machinist/dev/testenv"
-	"github.com/machinist-dev/machinist/migration"
+	"github.com/machinist-dev/machinist/internal/migration"
 )
 
 var env *testenv.Env
