@@ -11,7 +11,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/phases"
+	"github.com/machinist-dev/machinist/lifecycle/phases"
 )
 
 func TestAdmitAsksTheStateMachine(t *testing.T) {

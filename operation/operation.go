@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/rand"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/phases"
+	"github.com/machinist-dev/machinist/lifecycle/phases"
 )
 
 // ErrRefused matches (errors.Is) every reason an operation cannot start

@@ -7,7 +7,7 @@ import (
 
 	"github.com/machinist-dev/machinist/controllers/machinedeployment"
 	"github.com/machinist-dev/machinist/controllers/machinehealthcheck"
-	"github.com/machinist-dev/machinist/phases"
+	"github.com/machinist-dev/machinist/lifecycle/phases"
 )
 
 // diagrams are the state machines machinist fsm prints, by name.

@@ -9,7 +9,7 @@ import (
 
 	"github.com/machinist-dev/machinist/controllers/machinedeployment"
 	"github.com/machinist-dev/machinist/controllers/machinehealthcheck"
-	"github.com/machinist-dev/machinist/phases"
+	"github.com/machinist-dev/machinist/lifecycle/phases"
 )
 
 func run(t *testing.T, args ...string) (string, error) {

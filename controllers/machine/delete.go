@@ -9,8 +9,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/lifecycle/phases"
 	"github.com/machinist-dev/machinist/nodes"
-	"github.com/machinist-dev/machinist/phases"
 )
 
 // startDeleting is the handler of a deleted Machine that is not Running:

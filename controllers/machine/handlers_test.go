@@ -8,7 +8,7 @@ import (
 	"time"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/phases"
+	"github.com/machinist-dev/machinist/lifecycle/phases"
 )
 
 var handlerSets = map[string]handlers{"live": live, "deleting": deleting}

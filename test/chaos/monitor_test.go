@@ -22,7 +22,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/controllers/machinedeployment"
-	"github.com/machinist-dev/machinist/phases"
+	"github.com/machinist-dev/machinist/lifecycle/phases"
 )
 
 // event is one stored version of an object, as a watch delivered it.
