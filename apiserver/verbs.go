@@ -28,8 +28,8 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/internal/outcome"
+	"github.com/machinist-dev/machinist/lifecycle/operation"
 	"github.com/machinist-dev/machinist/nodes"
-	"github.com/machinist-dev/machinist/operation"
 )
 
 // machinesResource is how errors name Machines: the CRD's resource, the

@@ -9,7 +9,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/disruption"
-	"github.com/machinist-dev/machinist/operation"
+	"github.com/machinist-dev/machinist/lifecycle/operation"
 )
 
 // waiting begins the message of a pending operation a disruption budget

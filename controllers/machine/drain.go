@@ -14,10 +14,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/lifecycle/operation"
 	"github.com/machinist-dev/machinist/lifecycle/phases"
 	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/nodes/drain"
-	"github.com/machinist-dev/machinist/operation"
 )
 
 // drainFor is the handler of a live Machine in Draining: it empties the

@@ -8,8 +8,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/lifecycle/operation"
 	"github.com/machinist-dev/machinist/lifecycle/phases"
-	"github.com/machinist-dev/machinist/operation"
 )
 
 // Metrics are the lifecycle's Prometheus metrics.

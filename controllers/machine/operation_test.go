@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/operation"
+	"github.com/machinist-dev/machinist/lifecycle/operation"
 )
 
 // annotate asks for a verb through the request annotation.

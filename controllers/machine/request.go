@@ -10,8 +10,8 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/admission"
+	"github.com/machinist-dev/machinist/lifecycle/operation"
 	"github.com/machinist-dev/machinist/nodes"
-	"github.com/machinist-dev/machinist/operation"
 )
 
 // admitLive gives a live Machine its finalizer and turns its request

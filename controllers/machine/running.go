@@ -13,9 +13,9 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/admission"
+	"github.com/machinist-dev/machinist/lifecycle/operation"
 	"github.com/machinist-dev/machinist/lifecycle/phases"
 	"github.com/machinist-dev/machinist/nodes"
-	"github.com/machinist-dev/machinist/operation"
 	"github.com/machinist-dev/machinist/providers"
 )
 

@@ -34,8 +34,8 @@ import (
 	"github.com/machinist-dev/machinist/internal/requeue"
 	"github.com/machinist-dev/machinist/internal/stale"
 	"github.com/machinist-dev/machinist/internal/wake"
+	"github.com/machinist-dev/machinist/lifecycle/operation"
 	"github.com/machinist-dev/machinist/nodes"
-	"github.com/machinist-dev/machinist/operation"
 )
 
 // Reconciler is the MachineHealthCheck controller. One reconcile of a

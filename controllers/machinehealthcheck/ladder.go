@@ -11,7 +11,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/disruption"
-	"github.com/machinist-dev/machinist/operation"
+	"github.com/machinist-dev/machinist/lifecycle/operation"
 )
 
 // Event reasons of remediation, on the Machine.

@@ -14,7 +14,7 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/dev/faults"
 	"github.com/machinist-dev/machinist/dev/testenv"
-	"github.com/machinist-dev/machinist/operation"
+	"github.com/machinist-dev/machinist/lifecycle/operation"
 )
 
 // uncordonRefused brings a Machine to Draining for a reboot with opts,

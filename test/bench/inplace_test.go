@@ -12,7 +12,7 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/controllers/machinedeployment"
 	"github.com/machinist-dev/machinist/dev/testenv"
-	"github.com/machinist-dev/machinist/operation"
+	"github.com/machinist-dev/machinist/lifecycle/operation"
 )
 
 // BenchmarkInPlaceUpgrade times an in-place node upgrade of 500 Machines
