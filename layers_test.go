@@ -20,7 +20,7 @@ func layer(pkg string) (int, string) {
 		return 0, "API types and manifests"
 	case first == "internal":
 		return 1, "helpers"
-	case slices.Contains([]string{"phases", "operation", "nodes", "providers", "nodeagent", "disruption", "clusters"}, first):
+	case slices.Contains([]string{"lifecycle", "nodes", "providers", "clusters"}, first):
 		return 2, "domain"
 	case first == "controllers" || slices.Contains([]string{"apiserver"}, first):
 		return 3, "controllers and the verbs server"

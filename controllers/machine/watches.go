@@ -21,9 +21,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/disruption"
 	"github.com/machinist-dev/machinist/internal/index"
 	"github.com/machinist-dev/machinist/internal/wake"
+	"github.com/machinist-dev/machinist/lifecycle/disruption"
 	"github.com/machinist-dev/machinist/nodes"
 )
 

@@ -10,7 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/disruption"
+	"github.com/machinist-dev/machinist/lifecycle/disruption"
 )
 
 // busyRetry is how soon expiry looks again while a Machine of the

@@ -18,7 +18,7 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/controllers/machinedisruptionbudget"
 	"github.com/machinist-dev/machinist/dev/testenv"
-	"github.com/machinist-dev/machinist/disruption"
+	"github.com/machinist-dev/machinist/lifecycle/disruption"
 )
 
 var env *testenv.Env

@@ -13,7 +13,7 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/dev/faults"
 	"github.com/machinist-dev/machinist/dev/testenv"
-	"github.com/machinist-dev/machinist/disruption"
+	"github.com/machinist-dev/machinist/lifecycle/disruption"
 )
 
 func budget(ns, name string, max int32) *machinistv1.MachineDisruptionBudget {
