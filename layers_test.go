@@ -2,42 +2,62 @@ package machinist_test
 
 import (
 	"os/exec"
-	"slices"
 	"strings"
 	"testing"
 )
 
 const module = "github.com/machinist-dev/machinist/"
 
-// layer is how far up a package sits: a package may import its own layer
-// and those below, never one above. Within the controllers' layer no
-// controller imports another: what they share lives below them.
+// layers orders the module's packages from the bottom up: a package may
+// import its own layer and those below it, never one above. A prefix
+// ending in "/" names a folder and everything under it; any other names
+// one package. The order is the design: the state table knows nothing of
+// providers, the providers nothing of Nodes, and no domain package knows a
+// controller.
+var layers = []struct {
+	name     string
+	packages []string
+}{
+	{"API types and manifests", []string{"api/", "config", "config/", "apiserver/openapi", "providers/plugin/v1"}},
+	{"helpers", []string{"internal/"}},
+	{"the state table", []string{"lifecycle/phases"}},
+	{"the lifecycle's rules", []string{"lifecycle/operation", "lifecycle/disruption"}},
+	{"the provider contract", []string{"providers"}},
+	{"the providers and their protocol", []string{"providers/"}},
+	{"the drain", []string{"nodes/drain"}},
+	{"the Node seam", []string{"nodes"}},
+	{"workload cluster connections", []string{"clusters"}},
+	{"controllers and the verbs server", []string{"controllers/", "apiserver"}},
+	{"wiring and the development harness", []string{"manager", "manager/", "dev/"}},
+	{"commands and build tools", []string{"cmd/", "hack/"}},
+	{"tests", []string{"test/"}},
+}
+
+// layer is the index of pkg's layer in layers, and its name; -1 when no
+// layer names it. A package is in the most specific layer that names it
+// ("providers/plugin/v1" in the API's, not the providers').
 func layer(pkg string) (int, string) {
 	p := strings.TrimPrefix(pkg, module)
-	first := strings.Split(p, "/")[0]
-	switch {
-	case first == "api" || first == "config" || p == "apiserver/openapi" || p == "providers/plugin/v1":
-		return 0, "API types and manifests"
-	case first == "internal":
-		return 1, "helpers"
-	case slices.Contains([]string{"lifecycle", "nodes", "providers", "clusters"}, first):
-		return 2, "domain"
-	case first == "controllers" || slices.Contains([]string{"apiserver"}, first):
-		return 3, "controllers and the verbs server"
-	case first == "manager" || first == "dev":
-		return 4, "wiring"
-	case first == "cmd" || first == "hack":
-		return 5, "commands and build tools"
-	case first == "test":
-		return 6, "tests"
+	best, bestLen := -1, -1
+	for i, l := range layers {
+		for _, prefix := range l.packages {
+			match := p == prefix || (strings.HasSuffix(prefix, "/") && strings.HasPrefix(p, prefix))
+			if match && len(prefix) > bestLen {
+				best, bestLen = i, len(prefix)
+			}
+		}
 	}
-	return -1, ""
+	if best < 0 {
+		return -1, ""
+	}
+	return best, layers[best].name
 }
 
 // TestLayersOnlyPointDown fails on an import from a lower layer to a higher
-// one (internal/ importing a domain package, a controller importing the
-// wiring), on one controller importing another, and on a package no layer
-// names, which must be given one.
+// one (internal/ importing a domain package, the state table importing a
+// provider, a controller importing the wiring), on one controller
+// importing another or the verbs server importing a controller, and on a
+// package no layer names, which must be given one.
 func TestLayersOnlyPointDown(t *testing.T) {
 	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, "./...").Output()
 	if err != nil {
@@ -51,7 +71,7 @@ func TestLayersOnlyPointDown(t *testing.T) {
 		}
 		l, what := layer(pkg)
 		if l < 0 {
-			t.Errorf("%s is in no layer; add it to layer() in layers_test.go", pkg)
+			t.Errorf("%s is in no layer; add it to layers in layers_test.go", pkg)
 			continue
 		}
 		for _, imp := range fields[1:] {
@@ -62,20 +82,37 @@ func TestLayersOnlyPointDown(t *testing.T) {
 			switch {
 			case il > l:
 				t.Errorf("%s (%s) imports %s (%s), a layer above it", pkg, what, imp, iwhat)
-			case l == 3 && il == 3 && !samePackageTree(pkg, imp):
-				t.Errorf("controller %s imports controller %s; move what they share below them", pkg, imp)
+			case what == "controllers and the verbs server" && il == l && tree(pkg) != tree(imp):
+				t.Errorf("%s imports %s, on its own layer (%s); move what they share below them", pkg, imp, what)
 			}
 		}
 	}
 }
 
-func samePackageTree(a, b string) bool {
-	top := func(p string) string {
-		parts := strings.Split(strings.TrimPrefix(p, module), "/")
-		if parts[0] == "controllers" && len(parts) > 1 {
-			return parts[0] + "/" + parts[1]
+// TestTheVerbsServerAndThePluginLinkNoController fails when anything the
+// verbs server or the kubectl plugin links, however indirectly, is a
+// controller: both run where a controller's code, its watches and its
+// permissions have no business (docs/architecture.md).
+func TestTheVerbsServerAndThePluginLinkNoController(t *testing.T) {
+	for _, pattern := range []string{"./apiserver/...", "./cmd/kubectl-machine/..."} {
+		out, err := exec.Command("go", "list", "-deps", pattern).Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v", pattern, err)
 		}
-		return parts[0]
+		for dep := range strings.Lines(string(out)) {
+			if strings.HasPrefix(strings.TrimSpace(dep), module+"controllers/") {
+				t.Errorf("%s links %s", pattern, strings.TrimSpace(dep))
+			}
+		}
 	}
-	return top(a) == top(b)
+}
+
+// tree is the part of a package's path that says which controller, or
+// the verbs server, it belongs to.
+func tree(pkg string) string {
+	parts := strings.Split(strings.TrimPrefix(pkg, module), "/")
+	if parts[0] == "controllers" && len(parts) > 1 {
+		return parts[0] + "/" + parts[1]
+	}
+	return parts[0]
 }
