@@ -10,12 +10,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/lifecycle/operation"
-	"github.com/machinist-dev/machinist/lifecycle/phases"
 	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/nodes/drain"
 )
@@ -69,30 +67,6 @@ func waitToDrain(s *step) outcome {
 	setUnseenHealth(s)
 	return s.unseen(machinistv1.ConditionDrained, metav1.ConditionFalse,
 		"the drain waits for it, since pods cannot be evicted through an API that does not answer")
-}
-
-// abort gives the operation up and returns a drained Machine to service.
-func (r *Reconciler) abort(ctx context.Context, s *step, why string) outcome {
-	node, err := s.nodes.Node(ctx, s.m.Status.ProviderID)
-	if err != nil {
-		return fail(err)
-	}
-	if node != nil {
-		// Not applyNodeSpec: the drain may have cordoned the Node in
-		// this very reconcile, and the cached Node, not showing it yet,
-		// would make uncordoning look needless. A patch that changes
-		// nothing writes nothing. It comes before the move, so that a
-		// Node that could not be uncordoned is tried again, not left
-		// cordoned under a Running Machine.
-		if err := s.nodes.Patch(ctx, node, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"unschedulable":null}}`))); err != nil {
-			return fail(err)
-		}
-	}
-	if operation.InFlight(s.m.Status.Operation) {
-		endOperation(s, machinistv1.OperationFailed, why)
-	}
-	meta.RemoveStatusCondition(&s.m.Status.Conditions, machinistv1.ConditionDrained)
-	return settle(phases.Abort)
 }
 
 // drain does one round of draining and reports whether it is over; next

@@ -3,7 +3,6 @@ package machine
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -12,7 +11,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/lifecycle/phases"
 	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/providers"
@@ -101,27 +99,6 @@ func setProvisioning(m *machinistv1.Machine) {
 	})
 }
 
-// join makes what m's instance joins its cluster with: a bootstrap token
-// of its own in that cluster, which lives long enough for the slowest
-// boot the controller waits for, and goes once the machine has joined.
-func (r *Reconciler) join(ctx context.Context, s *step) (bootstrap.Join, error) {
-	j, err := s.nodes.Join(ctx, s.m, max(r.provisionTimeout(), r.operationTimeout())+joinSlack)
-	if err != nil {
-		return bootstrap.Join{}, fmt.Errorf("making the join data for machine %s/%s: %w", s.m.Namespace, s.m.Name, err)
-	}
-	return j, nil
-}
-
-// joinFailed retries a Machine whose join data could not be made: under
-// ClusterUnreachable when its cluster did not answer (the cluster's fault,
-// which the Machine waits out), under reason otherwise.
-func (r *Reconciler) joinFailed(s *step, reason string, err error) outcome {
-	if nodes.Unreachable(err) {
-		reason = machinistv1.ReasonClusterUnreachable
-	}
-	return r.retry(s, reason, err)
-}
-
 // joinSlack outlives a token beyond the deadline it serves, so that a
 // machine that joins just in time is not refused.
 const joinSlack = 5 * time.Minute
@@ -172,39 +149,4 @@ func (r *Reconciler) class(ctx context.Context, m *machinistv1.Machine) (*machin
 		return nil, nil
 	}
 	return c, err
-}
-
-// unavailable is why no provider can act for a Machine now: a reason for
-// its Ready condition and a message for people.
-type unavailable struct {
-	reason string
-	err    error
-}
-
-// actuatorFor picks the provider for a Machine: by its class while it has
-// no instance, then by its providerID's scheme, so a Machine can still be
-// deleted after its class is gone.
-func (r *Reconciler) actuatorFor(m *machinistv1.Machine, class *machinistv1.MachineClass) (providers.Actuator, *unavailable) {
-	if id := m.Status.ProviderID; id != "" {
-		u, err := url.Parse(id)
-		if err != nil || u.Scheme == "" {
-			return nil, &unavailable{machinistv1.ReasonInvalidProviderID, fmt.Errorf("providerID %q does not start with <provider>://", id)}
-		}
-		act, err := r.Actuators.Get(u.Scheme)
-		if err != nil {
-			return nil, &unavailable{machinistv1.ReasonProviderNotFound, fmt.Errorf("providerID %q: %w", id, err)}
-		}
-		return act, nil
-	}
-	if class == nil {
-		return nil, &unavailable{machinistv1.ReasonMachineClassNotFound, fmt.Errorf(
-			"MachineClass %q does not exist in namespace %q; create it, or fix spec.classRef.name",
-			m.Spec.ClassRef.Name, m.Namespace)}
-	}
-	act, err := r.Actuators.Get(class.Spec.Provider)
-	if err != nil {
-		return nil, &unavailable{machinistv1.ReasonProviderNotFound, fmt.Errorf("MachineClass %q names provider %q: %w",
-			class.Name, class.Spec.Provider, err)}
-	}
-	return act, nil
 }
