@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/dev/testenv"
 )
 
 // podLog records, per pod, when a watch first showed it terminating (with
@@ -88,24 +89,6 @@ func writesDuring(ctx context.Context, m *machinistv1.Machine, d time.Duration) 
 	return n
 }
 
-func drainRule(ns, name string, behavior machinistv1.DrainBehavior, order *int32, machines map[string]string, pods ...machinistv1.MachineDrainRulePodSelector) *machinistv1.MachineDrainRule {
-	r := &machinistv1.MachineDrainRule{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: machinistv1.MachineDrainRuleSpec{
-			Behavior: behavior, Order: order,
-			Pods: pods,
-		},
-	}
-	if machines != nil {
-		r.Spec.Machines = []machinistv1.MachineDrainRuleMachineSelector{{Selector: machinistv1.LabelSelector{MatchLabels: machines}}}
-	}
-	return r
-}
-
-func podsLabelled(l map[string]string) machinistv1.MachineDrainRulePodSelector {
-	return machinistv1.MachineDrainRulePodSelector{Selector: &machinistv1.LabelSelector{MatchLabels: l}}
-}
-
 // waitsWith matches a Machine whose condition t is False for reason, and
 // whose Ready condition says the same: the wait shows in kubectl get.
 func waitsWith(t, reason string, message ...string) OmegaMatcher {
@@ -157,13 +140,13 @@ var _ = Describe("Drain rules and the waits before an instance goes", func() {
 		m.Labels = map[string]string{"tier": "data"}
 		m = runMachine(ctx, m)
 		nodeName := m.Status.NodeRef.Name
-		Expect(k8s.Create(ctx, drainRule(ns, "proxies-first", machinistv1.DrainBehaviorDrain, ptr.To[int32](-10), nil,
-			podsLabelled(map[string]string{"app": "proxy"})))).To(Succeed())
-		Expect(k8s.Create(ctx, drainRule(ns, "databases-last", machinistv1.DrainBehaviorDrain, ptr.To[int32](10),
-			map[string]string{"tier": "data"}, podsLabelled(map[string]string{"app": "db"})))).To(Succeed())
+		Expect(k8s.Create(ctx, testenv.DrainRule(ns, "proxies-first", machinistv1.DrainBehaviorDrain, ptr.To[int32](-10), nil,
+			testenv.PodsLabelled(map[string]string{"app": "proxy"})))).To(Succeed())
+		Expect(k8s.Create(ctx, testenv.DrainRule(ns, "databases-last", machinistv1.DrainBehaviorDrain, ptr.To[int32](10),
+			map[string]string{"tier": "data"}, testenv.PodsLabelled(map[string]string{"app": "db"})))).To(Succeed())
 		// Selects the databases too, but sorts after databases-last.
-		Expect(k8s.Create(ctx, drainRule(ns, "everything-first", machinistv1.DrainBehaviorDrain, ptr.To[int32](-100), nil,
-			podsLabelled(map[string]string{"app": "db"})))).To(Succeed())
+		Expect(k8s.Create(ctx, testenv.DrainRule(ns, "everything-first", machinistv1.DrainBehaviorDrain, ptr.To[int32](-100), nil,
+			testenv.PodsLabelled(map[string]string{"app": "db"})))).To(Succeed())
 
 		proxies, web, dbs := []string{"proxy-0", "proxy-1"}, []string{"web-0", "web-1"}, []string{"db-0", "db-1"}
 		var pods []*corev1.Pod
@@ -229,7 +212,7 @@ var _ = Describe("Drain rules and the waits before an instance goes", func() {
 		runningPod(ctx, pod)
 		// The schema admits a key that is no label key; the label library
 		// does not.
-		broken := drainRule(ns, "broken", machinistv1.DrainBehaviorSkip, nil, nil, machinistv1.MachineDrainRulePodSelector{
+		broken := testenv.DrainRule(ns, "broken", machinistv1.DrainBehaviorSkip, nil, nil, machinistv1.MachineDrainRulePodSelector{
 			Selector: &machinistv1.LabelSelector{MatchExpressions: []machinistv1.LabelSelectorRequirement{{Key: "app/db/x", Operator: metav1.LabelSelectorOpExists}}},
 		})
 		Expect(k8s.Create(ctx, broken)).To(Succeed())

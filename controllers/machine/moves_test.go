@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -24,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/dev/testenv"
 )
 
 // history is what the watches of one namespace showed of each Machine:
@@ -33,27 +33,27 @@ import (
 // Pending through Deleting to Deleted within one reconcile, and only its
 // Events say which moves it made.
 type history struct {
-	mu       sync.Mutex
+	testenv.Watches
 	phases   map[string][]machinistv1.MachinePhase
 	versions map[string][]*machinistv1.Machine
 	gone     map[string]bool
 	events   map[string][]eventsv1.Event
 	seen     map[string]bool // Event names, since a series is updated in place
-	broken   []string
 }
 
 // observe starts watching the namespace's Machines and Events; call it
 // before anything it should see happens.
 func observe(ctx context.Context, ns string) *history {
 	h := &history{
-		phases: map[string][]machinistv1.MachinePhase{}, versions: map[string][]*machinistv1.Machine{},
+		Watches: testenv.Watches{Recover: GinkgoRecover},
+		phases:  map[string][]machinistv1.MachinePhase{}, versions: map[string][]*machinistv1.Machine{},
 		gone: map[string]bool{}, events: map[string][]eventsv1.Event{}, seen: map[string]bool{},
 	}
 	machines, err := env.WatchMachines(ctx, ns)
 	Expect(err).NotTo(HaveOccurred())
 	events, err := env.Watch(ctx, ns, func() client.ObjectList { return &eventsv1.EventList{} })
 	Expect(err).NotTo(HaveOccurred())
-	h.follow(ctx, "Machine", machines, func(ev watch.Event) bool {
+	h.Follow(ctx, "Machine", machines, func(ev watch.Event) bool {
 		m, ok := ev.Object.(*machinistv1.Machine)
 		if !ok {
 			return false
@@ -72,7 +72,7 @@ func observe(ctx context.Context, ns string) *history {
 		h.versions[m.Name] = append(h.versions[m.Name], m.DeepCopy())
 		return true
 	})
-	h.follow(ctx, "Event", events, func(ev watch.Event) bool {
+	h.Follow(ctx, "Event", events, func(ev watch.Event) bool {
 		e, ok := ev.Object.(*eventsv1.Event)
 		if !ok {
 			return false
@@ -86,35 +86,14 @@ func observe(ctx context.Context, ns string) *history {
 	return h
 }
 
-// follow feeds one watch to take, under h.mu. A watch that delivers an
-// error or ends before the spec does breaks the history: every read of it
-// fails from then on, rather than check what it never saw.
-func (h *history) follow(ctx context.Context, what string, ch <-chan watch.Event, take func(watch.Event) bool) {
-	go func() {
-		defer GinkgoRecover()
-		for ev := range ch {
-			h.mu.Lock()
-			if !take(ev) {
-				h.broken = append(h.broken, fmt.Sprintf("the %s watch delivered %s %#v", what, ev.Type, ev.Object))
-			}
-			h.mu.Unlock()
-		}
-		if ctx.Err() == nil {
-			h.mu.Lock()
-			h.broken = append(h.broken, fmt.Sprintf("the %s watch ended before the spec did", what))
-			h.mu.Unlock()
-		}
-	}()
-}
-
-// lock takes h.mu for a read, failing the spec if a watch broke.
+// lock takes h.Mu for a read, failing the spec if a watch broke.
 func (h *history) lock() func() {
-	h.mu.Lock()
-	if broken := slices.Clone(h.broken); len(broken) > 0 {
-		h.mu.Unlock()
+	h.Mu.Lock()
+	if broken := h.Broken(); len(broken) > 0 {
+		h.Mu.Unlock()
 		Fail(fmt.Sprintf("a watch failed: %v", broken))
 	}
-	return h.mu.Unlock
+	return h.Mu.Unlock
 }
 
 // phasesOf lists the phases name was stored in, in order.
@@ -206,41 +185,28 @@ func (h *history) eventsOf(name string) func() []string {
 // nodeLog records the distinct values of one Node's spec.unschedulable in
 // the order a watch showed them.
 type nodeLog struct {
-	mu            sync.Mutex
+	testenv.Watches
 	unschedulable []bool
-	broken        []string
 }
 
 func watchCordon(ctx context.Context, name string) *nodeLog {
 	ch, err := env.Watch(ctx, "", func() client.ObjectList { return &corev1.NodeList{} })
 	Expect(err).NotTo(HaveOccurred())
-	l := &nodeLog{unschedulable: []bool{node(ctx, name).Spec.Unschedulable}}
-	go func() {
-		defer GinkgoRecover()
-		for ev := range ch {
-			n, ok := ev.Object.(*corev1.Node)
-			l.mu.Lock()
-			switch {
-			case !ok:
-				l.broken = append(l.broken, fmt.Sprintf("the Node watch delivered %s %#v", ev.Type, ev.Object))
-			case n.Name == name && ev.Type != watch.Deleted && l.unschedulable[len(l.unschedulable)-1] != n.Spec.Unschedulable:
-				l.unschedulable = append(l.unschedulable, n.Spec.Unschedulable)
-			}
-			l.mu.Unlock()
+	l := &nodeLog{Watches: testenv.Watches{Recover: GinkgoRecover}, unschedulable: []bool{node(ctx, name).Spec.Unschedulable}}
+	l.Follow(ctx, "Node", ch, func(ev watch.Event) bool {
+		n, ok := ev.Object.(*corev1.Node)
+		if ok && n.Name == name && ev.Type != watch.Deleted && l.unschedulable[len(l.unschedulable)-1] != n.Spec.Unschedulable {
+			l.unschedulable = append(l.unschedulable, n.Spec.Unschedulable)
 		}
-		if ctx.Err() == nil {
-			l.mu.Lock()
-			l.broken = append(l.broken, "the Node watch ended before the spec did")
-			l.mu.Unlock()
-		}
-	}()
+		return ok
+	})
 	return l
 }
 
 func (l *nodeLog) get() []bool {
-	l.mu.Lock()
-	broken, out := slices.Clone(l.broken), slices.Clone(l.unschedulable)
-	l.mu.Unlock()
+	l.Mu.Lock()
+	broken, out := l.Broken(), slices.Clone(l.unschedulable)
+	l.Mu.Unlock()
 	Expect(broken).To(BeEmpty(), "the Node watch failed")
 	return out
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -49,52 +48,31 @@ func available(m *machinistv1.Machine, minReady time.Duration, now time.Time) bo
 // monitor watches every Machine and rollout event of a namespace and
 // checks the invariants at each one.
 type monitor struct {
-	mu         sync.Mutex
+	// Watches says why a watch stopped delivering: a monitor that
+	// silently stopped would find no violation in what it never saw.
+	testenv.Watches
 	machines   map[string]*machinistv1.Machine
 	phases     []machinistv1.RolloutPhase
 	violations []string
-	// broken says why a watch stopped delivering: a monitor that silently
-	// stopped would find no violation in what it never saw.
-	broken []string
-	check  func(map[string]*machinistv1.Machine) string
+	check      func(map[string]*machinistv1.Machine) string
 }
 
 func (m *monitor) bad() []string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return append(slices.Clone(m.broken), m.violations...)
+	m.Mu.Lock()
+	defer m.Mu.Unlock()
+	return append(m.Broken(), m.violations...)
 }
 
 func (m *monitor) rolloutPhases() []machinistv1.RolloutPhase {
-	m.mu.Lock()
-	broken, phases := slices.Clone(m.broken), slices.Clone(m.phases)
-	m.mu.Unlock()
+	m.Mu.Lock()
+	broken, phases := m.Broken(), slices.Clone(m.phases)
+	m.Mu.Unlock()
 	Expect(broken).To(BeEmpty(), "a watch failed")
 	return phases
 }
 
-// follow feeds one watch to take, under m.mu, and records it broken if it
-// delivers an error or ends before the spec does.
-func (m *monitor) follow(ctx context.Context, what string, ch <-chan watch.Event, take func(watch.Event) bool) {
-	go func() {
-		defer GinkgoRecover()
-		for ev := range ch {
-			m.mu.Lock()
-			if !take(ev) {
-				m.broken = append(m.broken, fmt.Sprintf("the %s watch delivered %s %#v", what, ev.Type, ev.Object))
-			}
-			m.mu.Unlock()
-		}
-		if ctx.Err() == nil {
-			m.mu.Lock()
-			m.broken = append(m.broken, fmt.Sprintf("the %s watch ended before the spec did", what))
-			m.mu.Unlock()
-		}
-	}()
-}
-
 func watchRollout(ctx context.Context, ns string, check func(map[string]*machinistv1.Machine) string) *monitor {
-	mon := &monitor{machines: map[string]*machinistv1.Machine{}, check: check}
+	mon := &monitor{Watches: testenv.Watches{Recover: GinkgoRecover}, machines: map[string]*machinistv1.Machine{}, check: check}
 	for _, m := range env.Machines(GinkgoTB(), ns) {
 		mon.machines[m.Name] = m.DeepCopy()
 	}
@@ -107,7 +85,7 @@ func watchRollout(ctx context.Context, ns string, check func(map[string]*machini
 	Expect(err).NotTo(HaveOccurred())
 	rollouts, err := env.Watch(ctx, ns, func() client.ObjectList { return &machinistv1.MachineDeploymentList{} })
 	Expect(err).NotTo(HaveOccurred())
-	mon.follow(ctx, "Machine", events, func(ev watch.Event) bool {
+	mon.Follow(ctx, "Machine", events, func(ev watch.Event) bool {
 		m, ok := ev.Object.(*machinistv1.Machine)
 		if !ok {
 			return false
@@ -122,7 +100,7 @@ func watchRollout(ctx context.Context, ns string, check func(map[string]*machini
 		}
 		return true
 	})
-	mon.follow(ctx, "MachineDeployment", rollouts, func(ev watch.Event) bool {
+	mon.Follow(ctx, "MachineDeployment", rollouts, func(ev watch.Event) bool {
 		md, ok := ev.Object.(*machinistv1.MachineDeployment)
 		if !ok {
 			return false

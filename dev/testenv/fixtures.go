@@ -136,3 +136,28 @@ func (e *Env) NewBudget(t testing.TB, ns, name string, selector map[string]strin
 	}
 	return b
 }
+
+// DrainRule is a MachineDrainRule in ns with behavior and order, selecting
+// the Machines labelled machines (all of them when nil) and the pods of
+// the pod selectors (all of them when none).
+func DrainRule(ns, name string, behavior machinistv1.DrainBehavior, order *int32, machines map[string]string, pods ...machinistv1.MachineDrainRulePodSelector) *machinistv1.MachineDrainRule {
+	r := &machinistv1.MachineDrainRule{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:       machinistv1.MachineDrainRuleSpec{Behavior: behavior, Order: order, Pods: pods},
+	}
+	if machines != nil {
+		r.Spec.Machines = []machinistv1.MachineDrainRuleMachineSelector{{Selector: machinistv1.LabelSelector{MatchLabels: machines}}}
+	}
+	return r
+}
+
+// PodsLabelled selects the pods labelled l, for DrainRule.
+func PodsLabelled(l map[string]string) machinistv1.MachineDrainRulePodSelector {
+	return machinistv1.MachineDrainRulePodSelector{Selector: &machinistv1.LabelSelector{MatchLabels: l}}
+}
+
+// PodsInNamespacesLabelled selects the pods of the namespaces labelled l,
+// for DrainRule.
+func PodsInNamespacesLabelled(l map[string]string) machinistv1.MachineDrainRulePodSelector {
+	return machinistv1.MachineDrainRulePodSelector{NamespaceSelector: &machinistv1.LabelSelector{MatchLabels: l}}
+}

@@ -2,6 +2,9 @@ package testenv
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"sync"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
@@ -45,3 +48,42 @@ func (e *Env) Watch(ctx context.Context, ns string, newList func() client.Object
 	}()
 	return rw.ResultChan(), nil
 }
+
+// Watches feeds watches to a test's own bookkeeping, one event at a time
+// under Mu, and remembers each watch that delivered an error or ended
+// before the test did: a check of what a broken watch never delivered
+// would pass on nothing.
+type Watches struct {
+	// Mu guards what the take functions write; hold it to read that, and
+	// to call Broken.
+	Mu sync.Mutex
+	// Recover, when set, is deferred in each watch's goroutine (Ginkgo's
+	// GinkgoRecover, so that a failed assertion in take fails the spec).
+	Recover func()
+	broken  []string
+}
+
+// Follow feeds ch to take, under w.Mu, until ch closes; an event take
+// refuses (returns false for), or ch closing before ctx ends, breaks w.
+func (w *Watches) Follow(ctx context.Context, what string, ch <-chan watch.Event, take func(watch.Event) bool) {
+	go func() {
+		if w.Recover != nil {
+			defer w.Recover()
+		}
+		for ev := range ch {
+			w.Mu.Lock()
+			if !take(ev) {
+				w.broken = append(w.broken, fmt.Sprintf("the %s watch delivered %s %#v", what, ev.Type, ev.Object))
+			}
+			w.Mu.Unlock()
+		}
+		if ctx.Err() == nil {
+			w.Mu.Lock()
+			w.broken = append(w.broken, fmt.Sprintf("the %s watch ended before the test did", what))
+			w.Mu.Unlock()
+		}
+	}()
+}
+
+// Broken says why watches broke, if any did; call it holding w.Mu.
+func (w *Watches) Broken() []string { return slices.Clone(w.broken) }

@@ -10,29 +10,13 @@ import (
 	"k8s.io/utils/ptr"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/nodes/drain"
 )
 
+// rule is a DrainRule of no namespace, as Decide is handed it.
 func rule(name string, behavior machinistv1.DrainBehavior, order *int32, machines map[string]string, pods ...machinistv1.MachineDrainRulePodSelector) machinistv1.MachineDrainRule {
-	r := machinistv1.MachineDrainRule{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: machinistv1.MachineDrainRuleSpec{
-			Behavior: behavior, Order: order,
-			Pods: pods,
-		},
-	}
-	if machines != nil {
-		r.Spec.Machines = []machinistv1.MachineDrainRuleMachineSelector{{Selector: machinistv1.LabelSelector{MatchLabels: machines}}}
-	}
-	return r
-}
-
-func pods(l map[string]string) machinistv1.MachineDrainRulePodSelector {
-	return machinistv1.MachineDrainRulePodSelector{Selector: &machinistv1.LabelSelector{MatchLabels: l}}
-}
-
-func namespaces(l map[string]string) machinistv1.MachineDrainRulePodSelector {
-	return machinistv1.MachineDrainRulePodSelector{NamespaceSelector: &machinistv1.LabelSelector{MatchLabels: l}}
+	return *testenv.DrainRule("", name, behavior, order, machines, pods...)
 }
 
 func pod(labels map[string]string) *corev1.Pod {
@@ -44,9 +28,9 @@ func TestDecide(t *testing.T) {
 	all := []machinistv1.MachineDrainRule{
 		// Listed out of name order: precedence is by name, not by list.
 		rule("z-everything-late", machinistv1.DrainBehaviorDrain, ptr.To[int32](100), nil),
-		rule("b-proxies-first", machinistv1.DrainBehaviorDrain, ptr.To[int32](-10), nil, pods(map[string]string{"app": "proxy"})),
-		rule("a-databases-last", machinistv1.DrainBehaviorDrain, ptr.To[int32](10), map[string]string{"pool": "db"}, pods(map[string]string{"app": "db"})),
-		rule("c-jobs", machinistv1.DrainBehaviorWaitCompleted, nil, nil, namespaces(map[string]string{"kind": "batch"})),
+		rule("b-proxies-first", machinistv1.DrainBehaviorDrain, ptr.To[int32](-10), nil, testenv.PodsLabelled(map[string]string{"app": "proxy"})),
+		rule("a-databases-last", machinistv1.DrainBehaviorDrain, ptr.To[int32](10), map[string]string{"pool": "db"}, testenv.PodsLabelled(map[string]string{"app": "db"})),
+		rule("c-jobs", machinistv1.DrainBehaviorWaitCompleted, nil, nil, testenv.PodsInNamespacesLabelled(map[string]string{"kind": "batch"})),
 		rule("d-other-pool", machinistv1.DrainBehaviorSkip, nil, map[string]string{"pool": "web"}),
 	}
 	rules, err := drain.For(machine, all)
@@ -100,7 +84,7 @@ func TestNoRulesDrainEveryPodAtOrderZero(t *testing.T) {
 }
 
 func TestARuleWithABadSelectorIsAnErrorNamingIt(t *testing.T) {
-	bad := rule("broken", machinistv1.DrainBehaviorSkip, nil, nil, pods(map[string]string{"app": "not a label value"}))
+	bad := rule("broken", machinistv1.DrainBehaviorSkip, nil, nil, testenv.PodsLabelled(map[string]string{"app": "not a label value"}))
 	if _, err := drain.For(&machinistv1.Machine{}, []machinistv1.MachineDrainRule{bad}); err == nil {
 		t.Fatal("a selector with an invalid label value was accepted")
 	} else if want := "MachineDrainRule broken"; !strings.Contains(err.Error(), want) {
