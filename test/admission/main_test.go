@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -21,7 +20,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -77,10 +75,8 @@ func TestMain(m *testing.M) {
 // as that ServiceAccount and waits until kube-apiserver enforces the
 // policies.
 func setup(ctx context.Context) error {
-	for _, file := range []string{"role.yaml", "operator.yaml"} {
-		if err := createClusterRole(ctx, filepath.Join(env.Root, "config", "rbac", file)); err != nil {
-			return err
-		}
+	if err := env.CreateClusterRoles(ctx, "role.yaml", "operator.yaml"); err != nil {
+		return err
 	}
 	binding := &rbacv1.ClusterRoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: "machinist-manager"},
@@ -123,18 +119,6 @@ func setup(ctx context.Context) error {
 	}
 	probe = client.ObjectKeyFromObject(m)
 	return awaitPolicies(ctx, true)
-}
-
-func createClusterRole(ctx context.Context, file string) error {
-	raw, err := os.ReadFile(file)
-	if err != nil {
-		return err
-	}
-	role := &rbacv1.ClusterRole{}
-	if err := utilyaml.Unmarshal(raw, role); err != nil {
-		return fmt.Errorf("%s: %w", file, err)
-	}
-	return env.Client.Create(ctx, role)
 }
 
 // peoplesNamespace creates a namespace for one test, with what grant

@@ -91,10 +91,8 @@ func setup(ctx context.Context) error {
 	if err := env.Client.Create(ctx, narrowed); err != nil {
 		return err
 	}
-	for _, file := range []string{"operator.yaml", "editor.yaml", "metrics_reader.yaml"} {
-		if err := createClusterRole(ctx, filepath.Join(env.Root, "config", "rbac", file)); err != nil {
-			return err
-		}
+	if err := env.CreateClusterRoles(ctx, "operator.yaml", "editor.yaml", "metrics_reader.yaml"); err != nil {
+		return err
 	}
 	binding := &rbacv1.ClusterRoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: "machinist-manager"},
@@ -292,18 +290,6 @@ func docNamespace(ns string) string {
 		return ns
 	}
 	return "fleet"
-}
-
-func createClusterRole(ctx context.Context, file string) error {
-	raw, err := os.ReadFile(file)
-	if err != nil {
-		return err
-	}
-	role := &rbacv1.ClusterRole{}
-	if err := utilyaml.Unmarshal(raw, role); err != nil {
-		return fmt.Errorf("%s: %w", file, err)
-	}
-	return env.Client.Create(ctx, role)
 }
 
 // tenantNamespace makes a namespace for one test, as a platform team
