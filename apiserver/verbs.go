@@ -27,6 +27,7 @@ import (
 	subresourcesv1 "github.com/machinist-dev/machinist/api/subresources/v1alpha1"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/outcome"
+	"github.com/machinist-dev/machinist/internal/strictjson"
 	"github.com/machinist-dev/machinist/lifecycle/disruption"
 	"github.com/machinist-dev/machinist/lifecycle/operation"
 	"github.com/machinist-dev/machinist/nodes"
@@ -215,12 +216,12 @@ func (s *verbStorage) decode(req *http.Request, name string) (*machinistv1.Opera
 	}
 	gk := schema.GroupKind{Group: subresourcesv1.GroupName, Kind: kind}
 	if len(bytes.TrimSpace(body)) > 0 {
-		dec := json.NewDecoder(bytes.NewReader(body))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(target); err != nil {
+		if err := strictjson.Unmarshal(body, target); err != nil {
 			var syntax *json.SyntaxError
 			var typeErr *json.UnmarshalTypeError
 			switch {
+			case errors.Is(err, strictjson.ErrTrailingData):
+				return nil, apierrors.NewBadRequest("the body holds more than one JSON object, or something after it")
 			case errors.As(err, &syntax), errors.Is(err, io.ErrUnexpectedEOF):
 				return nil, apierrors.NewBadRequest(fmt.Sprintf("the body is not a JSON %s: %v", kind, err))
 			case errors.As(err, &typeErr):
@@ -230,10 +231,6 @@ func (s *verbStorage) decode(req *http.Request, name string) (*machinistv1.Opera
 				// encoding/json says `json: unknown field "x"`.
 				return nil, apierrors.NewInvalid(gk, name, field.ErrorList{field.Invalid(field.NewPath(""), string(body), err.Error())})
 			}
-		}
-		// Not dec.More(), which is false before a ']' or '}' that follows.
-		if rest := bytes.TrimSpace(body[dec.InputOffset():]); len(rest) > 0 {
-			return nil, apierrors.NewBadRequest("the body holds more than one JSON object, or something after it")
 		}
 	}
 	var errs field.ErrorList

@@ -30,6 +30,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/internal/strictjson"
 	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/providers/nodeagent"
 )
@@ -87,14 +88,12 @@ func ParseProviderSpec(raw []byte) (ProviderSpec, error) {
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 		return spec, nil
 	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&spec); err != nil {
+	err := strictjson.Unmarshal(raw, &spec)
+	switch {
+	case errors.Is(err, strictjson.ErrTrailingData):
+		return ProviderSpec{}, fmt.Errorf("inmemory providerSpec: %w", err)
+	case err != nil:
 		return ProviderSpec{}, fmt.Errorf("inmemory providerSpec: %w (known fields: createLatency, errorRate, neverReady, failCreate, rebootLatency, failReboot, failUpdate)", err)
-	}
-	// Not dec.More(), which is false before a ']' or '}' that follows.
-	if rest := bytes.TrimSpace(raw[dec.InputOffset():]); len(rest) > 0 {
-		return ProviderSpec{}, errors.New("inmemory providerSpec: unexpected data after the JSON object")
 	}
 	if spec.ErrorRate < 0 || spec.ErrorRate > 1 {
 		return ProviderSpec{}, fmt.Errorf("inmemory providerSpec: errorRate %v is not between 0 and 1", spec.ErrorRate)

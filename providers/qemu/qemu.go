@@ -54,6 +54,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/machinist-dev/machinist/internal/strictjson"
 	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/providers/nodeagent"
 	"github.com/machinist-dev/machinist/providers/process"
@@ -386,14 +387,12 @@ func capacityArg(capacity corev1.ResourceList, spec Spec) (string, error) {
 func parseSpec(raw json.RawMessage) (Spec, error) {
 	var s Spec
 	if len(raw) > 0 {
-		dec := json.NewDecoder(strings.NewReader(string(raw)))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&s); err != nil {
+		err := strictjson.Unmarshal(raw, &s)
+		switch {
+		case errors.Is(err, strictjson.ErrTrailingData):
+			return s, fmt.Errorf("qemu: the class's providerSpec: %w", err)
+		case err != nil:
 			return s, fmt.Errorf("qemu: the class's providerSpec: %w (it takes cpus and memory)", err)
-		}
-		// Decode reads one value: what follows it would go unread.
-		if rest := strings.TrimSpace(string(raw[dec.InputOffset():])); rest != "" {
-			return s, fmt.Errorf("qemu: the class's providerSpec: unexpected data after the JSON object: %.20q", rest)
 		}
 	}
 	if s.CPUs == 0 {
