@@ -24,9 +24,9 @@ import (
 // Machine's machine has joined.
 const TokenMachineLabel = "machinist.dev/machine-uid"
 
-// KeptTokenSecretType is the type of the Secret, beside a Machine in the
-// management cluster, that keeps the bootstrap token of a machine repaired
-// while its cluster could not be reached. The type alone proves nothing
+// KeptTokenSecretType is the type of the Secret, in the manager's own
+// namespace of the management cluster, that keeps the bootstrap token of
+// a machine repaired while its cluster could not be reached. The type alone proves nothing
 // (anyone who may create Secrets may give one any type); the Machine's
 // status records the Secret the manager made.
 const KeptTokenSecretType corev1.SecretType = "machinist.dev/kept-bootstrap-token"

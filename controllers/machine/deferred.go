@@ -246,3 +246,23 @@ func (r *Reconciler) spent(ctx context.Context, s *step) error {
 	m.Status.KeptToken = nil
 	return nil
 }
+
+// dropUnrecordedKeptToken deletes, with a Machine that goes, the Secret
+// under its kept token's name that its status does not record: one made
+// for a repair whose status write was lost (a kill -9, a lost reply)
+// before a later look could delete it to make way. It was given to no
+// machine, but would outlive the Machine. Only a Machine whose last
+// operation is a repair can have one, so only such a Machine's deletion
+// asks (one DELETE). The name alone is enough: the manager's namespace is
+// written by no tenant.
+func (r *Reconciler) dropUnrecordedKeptToken(ctx context.Context, m *machinistv1.Machine) error {
+	if op := m.Status.Operation; m.Status.KeptToken != nil || op == nil || op.Type != machinistv1.OperationRepair {
+		return nil
+	}
+	key := r.keptTokens(m)
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
+	if err := r.Client.Delete(ctx, sec); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting Secret %s/%s, a bootstrap token kept for Machine %s but never recorded: %w", key.Namespace, key.Name, m.Name, err)
+	}
+	return nil
+}

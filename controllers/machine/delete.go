@@ -84,6 +84,9 @@ func (r *Reconciler) destroy(ctx context.Context, s *step) outcome {
 			return fail(err)
 		}
 	}
+	if err := r.dropUnrecordedKeptToken(ctx, m); err != nil {
+		return fail(err)
+	}
 	// Deleted is stored by no status: the Machine is gone with it. If the
 	// finalizer stays (a conflict, a refusal), the Machine is still
 	// Deleting, and nothing has moved.

@@ -10,13 +10,16 @@ import (
 	. "github.com/onsi/gomega/gstruct"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/lifecycle/operation"
+	"github.com/machinist-dev/machinist/nodes"
 )
 
 // annotate asks for a verb through the request annotation.
@@ -190,6 +193,25 @@ var _ = Describe("Machine operations", func() {
 			g.Expect(n.Spec.Taints).To(ContainElement(MatchFields(IgnoreExtras, Fields{"Key": Equal("dedicated"), "Value": Equal("batch")})))
 			g.Expect(n.Spec.Unschedulable).To(BeFalse())
 		}).Should(Succeed())
+	})
+
+	It("deletes with a repaired Machine a kept token's Secret its status never recorded", func(ctx SpecContext) {
+		ns := env.NewNamespace(GinkgoTB(), "lifecycle")
+		newClass(ctx, ns, "small", nil)
+		m := runMachine(ctx, newMachine(ns, "k0", "small"))
+		request(ctx, m, machinistv1.OperationRepair, nil)
+		Eventually(getMachine(ctx, m)).WithTimeout(30 * time.Second).Should(finished(machinistv1.OperationSucceeded))
+		// What a kill -9 between the Secret's create and the status
+		// write that records it leaves behind.
+		kept := &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: testenv.ManagerNamespace, Name: "machinist-join-" + string(m.UID)},
+			Type:       nodes.KeptTokenSecretType,
+		}
+		Expect(k8s.Create(ctx, kept)).To(Succeed())
+		Expect(k8s.Delete(ctx, getMachine(ctx, m)())).To(Succeed())
+		Eventually(func() bool {
+			return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(kept), &corev1.Secret{}))
+		}).WithTimeout(30*time.Second).Should(BeTrue(), "the unrecorded kept token outlived its Machine")
 	})
 
 	It("believes no requester annotation while no admission policy vouches for it, and removes it with the request", func(ctx SpecContext) {
