@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -160,4 +161,24 @@ func PodsLabelled(l map[string]string) machinistv1.MachineDrainRulePodSelector {
 // for DrainRule.
 func PodsInNamespacesLabelled(l map[string]string) machinistv1.MachineDrainRulePodSelector {
 	return machinistv1.MachineDrainRulePodSelector{NamespaceSelector: &machinistv1.LabelSelector{MatchLabels: l}}
+}
+
+// RegisterCluster hands a cluster to the manager through c, as its
+// owner would: kubeconfig in the Secret name-kubeconfig under the
+// default key, and the WorkloadCluster name in ns that names it.
+func RegisterCluster(ctx context.Context, c client.Client, ns, name string, kubeconfig []byte) (*machinistv1.WorkloadCluster, error) {
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-kubeconfig"},
+		Data:       map[string][]byte{machinistv1.DefaultKubeconfigKey: kubeconfig},
+	}
+	wc := &machinistv1.WorkloadCluster{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:       machinistv1.WorkloadClusterSpec{Kubeconfig: machinistv1.KubeconfigReference{SecretName: secret.Name}},
+	}
+	for _, o := range []client.Object{secret, wc} {
+		if err := c.Create(ctx, o); err != nil {
+			return nil, fmt.Errorf("creating %T %s/%s: %w", o, ns, o.GetName(), err)
+		}
+	}
+	return wc, nil
 }

@@ -18,7 +18,6 @@ import (
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
@@ -300,18 +299,7 @@ func serveCluster(ctx context.Context, b *testing.B, ns string, w workload) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	secret := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: w.name + "-kubeconfig"},
-		Data:       map[string][]byte{machinistv1.DefaultKubeconfigKey: kubeconfig},
-	}
-	if err := env.Client.Create(ctx, secret); err != nil {
-		b.Fatal(err)
-	}
-	wc := &machinistv1.WorkloadCluster{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: w.name},
-		Spec:       machinistv1.WorkloadClusterSpec{Kubeconfig: machinistv1.KubeconfigReference{SecretName: secret.Name}},
-	}
-	if err := env.Client.Create(ctx, wc); err != nil {
+	if _, err := testenv.RegisterCluster(ctx, env.Client, ns, w.name, kubeconfig); err != nil {
 		b.Fatal(err)
 	}
 }

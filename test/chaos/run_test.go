@@ -3,13 +3,14 @@ package chaos_test
 import (
 	"context"
 	"fmt"
-	"github.com/machinist-dev/machinist/dev/testenv"
 	"math/rand/v2"
 	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/machinist-dev/machinist/dev/testenv"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -107,15 +108,8 @@ func newRun(t *testing.T, seed uint64) *run {
 func (r *run) serveWorkload(ctx context.Context) {
 	kubeconfig, err := os.ReadFile(workload.Kubeconfig)
 	r.must(err)
-	secret := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: cluster + "-kubeconfig"},
-		Data:       map[string][]byte{machinistv1.DefaultKubeconfigKey: kubeconfig},
-	}
-	r.must(env.Client.Create(ctx, secret))
-	r.must(env.Client.Create(ctx, &machinistv1.WorkloadCluster{
-		ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: cluster},
-		Spec:       machinistv1.WorkloadClusterSpec{Kubeconfig: machinistv1.KubeconfigReference{SecretName: secret.Name}},
-	}))
+	_, err = testenv.RegisterCluster(ctx, env.Client, r.ns, cluster, kubeconfig)
+	r.must(err)
 	r.must(ensureNamespace(ctx, workload, r.ns))
 }
 

@@ -141,18 +141,9 @@ func ownCluster(t *testing.T, ns, name string) (*testenv.Env, *machinistv1.Workl
 	if err != nil {
 		t.Fatal(err)
 	}
-	secret := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-kubeconfig"},
-		Data:       map[string][]byte{machinistv1.DefaultKubeconfigKey: kubeconfig},
-	}
-	wc := &machinistv1.WorkloadCluster{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec:       machinistv1.WorkloadClusterSpec{Kubeconfig: machinistv1.KubeconfigReference{SecretName: secret.Name}},
-	}
-	for _, o := range []client.Object{secret, wc} {
-		if err := env.Client.Create(context.Background(), o); err != nil {
-			t.Fatal(err)
-		}
+	wc, err := testenv.RegisterCluster(context.Background(), env.Client, ns, name, kubeconfig)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return w, wc
 }

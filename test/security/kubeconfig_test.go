@@ -92,22 +92,16 @@ func hand(t *testing.T, ns, name string, kubeconfig []byte) *machinistv1.Workloa
 	t.Helper()
 	ctx := context.Background()
 	c := as(tenant)
-	secret := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-kubeconfig"},
-		Data:       map[string][]byte{machinistv1.DefaultKubeconfigKey: kubeconfig},
-	}
-	wc := &machinistv1.WorkloadCluster{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec:       machinistv1.WorkloadClusterSpec{Kubeconfig: machinistv1.KubeconfigReference{SecretName: secret.Name}},
+	wc, err := testenv.RegisterCluster(ctx, c, ns, name, kubeconfig)
+	if err != nil {
+		t.Fatalf("the tenant handing over its cluster: %v", err)
 	}
 	m := &machinistv1.Machine{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-machine"},
 		Spec:       machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: class}, ClusterName: name},
 	}
-	for _, o := range []client.Object{secret, wc, m} {
-		if err := c.Create(ctx, o); err != nil {
-			t.Fatalf("the tenant creating %s %s: %v", o.GetObjectKind().GroupVersionKind().Kind, o.GetName(), err)
-		}
+	if err := c.Create(ctx, m); err != nil {
+		t.Fatalf("the tenant creating Machine %s: %v", m.Name, err)
 	}
 	return wc
 }
