@@ -80,7 +80,7 @@ run: controlplane qemu binaries ## Run everything on this host, ready for kubect
 	bin/machinist run --state-dir .machinist --bin-dir bin
 
 .PHONY: controlplane
-controlplane: ## Build the pinned etcd, kube-apiserver, kube-controller-manager and kubectl into bin/ (skipped when already built).
+controlplane: ## Build the pinned etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl into bin/ (skipped when already built).
 	bash hack/controlplane/build.sh
 
 .PHONY: qemu

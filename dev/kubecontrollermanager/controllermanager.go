@@ -12,21 +12,16 @@
 package kubecontrollermanager
 
 import (
-	"context"
 	"errors"
-	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/machinist-dev/machinist/internal/orphans"
+	"github.com/machinist-dev/machinist/dev/internal/component"
 )
 
 // JoinControllers are the kube-controller-manager controllers every Start
@@ -45,11 +40,15 @@ var JoinControllers = []string{
 var FleetControllers = []string{
 	"garbage-collector-controller",
 	"namespace-controller",
-	"node-lifecycle-controller",
+	NodeLifecycleController,
 	// Carries out StorageVersionMigrations (package migration); it reads
 	// through the garbage collector's informers, so it runs only beside it.
 	"storage-version-migrator-controller",
 }
+
+// NodeLifecycleController is the one of FleetControllers that
+// Options.NodeLifecycle runs alone.
+const NodeLifecycleController = "node-lifecycle-controller"
 
 // APIQPS is the rate each of its controllers may send requests at.
 const APIQPS = 200
@@ -74,6 +73,12 @@ type Options struct {
 	CA *ClusterCA
 	// Fleet runs FleetControllers beside JoinControllers.
 	Fleet bool
+	// NodeLifecycle runs NodeLifecycleController beside JoinControllers
+	// (Fleet runs it anyway), for a cluster with a scheduler:
+	// kube-apiserver taints every new Node not-ready (its
+	// TaintNodesByCondition admission), and no pod is scheduled onto it
+	// until that controller lifts the taint, once the Node is Ready.
+	NodeLifecycle bool
 	// NodeMonitorGracePeriod is how long a Node's kubelet may go without
 	// renewing its Lease or posting status before the Node is marked
 	// Ready=Unknown; zero keeps Kubernetes' default (50s). NodeMonitorPeriod
@@ -82,17 +87,16 @@ type Options struct {
 }
 
 // Process is a running kube-controller-manager.
-type Process struct {
-	cmd  *exec.Cmd
-	done chan struct{} // closed once it has exited
-	err  error         // how it exited, once done is closed
-}
+type Process = component.Process
 
 // Args are the command-line arguments Start runs the binary with.
 func (o Options) Args() []string {
 	controllers := JoinControllers
-	if o.Fleet {
+	switch {
+	case o.Fleet:
 		controllers = append(slices.Clone(controllers), FleetControllers...)
+	case o.NodeLifecycle:
+		controllers = append(slices.Clone(controllers), NodeLifecycleController)
 	}
 	args := []string{
 		"--kubeconfig=" + filepath.Join(o.Dir, KubeconfigFile),
@@ -140,62 +144,11 @@ func Start(env *envtest.Environment, opts Options) (*Process, error) {
 	if opts.Binary == "" || opts.Dir == "" || opts.CA == nil {
 		return nil, errors.New("controllermanager: Options needs a Binary, a Dir and a CA")
 	}
-	if _, err := os.Stat(opts.Binary); err != nil {
-		return nil, fmt.Errorf("controllermanager: %w (make controlplane builds it)", err)
-	}
-	user, err := env.AddUser(envtest.User{Name: "system:kube-controller-manager", Groups: []string{"system:masters"}}, nil)
-	if err != nil {
-		return nil, err
-	}
-	kubeconfig, err := user.KubeConfig()
-	if err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(filepath.Join(opts.Dir, KubeconfigFile), kubeconfig, 0o600); err != nil {
-		return nil, err
-	}
-	log, err := os.OpenFile(filepath.Join(opts.Dir, LogFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(opts.Binary, opts.Args()...)
-	cmd.Stdout, cmd.Stderr = log, log
-	// Its own process group: a Ctrl-C meant for the parent must not stop it
-	// before the parent has stopped what depends on it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		_ = log.Close()
-		return nil, fmt.Errorf("starting %s: %w", filepath.Base(opts.Binary), err)
-	}
-	p := &Process{cmd: cmd, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		_ = log.Close()
-		close(p.done)
-	}()
-	if err := orphans.Guard(cmd.Process.Pid); err != nil {
-		return nil, errors.Join(err, p.Stop(context.Background()))
-	}
-	return p, nil
-}
-
-// Exited is closed when the process has exited; Err then says how.
-func (p *Process) Exited() <-chan struct{} { return p.done }
-
-// Err is how the process exited, once Exited is closed.
-func (p *Process) Err() error { return p.err }
-
-// Stop sends SIGTERM, then SIGKILL once ctx ends, and waits until it is gone.
-func (p *Process) Stop(ctx context.Context) error {
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return err
-	}
-	select {
-	case <-p.done:
-		return nil
-	case <-ctx.Done():
-		_ = p.cmd.Process.Kill()
-		<-p.done
-		return nil
-	}
+	return component.Start(env, component.Options{
+		Binary:         opts.Binary,
+		Args:           opts.Args(),
+		User:           envtest.User{Name: "system:kube-controller-manager", Groups: []string{"system:masters"}},
+		KubeconfigFile: filepath.Join(opts.Dir, KubeconfigFile),
+		LogFile:        filepath.Join(opts.Dir, LogFile),
+	})
 }

@@ -40,6 +40,7 @@ import (
 	"github.com/machinist-dev/machinist/apiserver"
 	"github.com/machinist-dev/machinist/config"
 	"github.com/machinist-dev/machinist/dev/kubecontrollermanager"
+	"github.com/machinist-dev/machinist/dev/kubescheduler"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/internal/pki"
@@ -62,6 +63,8 @@ type Env struct {
 	dir string
 	ca  *kubecontrollermanager.ClusterCA
 	kcm *kubecontrollermanager.Process
+	// sched is nil unless Options.Scheduler.
+	sched *kubescheduler.Process
 	// apiserverArgs is the command line of envtest's kube-apiserver, once
 	// StopAPIServer has killed it; apiserver is the one StartAPIServer
 	// started in its place, and apiserverDone is closed once that exits
@@ -81,9 +84,20 @@ type Options struct {
 	// controller, for tests of what those do. Tests that need none of it
 	// start faster without.
 	ControllerManager bool
+	// Scheduler starts Kubernetes' kube-scheduler, so that pods are
+	// scheduled as in a cluster: bound to a Node that fits them, whose
+	// machine's agent then runs them. Without it, a pod without a
+	// nodeName stays Pending. kube-controller-manager then runs the node
+	// lifecycle controller too, even without ControllerManager: it lifts
+	// the not-ready taint kube-apiserver gives every new Node once the
+	// Node is Ready, and until then no pod is scheduled there.
+	Scheduler bool
 	// NodeMonitorGracePeriod is how long a silent kubelet's Node stays
 	// Ready before the node lifecycle controller marks it Unknown; zero
-	// means 5s, against Kubernetes' 50s, so that tests need not wait.
+	// means 5s, against Kubernetes' 50s, so that tests need not wait;
+	// with Scheduler alone, zero keeps Kubernetes' 50s, so that the Nodes
+	// of agents that renew their Leases every 10s (the default) do not
+	// turn Unknown, and unschedulable, between renewals.
 	NodeMonitorGracePeriod time.Duration
 	// Workload starts a workload cluster: one whose Nodes Machines join
 	// but that holds no Machinist objects, so no CRDs are installed and
@@ -118,9 +132,10 @@ func BinDir() string {
 	return filepath.Join(Root(), "bin")
 }
 
-// EnsureControlPlane builds etcd, kube-apiserver and kubectl into BinDir
-// unless the pinned versions are already there. It is safe to call from
-// several test processes at once: the build script holds a lock.
+// EnsureControlPlane builds etcd, kube-apiserver, kube-controller-manager,
+// kube-scheduler and kubectl into BinDir unless the pinned versions are
+// already there. It is safe to call from several test processes at once:
+// the build script holds a lock.
 func EnsureControlPlane() error {
 	cmd := exec.Command("bash", filepath.Join(Root(), "hack", "controlplane", "build.sh"))
 	cmd.Env = append(os.Environ(), "MACHINIST_BIN="+BinDir())
@@ -259,22 +274,38 @@ func StartWith(opts Options) (*Env, error) {
 	if err := e.startControllerManager(opts); err != nil {
 		return fail(err)
 	}
+	if opts.Scheduler {
+		if err := e.startScheduler(); err != nil {
+			return fail(err)
+		}
+	}
 	return e, nil
 }
 
 // startControllerManager runs kube-controller-manager, with the fleet's
-// controllers only if opts ask for them; its log is a file in the
+// controllers only if opts ask for them, and the node lifecycle
+// controller alone of them for a scheduler; its log is a file in the
 // environment's directory.
 func (e *Env) startControllerManager(opts Options) error {
 	grace := opts.NodeMonitorGracePeriod
-	if grace == 0 {
+	if grace == 0 && opts.ControllerManager {
 		grace = 5 * time.Second
 	}
 	var err error
 	e.kcm, err = kubecontrollermanager.Start(e.env, kubecontrollermanager.Options{
 		Binary: filepath.Join(BinDir(), "kube-controller-manager"), Dir: e.dir,
-		CA: e.ca, Fleet: opts.ControllerManager,
+		CA: e.ca, Fleet: opts.ControllerManager, NodeLifecycle: opts.Scheduler,
 		NodeMonitorGracePeriod: grace, NodeMonitorPeriod: time.Second,
+	})
+	return err
+}
+
+// startScheduler runs kube-scheduler; its log is a file in the
+// environment's directory.
+func (e *Env) startScheduler() error {
+	var err error
+	e.sched, err = kubescheduler.Start(e.env, kubescheduler.Options{
+		Binary: filepath.Join(BinDir(), "kube-scheduler"), Dir: e.dir,
 	})
 	return err
 }
@@ -283,9 +314,14 @@ func (e *Env) startControllerManager(opts Options) error {
 func (e *Env) Stop() error {
 	defer envStopped()
 	var err error
+	if e.sched != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err = e.sched.Stop(ctx)
+		cancel()
+	}
 	if e.kcm != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err = e.kcm.Stop(ctx)
+		err = errors.Join(err, e.kcm.Stop(ctx))
 		cancel()
 	}
 	if e.apiserverDone != nil {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the pinned etcd, kube-apiserver, kube-controller-manager and kubectl
-# into bin/ (or $MACHINIST_BIN).
+# Builds the pinned etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler and kubectl into bin/ (or $MACHINIST_BIN).
 #
 # Nothing prebuilt can be downloaded, so the binaries come from source through
 # the Go module proxy. The first build takes several minutes on two cores; a
@@ -17,7 +17,7 @@ exec 9>"$bin/.controlplane.lock"
 flock 9
 
 stamp=$(cat "$here/build.sh" "$here/go.mod" "$here/go.sum" "$here/etcd/go.mod" "$here/etcd/go.sum" "$here/etcd/main.go" | sha256sum | cut -d' ' -f1)
-if [[ -x $bin/etcd && -x $bin/kube-apiserver && -x $bin/kube-controller-manager && -x $bin/kubectl && "$(cat "$bin/.controlplane.stamp" 2>/dev/null)" == "$stamp" ]]; then
+if [[ -x $bin/etcd && -x $bin/kube-apiserver && -x $bin/kube-controller-manager && -x $bin/kube-scheduler && -x $bin/kubectl && "$(cat "$bin/.controlplane.stamp" 2>/dev/null)" == "$stamp" ]]; then
 	exit 0
 fi
 
@@ -32,7 +32,7 @@ k8s_version=$(required k8s.io/kubernetes "$here/go.mod")
 etcd_version=$(required go.etcd.io/etcd/server/v3 "$here/etcd/go.mod")
 minor=${k8s_version#v1.}
 minor=${minor%%.*}
-echo "building kube-apiserver, kube-controller-manager and kubectl $k8s_version and etcd $etcd_version into $bin (the first time takes several minutes)" >&2
+echo "building kube-apiserver, kube-controller-manager, kube-scheduler and kubectl $k8s_version and etcd $etcd_version into $bin (the first time takes several minutes)" >&2
 
 # Stamp the real version into the binaries so that `kubectl version` and the
 # apiserver's /version tell the truth.
@@ -41,7 +41,8 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 	ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
 done
 
-(cd "$here" && go build -ldflags "$ldflags" -o "$bin/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl)
+(cd "$here" && go build -ldflags "$ldflags" -o "$bin/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+	k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
 (cd "$here/etcd" && go build -o "$bin/etcd" .)
 echo "$stamp" >"$bin/.controlplane.stamp"
 echo "built $(ls "$bin" | tr '\n' ' ')" >&2

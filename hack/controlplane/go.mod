@@ -1,6 +1,7 @@
-// Module controlplane builds the pinned kube-apiserver and kubectl that every
-// Machinist test and the embedded run mode start. It is a separate module so
-// that Kubernetes' large dependency graph never leaks into Machinist's go.mod.
+// Module controlplane builds the pinned kube-apiserver, kube-controller-manager,
+// kube-scheduler and kubectl that every Machinist test and the embedded run
+// mode start. It is a separate module so that Kubernetes' large dependency
+// graph never leaks into Machinist's go.mod.
 module github.com/machinist-dev/machinist/hack/controlplane
 
 go 1.26.0
