@@ -8,11 +8,16 @@ package nodes
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -23,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/client-go/kubernetes"
+	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -30,6 +36,7 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/internal/index"
+	"github.com/machinist-dev/machinist/internal/patch"
 	"github.com/machinist-dev/machinist/nodes/drain"
 )
 
@@ -159,7 +166,9 @@ type Cluster interface {
 	// Lease returns the kubelet Lease of the Node named node, or nil when
 	// it has none.
 	Lease(ctx context.Context, node string) (*coordinationv1.Lease, error)
-	// Patch applies p to node, which it updates with the reply.
+	// Patch applies p to node, which it updates with the reply. A JSON
+	// patch whose test failed, because a value it tested changed since it
+	// was read, is a Conflict, as an update of a stale object is.
 	Patch(ctx context.Context, node *corev1.Node, p client.Patch) error
 	// Delete deletes node and its kubelet's Lease; either already gone is
 	// no error.
@@ -209,7 +218,48 @@ func (l *API) For(context.Context, *machinistv1.Machine) (Cluster, error) { retu
 
 // Node implements Cluster.
 func (l *API) Node(ctx context.Context, providerID string) (*corev1.Node, error) {
-	return index.NodeFor(ctx, l.Client, providerID)
+	return nodeFor(ctx, l.Client, providerID)
+}
+
+// nodeFor returns the Node whose spec.providerID is providerID, from the
+// cache behind c, or nil when there is none. Two or more are a
+// *DuplicateNodesError: a Node's providerID is whatever the credential
+// that registered it wrote, and a machine may register a Node of any new
+// name with a bootstrap token, so a second Node claiming a Machine's
+// instance is not taken for its Node, whichever comes first.
+func nodeFor(ctx context.Context, c client.Reader, providerID string) (*corev1.Node, error) {
+	if providerID == "" {
+		return nil, nil
+	}
+	var nodes corev1.NodeList
+	if err := c.List(ctx, &nodes, client.MatchingFields{index.NodeByProviderID: providerID}); err != nil {
+		return nil, err
+	}
+	switch len(nodes.Items) {
+	case 0:
+		return nil, nil
+	case 1:
+		return &nodes.Items[0], nil
+	}
+	names := make([]string, len(nodes.Items))
+	for i := range nodes.Items {
+		names[i] = nodes.Items[i].Name
+	}
+	slices.Sort(names)
+	return nil, &DuplicateNodesError{ProviderID: providerID, Nodes: names}
+}
+
+// DuplicateNodesError is nodeFor's answer when several Nodes claim one
+// providerID.
+type DuplicateNodesError struct {
+	ProviderID string
+	// Nodes are their names, sorted.
+	Nodes []string
+}
+
+func (e *DuplicateNodesError) Error() string {
+	return fmt.Sprintf("Nodes %s all claim providerID %s: none is taken for the Machine's until only one does (delete the Node its machine did not register)",
+		strings.Join(e.Nodes, ", "), e.ProviderID)
 }
 
 // Lease implements Cluster.
@@ -227,7 +277,7 @@ func (l *API) Lease(ctx context.Context, node string) (*coordinationv1.Lease, er
 
 // Patch implements Cluster.
 func (l *API) Patch(ctx context.Context, node *corev1.Node, p client.Patch) error {
-	return l.Client.Patch(ctx, node, p)
+	return patch.Conflict(l.Client.Patch(ctx, node, p))
 }
 
 // Delete implements Cluster.
@@ -337,4 +387,282 @@ func (o Offline) Address() (string, []byte) { return o.Err.Server, o.Err.CAData 
 // Publish implements Cluster.
 func (o Offline) Publish(context.Context, *machinistv1.Machine, bootstrap.Token, time.Duration) error {
 	return o.Err
+}
+
+// Health: what a Node says of the machine behind it.
+
+// Health is what the Machine controller concludes about a Node.
+type Health struct {
+	Healthy bool
+	// Reason is one of the NodeHealthy condition's reasons
+	// (machinistv1.ReasonNode*); Message says it for people.
+	Reason  string
+	Message string
+}
+
+// Judge judges node as Kubernetes' node lifecycle controller would: Ready,
+// and a kubelet Lease renewed within its duration. The Lease matters
+// because a dead kubelet cannot report itself NotReady. A nil node has no
+// health.
+func Judge(ctx context.Context, c Cluster, node *corev1.Node, now time.Time) (Health, error) {
+	if node == nil {
+		return Health{Reason: machinistv1.ReasonNodeNotFound, Message: "no Node has this Machine's providerID"}, nil
+	}
+	ready := Condition(node, corev1.NodeReady)
+	if ready != nil && ready.Status == corev1.ConditionUnknown {
+		// Unknown is how Kubernetes' node lifecycle controller marks a
+		// dead kubelet's Node; the Lease says why better than the
+		// condition does.
+		if h, err := leaseHealth(ctx, c, node, now); err != nil || !h.Healthy {
+			return h, err
+		}
+	}
+	if ready == nil || ready.Status != corev1.ConditionTrue {
+		msg := "the Node has not reported Ready"
+		if ready != nil {
+			msg = fmt.Sprintf("Node %s is Ready=%s: %s", node.Name, ready.Status, ready.Message)
+		}
+		return Health{Reason: machinistv1.ReasonNodeNotReady, Message: msg}, nil
+	}
+	return leaseHealth(ctx, c, node, now)
+}
+
+// leaseHealth judges a Node by its kubelet's Lease alone.
+func leaseHealth(ctx context.Context, c Cluster, node *corev1.Node, now time.Time) (Health, error) {
+	healthy := Health{Healthy: true, Reason: machinistv1.ReasonNodeReady, Message: fmt.Sprintf("Node %s is Ready", node.Name)}
+	lease, err := c.Lease(ctx, node.Name)
+	if err != nil || lease == nil {
+		return healthy, err
+	}
+	if expiry, ok := LeaseExpiry(lease); ok && now.After(expiry) {
+		return Health{Reason: machinistv1.ReasonNodeLeaseExpired, Message: fmt.Sprintf(
+			"Node %s's kubelet has not renewed its Lease since %s (lease duration %ds)",
+			node.Name, lease.Spec.RenewTime.UTC().Format(time.RFC3339), *lease.Spec.LeaseDurationSeconds)}, nil
+	}
+	return healthy, nil
+}
+
+// LeaseExpiry is when a kubelet's lease expires unless renewed; false when
+// it says neither when it was renewed nor for how long.
+func LeaseExpiry(lease *coordinationv1.Lease) (time.Time, bool) {
+	if lease.Spec.RenewTime == nil || lease.Spec.LeaseDurationSeconds == nil {
+		return time.Time{}, false
+	}
+	return lease.Spec.RenewTime.Add(time.Duration(*lease.Spec.LeaseDurationSeconds) * time.Second), true
+}
+
+// Condition returns node's condition of type t, or nil.
+func Condition(node *corev1.Node, t corev1.NodeConditionType) *corev1.NodeCondition {
+	for i := range node.Status.Conditions {
+		if node.Status.Conditions[i].Type == t {
+			return &node.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// Ready reports whether node reports Ready=True.
+func Ready(node *corev1.Node) bool {
+	c := Condition(node, corev1.NodeReady)
+	return c != nil && c.Status == corev1.ConditionTrue
+}
+
+// Joining: what a machine joins its cluster with, and the bootstrap token
+// that becomes its Node's credentials.
+
+// TokenMachineLabel marks a bootstrap token's Secret with the UID of the
+// Machine it was made for, so that it is found again, and deleted once the
+// Machine's machine has joined.
+const TokenMachineLabel = "machinist.dev/machine-uid"
+
+// KeptTokenSecretType is the type of the Secret, in the manager's own
+// namespace of the management cluster, that keeps the bootstrap token of
+// a machine repaired while its cluster could not be reached. The type alone proves nothing
+// (anyone who may create Secrets may give one any type); the Machine's
+// status records the Secret the manager made.
+const KeptTokenSecretType corev1.SecretType = "machinist.dev/kept-bootstrap-token"
+
+// tokenIDs is how many token IDs a Machine may try: its ID is derived from
+// its UID, so that a reconcile that lost its reply finds the token it
+// made, and a collision with another Machine's moves to the next.
+const tokenIDs = 4
+
+// Join returns what m's machine joins its cluster with, making m's
+// bootstrap token (valid for ttl) unless a live one is there.
+func (l *API) Join(ctx context.Context, m *machinistv1.Machine, ttl time.Duration) (bootstrap.Join, error) {
+	secrets := l.Kube.CoreV1().Secrets(metav1.NamespaceSystem)
+	for i := range tokenIDs {
+		id := tokenID(m.UID, i)
+		s, err := secrets.Get(ctx, bootstrap.Token{ID: id}.SecretName(), metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			t, err := bootstrap.NewToken()
+			if err != nil {
+				return bootstrap.Join{}, err
+			}
+			t.ID = id
+			_, err = secrets.Create(ctx, bootstrap.TokenSecret(t, bootstrap.TokenOptions{
+				Expiration:  time.Now().Add(ttl),
+				Description: fmt.Sprintf("joins the machine of Machine %s/%s", m.Namespace, m.Name),
+				Labels:      map[string]string{TokenMachineLabel: string(m.UID)},
+			}), metav1.CreateOptions{})
+			if err != nil {
+				// AlreadyExists included: a reconcile of the same
+				// Machine raced this one; the next look finds its token.
+				return bootstrap.Join{}, fmt.Errorf("making the bootstrap token of Machine %s: %w", m.Name, err)
+			}
+			return l.join(t), nil
+		case err != nil:
+			return bootstrap.Join{}, fmt.Errorf("reading the bootstrap token of Machine %s: %w", m.Name, err)
+		case s.Labels[TokenMachineLabel] != string(m.UID):
+			continue // another Machine's, or a person's
+		}
+		t, err := bootstrap.TokenFromSecret(s)
+		if err != nil {
+			return bootstrap.Join{}, err
+		}
+		if expired(s, time.Now().Add(time.Minute)) {
+			// Too late to join with: the token cleaner deletes it soon.
+			// A new one is made on the next look.
+			err := secrets.Delete(ctx, s.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &s.UID}})
+			if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+				return bootstrap.Join{}, err
+			}
+			return bootstrap.Join{}, fmt.Errorf("the bootstrap token of Machine %s had expired; a new one is made", m.Name)
+		}
+		return l.join(t), nil
+	}
+	return bootstrap.Join{}, fmt.Errorf("the %d bootstrap token IDs of Machine %s are all taken by other tokens", tokenIDs, m.Name)
+}
+
+// Joined deletes m's bootstrap tokens: its machine has joined, or never
+// will. None being there is no error.
+//
+// Each token ID m may hold is read by name and its Secret deleted if it is
+// m's. A deletecollection by m's label would be one request, but
+// kube-apiserver serves it by reading every Secret of kube-system, and
+// while thousands of machines join at once that is thousands of tokens
+// read per Machine: a ninth of kube-apiserver's CPU in a scale-up of
+// 10,000. The reads are consistent, not from kube-apiserver's watch
+// cache: a Machine deleted as it starts provisioning reads its token
+// milliseconds after making it.
+func (l *API) Joined(ctx context.Context, m *machinistv1.Machine) error {
+	secrets := l.Kube.CoreV1().Secrets(metav1.NamespaceSystem)
+	for i := range tokenIDs + 1 {
+		name := bootstrap.Token{ID: tokenID(m.UID, i)}.SecretName()
+		s, err := secrets.Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			continue
+		case err != nil:
+			return fmt.Errorf("reading the bootstrap token of Machine %s: %w", m.Name, err)
+		case s.Labels[TokenMachineLabel] != string(m.UID):
+			continue // another Machine's, or a person's
+		}
+		err = secrets.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &s.UID}})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return fmt.Errorf("deleting the bootstrap token of Machine %s: %w", m.Name, err)
+		}
+	}
+	return nil
+}
+
+// PublishedTokenID is the ID of the token kept for m's machine while its
+// cluster could not be reached, then published (Publish): a slot of its
+// own after those Join tries, so that Joined finds it by name too.
+func PublishedTokenID(uid types.UID) string { return tokenID(uid, tokenIDs) }
+
+// Address implements Cluster.
+func (l *API) Address() (string, []byte) { return l.Server, l.CAData }
+
+// Publish implements Cluster.
+func (l *API) Publish(ctx context.Context, m *machinistv1.Machine, t bootstrap.Token, ttl time.Duration) error {
+	secrets := l.Kube.CoreV1().Secrets(metav1.NamespaceSystem)
+	_, err := secrets.Create(ctx, bootstrap.TokenSecret(t, bootstrap.TokenOptions{
+		Expiration:  time.Now().Add(ttl),
+		Description: fmt.Sprintf("joins the machine of Machine %s/%s, given while the cluster could not be reached", m.Namespace, m.Name),
+		Labels:      map[string]string{TokenMachineLabel: string(m.UID)},
+	}), metav1.CreateOptions{})
+	if !apierrors.IsAlreadyExists(err) {
+		if err != nil {
+			return fmt.Errorf("making the bootstrap token of Machine %s: %w", m.Name, err)
+		}
+		return nil
+	}
+	// Made by an earlier attempt whose reply was lost, or another's.
+	s, err := secrets.Get(ctx, t.SecretName(), metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("reading the bootstrap token of Machine %s: %w", m.Name, err)
+	}
+	if have, err := bootstrap.TokenFromSecret(s); err != nil || have != t || s.Labels[TokenMachineLabel] != string(m.UID) {
+		return fmt.Errorf("the bootstrap token ID %s of Machine %s is taken by another token", t.ID, m.Name)
+	}
+	return nil
+}
+
+func (l *API) join(t bootstrap.Token) bootstrap.Join {
+	return bootstrap.Join{Server: l.Server, CAData: l.CAData, Token: t.Value()}
+}
+
+// tokenID is the i-th token ID of the Machine with this UID: six
+// characters of [a-z0-9].
+func tokenID(uid types.UID, i int) string {
+	sum := sha256.Sum256([]byte(string(uid) + "/" + strconv.Itoa(i)))
+	id := strconv.FormatUint(binary.BigEndian.Uint64(sum[:8]), 36)
+	return strings.Repeat("0", max(0, 6-len(id))) + id[:min(6, len(id))]
+}
+
+// expired reports whether the token Secret's expiration is before t.
+func expired(s *corev1.Secret, t time.Time) bool {
+	at, err := time.Parse(time.RFC3339, string(s.Data[bootstrapapi.BootstrapTokenExpirationKey]))
+	return err == nil && at.Before(t)
+}
+
+// Template is what a Node of a Machine spec will hold, before any
+// Machine exists: the Machine controller applies its labels and taints to
+// the Node, and the MachineSet and MachineDeployment controllers publish
+// it for the cluster-autoscaler (package nodes/template).
+type Template struct {
+	Labels   map[string]string
+	Taints   []corev1.Taint
+	Capacity corev1.ResourceList
+}
+
+// TemplateFor is what the Node of a Machine of spec, of class (nil when it
+// does not exist), holds: the class's labels and taints, then the
+// Machine's own, which win over the class's with the same key (and, for
+// taints, effect), and the capacity the class declares.
+func TemplateFor(class *machinistv1.MachineClass, spec *machinistv1.MachineSpec) Template {
+	n := Template{Labels: map[string]string{}}
+	if class != nil && class.Spec.NodeTemplate != nil {
+		t := class.Spec.NodeTemplate
+		maps.Copy(n.Labels, t.NodeLabels)
+		for _, taint := range t.NodeTaints {
+			n.Taints = append(n.Taints, taint.AsCore())
+		}
+		n.Capacity = t.Capacity.DeepCopy()
+	}
+	maps.Copy(n.Labels, spec.NodeLabels)
+	for _, t := range spec.NodeTaints {
+		n.Taints = SetTaint(n.Taints, t.AsCore())
+	}
+	return n
+}
+
+// SetTaint adds t to taints, or gives the taint with its key and effect
+// its value. A taint that is there already is kept as it is (with the
+// time the Node's controller added it), and taints itself is returned
+// unchanged when nothing changes, so that comparing says whether to write.
+func SetTaint(taints []corev1.Taint, t corev1.Taint) []corev1.Taint {
+	for i := range taints {
+		if taints[i].Key == t.Key && taints[i].Effect == t.Effect {
+			if taints[i].Value != t.Value {
+				out := slices.Clone(taints)
+				out[i].Value = t.Value
+				return out
+			}
+			return taints
+		}
+	}
+	return append(slices.Clone(taints), t)
 }

@@ -22,9 +22,12 @@ const ConversionDataAnnotation = "machinist.dev/conversion-data"
 // lost is what v1alpha1 can say and v1beta1 cannot. Every field is
 // optional, so that an object with nothing to keep carries no annotation.
 type lost struct {
-	// FailureReason and FailureMessage are kept only where they differ
-	// from what v1beta1's phase and Ready condition say (failureOf):
-	// nil means "as derived", an empty string means empty.
+	// FailureReason is kept only where it differs from what v1beta1's
+	// phase and Ready condition say (Failure): nil means "as derived", an
+	// empty string means empty. failureMessage is a field of v1beta1 too,
+	// where empty means "as derived" (a Machine stored before v1beta1 had
+	// it): FailureMessage keeps only an empty one where the derived one
+	// is not.
 	FailureReason  *string `json:"failureReason,omitempty"`
 	FailureMessage *string `json:"failureMessage,omitempty"`
 
@@ -124,7 +127,7 @@ func (src *Machine) ConvertTo(hub conversion.Hub) error {
 	if src.Status.FailureReason != reason {
 		l.FailureReason = &src.Status.FailureReason
 	}
-	if src.Status.FailureMessage != message {
+	if src.Status.FailureMessage == "" && message != "" {
 		l.FailureMessage = &src.Status.FailureMessage
 	}
 	if info := src.Status.NodeInfo; info != nil {
@@ -141,7 +144,11 @@ func (dst *Machine) ConvertFrom(hub conversion.Hub) error {
 		return err
 	}
 	l := restore(&dst.ObjectMeta)
-	dst.Status.FailureReason, dst.Status.FailureMessage = src.Status.Failure()
+	reason, message := src.Status.Failure()
+	dst.Status.FailureReason = reason
+	if dst.Status.FailureMessage == "" {
+		dst.Status.FailureMessage = message
+	}
 	if l.FailureReason != nil {
 		dst.Status.FailureReason = *l.FailureReason
 	}

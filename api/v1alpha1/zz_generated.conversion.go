@@ -1753,7 +1753,7 @@ func autoConvert_v1alpha1_MachineStatus_To_v1beta1_MachineStatus(in *MachineStat
 	out.ObservedGeneration = in.ObservedGeneration
 	out.ErrorCount = in.ErrorCount
 	// WARNING: in.FailureReason requires manual conversion: does not exist in peer-type
-	// WARNING: in.FailureMessage requires manual conversion: does not exist in peer-type
+	out.FailureMessage = in.FailureMessage
 	out.Remediation = (*v1beta1.MachineRemediation)(unsafe.Pointer(in.Remediation))
 	out.KeptToken = (*v1beta1.KeptToken)(unsafe.Pointer(in.KeptToken))
 	return nil
@@ -1787,6 +1787,7 @@ func autoConvert_v1beta1_MachineStatus_To_v1alpha1_MachineStatus(in *v1beta1.Mac
 	out.ObservedGeneration = in.ObservedGeneration
 	out.ErrorCount = in.ErrorCount
 	out.Remediation = (*MachineRemediation)(unsafe.Pointer(in.Remediation))
+	out.FailureMessage = in.FailureMessage
 	out.KeptToken = (*KeptToken)(unsafe.Pointer(in.KeptToken))
 	return nil
 }

@@ -197,6 +197,24 @@ const (
 	VersionRequestedByAnnotation = "machinist.dev/version-requested-by"
 )
 
+// Annotations the Machine controller keeps on each Machine's Node, in the
+// Node's own cluster, so that a reader holding only the Node finds its
+// Machine: the Kubernetes cluster-autoscaler's clusterapi provider reads
+// the first two (with CAPI_GROUP=machinist.dev), as it reads Cluster API's.
+// The Machine keeps its providerID in status, which that provider does
+// not index, so these are how it tells a Node's node group.
+const (
+	// NodeMachineAnnotation is the name of the Node's Machine.
+	NodeMachineAnnotation = "machinist.dev/machine"
+	// NodeClusterNamespaceAnnotation is the namespace of the Node's
+	// Machine.
+	NodeClusterNamespaceAnnotation = "machinist.dev/cluster-namespace"
+	// NodeClusterNameAnnotation is the Machine's spec.clusterName: the
+	// WorkloadCluster that holds the Node. A Node of the management
+	// cluster itself has none.
+	NodeClusterNameAnnotation = "machinist.dev/cluster-name"
+)
+
 // MachineFinalizer keeps a Machine until its instance and Node are gone.
 const MachineFinalizer = "machinist.dev/machine"
 
@@ -571,6 +589,17 @@ type MachineStatus struct {
 	// remediation ladder; only that health check writes it.
 	// +optional
 	Remediation *MachineRemediation `json:"remediation,omitempty"`
+	// FailureMessage is, while the Machine is Failed, why: its Ready
+	// condition's message. It is absent in every other phase. The
+	// conditions say the same; this field is kept, under the name Cluster
+	// API's Machine uses, for readers of that status, such as the
+	// Kubernetes cluster-autoscaler, which counts a Machine with a
+	// failureMessage as failed and backs off its node group at once
+	// instead of waiting for the Machine's Node.
+	// +kubebuilder:validation:MaxLength=32768
+	// +optional
+	FailureMessage string `json:"failureMessage,omitempty"`
+
 	// KeptToken records the bootstrap token the manager keeps for this
 	// Machine's machine, repaired while its cluster could not be reached,
 	// until that cluster answers and is given it. Only the manager writes
@@ -614,6 +643,23 @@ func (s *MachineStatus) Failure() (reason, message string) {
 	return "", ""
 }
 
+// SetFailureMessage makes FailureMessage say what Failure does: why the
+// Machine is Failed, and nothing in any other phase. A Failed Machine's
+// message is never empty, since an empty one would not say it failed.
+func (s *MachineStatus) SetFailureMessage() {
+	reason, message := s.Failure()
+	switch {
+	case s.Phase != MachineFailed:
+		s.FailureMessage = ""
+	case message != "":
+		s.FailureMessage = message
+	case reason != "":
+		s.FailureMessage = reason
+	default:
+		s.FailureMessage = "the Machine failed"
+	}
+}
+
 // The bounds of the free-text strings of a Machine's status: a
 // condition's message (metav1.Condition's own bound), an operation's
 // message and who requested it.
@@ -628,6 +674,7 @@ const (
 // say; a status write past a bound would be refused, and the Machine's
 // every write after it, for ever.
 func (s *MachineStatus) Fit() {
+	s.FailureMessage = Shorten(s.FailureMessage, MaxMessageLength)
 	for i := range s.Conditions {
 		s.Conditions[i].Message = Shorten(s.Conditions[i].Message, MaxMessageLength)
 	}

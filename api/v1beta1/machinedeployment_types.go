@@ -112,6 +112,14 @@ const (
 	// Machines only once the MachineDisruptionBudgets admit it, as a
 	// disruption of reason Rollout. Its value names the MachineDeployment.
 	RollingOutAnnotation = "machinist.dev/rolling-out"
+	// DeploymentNameLabel and DeploymentRevisionAnnotation repeat, under
+	// Cluster API's own keys, a MachineSet's MachineDeployment and
+	// RevisionAnnotation. The Kubernetes cluster-autoscaler reads these
+	// keys whatever the API group, and scales no Node of a
+	// MachineDeployment down while a set older than the newest revision
+	// still has Machines: a rollout decides which Machines go then.
+	DeploymentNameLabel          = "cluster.x-k8s.io/deployment-name"
+	DeploymentRevisionAnnotation = "machinedeployment.clusters.x-k8s.io/revision"
 	// ReleasingAnnotation on a MachineSet lists, comma-separated, the
 	// names of Machines it owns but is handing over to another set: it
 	// neither counts them toward spec.replicas nor deletes them. Written

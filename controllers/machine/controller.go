@@ -84,28 +84,6 @@ type Reconciler struct {
 	writes stale.Writes
 }
 
-// Backoff is capped exponential backoff: Base, 2*Base, 4*Base, … up to Cap.
-type Backoff struct {
-	Base time.Duration
-	Cap  time.Duration
-}
-
-// After returns the delay before retry number n (1-based).
-func (b Backoff) After(n int32) time.Duration {
-	base, limit := b.Base, b.Cap
-	if base <= 0 {
-		base = time.Second
-	}
-	if limit <= 0 {
-		limit = 5 * time.Minute
-	}
-	d := base
-	for i := int32(1); i < n && d < limit; i++ {
-		d *= 2
-	}
-	return min(d, limit)
-}
-
 // Reconcile implements reconcile.Reconciler.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	m := &machinistv1.Machine{}
@@ -138,6 +116,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		m.Status.Phase = phases.Initial
 	}
 	keepTransitionTimes(before.Conditions, m.Status.Conditions)
+	m.Status.SetFailureMessage()
 	// A provider's or a Node's words past the schema's bounds would have
 	// the write, and every later one, refused.
 	m.Status.Fit()

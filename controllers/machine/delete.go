@@ -3,7 +3,10 @@ package machine
 import (
 	"context"
 	"fmt"
+	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -122,7 +125,7 @@ func (r *Reconciler) terminate(ctx context.Context, s *step) (outcome, bool) {
 	if !done {
 		return s.wait("waiting for volumes to detach", 0), false
 	}
-	if hooks := preTerminateHooks(m); len(hooks) > 0 {
+	if hooks := hooks(m, machinistv1.PreTerminateHookPrefix); len(hooks) > 0 {
 		// Their removal changes the Machine, which wakes it.
 		setReadyWait(s, machinistv1.ReasonPreTerminateHook,
 			fmt.Sprintf("waiting for pre-terminate hook annotation(s) to be removed: %v", hooks))
@@ -173,4 +176,50 @@ func (r *Reconciler) findInstance(ctx context.Context, m *machinistv1.Machine) (
 		}
 	}
 	return "", nil
+}
+
+// instanceDeleted reports whether m's instance is known gone: its Node's
+// deletion has been tried since.
+func instanceDeleted(m *machinistv1.Machine) bool {
+	return meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionNodeDeleted) != nil
+}
+
+// nodeDeletionFailed records that the deletion of node, whose instance is
+// gone, failed with err, and reports whether the node-deletion timeout has
+// passed since the first failure: the Node is then given up, with a
+// Warning Event, and the Machine goes.
+func (r *Reconciler) nodeDeletionFailed(s *step, node string, err error) bool {
+	m := s.m
+	prev := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionNodeDeleted)
+	start := s.now
+	if prev != nil {
+		start = prev.LastTransitionTime.Time
+	}
+	msg := fmt.Sprintf("the instance is deleted; deleting Node %s failed: %v", node, err)
+	meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
+		Type: machinistv1.ConditionNodeDeleted, Status: metav1.ConditionFalse, Reason: machinistv1.ReasonNodeDeletion,
+		Message: msg, ObservedGeneration: m.Generation,
+	})
+	timeout := nodeDeletionTimeout(effectiveDrain(m, s.class))
+	if timeout > 0 {
+		deadline := start.Add(timeout)
+		if !s.now.Before(deadline) {
+			s.note(corev1.EventTypeWarning, machinistv1.ReasonNodeDeletionTimeout, "DeleteNode",
+				"gave up deleting Node %s after the node-deletion timeout of %s: %v", node, timeout, err)
+			return true
+		}
+		s.after(deadline.Sub(s.now))
+	}
+	setReadyWait(s, machinistv1.ReasonNodeDeletion, msg)
+	s.after(r.drainRecheck(s.now.Sub(start)))
+	return false
+}
+
+// nodeDeletionTimeout is how long a Node's deletion is tried: the drain
+// settings' nodeDeletionTimeout, 10s when unset, no limit when zero.
+func nodeDeletionTimeout(settings machinistv1.DrainSettings) time.Duration {
+	if settings.NodeDeletionTimeout == nil {
+		return machinistv1.DefaultNodeDeletionTimeout
+	}
+	return settings.NodeDeletionTimeout.Duration
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -39,45 +38,6 @@ func (r *Reconciler) repairFailed(ctx context.Context, s *step) outcome {
 		startOperation(s)
 	}
 	return r.callProvider(ctx, s)
-}
-
-// deadNode is a Node found not healthy before a hard reboot.
-type deadNode struct {
-	node *corev1.Node
-	why  string
-}
-
-// unreachable returns the Machine's Node if it is not healthy, else nil.
-func (r *Reconciler) unreachable(ctx context.Context, s *step) (*deadNode, error) {
-	node, err := s.nodes.Node(ctx, s.m.Status.ProviderID)
-	if err != nil || node == nil {
-		return nil, err
-	}
-	h, err := nodes.Judge(ctx, s.nodes, node, s.now)
-	if err != nil || h.Healthy {
-		return nil, err
-	}
-	return &deadNode{node: node, why: h.Message}, nil
-}
-
-// forgetDeadBoot deletes, at once, the pods bound to the Node of a Machine
-// that was just hard-rebooted without a drain while its Node was not
-// healthy. Nothing of the old boot runs any more, and no kubelet is left
-// to say so: without this, its pods would stay Running on the API, and
-// their controllers would not replace them, until the node lifecycle's
-// eviction some minutes later. Mirror pods are the kubelet's own to
-// recreate. A healthy Node's kubelet reports its pods itself after the
-// reboot, so they are left alone.
-func (r *Reconciler) forgetDeadBoot(ctx context.Context, s *step, dead *deadNode) error {
-	gone, err := s.nodes.DeletePods(ctx, dead.node)
-	if err != nil {
-		return fmt.Errorf("deleting the pods of the dead boot: %w", err)
-	}
-	if gone > 0 {
-		s.note(corev1.EventTypeNormal, reasonDeadBoot, "Reboot", "deleted %d pod(s) of node %s that died with its unreachable boot (%s)",
-			gone, dead.node.Name, dead.why)
-	}
-	return nil
 }
 
 // awaitBoot is the handler of Rebooting, Repairing and Updating: the
@@ -214,49 +174,4 @@ func (r *Reconciler) awaitBootUnseen(ctx context.Context, s *step, event phases.
 	endOperation(s, machinistv1.OperationSucceeded, fmt.Sprintf("%s on the provider's word: boot ID %s -> %s; the Node was not seen: %s",
 		operation.PastTense(verb), before, in.BootID, s.down.Unseen()))
 	return settle(event)
-}
-
-// confirmBoot checks, once the cluster of a Machine whose last operation
-// was completed on its provider's word answers, that its Node reports the
-// boot the provider did. A Node still showing the boot before the
-// operation has not reported since (stale is true): the next change of it
-// wakes the Machine, and meanwhile what the Machine records of its boot is
-// the provider's. A mismatch is a Warning Event and BootConfirmed False;
-// either way the condition is written once.
-func (r *Reconciler) confirmBoot(ctx context.Context, s *step, node *corev1.Node) (stale bool, err error) {
-	m := s.m
-	c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionBootConfirmed)
-	if c == nil || c.Status != metav1.ConditionUnknown || node == nil {
-		return false, nil
-	}
-	op := m.Status.Operation
-	if op == nil || op.ProviderBootID == "" {
-		meta.RemoveStatusCondition(&m.Status.Conditions, machinistv1.ConditionBootConfirmed)
-		return false, nil
-	}
-	have := node.Status.NodeInfo.BootID
-	if have == "" || have == op.BootID {
-		return true, nil
-	}
-	set := func(status metav1.ConditionStatus, reason, message string) {
-		meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
-			Type: machinistv1.ConditionBootConfirmed, Status: status, Reason: reason, Message: message, ObservedGeneration: m.Generation,
-		})
-	}
-	if have != op.ProviderBootID {
-		msg := fmt.Sprintf("after %s %s the provider reported boot ID %s, and Node %s now reports %s: the machine booted again since, or the provider's word was wrong",
-			operation.Verb(op.Type), op.ID, op.ProviderBootID, node.Name, have)
-		set(metav1.ConditionFalse, machinistv1.ReasonBootIDMismatch, msg)
-		s.note(corev1.EventTypeWarning, machinistv1.ReasonBootIDMismatch, "Confirm", "%s", msg)
-		return false, nil
-	}
-	if op.Type == machinistv1.OperationRepair {
-		// The re-imaged machine has joined: its token is spent.
-		if err := r.spent(ctx, s); err != nil {
-			return false, err
-		}
-	}
-	set(metav1.ConditionTrue, machinistv1.ReasonBootIDMatches,
-		fmt.Sprintf("Node %s reports boot ID %s, as the provider did after %s %s", node.Name, have, operation.Verb(op.Type), op.ID))
-	return false, nil
 }

@@ -13,6 +13,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/admission"
+	"github.com/machinist-dev/machinist/lifecycle/disruption"
 	"github.com/machinist-dev/machinist/lifecycle/operation"
 	"github.com/machinist-dev/machinist/lifecycle/phases"
 	"github.com/machinist-dev/machinist/nodes"
@@ -101,15 +102,6 @@ func (r *Reconciler) carryOut(ctx context.Context, s *step, op *machinistv1.Oper
 	return advance(phases.Drain)
 }
 
-// setUnseenHealth says that the Node's health is not known: its cluster
-// cannot be reached. Written once per outage: the message does not change
-// while the cluster stays down.
-func setUnseenHealth(s *step) {
-	for _, t := range []string{machinistv1.ConditionNodeHealthy, machinistv1.ConditionReady} {
-		s.unseen(t, metav1.ConditionUnknown, "the Node side is not seen, and nothing is done to the Node until it is")
-	}
-}
-
 // returnGrace is how long after its cluster is back a Machine's Node is
 // not judged unhealthy from what was cached before: a kubelet's Lease
 // duration, the time it has to renew once it can.
@@ -120,30 +112,6 @@ const returnGrace = 40 * time.Second
 func unseenHealth(m *machinistv1.Machine) bool {
 	c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionNodeHealthy)
 	return c != nil && c.Reason == machinistv1.ReasonClusterUnreachable
-}
-
-// observeNode copies what the Machine records about its Node.
-func observeNode(m *machinistv1.Machine, node *corev1.Node) {
-	m.Status.NodeRef = &machinistv1.NodeReference{Name: node.Name, UID: string(node.UID)}
-	m.Status.BootID = node.Status.NodeInfo.BootID
-	m.Status.NodeInfo = machinistv1.NodeInfoOf(node.Status.NodeInfo)
-}
-
-// setHealth writes the NodeHealthy and Ready conditions of a Running Machine.
-func setHealth(m *machinistv1.Machine, h nodes.Health) {
-	setCondition(m, machinistv1.ConditionNodeHealthy, h)
-	setCondition(m, machinistv1.ConditionReady, h)
-}
-
-// setCondition sets m's condition t to what h says of its Node.
-func setCondition(m *machinistv1.Machine, t string, h nodes.Health) {
-	status := metav1.ConditionFalse
-	if h.Healthy {
-		status = metav1.ConditionTrue
-	}
-	meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
-		Type: t, Status: status, Reason: h.Reason, Message: h.Message, ObservedGeneration: m.Generation,
-	})
 }
 
 // updateFor records an Update when the Machine's spec.version is not the
@@ -231,4 +199,50 @@ func (r *Reconciler) versionRequester(ctx context.Context, m *machinistv1.Machin
 		return ""
 	}
 	return by
+}
+
+// waiting begins the message of a pending operation a disruption budget
+// holds back; what follows is the budget's refusal.
+const waiting = "waiting: "
+
+// holdForBudget asks the MachineDisruptionBudgets before a pending
+// operation starts, whoever asked for it (the verbs, the annotation, a
+// health check, a changed version): this is where every operation of a
+// Running Machine passes, so none can slip by a budget. A refusal keeps
+// the operation pending with the reason DisruptionHeld, says why in its
+// message, with one Event per change of message, and looks again when the
+// budget says it may allow it.
+func (r *Reconciler) holdForBudget(ctx context.Context, s *step, op *machinistv1.Operation) (bool, error) {
+	if r.APIReader == nil {
+		return false, nil
+	}
+	store := disruption.Cached(r.APIReader, r.Client)
+	req := disruption.Request{Machine: s.m, Reason: disruptionReason(op), OperationID: op.ID, By: op.RequestedBy,
+		Override: op.Options != nil && op.Options.OverrideDisruptionBudgets}
+	err := store.Admit(ctx, req, disruption.At(r.Calendar))
+	refusal, refused := disruption.AsRefusal(err)
+	if !refused {
+		return false, err
+	}
+	op.Reason = machinistv1.ReasonDisruptionHeld
+	if msg := waiting + refusal.Message; op.Message != msg {
+		op.Message = msg
+		verb := operation.Verb(op.Type)
+		s.note(corev1.EventTypeWarning, machinistv1.ReasonDisruptionHeld, verb, "%s %s waits: %s", verb, op.ID, refusal.Message)
+	}
+	s.after(refusal.RetryAfter)
+	return true, nil
+}
+
+// disruptionReason is the budget reason an operation counts under.
+func disruptionReason(op *machinistv1.Operation) machinistv1.DisruptionReason {
+	switch {
+	case op.Source == machinistv1.SourceHealthCheck:
+		return machinistv1.DisruptionRemediation
+	case op.Type == machinistv1.OperationUpdate:
+		return machinistv1.DisruptionUpdate
+	case op.Type == machinistv1.OperationRepair:
+		return machinistv1.DisruptionRepair
+	}
+	return machinistv1.DisruptionReboot
 }

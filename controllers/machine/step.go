@@ -6,16 +6,12 @@ import (
 	"slices"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
-	"github.com/machinist-dev/machinist/lifecycle/operation"
 	"github.com/machinist-dev/machinist/lifecycle/phases"
 	"github.com/machinist-dev/machinist/nodes"
-	"github.com/machinist-dev/machinist/providers"
 )
 
 // step is one reconcile of one Machine: the state machine rebuilt from
@@ -50,42 +46,6 @@ type step struct {
 	requested string
 }
 
-// unstored reports whether op was recorded by this step and is not yet
-// stored. Such an operation waits for the step's write before anything is
-// done for it: were the write refused or its reply lost after the budgets
-// had admitted it and the provider acted, the budgets would hold a record
-// of an operation no Machine holds, counting the Machine as disrupted
-// until the record lapsed, and the next look, finding the Node already
-// updated, would start none. Stored first, it is carried out under its one
-// ID, however often a later write fails. Its write wakes the controller:
-// a new operation ID passes machineChanged.
-func (s *step) unstored(op *machinistv1.Operation) bool {
-	return op != nil && op.ID == s.requested
-}
-
-// note is one Event to emit after the status write.
-type note struct {
-	kind, reason, action, message string
-}
-
-func (s *step) note(kind, reason, action, format string, args ...any) {
-	s.notes = append(s.notes, note{kind: kind, reason: reason, action: action, message: fmt.Sprintf(format, args...)})
-}
-
-func (s *step) after(d time.Duration) {
-	if d > 0 && (s.requeue == 0 || d < s.requeue) {
-		s.requeue = d
-	}
-}
-
-// enteredAt is when the Machine entered its current phase.
-func (s *step) enteredAt() time.Time {
-	if t := s.m.Status.LastTransition; t != nil {
-		return t.Time.Time
-	}
-	return s.m.CreationTimestamp.Time
-}
-
 // fire moves the Machine by e and records the transition in status; an
 // event the table does not allow is an error and changes nothing.
 func (s *step) fire(e phases.Event) error {
@@ -103,56 +63,6 @@ func (s *step) fire(e phases.Event) error {
 	return nil
 }
 
-// startOperation marks the Machine's pending operation as started.
-func startOperation(s *step) {
-	op := s.m.Status.Operation
-	at := metav1.NewTime(s.now)
-	op.State, op.StartedAt = machinistv1.OperationRunning, &at
-	op.Message, op.Reason = "started", ""
-	s.note(corev1.EventTypeNormal, reasonStarted, operation.Verb(op.Type), "%s %s started", operation.Verb(op.Type), op.ID)
-}
-
-// endOperation records how the operation in flight ended.
-func endOperation(s *step, state machinistv1.OperationState, message string) {
-	op := s.m.Status.Operation
-	at := metav1.NewTime(s.now)
-	op.State, op.CompletedAt, op.Message, op.Reason = state, &at, message, ""
-	kind, reason := corev1.EventTypeNormal, reasonSucceeded
-	if state == machinistv1.OperationFailed {
-		kind, reason = corev1.EventTypeWarning, reasonFailed
-	}
-	s.note(kind, reason, operation.Verb(op.Type), "%s %s: %s", operation.Verb(op.Type), op.ID, message)
-}
-
-// retry records a transient error and waits for the next attempt. The
-// Machine says why it waits in its Ready condition; a Warning Event marks
-// only a change of reason, not every attempt.
-func (r *Reconciler) retry(s *step, reason string, err error) outcome {
-	if providers.IsUnavailable(err) {
-		reason = machinistv1.ReasonProviderUnavailable
-	}
-	s.m.Status.ErrorCount++
-	delay := r.Backoff.After(s.m.Status.ErrorCount)
-	if c := meta.FindStatusCondition(s.m.Status.Conditions, machinistv1.ConditionReady); c == nil || c.Reason != reason {
-		s.note(corev1.EventTypeWarning, reason, "Retry", "%v", err)
-	}
-	meta.SetStatusCondition(&s.m.Status.Conditions, metav1.Condition{
-		Type: machinistv1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason,
-		Message:            fmt.Sprintf("%v (attempt %d; next in %s)", err, s.m.Status.ErrorCount, delay),
-		ObservedGeneration: s.m.Generation,
-	})
-	return s.wait(reason, delay)
-}
-
-// failMachine moves the Machine to Failed with a reason for people.
-func (s *step) failMachine(reason, message string) outcome {
-	meta.SetStatusCondition(&s.m.Status.Conditions, metav1.Condition{
-		Type: machinistv1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason,
-		Message: message, ObservedGeneration: s.m.Generation,
-	})
-	return settle(phases.Fail)
-}
-
 // outcome is what a phase's handler concluded: wait (no event), move by
 // an event of the table and go on with the next phase's handler
 // (advance), move and end the reconcile there (settle), or fail.
@@ -162,13 +72,6 @@ type outcome struct {
 	// reason says why the Machine waits, for the log.
 	reason string
 	err    error
-}
-
-// wait ends the reconcile without a move; after, if positive, is when to
-// look again.
-func (s *step) wait(reason string, after time.Duration) outcome {
-	s.after(after)
-	return outcome{reason: reason}
 }
 
 // advance moves by e and hands the Machine to its new phase's handler in
@@ -266,33 +169,4 @@ var deleting = handlers{
 	machinistv1.MachineUpdating:     {(*Reconciler).startDeleting, moves(phases.Delete)},
 	machinistv1.MachineFailed:       {(*Reconciler).startDeleting, moves(phases.Delete)},
 	machinistv1.MachineDeleting:     {(*Reconciler).destroy, moves(phases.Deleted)},
-}
-
-// downPoll is how often a Machine waiting for its cluster looks again,
-// should the WorkloadCluster's change that wakes it be missed. A look that
-// finds nothing new writes nothing.
-const downPoll = time.Minute
-
-// unseen has a Machine whose cluster cannot be reached wait for it, saying
-// so in its condition t (False, or Unknown for what cannot be known) with
-// reason ClusterUnreachable. The message names the cluster and since when,
-// never the error, which changes from probe to probe: the Machine is
-// written once when its cluster goes and once when it returns, not per
-// probe or per retry.
-func (s *step) unseen(t string, status metav1.ConditionStatus, what string) outcome {
-	meta.SetStatusCondition(&s.m.Status.Conditions, metav1.Condition{
-		Type: t, Status: status, Reason: machinistv1.ReasonClusterUnreachable,
-		Message:            fmt.Sprintf("%s: %s", s.down.Unseen(), what),
-		ObservedGeneration: s.m.Generation,
-	})
-	return s.wait("its cluster cannot be reached", downPoll)
-}
-
-// since is the later of t and the time the Machine's cluster was last
-// found reachable again: when a wait on its Node starts counting.
-func (s *step) since(t time.Time) time.Time {
-	if s.back.After(t) {
-		return s.back
-	}
-	return t
 }

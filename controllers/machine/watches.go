@@ -24,6 +24,7 @@ import (
 	"github.com/machinist-dev/machinist/internal/index"
 	"github.com/machinist-dev/machinist/internal/wake"
 	"github.com/machinist-dev/machinist/lifecycle/disruption"
+	"github.com/machinist-dev/machinist/lifecycle/operation"
 	"github.com/machinist-dev/machinist/nodes"
 )
 
@@ -96,8 +97,21 @@ func nodeChanged() predicate.Funcs {
 			o.Spec.ProviderID != n.Spec.ProviderID ||
 			o.Spec.Unschedulable != n.Spec.Unschedulable ||
 			!equality.Semantic.DeepEqual(o.Labels, n.Labels) ||
-			!equality.Semantic.DeepEqual(o.Spec.Taints, n.Spec.Taints)
+			!equality.Semantic.DeepEqual(o.Spec.Taints, n.Spec.Taints) ||
+			namingChanged(o, n)
 	}}
+}
+
+// namingChanged reports whether the annotations that name a Node's
+// Machine changed: the Machine controller puts them back. Others'
+// annotations change often and tell a Machine nothing.
+func namingChanged(o, n *corev1.Node) bool {
+	for _, k := range []string{machinistv1.NodeMachineAnnotation, machinistv1.NodeClusterNamespaceAnnotation, machinistv1.NodeClusterNameAnnotation} {
+		if o.Annotations[k] != n.Annotations[k] {
+			return true
+		}
+	}
+	return false
 }
 
 func (r *Reconciler) machinesForNode(ctx context.Context, o client.Object) []reconcile.Request {
@@ -119,6 +133,30 @@ func (r *Reconciler) machinesMatching(ctx context.Context, what string, opts ...
 	reqs := make([]reconcile.Request, 0, len(list.Items))
 	for i := range list.Items {
 		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+	}
+	return reqs
+}
+
+// heldMachines maps a budget that freed room to the Machines it selects
+// whose pending operation a budget holds.
+func (r *Reconciler) heldMachines(ctx context.Context, o client.Object) []reconcile.Request {
+	b, ok := o.(*machinistv1.MachineDisruptionBudget)
+	if !ok {
+		return nil
+	}
+	var list machinistv1.MachineList
+	if err := r.Client.List(ctx, &list, client.InNamespace(b.Namespace)); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for i := range list.Items {
+		m := &list.Items[i]
+		if !operation.Held(m.Status.Operation) {
+			continue
+		}
+		if selected, err := disruption.Selects(b, m); err == nil && selected {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(m)})
+		}
 	}
 	return reqs
 }

@@ -175,7 +175,7 @@ type target struct {
 	// connected), so its Node is not judged.
 	unseen *nodes.NotConnectedError
 	// ambiguous: several Nodes claim the Machine's providerID, so none is
-	// judged its Node (index.NodeFor).
+	// judged its Node (nodes.API.Node).
 	ambiguous bool
 	v         verdict
 	fsm       *ladder
@@ -274,7 +274,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			}
 			if cluster != nil {
 				if t.node, err = cluster.Node(ctx, m.Status.ProviderID); err != nil {
-					if _, dup := errors.AsType[*index.DuplicateNodesError](err); !dup {
+					if _, dup := errors.AsType[*nodes.DuplicateNodesError](err); !dup {
 						return reconcile.Result{}, err
 					}
 					// Judged by neither: a Node that claims the Machine's

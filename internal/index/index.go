@@ -6,9 +6,6 @@ package index
 
 import (
 	"context"
-	"fmt"
-	"slices"
-	"strings"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -147,45 +144,4 @@ func fromIndexer(ctx context.Context, store cache.Cache, ns, value string) ([]*m
 		out = append(out, m)
 	}
 	return out, true
-}
-
-// NodeFor returns the Node whose spec.providerID is providerID, from the
-// cache behind c, or nil when there is none. Two or more are a
-// *DuplicateNodesError: a Node's providerID is whatever the credential
-// that registered it wrote, and a machine may register a Node of any new
-// name with a bootstrap token, so a second Node claiming a Machine's
-// instance is not taken for its Node, whichever comes first.
-func NodeFor(ctx context.Context, c client.Reader, providerID string) (*corev1.Node, error) {
-	if providerID == "" {
-		return nil, nil
-	}
-	var nodes corev1.NodeList
-	if err := c.List(ctx, &nodes, client.MatchingFields{NodeByProviderID: providerID}); err != nil {
-		return nil, err
-	}
-	switch len(nodes.Items) {
-	case 0:
-		return nil, nil
-	case 1:
-		return &nodes.Items[0], nil
-	}
-	names := make([]string, len(nodes.Items))
-	for i := range nodes.Items {
-		names[i] = nodes.Items[i].Name
-	}
-	slices.Sort(names)
-	return nil, &DuplicateNodesError{ProviderID: providerID, Nodes: names}
-}
-
-// DuplicateNodesError is NodeFor's answer when several Nodes claim one
-// providerID.
-type DuplicateNodesError struct {
-	ProviderID string
-	// Nodes are their names, sorted.
-	Nodes []string
-}
-
-func (e *DuplicateNodesError) Error() string {
-	return fmt.Sprintf("Nodes %s all claim providerID %s: none is taken for the Machine's until only one does (delete the Node its machine did not register)",
-		strings.Join(e.Nodes, ", "), e.ProviderID)
 }

@@ -37,6 +37,9 @@ func (p *JSON) Test(path string, v any) { p.add("test", path, v) }
 // Set puts v at path, replacing what is there.
 func (p *JSON) Set(path string, v any) { p.add("add", path, v) }
 
+// Remove takes away what is at path, which must be there.
+func (p *JSON) Remove(path string) { *p = append(*p, op{Op: "remove", Path: path}) }
+
 func (p *JSON) add(kind, path string, v any) {
 	raw, err := json.Marshal(v)
 	if err != nil {
