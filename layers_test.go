@@ -26,6 +26,7 @@ var layers = []struct {
 	{"the providers and their protocol", []string{"providers/"}},
 	{"the drain", []string{"nodes/drain"}},
 	{"the Node seam", []string{"nodes"}},
+	{"what a template's Nodes will be, published", []string{"nodes/template"}},
 	{"workload cluster connections", []string{"clusters"}},
 	{"controllers and the verbs server", []string{"controllers/", "apiserver"}},
 	{"wiring and the development harness", []string{"manager", "manager/", "dev/"}},

@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
@@ -117,6 +118,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 		// A Machine deleted by hand changes no MachineSet status (it still
 		// counts until gone), but OnDelete rollouts act on it.
 		Watches(&machinistv1.Machine{}, r.machineChanged()).
+		// A class's Nodes are what its deployments publish.
+		Watches(&machinistv1.MachineClass{}, handler.EnqueueRequestsFromMapFunc(r.deploymentsOfClass),
+			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WithOptions(opts).
 		Named("machinedeployment").
 		Complete(r)
@@ -317,6 +321,8 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 			key := "/metadata/annotations/" + patch.Key(machinistv1.RevisionAnnotation)
 			p.Test(key, newSet.Annotations[machinistv1.RevisionAnnotation])
 			p.Set(key, patched.Annotations[machinistv1.RevisionAnnotation])
+			patched.Annotations[machinistv1.DeploymentRevisionAnnotation] = patched.Annotations[machinistv1.RevisionAnnotation]
+			p.Set("/metadata/annotations/"+patch.Key(machinistv1.DeploymentRevisionAnnotation), patched.Annotations[machinistv1.RevisionAnnotation])
 			if cause, ok := md.Annotations[machinistv1.ChangeCauseAnnotation]; ok {
 				patched.Annotations[machinistv1.ChangeCauseAnnotation] = cause
 				p.Set("/metadata/annotations/"+patch.Key(machinistv1.ChangeCauseAnnotation), cause)
@@ -335,6 +341,12 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 	if newSet != nil {
 		ordered = append(ordered, newSet)
 	}
+	if err := r.nameSets(ctx, md, ordered); err != nil {
+		return reconcile.Result{}, err
+	}
+	// Retried with the reconcile's error, but never in the way of the
+	// rollout and the scaling.
+	publishErr := r.publish(ctx, md)
 	var mode inPlaceMode
 	var held string
 	if md.Spec.Strategy.Type == machinistv1.InPlaceStrategy && newSet != nil {
@@ -363,7 +375,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 	if wait > 0 && (res.RequeueAfter == 0 || wait < res.RequeueAfter) {
 		res.RequeueAfter = wait
 	}
-	return res, err
+	return res, errors.Join(publishErr, err)
 }
 
 func (r *Reconciler) ownedSets(ctx context.Context, md *machinistv1.MachineDeployment) ([]*machinistv1.MachineSet, error) {
@@ -391,10 +403,11 @@ func (r *Reconciler) createSet(ctx context.Context, md *machinistv1.MachineDeplo
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: md.Namespace,
 			Name:      md.Name + "-" + hash,
-			Labels:    withLabel(maps.Clone(md.Spec.Template.Metadata.Labels), machinistv1.TemplateHashLabel, hash),
+			Labels:    setLabelsAtCreation(md, hash),
 			Annotations: map[string]string{
-				machinistv1.RevisionAnnotation:        strconv.FormatInt(rev, 10),
-				machinistv1.DesiredReplicasAnnotation: strconv.Itoa(int(replicasOf(md))),
+				machinistv1.RevisionAnnotation:           strconv.FormatInt(rev, 10),
+				machinistv1.DeploymentRevisionAnnotation: strconv.FormatInt(rev, 10),
+				machinistv1.DesiredReplicasAnnotation:    strconv.Itoa(int(replicasOf(md))),
 			},
 			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(md, machinistv1.GroupVersion.WithKind("MachineDeployment"))},
 		},

@@ -131,6 +131,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options)
 		Watches(&machinistv1.Machine{}, &machineHandler{r: r}).
 		Watches(&machinistv1.MachineDisruptionBudget{}, handler.EnqueueRequestsFromMapFunc(r.heldSets),
 			builder.WithPredicates(disruption.Freed())).
+		// A class's Nodes are what the sets no deployment owns publish.
+		Watches(&machinistv1.MachineClass{}, handler.EnqueueRequestsFromMapFunc(r.setsOfClass),
+			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WithOptions(opts).
 		Named("machineset").
 		Complete(r)
@@ -185,8 +188,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	r.pacer.Looked(req.NamespacedName, len(owned))
 
-	var scaleErr error
+	var scaleErr, publishErr error
 	var held *disruption.Refusal
+	if ms.DeletionTimestamp.IsZero() {
+		// Retried with the reconcile's error, but never in the way of
+		// the Machines the set must make or remove.
+		publishErr = r.publish(ctx, ms)
+	}
 	if ms.DeletionTimestamp.IsZero() && caughtUp {
 		held, scaleErr = r.scale(ctx, ms, handedOver(ms, owned), receiving)
 	}
@@ -194,7 +202,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if held != nil && (res.RequeueAfter == 0 || held.RetryAfter < res.RequeueAfter) {
 		res.RequeueAfter = held.RetryAfter
 	}
-	return requeue.Expected(res, errors.Join(scaleErr, err))
+	return requeue.Expected(res, errors.Join(publishErr, scaleErr, err))
 }
 
 // claim returns the Machines ms owns after adopting matching orphans and

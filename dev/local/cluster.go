@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/machinist-dev/machinist/dev/kubecontrollermanager"
+	"github.com/machinist-dev/machinist/dev/kubescheduler"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/internal/pki"
@@ -48,13 +49,14 @@ type clusterOptions struct {
 }
 
 // cluster is a joinable control plane that startCluster started: etcd,
-// kube-apiserver and kube-controller-manager, with their state in a
-// directory.
+// kube-apiserver, kube-controller-manager and kube-scheduler, with their
+// state in a directory.
 type cluster struct {
 	name       string
 	dir        string
 	env        *envtest.Environment
 	kcm        *kubecontrollermanager.Process
+	sched      *kubescheduler.Process
 	config     *rest.Config
 	kubeconfig string // an administrator's kubeconfig file
 	// starting is set once env.Start is called: from then on, whatever
@@ -67,9 +69,10 @@ type cluster struct {
 // and RBAC authorization, NodeRestriction), installs the RBAC that lets a
 // bootstrap token's holder join, and starts kube-controller-manager with
 // the controllers that sign kubelets' certificates and those a fleet
-// relies on. kube-apiserver keeps its address and serving certificate's
-// CA across restarts (serving), so that the kubeconfigs machines were
-// given and kept stay good. The caller stops it (stop), also on error.
+// relies on, and kube-scheduler, which binds pods to the machines' Nodes.
+// kube-apiserver keeps its address and serving certificate's CA across
+// restarts (serving), so that the kubeconfigs machines were given and
+// kept stay good. The caller stops it (stop), also on error.
 func startCluster(ctx context.Context, opts clusterOptions) (*cluster, error) {
 	env := &envtest.Environment{
 		BinaryAssetsDirectory:    opts.binDir,
@@ -130,16 +133,28 @@ func startCluster(ctx context.Context, opts clusterOptions) (*cluster, error) {
 	if err != nil {
 		return c, fmt.Errorf("%s: %w", opts.name, err)
 	}
+	// Pods land on the machines' Nodes as in any cluster, and their
+	// agents run them as kubelets would.
+	c.sched, err = kubescheduler.Start(env, kubescheduler.Options{
+		Binary: filepath.Join(opts.binDir, "kube-scheduler"), Dir: opts.dir,
+	})
+	if err != nil {
+		return c, fmt.Errorf("%s: %w", opts.name, err)
+	}
 	return c, nil
 }
 
-// stop stops kube-controller-manager, then kube-apiserver and etcd.
+// stop stops kube-scheduler and kube-controller-manager, then
+// kube-apiserver and etcd.
 func (c *cluster) stop() error {
+	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	var err error
+	if c.sched != nil {
+		err = c.sched.Stop(stopCtx)
+	}
 	if c.kcm != nil {
-		stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		err = c.kcm.Stop(stopCtx)
+		err = errors.Join(err, c.kcm.Stop(stopCtx))
 	}
 	if !c.starting {
 		return err
@@ -167,10 +182,21 @@ func removeEnvtestKubeconfigs(dir string) error {
 	return nil
 }
 
-// exited says why kube-controller-manager stopped, once it has.
-func (c *cluster) exited() error {
-	return fmt.Errorf("kube-controller-manager of %s stopped (%v); its log is %s",
-		c.name, c.kcm.Err(), filepath.Join(c.dir, kubecontrollermanager.LogFile))
+// controllerManagerExited says why kube-controller-manager stopped, once
+// it has.
+func (c *cluster) controllerManagerExited() error {
+	return c.stopped("kube-controller-manager", c.kcm.Err(), kubecontrollermanager.LogFile)
+}
+
+// schedulerExited says why kube-scheduler stopped, once it has.
+func (c *cluster) schedulerExited() error {
+	return c.stopped("kube-scheduler", c.sched.Err(), kubescheduler.LogFile)
+}
+
+// stopped says that what, one of the cluster's components, stopped, how
+// (err), and where its log is (log, in the cluster's directory).
+func (c *cluster) stopped(what string, err error, log string) error {
+	return fmt.Errorf("%s of %s stopped (%v); its log is %s", what, c.name, err, filepath.Join(c.dir, log))
 }
 
 // started lists the pids of after that are not in before.

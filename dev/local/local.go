@@ -1,9 +1,10 @@
 // Package local runs all of Machinist on one host, for trying it out: two
 // clusters, each etcd and kube-apiserver from bin/ with their state under a
-// directory and kube-controller-manager (machines joining, garbage
-// collection, namespaces, node lifecycle): the management cluster, with
-// the CRDs and ClusterRoles, the controllers, the verbs server registered
-// through an APIService, and the process provider, whose machines are real
+// directory, kube-controller-manager (machines joining, garbage
+// collection, namespaces, node lifecycle) and kube-scheduler (pods bound
+// to the machines' Nodes): the management cluster, with the CRDs and
+// ClusterRoles, the controllers, the verbs server registered through an
+// APIService, and the process provider, whose machines are real
 // processes; and a workload cluster, whose Nodes the sample workers
 // become. It is what `machinist run` does.
 package local
@@ -28,6 +29,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -149,7 +151,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(opts.Out, "Starting the management cluster: etcd, kube-apiserver, kube-controller-manager (state in %s)...\n", dir)
+	fmt.Fprintf(opts.Out, "Starting the management cluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler (state in %s)...\n", dir)
 	mgmt, err := startCluster(ctx, clusterOptions{
 		name: "the management cluster", dir: dir, binDir: opts.BinDir, scheme: scheme,
 		flags: proxy,
@@ -160,7 +162,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	}
 	cfg, kubeconfig := mgmt.config, mgmt.kubeconfig
 	workloadDir := filepath.Join(dir, WorkloadDir)
-	fmt.Fprintf(opts.Out, "Starting the workload cluster %q: etcd, kube-apiserver, kube-controller-manager (state in %s)...\n", SampleCluster, workloadDir)
+	fmt.Fprintf(opts.Out, "Starting the workload cluster %q: etcd, kube-apiserver, kube-controller-manager, kube-scheduler (state in %s)...\n", SampleCluster, workloadDir)
 	workload, err := startCluster(ctx, clusterOptions{
 		name: fmt.Sprintf("the workload cluster %q", SampleCluster), dir: workloadDir, binDir: opts.BinDir, scheme: scheme,
 	})
@@ -308,11 +310,15 @@ func Run(ctx context.Context, opts Options) (err error) {
 	case <-vms.done:
 		return fmt.Errorf("the qemu provider stopped; its log is %s", filepath.Join(dir, QEMULog))
 	case <-mgmt.kcm.Exited():
-		return mgmt.exited()
+		return mgmt.controllerManagerExited()
 	case <-workload.kcm.Exited():
-		return workload.exited()
+		return workload.controllerManagerExited()
+	case <-mgmt.sched.Exited():
+		return mgmt.schedulerExited()
+	case <-workload.sched.Exited():
+		return workload.schedulerExited()
 	}
-	fmt.Fprintln(opts.Out, "Stopping: controllers, verbs server, machines, then both clusters' kube-controller-manager, kube-apiserver, etcd...")
+	fmt.Fprintln(opts.Out, "Stopping: controllers, verbs server, machines, then both clusters' kube-scheduler, kube-controller-manager, kube-apiserver, etcd...")
 	return nil
 }
 
@@ -526,7 +532,7 @@ func samples(ctx context.Context, c client.Client, marker string) ([]string, err
 		obj client.Object
 	}{
 		{"WorkloadCluster/" + SampleCluster, workload},
-		{"MachineClass/" + SampleClass, sampleClass(SampleClass, process.Name, "")},
+		{"MachineClass/" + SampleClass, sizedClass(sampleClass(SampleClass, process.Name, ""))},
 		{"MachineDeployment/" + SampleDeployment, md},
 		// The spare set's Machines join the management cluster itself
 		// (no clusterName): a cluster can be its own workload cluster.
@@ -570,6 +576,18 @@ func sampleClass(name, provider, spec string) *machinistv1.MachineClass {
 	}
 	if spec != "" {
 		class.Spec.ProviderSpec = runtime.RawExtension{Raw: []byte(spec)}
+	}
+	return class
+}
+
+// sizedClass declares what the class's Nodes offer: a process machine's
+// agent reports the class's capacity as its Node's, and the
+// cluster-autoscaler reads it to scale a deployment of the class up from
+// zero (docs/autoscaling.md).
+func sizedClass(class *machinistv1.MachineClass) *machinistv1.MachineClass {
+	class.Spec.NodeTemplate.Capacity = corev1.ResourceList{
+		corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("4Gi"),
+		corev1.ResourcePods: resource.MustParse("110"), corev1.ResourceEphemeralStorage: resource.MustParse("20Gi"),
 	}
 	return class
 }
