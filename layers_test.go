@@ -27,7 +27,7 @@ var layers = []struct {
 	{"the drain", []string{"nodes/drain"}},
 	{"the Node seam", []string{"nodes"}},
 	{"what a template's Nodes will be, published", []string{"nodes/template"}},
-	{"workload cluster connections", []string{"clusters"}},
+	{"workload cluster connections, and what joining one needs", []string{"clusters", "clusters/"}},
 	{"controllers and the verbs server", []string{"controllers/", "apiserver"}},
 	{"wiring and the development harness", []string{"manager", "manager/", "dev/"}},
 	{"commands and build tools", []string{"cmd/", "hack/"}},

@@ -43,5 +43,6 @@ func root() *cobra.Command {
 	cmd.AddCommand(providerCommand())
 	cmd.AddCommand(faultProxyCommand())
 	cmd.AddCommand(migrateCommand())
+	cmd.AddCommand(clusterCommand())
 	return cmd
 }

@@ -30,11 +30,18 @@ import (
 // signed, old requests are cleaned up, and a bootstrap token's Secret is
 // deleted once the token has expired.
 var JoinControllers = []string{
-	"certificatesigningrequest-approving-controller",
+	ApproverController,
 	"certificatesigningrequest-signing-controller",
 	"certificatesigningrequest-cleaner-controller",
-	"token-cleaner-controller",
+	TokenCleanerController,
 }
+
+// ApproverController approves the certificate requests of joining
+// machines.
+const ApproverController = "certificatesigningrequest-approving-controller"
+
+// TokenCleanerController deletes the Secrets of expired bootstrap tokens.
+const TokenCleanerController = "token-cleaner-controller"
 
 // FleetControllers run too with Options.Fleet.
 var FleetControllers = []string{
@@ -84,6 +91,9 @@ type Options struct {
 	// Ready=Unknown; zero keeps Kubernetes' default (50s). NodeMonitorPeriod
 	// is how often Nodes are looked at; zero keeps the default (5s).
 	NodeMonitorGracePeriod, NodeMonitorPeriod time.Duration
+	// Without are controllers left out, for a cluster that lacks them
+	// (say, JoinControllers' approver, to see what a join then says).
+	Without []string
 }
 
 // Process is a running kube-controller-manager.
@@ -98,6 +108,7 @@ func (o Options) Args() []string {
 	case o.NodeLifecycle:
 		controllers = append(slices.Clone(controllers), NodeLifecycleController)
 	}
+	controllers = slices.DeleteFunc(slices.Clone(controllers), func(c string) bool { return slices.Contains(o.Without, c) })
 	args := []string{
 		"--kubeconfig=" + filepath.Join(o.Dir, KubeconfigFile),
 		"--controllers=" + strings.Join(controllers, ","),

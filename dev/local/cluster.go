@@ -12,13 +12,13 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"github.com/machinist-dev/machinist/clusters/joinable"
 	"github.com/machinist-dev/machinist/dev/kubecontrollermanager"
 	"github.com/machinist-dev/machinist/dev/kubescheduler"
-	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/internal/pki"
 )
@@ -114,11 +114,13 @@ func startCluster(ctx context.Context, opts clusterOptions) (*cluster, error) {
 	if err := os.WriteFile(c.kubeconfig, env.KubeConfig, 0o600); err != nil {
 		return c, err
 	}
-	cl, err := client.New(cfg, client.Options{Scheme: opts.scheme})
+	// Prepared for machines to join as `machinist cluster prepare`
+	// prepares a cluster of the user's own.
+	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return c, err
 	}
-	if err := bootstrap.InstallRBAC(ctx, cl); err != nil {
+	if _, err := joinable.Install(ctx, kube, false); err != nil {
 		return c, fmt.Errorf("%s: %w", opts.name, err)
 	}
 	// Kubernetes' own controllers, as in any cluster: those that let

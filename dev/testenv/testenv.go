@@ -38,10 +38,10 @@ import (
 	"github.com/machinist-dev/machinist/api/v1alpha1"
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/apiserver"
+	"github.com/machinist-dev/machinist/clusters/joinable"
 	"github.com/machinist-dev/machinist/config"
 	"github.com/machinist-dev/machinist/dev/kubecontrollermanager"
 	"github.com/machinist-dev/machinist/dev/kubescheduler"
-	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/internal/pki"
 )
@@ -104,6 +104,12 @@ type Options struct {
 	// no front proxy is set up for the verbs server. Tests run several
 	// beside a management cluster, so it starts no more than joining needs.
 	Workload bool
+	// Unprepared leaves out what a cluster made by another tool lacks for
+	// machines to join it: the join RBAC (package joinable's Install),
+	// and what Lacks names besides. Tests of what joining needs use it.
+	Unprepared bool
+	// Lacks are what else the cluster lacks, even prepared.
+	Lacks Lacks
 	// CRDs, when set, are installed as they are instead of config/crd/bases:
 	// an earlier release's, for a test of an upgrade from it. A CRD among
 	// them that serves several versions converts through the tests' webhook.
@@ -151,6 +157,37 @@ func EnsureControlPlane() error {
 // from config/crd/bases and waits until they are served.
 func Start() (*Env, error) { return StartWith(Options{}) }
 
+// Lacks are what a cluster may lack of what machines joining it need.
+type Lacks struct {
+	// BootstrapTokens: kube-apiserver runs without
+	// --enable-bootstrap-token-auth.
+	BootstrapTokens bool
+	// NodeAuthorizer: kube-apiserver authorizes with RBAC alone.
+	NodeAuthorizer bool
+	// NodeRestriction: kube-apiserver runs without that admission plugin
+	// (it has no other enabled beyond its defaults then).
+	NodeRestriction bool
+	// Approver: kube-controller-manager runs without its certificate
+	// approver.
+	Approver bool
+	// TokenCleaner: kube-controller-manager runs without its token
+	// cleaner.
+	TokenCleaner bool
+}
+
+// lack takes from kube-apiserver's args what l says it lacks.
+func lack(args *envtest.Arguments, l Lacks) {
+	if l.BootstrapTokens {
+		args.Set("enable-bootstrap-token-auth", "false")
+	}
+	if l.NodeAuthorizer {
+		args.Set("authorization-mode", "RBAC")
+	}
+	if l.NodeRestriction {
+		args.Disable("enable-admission-plugins")
+	}
+}
+
 // StartWorkload starts a workload cluster (Options.Workload).
 func StartWorkload() (*Env, error) { return StartWith(Options{Workload: true}) }
 
@@ -194,6 +231,7 @@ func StartWith(opts Options) (*Env, error) {
 		ControlPlaneStopTimeout:  time.Minute,
 	}
 	kubecontrollermanager.Joinable(env, ca)
+	lack(env.ControlPlane.GetAPIServer().Configure(), opts.Lacks)
 	var conv *conversion
 	var crds []*apiextensionsv1.CustomResourceDefinition
 	if !opts.Workload {
@@ -257,8 +295,14 @@ func StartWith(opts Options) (*Env, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := bootstrap.InstallRBAC(ctx, e.Client); err != nil {
-		return fail(err)
+	if !opts.Unprepared {
+		kube, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return fail(err)
+		}
+		if _, err := joinable.Install(ctx, kube, false); err != nil {
+			return fail(err)
+		}
 	}
 	if conv != nil {
 		if err := apiserver.InstallCRDs(ctx, e.Client, crds, conv.url, conv.caBundle); err != nil {
@@ -291,11 +335,19 @@ func (e *Env) startControllerManager(opts Options) error {
 	if grace == 0 && opts.ControllerManager {
 		grace = 5 * time.Second
 	}
+	var without []string
+	if opts.Lacks.Approver {
+		without = append(without, kubecontrollermanager.ApproverController)
+	}
+	if opts.Lacks.TokenCleaner {
+		without = append(without, kubecontrollermanager.TokenCleanerController)
+	}
 	var err error
 	e.kcm, err = kubecontrollermanager.Start(e.env, kubecontrollermanager.Options{
 		Binary: filepath.Join(BinDir(), "kube-controller-manager"), Dir: e.dir,
 		CA: e.ca, Fleet: opts.ControllerManager, NodeLifecycle: opts.Scheduler,
 		NodeMonitorGracePeriod: grace, NodeMonitorPeriod: time.Second,
+		Without: without,
 	})
 	return err
 }

@@ -218,8 +218,15 @@ func TestNodeGroupIsABootstrapGroup(t *testing.T) {
 }
 
 func TestClusterRoleBindingsGrantWhatKubeadmGrants(t *testing.T) {
+	roles, bindings, err := RBAC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(roles) != 1 || roles[0].Name != RoleNodeRegisterAfresh {
+		t.Errorf("roles %v, want %s alone", roles, RoleNodeRegisterAfresh)
+	}
 	got := map[string]string{}
-	for _, b := range ClusterRoleBindings() {
+	for _, b := range bindings {
 		if len(b.Subjects) != 1 || b.Subjects[0].Kind != "Group" || b.RoleRef.Kind != "ClusterRole" {
 			t.Fatalf("%s: %+v", b.Name, b)
 		}

@@ -28,8 +28,8 @@ import (
 // a node itself can shed what others put on its old Node: NodeRestriction
 // forbids a node to change its own taints, ownerReferences or most
 // kubernetes.io labels, but lets it create its Node with none of them.
-// Kubernetes' own policy gives nodes no delete; bootstrap.InstallRBAC's
-// machinist:node-register-afresh grants it, and NodeRestriction confines
+// Kubernetes' own policy gives nodes no delete; the join RBAC's
+// machinist:node-register-afresh (config/join) grants it, and NodeRestriction confines
 // it to the node's own Node. Where that role is not granted the delete is
 // refused: the machine then boots on its old Node, keeping what others
 // put there (logged, not fatal: a machine that will not boot helps no

@@ -40,6 +40,8 @@ var (
 	// workloads are the workload clusters by name; "" is the management
 	// cluster itself.
 	workloads = map[string]*testenv.Env{}
+	// cleanups run once every test has.
+	cleanups []func()
 )
 
 // leases are short, so that a killed machine shows within seconds.
@@ -71,6 +73,9 @@ func TestMain(m *testing.M) {
 		}
 		wg.Wait()
 		stop := func() {
+			for _, c := range cleanups {
+				c()
+			}
 			if verbs != nil {
 				_ = verbs.Stop()
 			}
@@ -94,6 +99,23 @@ func TestMain(m *testing.M) {
 		verbs, err = e.StartVerbs()
 		return stop, err
 	}))
+}
+
+// startCluster starts a workload cluster of the test's own, as opts say
+// beside, and stops it at the end (thawed, should the test have frozen
+// it).
+func startCluster(t *testing.T, opts testenv.Options) *testenv.Env {
+	t.Helper()
+	opts.Workload, opts.ControllerManager = true, true
+	w, err := testenv.StartWith(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = w.ThawAPIServer()
+		_ = w.Stop()
+	})
+	return w
 }
 
 // serve makes WorkloadClusters for blue and green in ns, from their admin
@@ -129,14 +151,7 @@ func serve(t *testing.T, ns string) {
 // frozen it, and stopped.
 func ownCluster(t *testing.T, ns, name string) (*testenv.Env, *machinistv1.WorkloadCluster) {
 	t.Helper()
-	w, err := testenv.StartWith(testenv.Options{Workload: true, ControllerManager: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = w.ThawAPIServer()
-		_ = w.Stop()
-	})
+	w := startCluster(t, testenv.Options{})
 	kubeconfig, err := os.ReadFile(w.Kubeconfig)
 	if err != nil {
 		t.Fatal(err)
