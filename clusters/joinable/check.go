@@ -2,12 +2,6 @@ package joinable
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
 	"slices"
 	"strings"
@@ -21,11 +15,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	certutil "k8s.io/client-go/util/cert"
-	"k8s.io/client-go/util/certificate/csr"
-	"k8s.io/client-go/util/keyutil"
 
 	"github.com/machinist-dev/machinist/internal/bootstrap"
+	"github.com/machinist-dev/machinist/providers/nodeagent"
 )
 
 // What Check tries, as Finding.Check names it.
@@ -319,19 +311,11 @@ func checkCertificate(ctx context.Context, admin kubernetes.Interface, cfg *rest
 	if err != nil {
 		return fail(err)
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	req, err := nodeagent.RequestCertificate(ctx, kube, node)
 	if err != nil {
 		return fail(err)
 	}
-	req, err := certutil.MakeCSR(key, &pkix.Name{CommonName: "system:node:" + node, Organization: []string{bootstrap.NodesGroup}}, nil, nil)
-	if err != nil {
-		return fail(err)
-	}
-	usages := []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth}
-	name, _, err := csr.RequestCertificateWithContext(ctx, kube, req, "", certificatesv1.KubeAPIServerClientKubeletSignerName, nil, usages, key)
-	if err != nil {
-		return fail(fmt.Errorf("asking for a node certificate with a bootstrap token: %w", err))
-	}
+	name := req.Name
 	defer deleteCSR(ctx, admin, name)
 
 	deadline := time.Now().Add(wait)
@@ -356,11 +340,7 @@ func checkCertificate(ctx context.Context, admin kubernetes.Interface, cfg *rest
 			}
 		}
 		if approved && len(got.Status.Certificate) > 0 {
-			der, err := x509.MarshalECPrivateKey(key)
-			if err != nil {
-				return fail(err)
-			}
-			creds = &credentials{cert: got.Status.Certificate, key: pem.EncodeToMemory(&pem.Block{Type: keyutil.ECPrivateKeyBlockType, Bytes: der})}
+			creds = &credentials{cert: got.Status.Certificate, key: req.KeyPEM}
 			return passed(CheckApprover, "a node's certificate request was approved"), passed(CheckSigner, "a node's certificate was issued"), creds
 		}
 		if !time.Now().Before(deadline) {

@@ -1,12 +1,8 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -15,6 +11,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/machinist-dev/machinist/clusters/joinable"
+	"github.com/machinist-dev/machinist/cmd/internal/cli"
 )
 
 func clusterCommand() *cobra.Command {
@@ -66,9 +63,7 @@ checks report the cluster as it is.`,
 			if err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			ctx, cancel := context.WithTimeout(ctx, timeout)
+			ctx, cancel := cli.Deadline(cmd.Context(), timeout)
 			defer cancel()
 			out := cmd.OutOrStdout()
 			changes, err := joinable.Install(ctx, kube, dryRun)

@@ -1,12 +1,8 @@
 package main
 
 import (
-	"context"
 	"fmt"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -37,9 +33,7 @@ alone, and each other one is migrated again from its start.`,
 			if err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			ctx, cancel := context.WithTimeout(ctx, timeout)
+			ctx, cancel := cli.Deadline(cmd.Context(), timeout)
 			defer cancel()
 			out := cmd.OutOrStdout()
 			results, err := migration.Run(ctx, cfg, migration.Options{

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -94,30 +95,54 @@ func Join(ctx context.Context, j bootstrap.Join, nodeName string) (Credentials, 
 	if err != nil {
 		return Credentials{}, err
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	req, err := RequestCertificate(ctx, kube, nodeName)
 	if err != nil {
 		return Credentials{}, err
+	}
+	cert, err := csr.WaitForCertificate(ctx, kube, req.Name, req.UID)
+	if err != nil {
+		return Credentials{}, fmt.Errorf("nodeagent: waiting for node %s's certificate (CertificateSigningRequest %s): %w", nodeName, req.Name, err)
+	}
+	return Credentials{Server: j.Server, CAData: j.CAData, TLSServerName: j.TLSServerName, CertPEM: cert, KeyPEM: req.KeyPEM}, nil
+}
+
+// CertificateRequest is a node's CertificateSigningRequest for its client
+// certificate, and the private key it was made with.
+type CertificateRequest struct {
+	// Name and UID are the CertificateSigningRequest's.
+	Name string
+	UID  types.UID
+	// KeyPEM is the private key, PEM: a credential once the request is
+	// issued.
+	KeyPEM []byte
+}
+
+// RequestCertificate asks, through kube (a client of a bootstrap token),
+// for a client certificate for system:node:<nodeName>, as a kubelet's TLS
+// bootstrap does: a new key, and a CertificateSigningRequest of it for
+// signer kubernetes.io/kube-apiserver-client-kubelet with the usages the
+// approver allows a node. The key never leaves this process.
+func RequestCertificate(ctx context.Context, kube kubernetes.Interface, nodeName string) (CertificateRequest, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return CertificateRequest{}, err
 	}
 	req, err := certutil.MakeCSR(key, &pkix.Name{
 		CommonName:   "system:node:" + nodeName,
 		Organization: []string{"system:nodes"},
 	}, nil, nil)
 	if err != nil {
-		return Credentials{}, err
+		return CertificateRequest{}, err
 	}
 	usages := []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth}
 	name, uid, err := csr.RequestCertificateWithContext(ctx, kube, req, "", certificatesv1.KubeAPIServerClientKubeletSignerName, nil, usages, key)
 	if err != nil {
-		return Credentials{}, fmt.Errorf("nodeagent: asking for node %s's certificate: %w", nodeName, err)
-	}
-	cert, err := csr.WaitForCertificate(ctx, kube, name, uid)
-	if err != nil {
-		return Credentials{}, fmt.Errorf("nodeagent: waiting for node %s's certificate (CertificateSigningRequest %s): %w", nodeName, name, err)
+		return CertificateRequest{}, fmt.Errorf("nodeagent: asking for node %s's certificate: %w", nodeName, err)
 	}
 	der, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
-		return Credentials{}, err
+		return CertificateRequest{}, err
 	}
-	keyPEM := pem.EncodeToMemory(&pem.Block{Type: keyutil.ECPrivateKeyBlockType, Bytes: der})
-	return Credentials{Server: j.Server, CAData: j.CAData, TLSServerName: j.TLSServerName, CertPEM: cert, KeyPEM: keyPEM}, nil
+	return CertificateRequest{Name: name, UID: uid,
+		KeyPEM: pem.EncodeToMemory(&pem.Block{Type: keyutil.ECPrivateKeyBlockType, Bytes: der})}, nil
 }

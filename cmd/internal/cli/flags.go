@@ -1,7 +1,12 @@
 package cli
 
 import (
+	"context"
 	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
 
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/rest"
@@ -43,4 +48,12 @@ func RestConfig(kubeconfig string) (*rest.Config, error) {
 		return cfg, nil
 	}
 	return clientcmd.BuildConfigFromFlags("", kubeconfig)
+}
+
+// Deadline is a one-shot command's context: parent, ended by Ctrl-C or
+// SIGTERM, or once timeout has passed.
+func Deadline(parent context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	ctx, stop := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	return ctx, func() { cancel(); stop() }
 }
