@@ -7,9 +7,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"unicode"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -99,8 +101,9 @@ type Actuator interface {
 	InPlace(change Change) bool
 
 	// Describe reports what the provider itself knows of the instance
-	// now: whether it is powered on, the boot ID of its running boot, and
-	// the Machine it belongs to, as recorded on the instance. The
+	// now: whether it is powered on, the boot ID of its running boot, the
+	// Machine it belongs to, as recorded on the instance, and why its
+	// join is failing, when the machine has said. The
 	// controller asks it while the Machine's cluster cannot be reached,
 	// to complete a reboot on the provider's word, and checks the word
 	// against the Node's boot ID once the cluster answers. A provider that
@@ -122,6 +125,39 @@ type Instance struct {
 	// off; zero when it belongs to none, or the provider records none or
 	// cannot tell.
 	Owner Owner
+	// JoinFailure is why the machine's join is failing, as the machine
+	// last reported it (nodeagent.JoinError); nil while it has not
+	// reported a failure, once it has joined, or when the provider cannot
+	// tell. The controller shows it on a Machine whose Node has not come.
+	JoinFailure *JoinFailure
+}
+
+// JoinFailure is a machine's report of a failing join.
+type JoinFailure struct {
+	// Reason is one of machinistv1.JoinFailureReasons.
+	Reason string
+	// Message says what was seen and what to change on the cluster.
+	Message string
+}
+
+// maxJoinMessage bounds a reported message, in bytes.
+const maxJoinMessage = 512
+
+// ReportedJoinFailure is what a Machine may be shown of a join failure a
+// machine or a provider reported: both are outside the manager, so the
+// reason must be one of machinistv1.JoinFailureReasons (nil otherwise),
+// and the message is held to one short line of printable text.
+func ReportedJoinFailure(reason, message string) *JoinFailure {
+	if !slices.Contains(machinistv1.JoinFailureReasons, reason) {
+		return nil
+	}
+	message = strings.Join(strings.FieldsFunc(message, func(r rune) bool {
+		return unicode.IsSpace(r) || !unicode.IsPrint(r)
+	}), " ")
+	if len(message) > maxJoinMessage {
+		message = strings.ToValidUTF8(message[:maxJoinMessage], "") + "…"
+	}
+	return &JoinFailure{Reason: reason, Message: message}
 }
 
 // Owner is the Machine an instance belongs to, as its provider records it

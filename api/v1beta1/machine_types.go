@@ -334,6 +334,41 @@ const (
 	ReasonInvalidProviderID = "InvalidProviderID"
 )
 
+// Reasons of a Provisioning Machine's Ready condition when its machine
+// reports, through its provider, why its join is failing (the message is
+// the machine's, and says what to change on the cluster). A Machine whose
+// WorkloadCluster is not Joinable waits with that condition's reason
+// instead.
+const (
+	// ReasonBootstrapTokenRefused: the cluster did not accept the
+	// machine's bootstrap token (401).
+	ReasonBootstrapTokenRefused = "BootstrapTokenRefused"
+	// ReasonJoinForbidden: the token authenticated, but may not ask for a
+	// node certificate (403): the join bindings are missing.
+	ReasonJoinForbidden = "JoinForbidden"
+	// ReasonJoinCertificateNotApproved: the machine's certificate request
+	// was not approved in time.
+	ReasonJoinCertificateNotApproved = "CertificateNotApproved"
+	// ReasonJoinCertificateDenied: the certificate request was denied or
+	// failed.
+	ReasonJoinCertificateDenied = "CertificateDenied"
+	// ReasonJoinCertificateNotIssued: the request was approved but no
+	// certificate was issued in time: no signer.
+	ReasonJoinCertificateNotIssued = "CertificateNotIssued"
+	// ReasonJoinServerUnreachable: the machine cannot reach, or cannot
+	// verify, the API server it was told to join.
+	ReasonJoinServerUnreachable = "JoinServerUnreachable"
+	// ReasonJoinFailed: any other failed join.
+	ReasonJoinFailed = "JoinFailed"
+)
+
+// JoinFailureReasons are the reasons above, each a machine's report of a
+// failing join.
+var JoinFailureReasons = []string{
+	ReasonBootstrapTokenRefused, ReasonJoinForbidden, ReasonJoinCertificateNotApproved,
+	ReasonJoinCertificateDenied, ReasonJoinCertificateNotIssued, ReasonJoinServerUnreachable, ReasonJoinFailed,
+}
+
 // Reasons of a Failed Machine's Ready condition.
 const (
 	FailureCreate              = "CreateFailed"

@@ -92,6 +92,13 @@ const (
 	// WorkloadClusterDeleting is True while a deleted WorkloadCluster
 	// waits for its Machines to go (reason ReasonWaitingForMachines).
 	WorkloadClusterDeleting = "Deleting"
+	// WorkloadClusterJoinable is True while the checks of package
+	// clusters/joinable, repeated on a slow period and after a Machine's
+	// failed join, find that machines can join the cluster; False names
+	// the first thing missing (its reason is the check's, such as
+	// BootstrapTokensRefused or JoinBindingsMissing) and the flag or
+	// command that fixes it.
+	WorkloadClusterJoinable = "Joinable"
 
 	// ReasonClusterConnected: the manager reads the cluster's API.
 	ReasonClusterConnected = "Connected"

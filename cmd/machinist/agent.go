@@ -154,10 +154,13 @@ func agentRESTConfig(ctx context.Context, o agentOptions) (*rest.Config, error) 
 		if o.kubeconfig == "" {
 			return nil, errors.New("--bootstrap-kubeconfig needs --kubeconfig, where the node's own credentials are kept")
 		}
-		creds, err := nodeagent.Bootstrap(ctx, o.bootstrap, o.kubeconfig, o.nodeName, o.providerID)
+		// The join's lines go to standard output, which the provider
+		// keeps (an agent's log, a VM's console), for its Describe.
+		creds, err := nodeagent.Bootstrap(ctx, o.bootstrap, o.kubeconfig, o.nodeName, o.providerID, nodeagent.ReportJoin(os.Stdout))
 		if err != nil {
 			return nil, fmt.Errorf("joining the cluster: %w", err)
 		}
+		nodeagent.ReportJoined(os.Stdout)
 		return creds.Config(), nil
 	}
 	if o.kubeconfig != "" {

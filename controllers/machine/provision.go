@@ -130,6 +130,11 @@ func (r *Reconciler) awaitNode(ctx context.Context, s *step) outcome {
 			// controller's own write wakes nothing: look again.
 			s.after(provisionPoll)
 		}
+		if node == nil && s.now.Sub(s.enteredAt()) >= provisionPollFor {
+			// Not while it polls: a machine takes some seconds to join,
+			// and its provider is asked once a look, not once a second.
+			r.showJoin(ctx, s)
+		}
 		return s.wait("no Ready Node yet", deadline.Sub(s.now))
 	}
 	// Joined: its bootstrap token has done its work, and no one else
@@ -139,6 +144,61 @@ func (r *Reconciler) awaitNode(ctx context.Context, s *step) outcome {
 	}
 	observeNode(m, node)
 	return advance(phases.Provisioned)
+}
+
+// joinLook is how often a Machine whose Node has not come asks why: its
+// cluster's Joinable condition (a WorkloadCluster's change wakes it too)
+// and its provider's word on the machine's join.
+const joinLook = 15 * time.Second
+
+// showJoin says on the Ready condition of a Machine whose Node has not
+// come why its machine cannot join, when that is known: its
+// WorkloadCluster is not Joinable, or the machine reports a failing join
+// through its provider. The condition changes, and so is written, only
+// when the reason or its words do.
+func (r *Reconciler) showJoin(ctx context.Context, s *step) {
+	s.after(joinLook)
+	m := s.m
+	reason, message := r.joinTrouble(ctx, s)
+	if reason == "" {
+		if c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionReady); c != nil && c.Reason != machinistv1.ReasonProvisioning {
+			setProvisioning(m)
+		}
+		return
+	}
+	meta.SetStatusCondition(&m.Status.Conditions, metav1.Condition{
+		Type: machinistv1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason,
+		Message: message, ObservedGeneration: m.Generation,
+	})
+}
+
+// joinTrouble is why the Machine's machine cannot join, or "".
+func (r *Reconciler) joinTrouble(ctx context.Context, s *step) (reason, message string) {
+	m := s.m
+	if m.Spec.ClusterName != "" {
+		wc := &machinistv1.WorkloadCluster{}
+		err := r.Client.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: m.Spec.ClusterName}, wc)
+		if err == nil {
+			c := meta.FindStatusCondition(wc.Status.Conditions, machinistv1.WorkloadClusterJoinable)
+			if c != nil && c.Status == metav1.ConditionFalse {
+				return c.Reason, "WorkloadCluster " + wc.Name + " is not joinable: " + c.Message
+			}
+		}
+	}
+	act, why := r.actuatorFor(m, s.class)
+	if why != nil {
+		return "", ""
+	}
+	in, err := act.Describe(ctx, m.Status.ProviderID)
+	if err != nil || in.JoinFailure == nil {
+		// A provider that cannot say now leaves the Machine waiting as
+		// it was told last: a flicker of its answer would be a write.
+		if c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionReady); err != nil && c != nil && c.Reason != machinistv1.ReasonProvisioning {
+			return c.Reason, c.Message
+		}
+		return "", ""
+	}
+	return in.JoinFailure.Reason, "the machine cannot join its cluster: " + in.JoinFailure.Message
 }
 
 // class returns the Machine's MachineClass, or nil if it does not exist.

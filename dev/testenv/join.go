@@ -79,7 +79,7 @@ func (e *Env) NodeCredentials(t testing.TB, j bootstrap.Join, nodeName string) n
 	// used at once may be refused until the cache has it, and a kubelet
 	// retries, as nodeagent.Bootstrap does.
 	for {
-		creds, err := nodeagent.Join(ctx, j, nodeName)
+		creds, err := nodeagent.Join(ctx, j, nodeName, nil)
 		if err == nil {
 			return creds
 		}

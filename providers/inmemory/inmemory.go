@@ -279,7 +279,10 @@ func (p *Provider) Describe(_ context.Context, providerID string) (providers.Ins
 	if !on {
 		return providers.Instance{Power: providers.PowerOff, Owner: owner}, nil
 	}
-	return providers.Instance{Power: providers.PowerOn, BootID: in.bootID(), Owner: owner}, nil
+	in.disk.Lock()
+	failure := in.joinFailure
+	in.disk.Unlock()
+	return providers.Instance{Power: providers.PowerOn, BootID: in.bootID(), Owner: owner, JoinFailure: failure}, nil
 }
 
 // MakeUnowned makes an instance as one made outside Machinist would be:
@@ -754,6 +757,9 @@ type instance struct {
 	disk sync.Mutex
 	join providers.Join
 	kube kubernetes.Interface
+	// joinFailure is why the running boot's join is failing, as it last
+	// said; nil once it has joined.
+	joinFailure *providers.JoinFailure
 
 	// booted guards bootedAs, the ID of the current or last boot, which
 	// its power-on chooses.
@@ -810,7 +816,7 @@ func (in *instance) bootID() string {
 func (in *instance) reimage(join providers.Join) {
 	in.disk.Lock()
 	defer in.disk.Unlock()
-	in.join, in.kube = join, nil
+	in.join, in.kube, in.joinFailure = join, nil, nil
 }
 
 // boot joins the cluster unless the machine holds credentials from an
@@ -838,8 +844,9 @@ func (in *instance) credentials(ctx context.Context) (kubernetes.Interface, erro
 	}
 	log := ctrllog.FromContext(ctx)
 	delay := 100 * time.Millisecond
+	report := nodeagent.Progress(in.joinFailed).Patient()
 	for {
-		creds, err := nodeagent.Join(ctx, join, in.nodeName)
+		creds, err := nodeagent.Join(ctx, join, in.nodeName, report)
 		if err == nil {
 			kube, err := kubernetes.NewForConfig(creds.Config())
 			if err != nil {
@@ -850,13 +857,14 @@ func (in *instance) credentials(ctx context.Context) (kubernetes.Interface, erro
 				return nil, err
 			}
 			in.disk.Lock()
-			in.kube = kube
+			in.kube, in.joinFailure = kube, nil
 			in.disk.Unlock()
 			return kube, nil
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
+		report(nodeagent.ExplainJoin(err))
 		log.Error(err, "Joining the cluster failed; retrying", "node", in.nodeName, "after", delay)
 		t := time.NewTimer(delay)
 		select {
@@ -867,6 +875,13 @@ func (in *instance) credentials(ctx context.Context) (kubernetes.Interface, erro
 		}
 		delay = min(2*delay, 5*time.Second)
 	}
+}
+
+// joinFailed keeps why the join is failing, for Describe.
+func (in *instance) joinFailed(e *nodeagent.JoinError) {
+	in.disk.Lock()
+	defer in.disk.Unlock()
+	in.joinFailure = &providers.JoinFailure{Reason: e.Reason, Message: e.Message}
 }
 
 // powerOn boots the agent unless it runs or the Provider has stopped.

@@ -28,6 +28,7 @@ import (
 	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/providers/inmemory"
+	"github.com/machinist-dev/machinist/providers/nodeagent"
 )
 
 var (
@@ -819,4 +820,42 @@ func TestAMachineWithATokenTheClusterRefusesRegistersNoNode(t *testing.T) {
 	// It booted all the same, as a machine does before it joins: its
 	// provider knows the boot, which no Node reports.
 	g.Expect(p.BootID(id)).NotTo(BeEmpty(), "the machine booted")
+}
+
+func TestDescribeTellsWhyAJoinFails(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p := newProvider(t)
+	m, class := machine(t, "describe-join", "refused", "")
+	// A token of the right form that the cluster never stored: refused,
+	// as by a cluster without bootstrap-token authentication.
+	unknown, err := bootstrap.NewToken()
+	g.Expect(err).NotTo(HaveOccurred())
+	j := join(t)
+	j.Token = unknown.Value()
+	id, err := p.Create(ctx, m, class, j)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Eventually(func() *providers.JoinFailure {
+		in, err := p.Describe(ctx, id)
+		g.Expect(err).NotTo(HaveOccurred())
+		return in.JoinFailure
+	}, nodeagent.JoinGrace+wait, 100*time.Millisecond).Should(And(
+		HaveField("Reason", machinistv1.ReasonBootstrapTokenRefused),
+		HaveField("Message", ContainSubstring("--enable-bootstrap-token-auth")),
+		HaveField("Message", Not(ContainSubstring(unknown.Secret)))))
+
+	// Repaired with join data that works, it joins, and says nothing more.
+	g.Expect(p.Repair(ctx, id, providers.Operation{ID: "op-1", Join: join(t)})).To(Succeed())
+	g.Eventually(func() *corev1.Node {
+		name, err := p.NodeName(id)
+		g.Expect(err).NotTo(HaveOccurred())
+		n, err := clientset.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil
+		}
+		return n
+	}, wait, 100*time.Millisecond).ShouldNot(BeNil())
+	in, err := p.Describe(ctx, id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(in.JoinFailure).To(BeNil())
 }

@@ -42,7 +42,7 @@ func TestARepairedMachineRegistersAfreshWithItsOwnNewCredentials(t *testing.T) {
 		t.Helper()
 		joinCtx, cancel := context.WithTimeout(ctx, joinWait)
 		defer cancel()
-		creds, err := nodeagent.Bootstrap(joinCtx, bootstrapPath, kubeconfigPath, name, providerID)
+		creds, err := nodeagent.Bootstrap(joinCtx, bootstrapPath, kubeconfigPath, name, providerID, nil)
 		g.Expect(err).NotTo(HaveOccurred())
 		kube, err := kubernetes.NewForConfig(creds.Config())
 		g.Expect(err).NotTo(HaveOccurred())

@@ -54,6 +54,8 @@ func JoinFromBootstrapKubeconfig(data []byte) (bootstrap.Join, error) {
 // when they are for nodeName and still valid, else new ones got with the
 // join data in bootstrapPath (Join, retried until ctx ends) and kept in
 // kubeconfigPath, readable by the machine alone, for the boots to come.
+// Why a join fails is told to progress (when not nil) at each failure
+// after JoinGrace.
 //
 // A machine that kept no credentials at all is new, or re-imaged: before
 // keeping its new ones it forgets its previous life (Forget, with
@@ -61,7 +63,7 @@ func JoinFromBootstrapKubeconfig(data []byte) (bootstrap.Join, error) {
 // credentials expired or are another node's joins again but keeps its
 // Node, as a kubelet whose certificate lapsed does: its disk, and so its
 // life, is the same.
-func Bootstrap(ctx context.Context, bootstrapPath, kubeconfigPath, nodeName, providerID string) (Credentials, error) {
+func Bootstrap(ctx context.Context, bootstrapPath, kubeconfigPath, nodeName, providerID string, progress Progress) (Credentials, error) {
 	kept, err := os.ReadFile(kubeconfigPath)
 	afresh := errors.Is(err, fs.ErrNotExist)
 	switch {
@@ -86,8 +88,9 @@ func Bootstrap(ctx context.Context, bootstrapPath, kubeconfigPath, nodeName, pro
 		return Credentials{}, fmt.Errorf("%s: %w", bootstrapPath, err)
 	}
 	delay := 100 * time.Millisecond
+	progress = progress.Patient()
 	for {
-		creds, err := Join(ctx, join, nodeName)
+		creds, err := Join(ctx, join, nodeName, progress)
 		if err == nil {
 			if afresh {
 				if err := Forget(ctx, creds, nodeName, providerID); err != nil {
@@ -107,6 +110,9 @@ func Bootstrap(ctx context.Context, bootstrapPath, kubeconfigPath, nodeName, pro
 			return Credentials{}, ctx.Err()
 		}
 		ctrllog.FromContext(ctx).Error(err, "Joining the cluster failed; retrying", "after", delay)
+		if progress != nil {
+			progress(ExplainJoin(err))
+		}
 		if !sleep(ctx, delay) {
 			return Credentials{}, ctx.Err()
 		}

@@ -81,7 +81,7 @@ func TestBootstrapKeepsValidCredentialsAndJoinsAgainOtherwise(t *testing.T) {
 			}
 			// No join data: credentials that will not do cannot be
 			// replaced, which shows as an error naming it.
-			got, err := Bootstrap(context.Background(), filepath.Join(dir, "bootstrap-kubeconfig"), kubeconfig, "n1", "test:///n1")
+			got, err := Bootstrap(context.Background(), filepath.Join(dir, "bootstrap-kubeconfig"), kubeconfig, "n1", "test:///n1", nil)
 			if c.kept {
 				if err != nil || string(got.CertPEM) != string(c.creds.CertPEM) {
 					t.Fatalf("Bootstrap = %v, want the kept credentials", err)

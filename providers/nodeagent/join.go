@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/util/certificate/csr"
 	"k8s.io/client-go/util/keyutil"
 
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
 )
 
@@ -80,8 +81,11 @@ func CredentialsFromKubeconfig(data []byte) (Credentials, error) {
 // certificate for system:node:<nodeName> through a CertificateSigningRequest
 // (signer kubernetes.io/kube-apiserver-client-kubelet), which the cluster's
 // kube-controller-manager approves and signs, and waits until it is issued
-// or ctx ends. The private key never leaves this process.
-func Join(ctx context.Context, j bootstrap.Join, nodeName string) (Credentials, error) {
+// or ctx ends. The private key never leaves this process. A failure is a
+// *JoinError that says why; a request still waiting after
+// CertificatePatience is told to progress (when not nil), and waited for
+// still.
+func Join(ctx context.Context, j bootstrap.Join, nodeName string, progress Progress) (Credentials, error) {
 	if j.Server == "" || j.Token == "" {
 		return Credentials{}, errors.New("nodeagent: joining needs a server and a bootstrap token")
 	}
@@ -97,13 +101,34 @@ func Join(ctx context.Context, j bootstrap.Join, nodeName string) (Credentials, 
 	}
 	req, err := RequestCertificate(ctx, kube, nodeName)
 	if err != nil {
-		return Credentials{}, err
+		if ctx.Err() != nil {
+			return Credentials{}, err
+		}
+		return Credentials{}, explainRequest(j.Server, err)
 	}
-	cert, err := csr.WaitForCertificate(ctx, kube, req.Name, req.UID)
-	if err != nil {
-		return Credentials{}, fmt.Errorf("nodeagent: waiting for node %s's certificate (CertificateSigningRequest %s): %w", nodeName, req.Name, err)
+	for {
+		wait, cancel := context.WithTimeout(ctx, CertificatePatience)
+		cert, err := csr.WaitForCertificate(wait, kube, req.Name, req.UID)
+		cancel()
+		if err == nil {
+			return Credentials{Server: j.Server, CAData: j.CAData, TLSServerName: j.TLSServerName, CertPEM: cert, KeyPEM: req.KeyPEM}, nil
+		}
+		if ctx.Err() != nil {
+			return Credentials{}, fmt.Errorf("nodeagent: waiting for node %s's certificate (CertificateSigningRequest %s): %w", nodeName, req.Name, ctx.Err())
+		}
+		why := explainWait(ctx, kube, req.Name, CertificatePatience)
+		if wait.Err() == nil || why.Reason == machinistv1.ReasonJoinCertificateDenied {
+			// Denied, deleted or replaced: this request will never be
+			// issued, and the caller asks anew.
+			if why.Err == nil {
+				why.Err = err
+			}
+			return Credentials{}, why
+		}
+		if progress != nil {
+			progress(why)
+		}
 	}
-	return Credentials{Server: j.Server, CAData: j.CAData, TLSServerName: j.TLSServerName, CertPEM: cert, KeyPEM: req.KeyPEM}, nil
 }
 
 // CertificateRequest is a node's CertificateSigningRequest for its client

@@ -66,7 +66,7 @@ func TestJoinGetsANodeClientCertificateApprovedAndSigned(t *testing.T) {
 
 	joinCtx, cancel := context.WithTimeout(ctx, joinWait)
 	defer cancel()
-	creds, err := nodeagent.Join(joinCtx, j, name)
+	creds, err := nodeagent.Join(joinCtx, j, name, nil)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(creds.Server).To(Equal(j.Server))
 
@@ -260,9 +260,15 @@ func TestAWrongTokenIsUnauthorized(t *testing.T) {
 		bad := j
 		bad.Token = token
 		joinCtx, cancel := context.WithTimeout(ctx, joinWait)
-		_, err = nodeagent.Join(joinCtx, bad, "joined-wrong-token")
+		_, err = nodeagent.Join(joinCtx, bad, "joined-wrong-token", nil)
 		cancel()
 		g.Expect(apierrors.IsUnauthorized(err)).To(BeTrue(), "%s: joining: want 401, got %v", what, err)
+		// The machine says why, in words its Machine can show.
+		je, ok := errors.AsType[*nodeagent.JoinError](err)
+		g.Expect(ok).To(BeTrue(), "%s: want a *JoinError, got %T", what, err)
+		g.Expect(je.Reason).To(Equal(machinistv1.ReasonBootstrapTokenRefused))
+		g.Expect(je.Message).To(ContainSubstring("--enable-bootstrap-token-auth"))
+		g.Expect(je.Message).NotTo(ContainSubstring(token), "a join's explanation never carries its token")
 	}
 	// The right one still works: the 401s were the tokens', not the server's.
 	_, err = whoAmI(ctx, tokenConfig(j, j.Token))

@@ -291,6 +291,9 @@ func (c *Client) Describe(ctx context.Context, providerID string) (providers.Ins
 		return providers.Instance{}, fromStatus(c.who(), "Describe", err)
 	}
 	in := providers.Instance{BootID: resp.GetBootId()}
+	if f := resp.GetJoinFailure(); f != nil {
+		in.JoinFailure = providers.ReportedJoinFailure(f.GetReason(), f.GetMessage())
+	}
 	if o := resp.GetOwner(); o != nil {
 		in.Owner = providers.Owner{Namespace: o.GetNamespace(), Name: o.GetName(), UID: types.UID(o.GetUid())}
 	}

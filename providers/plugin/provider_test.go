@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -110,6 +111,10 @@ func (r *recorder) Describe(_ context.Context, id string) (providers.Instance, e
 	in := map[string]providers.Instance{
 		"test://on":  {Power: providers.PowerOn, BootID: "boot-1", Owner: owner},
 		"test://off": {Power: providers.PowerOff, Owner: owner},
+		"test://joining": {Power: providers.PowerOn, BootID: "boot-2", Owner: owner,
+			JoinFailure: &providers.JoinFailure{Reason: machinistv1.ReasonJoinForbidden, Message: "forbidden (403):\trun prepare"}},
+		"test://lying": {Power: providers.PowerOn, BootID: "boot-3", Owner: owner,
+			JoinFailure: &providers.JoinFailure{Reason: "Anything", Message: "a reason the manager does not know"}},
 	}[id]
 	return in, r.record("Describe " + id)
 }
@@ -211,8 +216,13 @@ func TestEveryCallReachesTheActuatorWithWhatItNeeds(t *testing.T) {
 		{"test://a", providers.Instance{}},
 		{"test://off", providers.Instance{Power: providers.PowerOff, Owner: owner}},
 		{"test://on", providers.Instance{Power: providers.PowerOn, BootID: "boot-1", Owner: owner}},
+		// A join's failure crosses, held to one line; one of a reason the
+		// manager does not know does not.
+		{"test://joining", providers.Instance{Power: providers.PowerOn, BootID: "boot-2", Owner: owner,
+			JoinFailure: &providers.JoinFailure{Reason: machinistv1.ReasonJoinForbidden, Message: "forbidden (403): run prepare"}}},
+		{"test://lying", providers.Instance{Power: providers.PowerOn, BootID: "boot-3", Owner: owner}},
 	} {
-		if in, err := c.Describe(ctx, d.id); in != d.want || err != nil {
+		if in, err := c.Describe(ctx, d.id); !reflect.DeepEqual(in, d.want) || err != nil {
 			t.Errorf("Describe(%s) = %+v, %v; want %+v", d.id, in, err, d.want)
 		}
 	}
@@ -220,7 +230,7 @@ func TestEveryCallReachesTheActuatorWithWhatItNeeds(t *testing.T) {
 		t.Errorf("Delete: %v", err)
 	}
 	want := []string{"Create", "Exists test://there", "Exists test://gone", "FindByUID uid-9", "Reboot test://a", "Repair test://a", "Update test://a",
-		"Describe test://a", "Describe test://off", "Describe test://on", "Delete test://a"}
+		"Describe test://a", "Describe test://off", "Describe test://on", "Describe test://joining", "Describe test://lying", "Delete test://a"}
 	if got := rec.Calls(); strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Errorf("calls = %q, want %q", got, want)
 	}

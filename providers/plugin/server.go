@@ -231,6 +231,9 @@ func (s *server) Describe(ctx context.Context, req *providerv1.DescribeRequest) 
 	if !in.Owner.IsZero() {
 		resp.Owner = &providerv1.Owner{Namespace: in.Owner.Namespace, Name: in.Owner.Name, Uid: string(in.Owner.UID)}
 	}
+	if f := in.JoinFailure; f != nil {
+		resp.JoinFailure = &providerv1.JoinFailure{Reason: f.Reason, Message: f.Message}
+	}
 	return resp, nil
 }
 

@@ -75,6 +75,10 @@ type Hardware interface {
 	// boot itself told it, "" if none has yet. A boot just started may
 	// not have told its own: never report one that has not happened.
 	BootID(dir string) (string, error)
+	// JoinFailure is why the machine in dir is failing to join, as it
+	// last said (nodeagent's join lines); nil when it has not said, or
+	// has joined since.
+	JoinFailure(dir string) (*providers.JoinFailure, error)
 }
 
 // Boot is what one boot of a machine runs with.
@@ -254,6 +258,11 @@ func (agents) BootID(dir string) (string, error) {
 		return "", nil
 	}
 	return strings.TrimSpace(string(b)), err
+}
+
+// JoinFailure reads the join's lines of the agent's log.
+func (agents) JoinFailure(dir string) (*providers.JoinFailure, error) {
+	return nodeagent.ReadJoinFailure(filepath.Join(dir, logFile))
 }
 
 // argv is pid's command line, nil once it has exited (even a zombie has

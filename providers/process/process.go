@@ -502,7 +502,8 @@ func (p *Provider) BootID(providerID string) (string, error) {
 // agent process runs, and its boot ID is the one that process chose as it
 // started, before joining. A process just started may not have written
 // its own yet, and the last boot's is reported until it has: never a boot
-// that has not happened. Its owner is the one its state file records.
+// that has not happened. Its owner is the one its state file records, and
+// its join's failure the one its output last reported.
 func (p *Provider) Describe(ctx context.Context, providerID string) (providers.Instance, error) {
 	if err := p.takeOver(ctx); err != nil {
 		return providers.Instance{}, err
@@ -521,7 +522,11 @@ func (p *Provider) Describe(ctx context.Context, providerID string) (providers.I
 	if err != nil {
 		return providers.Instance{}, err
 	}
-	return providers.Instance{Power: providers.PowerOn, BootID: boot, Owner: owner}, nil
+	failure, err := p.hw.JoinFailure(m.dir)
+	if err != nil {
+		return providers.Instance{}, p.errorf("reading how %s's join goes: %w", providerID, err)
+	}
+	return providers.Instance{Power: providers.PowerOn, BootID: boot, Owner: owner, JoinFailure: failure}, nil
 }
 
 // Restarts reports how many reboots and repairs the instance has done;

@@ -36,6 +36,7 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	machinecontroller "github.com/machinist-dev/machinist/controllers/machine"
 	"github.com/machinist-dev/machinist/dev/testenv"
+	"github.com/machinist-dev/machinist/internal/bootstrap"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/providers/nodeagent"
@@ -1218,4 +1219,32 @@ func TestCreateAndRepairRefuseMissingJoinData(t *testing.T) {
 	err = p.Repair(ctx, "process:///proc/nojoin/"+string(uuid.NewUUID()), providers.Operation{ID: "r"})
 	g.Expect(providers.IsPermanent(err)).To(BeTrue(), "%v", err)
 	g.Expect(err).To(MatchError(providers.ErrNoJoin))
+}
+
+// TestDescribeTellsWhyAJoinFails: the agent's join lines, in its log,
+// reach Describe; once it joins, no failure is reported.
+func TestDescribeTellsWhyAJoinFails(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	p, _ := newProvider(t, "")
+	m := machine("refused")
+	unknown, err := bootstrap.NewToken()
+	g.Expect(err).NotTo(HaveOccurred())
+	j := join(t)
+	j.Token = unknown.Value()
+	id, err := p.Create(ctx, m, nil, j)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Eventually(func() *providers.JoinFailure {
+		in, err := p.Describe(ctx, id)
+		g.Expect(err).NotTo(HaveOccurred())
+		return in.JoinFailure
+	}, nodeagent.JoinGrace+20*time.Second, 200*time.Millisecond).Should(And(
+		HaveField("Reason", machinistv1.ReasonBootstrapTokenRefused),
+		HaveField("Message", ContainSubstring("--enable-bootstrap-token-auth"))))
+
+	g.Expect(p.Repair(ctx, id, providers.Operation{ID: "op-1", Join: join(t)})).To(Succeed())
+	booted(t, p, id, "")
+	in, err := p.Describe(ctx, id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(in.JoinFailure).To(BeNil())
 }

@@ -498,6 +498,12 @@ func (*vms) BootID(dir string) (string, error) {
 	return "", nil
 }
 
+// JoinFailure reads the join's lines the guest's agent printed on its
+// console.
+func (*vms) JoinFailure(dir string) (*providers.JoinFailure, error) {
+	return nodeagent.ReadJoinFailure(filepath.Join(dir, consoleFile))
+}
+
 func lastBootID(path string) (string, error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {

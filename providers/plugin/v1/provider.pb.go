@@ -1193,7 +1193,12 @@ type DescribeResponse struct {
 	// recorded it on the instance when Create made it for that Machine or
 	// the Machine adopted it; unset when it belongs to none, or the
 	// provider records none. Reported whether the instance is on or off.
-	Owner         *Owner `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	Owner *Owner `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	// join_failure is why the machine's join is failing, as the machine
+	// last reported it; unset while it has reported none, once it has
+	// joined, or when the provider cannot tell. The Machine shows it while
+	// its Node has not come.
+	JoinFailure   *JoinFailure `protobuf:"bytes,4,opt,name=join_failure,json=joinFailure,proto3" json:"join_failure,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1249,6 +1254,72 @@ func (x *DescribeResponse) GetOwner() *Owner {
 	return nil
 }
 
+func (x *DescribeResponse) GetJoinFailure() *JoinFailure {
+	if x != nil {
+		return x.JoinFailure
+	}
+	return nil
+}
+
+// JoinFailure is a machine's report of a failing join.
+type JoinFailure struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// reason is one a script can match: BootstrapTokenRefused,
+	// JoinForbidden, CertificateNotApproved, CertificateDenied,
+	// CertificateNotIssued, JoinServerUnreachable or JoinFailed. The
+	// manager shows no other.
+	Reason string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	// message says what was seen and what to change on the cluster. It
+	// never carries the bootstrap token.
+	Message       string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinFailure) Reset() {
+	*x = JoinFailure{}
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinFailure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinFailure) ProtoMessage() {}
+
+func (x *JoinFailure) ProtoReflect() protoreflect.Message {
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinFailure.ProtoReflect.Descriptor instead.
+func (*JoinFailure) Descriptor() ([]byte, []int) {
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *JoinFailure) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *JoinFailure) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 // Owner is the Machine an instance belongs to.
 type Owner struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1264,7 +1335,7 @@ type Owner struct {
 
 func (x *Owner) Reset() {
 	*x = Owner{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[21]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1276,7 +1347,7 @@ func (x *Owner) String() string {
 func (*Owner) ProtoMessage() {}
 
 func (x *Owner) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[21]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1289,7 +1360,7 @@ func (x *Owner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Owner.ProtoReflect.Descriptor instead.
 func (*Owner) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{21}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Owner) GetNamespace() string {
@@ -1326,7 +1397,7 @@ type UpdateRequest struct {
 
 func (x *UpdateRequest) Reset() {
 	*x = UpdateRequest{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[22]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1338,7 +1409,7 @@ func (x *UpdateRequest) String() string {
 func (*UpdateRequest) ProtoMessage() {}
 
 func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[22]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1351,7 +1422,7 @@ func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateRequest.ProtoReflect.Descriptor instead.
 func (*UpdateRequest) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{22}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *UpdateRequest) GetProviderId() string {
@@ -1383,7 +1454,7 @@ type UpdateResponse struct {
 
 func (x *UpdateResponse) Reset() {
 	*x = UpdateResponse{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[23]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1395,7 +1466,7 @@ func (x *UpdateResponse) String() string {
 func (*UpdateResponse) ProtoMessage() {}
 
 func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[23]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1408,7 +1479,7 @@ func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateResponse.ProtoReflect.Descriptor instead.
 func (*UpdateResponse) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{23}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{24}
 }
 
 // Failure is the detail a provider may attach to an error status to say
@@ -1427,7 +1498,7 @@ type Failure struct {
 
 func (x *Failure) Reset() {
 	*x = Failure{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[24]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1439,7 +1510,7 @@ func (x *Failure) String() string {
 func (*Failure) ProtoMessage() {}
 
 func (x *Failure) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[24]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1452,7 +1523,7 @@ func (x *Failure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Failure.ProtoReflect.Descriptor instead.
 func (*Failure) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{24}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Failure) GetPermanent() bool {
@@ -1529,11 +1600,15 @@ const file_machinist_provider_v1_provider_proto_rawDesc = "" +
 	"\x0eRepairResponse\"2\n" +
 	"\x0fDescribeRequest\x12\x1f\n" +
 	"\vprovider_id\x18\x01 \x01(\tR\n" +
-	"providerId\"\x98\x01\n" +
+	"providerId\"\xdf\x01\n" +
 	"\x10DescribeResponse\x127\n" +
 	"\x05power\x18\x01 \x01(\x0e2!.machinist.provider.v1.PowerStateR\x05power\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x122\n" +
-	"\x05owner\x18\x03 \x01(\v2\x1c.machinist.provider.v1.OwnerR\x05owner\"K\n" +
+	"\x05owner\x18\x03 \x01(\v2\x1c.machinist.provider.v1.OwnerR\x05owner\x12E\n" +
+	"\fjoin_failure\x18\x04 \x01(\v2\".machinist.provider.v1.JoinFailureR\vjoinFailure\"?\n" +
+	"\vJoinFailure\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"K\n" +
 	"\x05Owner\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
@@ -1588,7 +1663,7 @@ func file_machinist_provider_v1_provider_proto_rawDescGZIP() []byte {
 }
 
 var file_machinist_provider_v1_provider_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_machinist_provider_v1_provider_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_machinist_provider_v1_provider_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_machinist_provider_v1_provider_proto_goTypes = []any{
 	(Verb)(0),                       // 0: machinist.provider.v1.Verb
 	(Change)(0),                     // 1: machinist.provider.v1.Change
@@ -1614,10 +1689,11 @@ var file_machinist_provider_v1_provider_proto_goTypes = []any{
 	(*RepairResponse)(nil),          // 21: machinist.provider.v1.RepairResponse
 	(*DescribeRequest)(nil),         // 22: machinist.provider.v1.DescribeRequest
 	(*DescribeResponse)(nil),        // 23: machinist.provider.v1.DescribeResponse
-	(*Owner)(nil),                   // 24: machinist.provider.v1.Owner
-	(*UpdateRequest)(nil),           // 25: machinist.provider.v1.UpdateRequest
-	(*UpdateResponse)(nil),          // 26: machinist.provider.v1.UpdateResponse
-	(*Failure)(nil),                 // 27: machinist.provider.v1.Failure
+	(*JoinFailure)(nil),             // 24: machinist.provider.v1.JoinFailure
+	(*Owner)(nil),                   // 25: machinist.provider.v1.Owner
+	(*UpdateRequest)(nil),           // 26: machinist.provider.v1.UpdateRequest
+	(*UpdateResponse)(nil),          // 27: machinist.provider.v1.UpdateResponse
+	(*Failure)(nil),                 // 28: machinist.provider.v1.Failure
 }
 var file_machinist_provider_v1_provider_proto_depIdxs = []int32{
 	0,  // 0: machinist.provider.v1.GetCapabilitiesResponse.verbs:type_name -> machinist.provider.v1.Verb
@@ -1625,34 +1701,35 @@ var file_machinist_provider_v1_provider_proto_depIdxs = []int32{
 	10, // 2: machinist.provider.v1.CreateRequest.join:type_name -> machinist.provider.v1.Join
 	10, // 3: machinist.provider.v1.RepairRequest.join:type_name -> machinist.provider.v1.Join
 	2,  // 4: machinist.provider.v1.DescribeResponse.power:type_name -> machinist.provider.v1.PowerState
-	24, // 5: machinist.provider.v1.DescribeResponse.owner:type_name -> machinist.provider.v1.Owner
-	3,  // 6: machinist.provider.v1.IdentityService.GetInfo:input_type -> machinist.provider.v1.GetInfoRequest
-	5,  // 7: machinist.provider.v1.IdentityService.GetCapabilities:input_type -> machinist.provider.v1.GetCapabilitiesRequest
-	7,  // 8: machinist.provider.v1.IdentityService.Probe:input_type -> machinist.provider.v1.ProbeRequest
-	9,  // 9: machinist.provider.v1.MachineService.Create:input_type -> machinist.provider.v1.CreateRequest
-	12, // 10: machinist.provider.v1.MachineService.Exists:input_type -> machinist.provider.v1.ExistsRequest
-	14, // 11: machinist.provider.v1.MachineService.Delete:input_type -> machinist.provider.v1.DeleteRequest
-	16, // 12: machinist.provider.v1.MachineService.FindByUID:input_type -> machinist.provider.v1.FindByUIDRequest
-	18, // 13: machinist.provider.v1.MachineService.Reboot:input_type -> machinist.provider.v1.RebootRequest
-	20, // 14: machinist.provider.v1.MachineService.Repair:input_type -> machinist.provider.v1.RepairRequest
-	25, // 15: machinist.provider.v1.MachineService.Update:input_type -> machinist.provider.v1.UpdateRequest
-	22, // 16: machinist.provider.v1.MachineService.Describe:input_type -> machinist.provider.v1.DescribeRequest
-	4,  // 17: machinist.provider.v1.IdentityService.GetInfo:output_type -> machinist.provider.v1.GetInfoResponse
-	6,  // 18: machinist.provider.v1.IdentityService.GetCapabilities:output_type -> machinist.provider.v1.GetCapabilitiesResponse
-	8,  // 19: machinist.provider.v1.IdentityService.Probe:output_type -> machinist.provider.v1.ProbeResponse
-	11, // 20: machinist.provider.v1.MachineService.Create:output_type -> machinist.provider.v1.CreateResponse
-	13, // 21: machinist.provider.v1.MachineService.Exists:output_type -> machinist.provider.v1.ExistsResponse
-	15, // 22: machinist.provider.v1.MachineService.Delete:output_type -> machinist.provider.v1.DeleteResponse
-	17, // 23: machinist.provider.v1.MachineService.FindByUID:output_type -> machinist.provider.v1.FindByUIDResponse
-	19, // 24: machinist.provider.v1.MachineService.Reboot:output_type -> machinist.provider.v1.RebootResponse
-	21, // 25: machinist.provider.v1.MachineService.Repair:output_type -> machinist.provider.v1.RepairResponse
-	26, // 26: machinist.provider.v1.MachineService.Update:output_type -> machinist.provider.v1.UpdateResponse
-	23, // 27: machinist.provider.v1.MachineService.Describe:output_type -> machinist.provider.v1.DescribeResponse
-	17, // [17:28] is the sub-list for method output_type
-	6,  // [6:17] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	25, // 5: machinist.provider.v1.DescribeResponse.owner:type_name -> machinist.provider.v1.Owner
+	24, // 6: machinist.provider.v1.DescribeResponse.join_failure:type_name -> machinist.provider.v1.JoinFailure
+	3,  // 7: machinist.provider.v1.IdentityService.GetInfo:input_type -> machinist.provider.v1.GetInfoRequest
+	5,  // 8: machinist.provider.v1.IdentityService.GetCapabilities:input_type -> machinist.provider.v1.GetCapabilitiesRequest
+	7,  // 9: machinist.provider.v1.IdentityService.Probe:input_type -> machinist.provider.v1.ProbeRequest
+	9,  // 10: machinist.provider.v1.MachineService.Create:input_type -> machinist.provider.v1.CreateRequest
+	12, // 11: machinist.provider.v1.MachineService.Exists:input_type -> machinist.provider.v1.ExistsRequest
+	14, // 12: machinist.provider.v1.MachineService.Delete:input_type -> machinist.provider.v1.DeleteRequest
+	16, // 13: machinist.provider.v1.MachineService.FindByUID:input_type -> machinist.provider.v1.FindByUIDRequest
+	18, // 14: machinist.provider.v1.MachineService.Reboot:input_type -> machinist.provider.v1.RebootRequest
+	20, // 15: machinist.provider.v1.MachineService.Repair:input_type -> machinist.provider.v1.RepairRequest
+	26, // 16: machinist.provider.v1.MachineService.Update:input_type -> machinist.provider.v1.UpdateRequest
+	22, // 17: machinist.provider.v1.MachineService.Describe:input_type -> machinist.provider.v1.DescribeRequest
+	4,  // 18: machinist.provider.v1.IdentityService.GetInfo:output_type -> machinist.provider.v1.GetInfoResponse
+	6,  // 19: machinist.provider.v1.IdentityService.GetCapabilities:output_type -> machinist.provider.v1.GetCapabilitiesResponse
+	8,  // 20: machinist.provider.v1.IdentityService.Probe:output_type -> machinist.provider.v1.ProbeResponse
+	11, // 21: machinist.provider.v1.MachineService.Create:output_type -> machinist.provider.v1.CreateResponse
+	13, // 22: machinist.provider.v1.MachineService.Exists:output_type -> machinist.provider.v1.ExistsResponse
+	15, // 23: machinist.provider.v1.MachineService.Delete:output_type -> machinist.provider.v1.DeleteResponse
+	17, // 24: machinist.provider.v1.MachineService.FindByUID:output_type -> machinist.provider.v1.FindByUIDResponse
+	19, // 25: machinist.provider.v1.MachineService.Reboot:output_type -> machinist.provider.v1.RebootResponse
+	21, // 26: machinist.provider.v1.MachineService.Repair:output_type -> machinist.provider.v1.RepairResponse
+	27, // 27: machinist.provider.v1.MachineService.Update:output_type -> machinist.provider.v1.UpdateResponse
+	23, // 28: machinist.provider.v1.MachineService.Describe:output_type -> machinist.provider.v1.DescribeResponse
+	18, // [18:29] is the sub-list for method output_type
+	7,  // [7:18] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_machinist_provider_v1_provider_proto_init() }
@@ -1666,7 +1743,7 @@ func file_machinist_provider_v1_provider_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_machinist_provider_v1_provider_proto_rawDesc), len(file_machinist_provider_v1_provider_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   25,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
