@@ -9,6 +9,7 @@
 package clusters
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -25,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/version"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -90,17 +92,24 @@ type Registry struct {
 	// cluster down since the manager started still has an address to
 	// give a machine repaired meanwhile.
 	addresses map[types.NamespacedName]address
-	hooks     []func(context.Context, types.NamespacedName, cache.Cache) error
+	// joins are the join endpoints the WorkloadClusters name: where set,
+	// what a new machine is given instead of the kubeconfig's address.
+	joins map[types.NamespacedName]address
+	hooks []func(context.Context, types.NamespacedName, cache.Cache) error
 	// ctx is the manager's: every connection's cache runs under it.
 	ctx context.Context
 }
 
 // conn is one workload cluster's connection.
 type conn struct {
-	digest  [sha256.Size]byte // of the kubeconfig it was made from
+	digest [sha256.Size]byte // of the kubeconfig it was made from
+	host   string            // the API server the kubeconfig names
+	// cluster is replaced, never changed, when the address given to new
+	// machines changes: a reconcile may hold the one it was handed.
 	cluster *nodes.API
 	cache   cache.Cache
 	kube    kubernetes.Interface
+	config  *rest.Config // what kube was made from
 	stop    context.CancelFunc
 	done    chan struct{} // closed once its cache has stopped
 }
@@ -126,6 +135,7 @@ func NewRegistry(opts Options) (*Registry, error) {
 		conns:     map[types.NamespacedName]*conn{},
 		failed:    map[types.NamespacedName]*nodes.NotConnectedError{},
 		addresses: map[types.NamespacedName]address{},
+		joins:     map[types.NamespacedName]address{},
 	}, nil
 }
 
@@ -165,7 +175,7 @@ func (r *Registry) For(_ context.Context, m *machinistv1.Machine) (nodes.Cluster
 	}
 	if err, ok := r.failed[key]; ok {
 		nc := *err
-		a := r.addresses[key]
+		a := r.joinAddress(key)
 		nc.Server, nc.CAData = a.server, a.ca
 		return nil, &nc
 	}
@@ -191,6 +201,20 @@ func (r *Registry) Has(key types.NamespacedName) bool {
 	defer r.mu.Unlock()
 	_, ok := r.conns[key]
 	return ok
+}
+
+// Config is the configuration the cluster's connection reaches it with
+// (its kubeconfig's, with the registry's limits and timeout), or nil
+// when there is none: for what needs clients of its own there, such as
+// the join checks. A new connection gives a new Config. It is shared:
+// copy it before changing it.
+func (r *Registry) Config(key types.NamespacedName) *rest.Config {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c, ok := r.conns[key]; ok {
+		return c.config
+	}
+	return nil
 }
 
 // Connected reports whether the registry holds a working connection to
@@ -225,6 +249,7 @@ func (r *Registry) Connect(ctx context.Context, key types.NamespacedName, kubeco
 	delete(r.failed, key)
 	old, replaced := r.conns[key]
 	r.conns[key] = c
+	r.aim(c, r.joinAddress(key))
 	hooks, parent := slices.Clone(r.hooks), r.ctx
 	r.mu.Unlock()
 	// Outside the lock: every Machine's reconcile asks For, and must not
@@ -252,6 +277,53 @@ func (r *Registry) Fail(key types.NamespacedName, reason string, err error) {
 	}
 }
 
+// SetJoinEndpoint sets the address, and the PEM that verifies it, that
+// the cluster's new machines are given to join it, in place of its
+// kubeconfig's: a WorkloadCluster's spec.joinEndpoint. A CA left empty is
+// the kubeconfig's. Nil goes back to the kubeconfig's address. It applies
+// at once, whether the cluster is connected or not, without reconnecting.
+func (r *Registry) SetJoinEndpoint(key types.NamespacedName, e *machinistv1.JoinEndpoint) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e == nil {
+		delete(r.joins, key)
+	} else {
+		r.joins[key] = address{server: e.Server, ca: slices.Clone(e.CertificateAuthorityData)}
+	}
+	if c, ok := r.conns[key]; ok {
+		r.aim(c, r.joinAddress(key))
+	}
+}
+
+// joinAddress is the address a new machine of the cluster is given: its
+// join endpoint, else its kubeconfig's. A join endpoint without a CA of
+// its own waits for the kubeconfig's: until it has been read, there is
+// no address to give. The caller holds r.mu.
+func (r *Registry) joinAddress(key types.NamespacedName) address {
+	a, read := r.addresses[key]
+	j, ok := r.joins[key]
+	switch {
+	case !ok:
+		return a
+	case len(j.ca) > 0:
+		return j
+	case read:
+		return address{server: j.server, ca: a.ca}
+	}
+	return address{}
+}
+
+// aim makes a the address c hands new machines, replacing c.cluster
+// when it changes. The caller holds r.mu.
+func (r *Registry) aim(c *conn, a address) {
+	if c.cluster.Server == a.server && bytes.Equal(c.cluster.CAData, a.ca) {
+		return
+	}
+	api := *c.cluster
+	api.Server, api.CAData = a.server, a.ca
+	c.cluster = &api
+}
+
 // Disconnect stops the cluster's connection and forgets it.
 func (r *Registry) Disconnect(key types.NamespacedName) {
 	r.mu.Lock()
@@ -259,6 +331,7 @@ func (r *Registry) Disconnect(key types.NamespacedName) {
 	delete(r.conns, key)
 	delete(r.failed, key)
 	delete(r.addresses, key)
+	delete(r.joins, key)
 	r.mu.Unlock()
 	if ok {
 		c.close()
@@ -295,7 +368,7 @@ func (r *Registry) Probe(ctx context.Context, key types.NamespacedName) (Probe, 
 	if err := c.cache.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		return Probe{}, err
 	}
-	return Probe{Server: c.cluster.Server, Version: v.GitVersion, Nodes: len(list.Items)}, nil
+	return Probe{Server: c.host, Version: v.GitVersion, Nodes: len(list.Items)}, nil
 }
 
 func (r *Registry) connect(ctx context.Context, key types.NamespacedName, kubeconfig []byte) (*conn, error) {
@@ -355,7 +428,8 @@ func (r *Registry) connect(ctx context.Context, key types.NamespacedName, kubeco
 		return nil, &nodes.NotConnectedError{Cluster: key, Reason: machinistv1.ReasonKubeconfigInvalid, Err: err}
 	}
 	cctx, stop := context.WithCancel(parent)
-	c := &conn{digest: sha256.Sum256(kubeconfig), cache: store, kube: kube, stop: stop, done: make(chan struct{})}
+	c := &conn{digest: sha256.Sum256(kubeconfig), host: cfg.Host, cache: store, kube: kube, stop: stop, done: make(chan struct{})}
+	c.config = cfg
 	if err := index.RegisterNodes(cctx, store); err != nil {
 		stop()
 		return nil, err

@@ -126,6 +126,10 @@ type Options struct {
 	// must fail its probes before it is called unreachable; zero takes
 	// workloadcluster.DefaultUnreachableAfter.
 	ClusterUnreachableAfter time.Duration
+	// ClusterJoinablePeriod is how often each connected workload
+	// cluster's join checks run again, for its Joinable condition; zero
+	// takes workloadcluster.DefaultJoinableProbePeriod.
+	ClusterJoinablePeriod time.Duration
 	// Namespace is the manager's own namespace, where it keeps what no
 	// tenant may read or write (the bootstrap tokens of machines repaired
 	// while their cluster could not be reached); empty means
@@ -264,7 +268,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	workload := &workloadcluster.Reconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Registry: nodeSide,
 		Recorder: mgr.GetEventRecorder("machinist-workloadcluster"), ProbePeriod: opts.ClusterProbePeriod,
-		UnreachableAfter: opts.ClusterUnreachableAfter,
+		UnreachableAfter: opts.ClusterUnreachableAfter, JoinableProbePeriod: opts.ClusterJoinablePeriod,
 	}
 	if err := workload.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err

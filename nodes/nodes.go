@@ -70,9 +70,10 @@ type NotConnectedError struct {
 	// zero otherwise.
 	Since time.Time
 	// Server and CAData are the API server's address and the PEM that
-	// verifies it, as the cluster's kubeconfig names them, when it could
-	// be read: what a machine repaired meanwhile is told to join, though
-	// the manager has not reached the cluster since it started.
+	// verifies it, as the WorkloadCluster's joinEndpoint or else its
+	// kubeconfig names them, when they are known: what a machine repaired
+	// meanwhile is told to join, though the manager has not reached the
+	// cluster since it started.
 	Server string
 	CAData []byte
 }

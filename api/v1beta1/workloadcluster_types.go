@@ -12,6 +12,39 @@ type WorkloadClusterSpec struct {
 	// "<cluster>-kubeconfig" Secret, with key "value", works as it is.
 	// +required
 	Kubeconfig KubeconfigReference `json:"kubeconfig"`
+
+	// JoinEndpoint is the API server address new machines are given to
+	// join the cluster, when it is not the kubeconfig's: a private
+	// endpoint where the manager uses a public one, or a load balancer in
+	// front of the control plane. Without it, machines join at the
+	// kubeconfig's server with its CA. A change applies to the machines
+	// given a join from then on; machines that joined already keep the
+	// address they were given.
+	// +optional
+	JoinEndpoint *JoinEndpoint `json:"joinEndpoint,omitempty"`
+}
+
+// JoinEndpoint is where a new machine reaches the cluster's API server
+// to join it, and the CA that verifies the server there.
+type JoinEndpoint struct {
+	// Server is the API server's URL as machines reach it:
+	// https://host[:port], with no path, query, fragment or user.
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:XValidation:rule="self != ''",message="joinEndpoint.server is required: the https://host[:port] address at which machines join the cluster"
+	// +kubebuilder:validation:XValidation:rule="self == '' || (isURL(self) && url(self).getScheme() == 'https' && url(self).getHostname() != '')",message="server must be an https URL such as https://10.0.0.10:6443: https://, a host, and optionally a port"
+	// +kubebuilder:validation:XValidation:rule="!isURL(self) || (url(self).getEscapedPath() in ['', '/'] && !self.contains('?') && !self.contains('#'))",message="server must be https://host[:port] alone, with no path, query or fragment: a machine joins the API server at its root"
+	// +kubebuilder:validation:XValidation:rule="!isURL(self) || !self.contains('@')",message="server must not carry a user or password (user@host): a machine authenticates with its bootstrap token"
+	// +required
+	Server string `json:"server"`
+
+	// CertificateAuthorityData is the PEM of the CA certificates that
+	// verify the API server at Server. When empty, the CA of the
+	// cluster's kubeconfig is used: leave it empty when the same CA
+	// signs the certificate served at both addresses (list the join
+	// endpoint's host in the API server's certificate), set it when the
+	// join endpoint serves a certificate of another CA.
+	// +optional
+	CertificateAuthorityData []byte `json:"certificateAuthorityData,omitempty"`
 }
 
 // KubeconfigReference names a key of a Secret in the referring object's

@@ -194,7 +194,7 @@ func checkBootstrapTokens(ctx context.Context, cfg *rest.Config, tok bootstrap.T
 			u := review.Status.UserInfo
 			if !slices.Contains(u.Groups, bootstrap.NodeGroup) {
 				return failed(CheckBootstrapTokens, ReasonBootstrapTokensRefused,
-					fmt.Sprintf("a bootstrap token of group %s authenticated as %s in groups %s, without that group", bootstrap.NodeGroup, u.Username, strings.Join(u.Groups, ", ")),
+					fmt.Sprintf("a bootstrap token of group %s authenticated in groups %s, without that group", bootstrap.NodeGroup, strings.Join(slices.DeleteFunc(slices.Clone(u.Groups), func(g string) bool { return strings.Contains(g, tok.ID) }), ", ")),
 					"let kube-apiserver's bootstrap token authenticator (--enable-bootstrap-token-auth), not another authenticator, read bootstrap tokens")
 			}
 			return passed(CheckBootstrapTokens, fmt.Sprintf("a bootstrap token authenticates as %s in %s", u.Username, bootstrap.NodeGroup))

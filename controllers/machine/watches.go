@@ -54,7 +54,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 			builder.WithPredicates(disruption.Freed())).
 		Watches(&machinistv1.MachineDeployment{}, r.templateChanged()).
 		Watches(&machinistv1.WorkloadCluster{}, handler.EnqueueRequestsFromMapFunc(r.machinesOfCluster),
-			builder.WithPredicates(wake.OnReachabilityChange())).
+			builder.WithPredicates(predicate.Or[client.Object](wake.OnReachabilityChange(), wake.OnJoinableChange()))).
 		WithOptions(opts).
 		Named("machine").
 		Build(r)

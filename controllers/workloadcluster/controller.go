@@ -1,7 +1,7 @@
 // Package workloadcluster is the WorkloadCluster controller: it says
 // whether each cluster is reachable, through the connection package
-// clusters keeps, and holds a WorkloadCluster's deletion until no Machine
-// serves it.
+// clusters keeps, and whether machines can join it (joinable.go), and
+// holds a WorkloadCluster's deletion until no Machine serves it.
 package workloadcluster
 
 import (
@@ -26,7 +26,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -75,6 +74,9 @@ type Reconciler struct {
 	ProbePeriod time.Duration
 	// UnreachableAfter: zero means DefaultUnreachableAfter.
 	UnreachableAfter time.Duration
+	// JoinableProbePeriod is how often a connected cluster's join checks
+	// run again (joinable.go); zero means DefaultJoinableProbePeriod.
+	JoinableProbePeriod time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 
@@ -86,6 +88,8 @@ type Reconciler struct {
 	probed   map[types.NamespacedName]time.Time
 	failures map[types.NamespacedName]int
 	failing  map[types.NamespacedName]time.Time
+
+	joins joinChecks
 }
 
 // SetupWithManager registers the controller and the registry (which runs
@@ -97,13 +101,17 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	if err := mgr.Add(r.Registry); err != nil {
 		return err
 	}
+	if err := mgr.Add(&r.joins); err != nil {
+		return err
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&machinistv1.WorkloadCluster{}, builder.WithPredicates(predicate.GenerationChangedPredicate{}, deletedOrNew())).
 		// A Machine's arrival may be the first need of a connection, and
-		// its going what a deleted cluster waits for; its updates are
-		// none of this controller's business.
-		Watches(&machinistv1.Machine{}, handler.EnqueueRequestsFromMapFunc(clusterOf),
-			builder.WithPredicates(predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }})).
+		// its going what a deleted cluster waits for; of its updates,
+		// only a failed join is this controller's business.
+		Watches(&machinistv1.Machine{}, r.machineEvents()).
+		// A join check that finished (joinable.go).
+		WatchesRawSource(r.joins.source()).
 		WithOptions(opts).
 		Named("workloadcluster").
 		Complete(r)
@@ -161,6 +169,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	before := wc.Status.DeepCopy()
 	result := r.connect(ctx, wc, len(machines))
+	result = r.joinable(ctx, wc, result)
 	wc.Status.ObservedGeneration = wc.Generation
 	return result, r.writeStatus(ctx, wc, before)
 }
@@ -171,6 +180,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 func (r *Reconciler) connect(ctx context.Context, wc *machinistv1.WorkloadCluster, machines int) reconcile.Result {
 	needed := machines > 0
 	key := client.ObjectKeyFromObject(wc)
+	// Before anything that can return: a changed joinEndpoint (a new
+	// generation wakes this) applies at once, connected or not.
+	r.Registry.SetJoinEndpoint(key, wc.Spec.JoinEndpoint)
 	now := r.now()
 	if r.Registry.Has(key) && !r.due(key, now) && !r.isFailing(key) {
 		// Woken by a Machine's arrival or going: nothing to do before
@@ -382,6 +394,7 @@ func (r *Reconciler) backoff(key types.NamespacedName) time.Duration {
 }
 
 func (r *Reconciler) forget(key types.NamespacedName) {
+	r.joins.forget(key)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.probed, key)

@@ -41,14 +41,28 @@ func changedByOthers(o, n client.Object) bool {
 // cluster's other status writes (its Node count, a probe's time) are
 // dropped.
 func OnReachabilityChange() predicate.Funcs {
+	return onClusterCondition(machinistv1.WorkloadClusterReachable)
+}
+
+// OnJoinableChange passes a WorkloadCluster whose Joinable condition
+// changed (its status or reason): the Machines waiting to join a cluster
+// that could not be joined may go on, and new ones wait, saying why. A
+// new message with the same reason is dropped.
+func OnJoinableChange() predicate.Funcs {
+	return onClusterCondition(machinistv1.WorkloadClusterJoinable)
+}
+
+// onClusterCondition passes a WorkloadCluster whose condition of type
+// kind appeared, went or changed its status or reason.
+func onClusterCondition(kind string) predicate.Funcs {
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
 		o, ok := e.ObjectOld.(*machinistv1.WorkloadCluster)
 		n, ok2 := e.ObjectNew.(*machinistv1.WorkloadCluster)
 		if !ok || !ok2 {
 			return true
 		}
-		oc := meta.FindStatusCondition(o.Status.Conditions, machinistv1.WorkloadClusterReachable)
-		nc := meta.FindStatusCondition(n.Status.Conditions, machinistv1.WorkloadClusterReachable)
+		oc := meta.FindStatusCondition(o.Status.Conditions, kind)
+		nc := meta.FindStatusCondition(n.Status.Conditions, kind)
 		return (oc == nil) != (nc == nil) || (nc != nil && (oc.Status != nc.Status || oc.Reason != nc.Reason))
 	}}
 }

@@ -75,3 +75,34 @@ func TestOnReachabilityChange(t *testing.T) {
 		})
 	}
 }
+
+func TestOnJoinableChange(t *testing.T) {
+	joinable := func(status metav1.ConditionStatus, reason, message string) *machinistv1.WorkloadCluster {
+		wc := &machinistv1.WorkloadCluster{ObjectMeta: metav1.ObjectMeta{Name: "w"}}
+		wc.Status.Conditions = []metav1.Condition{{Type: machinistv1.WorkloadClusterReachable, Status: metav1.ConditionTrue, Reason: machinistv1.ReasonClusterConnected}}
+		if status != "" {
+			wc.Status.Conditions = append(wc.Status.Conditions, metav1.Condition{Type: machinistv1.WorkloadClusterJoinable, Status: status, Reason: reason, Message: message})
+		}
+		return wc
+	}
+	refused := joinable(metav1.ConditionFalse, "BootstrapTokensRefused", "refused")
+	cases := []struct {
+		name     string
+		old, new *machinistv1.WorkloadCluster
+		wake     bool
+	}{
+		{"first said", joinable("", "", ""), refused, true},
+		{"fixed", refused, joinable(metav1.ConditionTrue, "Joinable", "ok"), true},
+		{"another reason", refused, joinable(metav1.ConditionFalse, "JoinBindingsMissing", "missing"), true},
+		{"another message alone", refused, joinable(metav1.ConditionFalse, "BootstrapTokensRefused", "refused again"), false},
+		{"nothing new", refused, refused.DeepCopy(), false},
+	}
+	p := OnJoinableChange()
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := p.Update(event.UpdateEvent{ObjectOld: c.old, ObjectNew: c.new}); got != c.wake {
+				t.Errorf("wakes = %v, want %v", got, c.wake)
+			}
+		})
+	}
+}

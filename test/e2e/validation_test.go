@@ -87,6 +87,10 @@ const (
 	secretNamespaceMsg  = "secretName is the name of a Secret in the WorkloadCluster's own namespace, not namespace/name: a Secret in another namespace cannot be named"
 	secretNameMsg       = "secretName must be the name of a Secret: lower-case letters, digits, '-' and '.', starting and ending with a letter or digit"
 	secretKeyMsg        = "key must be a key of a Secret's data: letters, digits, '-', '_' and '.', and neither '.' nor starting with '..'"
+	joinRequiredMsg     = "joinEndpoint.server is required: the https://host[:port] address at which machines join the cluster"
+	joinURLMsg          = "server must be an https URL such as https://10.0.0.10:6443: https://, a host, and optionally a port"
+	joinPathMsg         = "server must be https://host[:port] alone, with no path, query or fragment: a machine joins the API server at its root"
+	joinUserMsg         = "server must not carry a user or password (user@host): a machine authenticates with its bootstrap token"
 
 	maxDisruptedMsg   = "maxDisrupted must be a whole number of Machines (0 or more) or a percentage from 0% to 100%"
 	reasonOnceMsg     = "each reason may be listed once"
@@ -2040,6 +2044,79 @@ var invalidCases = []invalidCase{
 		},
 		want: schemaErr("spec.kubeconfig.key: Too long: may not be more than 253 bytes"),
 	},
+	{
+		name:  "WorkloadCluster with an empty join server",
+		build: func(ns string) client.Object { return joiningAt(ns, "join-empty", "") },
+		want:  `spec.joinEndpoint.server: Invalid value: "": ` + joinRequiredMsg,
+	},
+	{
+		name: "WorkloadCluster with a joinEndpoint but no server",
+		build: func(ns string) client.Object {
+			return workloadClusterYAML(ns, "join-none", map[string]any{
+				"kubeconfig":   map[string]any{"secretName": "join-none-kubeconfig"},
+				"joinEndpoint": map[string]any{"certificateAuthorityData": "Y2E="},
+			})
+		},
+		want: schemaErr("spec.joinEndpoint.server: Required value"),
+	},
+	{
+		name:  "WorkloadCluster with a join server over http",
+		build: func(ns string) client.Object { return joiningAt(ns, "join-http", "http://10.0.0.10:6443") },
+		want:  `spec.joinEndpoint.server: Invalid value: "http://10.0.0.10:6443": ` + joinURLMsg,
+	},
+	{
+		name:  "WorkloadCluster with a join server that is a host and port alone",
+		build: func(ns string) client.Object { return joiningAt(ns, "join-bare", "10.0.0.10:6443") },
+		want:  `spec.joinEndpoint.server: Invalid value: "10.0.0.10:6443": ` + joinURLMsg,
+	},
+	{
+		name:  "WorkloadCluster with a join server without a host",
+		build: func(ns string) client.Object { return joiningAt(ns, "join-hostless", "https://:6443") },
+		want:  `spec.joinEndpoint.server: Invalid value: "https://:6443": ` + joinURLMsg,
+	},
+	{
+		name:  "WorkloadCluster with a join server with a path",
+		build: func(ns string) client.Object { return joiningAt(ns, "join-path", "https://lb.example.com:6443/k8s") },
+		want:  `spec.joinEndpoint.server: Invalid value: "https://lb.example.com:6443/k8s": ` + joinPathMsg,
+	},
+	{
+		name: "WorkloadCluster with a join server with a query",
+		build: func(ns string) client.Object {
+			return joiningAt(ns, "join-query", "https://lb.example.com:6443?timeout=5s")
+		},
+		want: `spec.joinEndpoint.server: Invalid value: "https://lb.example.com:6443?timeout=5s": ` + joinPathMsg,
+	},
+	{
+		name: "WorkloadCluster with a join server with a user",
+		build: func(ns string) client.Object {
+			return joiningAt(ns, "join-user", "https://admin:secret@lb.example.com:6443")
+		},
+		want: `spec.joinEndpoint.server: Invalid value: "https://admin:secret@lb.example.com:6443": ` + joinUserMsg,
+	},
+	{
+		name: "WorkloadCluster whose join server changes to http",
+		build: func(ns string) client.Object {
+			return joiningAt(ns, "join-downgraded", "https://10.0.0.10:6443")
+		},
+		update: func(o client.Object) {
+			o.(*machinistv1.WorkloadCluster).Spec.JoinEndpoint.Server = "http://10.0.0.10:6443"
+		},
+		want: `spec.joinEndpoint.server: Invalid value: "http://10.0.0.10:6443": ` + joinURLMsg,
+	},
+	{
+		name: "WorkloadCluster whose join server is too long",
+		build: func(ns string) client.Object {
+			return joiningAt(ns, "join-long", "https://"+strings.Repeat("h", 2041)+".example")
+		},
+		want: schemaErr("spec.joinEndpoint.server: Too long: may not be more than 2048 bytes"),
+	},
+}
+
+// joiningAt is a valid WorkloadCluster whose machines join at server.
+func joiningAt(ns, name, server string) *machinistv1.WorkloadCluster {
+	wc := validWorkloadCluster(ns, name)
+	wc.Spec.JoinEndpoint = &machinistv1.JoinEndpoint{Server: server}
+	return wc
 }
 
 // validCase is an object on the edge of a rule that the API server must
@@ -2280,6 +2357,17 @@ var validCases = []validCase{
 		wc := validWorkloadCluster(ns, "dotted")
 		wc.Spec.Kubeconfig.SecretName = "prod.kubeconfig"
 		return wc
+	}},
+	{"WorkloadCluster joining at an address and port", func(ns string) client.Object {
+		return joiningAt(ns, "join-ip", "https://10.0.0.10:6443")
+	}},
+	{"WorkloadCluster joining at a host name with a trailing slash, with a CA", func(ns string) client.Object {
+		wc := joiningAt(ns, "join-lb", "https://api.internal.example.com/")
+		wc.Spec.JoinEndpoint.CertificateAuthorityData = []byte("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
+		return wc
+	}},
+	{"WorkloadCluster joining at an IPv6 address", func(ns string) client.Object {
+		return joiningAt(ns, "join-ipv6", "https://[fd00::10]:6443")
 	}},
 	{"MachineDisruptionBudget with maxDisrupted 0", func(ns string) client.Object {
 		mdb := validMachineDisruptionBudget(ns, "frozen")

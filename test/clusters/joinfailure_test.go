@@ -1,0 +1,163 @@
+package clusters
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/dev/testenv"
+)
+
+// A cluster whose kube-controller-manager approves no certificate
+// requests: within a minute of their creation, its Machines say on their
+// Ready condition that their certificate request was not approved, and
+// what to look at; waiting so, each is written at most once more (the
+// machine's own report giving way to its cluster's Joinable condition,
+// or the other way round), not once per look.
+func TestAMachineSaysItsCertificateWasNotApproved(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w := startCluster(t, testenv.Options{Lacks: testenv.Lacks{Approver: true}})
+	ns := env.NewNamespace(t, "not-approved", testenv.Small)
+	kubeconfig, err := os.ReadFile(w.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := testenv.RegisterCluster(ctx, env.Client, ns, "no-approver", kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	ms := testenv.MachineSet(ns, "workers", 2)
+	ms.Spec.Template.Spec.ClusterName = "no-approver"
+	created := time.Now()
+	if err := env.Client.Create(ctx, ms); err != nil {
+		t.Fatal(err)
+	}
+	var machines []machinistv1.Machine
+	testenv.WaitFor(t, time.Minute, "both Machines saying their certificate was not approved", func() error {
+		machines, err = testenv.ListMachines(ctx, env.Client, ns, client.MatchingLabels{"pool": "workers"})
+		if err != nil {
+			return err
+		}
+		if len(machines) != 2 {
+			return fmt.Errorf("%d Machines", len(machines))
+		}
+		for _, m := range machines {
+			c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionReady)
+			if c == nil || c.Reason != machinistv1.ReasonJoinCertificateNotApproved {
+				return fmt.Errorf("Machine %s: Ready %+v", m.Name, c)
+			}
+		}
+		return nil
+	})
+	for _, m := range machines {
+		c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionReady)
+		t.Logf("Machine %s after %s: %s %s: %s", m.Name, time.Since(created).Round(100*time.Millisecond), c.Status, c.Reason, c.Message)
+		if m.Status.Phase != machinistv1.MachineProvisioning {
+			t.Errorf("Machine %s is %s, want Provisioning", m.Name, m.Status.Phase)
+		}
+		if !strings.Contains(c.Message, "certificatesigningrequest-approving-controller") {
+			t.Errorf("Machine %s's Ready message does not name the approver: %s", m.Name, c.Message)
+		}
+	}
+
+	changes, err := env.WatchMachines(ctx, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	window := 45 * time.Second // three looks of each Machine
+	time.Sleep(window)         // a window of writes counted, not a wait for a state
+	written := map[string]int{}
+	for _, e := range drain(changes) {
+		if e.Type == watch.Error {
+			t.Fatalf("the watch of Machines failed: %+v", e.Object)
+		}
+		if m, ok := e.Object.(*machinistv1.Machine); ok {
+			written[m.Name]++
+			c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionReady)
+			t.Logf("Machine %s %s: Ready %s: %s", m.Name, e.Type, c.Reason, c.Message)
+		}
+	}
+	for _, m := range machines {
+		if written[m.Name] > 1 {
+			t.Errorf("Machine %s, waiting for a certificate, was written %d times in %s", m.Name, written[m.Name], window)
+		}
+	}
+}
+
+// A join endpoint machines cannot reach: the cluster is Joinable, as the
+// manager reaches it, but a Machine says, from its machine's own report,
+// that it cannot reach the address it was given, and names it.
+func TestAMachineSaysItCannotReachItsJoinEndpoint(t *testing.T) {
+	ctx := context.Background()
+	w := startCluster(t, testenv.Options{})
+	ns := env.NewNamespace(t, "join-unreachable", testenv.Small)
+	kubeconfig, err := os.ReadFile(w.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wc, err := testenv.RegisterCluster(ctx, env.Client, ns, "walled", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A port nothing listens on.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := "https://" + l.Addr().String()
+	_ = l.Close()
+	patch := fmt.Sprintf(`{"spec":{"joinEndpoint":{"server":%q}}}`, closed)
+	if err := env.Client.Patch(ctx, wc, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitForObject(t, env.Client, 30*time.Second, "the join endpoint observed", wc, func(wc *machinistv1.WorkloadCluster) error {
+		if wc.Status.ObservedGeneration != wc.Generation {
+			return fmt.Errorf("generation %d observed %d", wc.Generation, wc.Status.ObservedGeneration)
+		}
+		return nil
+	})
+	ms := testenv.MachineSet(ns, "workers", 1)
+	ms.Spec.Template.Spec.ClusterName = wc.Name
+	created := time.Now()
+	if err := env.Client.Create(ctx, ms); err != nil {
+		t.Fatal(err)
+	}
+	var m machinistv1.Machine
+	testenv.WaitFor(t, time.Minute, "the Machine saying it cannot reach its join endpoint", func() error {
+		machines, err := testenv.ListMachines(ctx, env.Client, ns)
+		if err != nil {
+			return err
+		}
+		if len(machines) != 1 {
+			return fmt.Errorf("%d Machines", len(machines))
+		}
+		m = machines[0]
+		c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionReady)
+		if c == nil || c.Reason != machinistv1.ReasonJoinServerUnreachable {
+			return fmt.Errorf("Machine %s: Ready %+v", m.Name, c)
+		}
+		return nil
+	})
+	c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionReady)
+	t.Logf("Machine %s after %s: %s: %s", m.Name, time.Since(created).Round(100*time.Millisecond), c.Reason, c.Message)
+	if !strings.Contains(c.Message, closed) || !strings.Contains(c.Message, "joinEndpoint") {
+		t.Errorf("the Ready message names neither the address nor the field that set it: %s", c.Message)
+	}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(wc), wc); err != nil {
+		t.Fatal(err)
+	}
+	if j := meta.FindStatusCondition(wc.Status.Conditions, machinistv1.WorkloadClusterJoinable); j != nil && j.Status == metav1.ConditionFalse {
+		t.Errorf("the manager reaches the cluster, yet it is not Joinable: %s", j.Message)
+	}
+}
