@@ -282,10 +282,17 @@ func checkJoinable(ctx context.Context, cfg *rest.Config) *joinOutcome {
 		return cannotCheck("the checks could not make their bootstrap token in kube-system", err)
 	}
 	var failures, unchecked []joinable.Finding
+	var uncleaned *joinable.Finding
 	for _, f := range report.Failures() {
-		if f.Reason == joinable.ReasonCheckFailed {
+		switch f.Reason {
+		case joinable.ReasonCheckFailed:
 			unchecked = append(unchecked, f)
-		} else {
+		case joinable.ReasonTokenCleanerOff:
+			// Expired tokens linger, which is untidy, but machines
+			// join: not a reason to call the cluster unjoinable, nor
+			// to make its Machines wait with it.
+			uncleaned = &f
+		default:
 			failures = append(failures, f)
 		}
 	}
@@ -302,6 +309,10 @@ func checkJoinable(ctx context.Context, cfg *rest.Config) *joinOutcome {
 		// node: only which check could not be made is said.
 		return &joinOutcome{status: metav1.ConditionUnknown, reason: ReasonJoinCheckFailed, keep: true,
 			message: fmt.Sprintf("the check of the %s could not be made; it is made again at the next probe", unchecked[0].Check)}
+	}
+	if uncleaned != nil {
+		return &joinOutcome{status: metav1.ConditionTrue, reason: ReasonJoinable,
+			message: "machines can join, but expired bootstrap tokens are not deleted: " + uncleaned.Fix}
 	}
 	return &joinOutcome{status: metav1.ConditionTrue, reason: ReasonJoinable,
 		message: fmt.Sprintf("machines can join: none of the %d checks of what a join needs failed", len(report))}

@@ -142,20 +142,12 @@ func TestJoinableOnceTheBindingsAreInstalled(t *testing.T) {
 // Machine of its own so that the manager connects.
 func registerWithMachine(t *testing.T, w *testenv.Env, ns, name string) *machinistv1.WorkloadCluster {
 	t.Helper()
-	ctx := context.Background()
-	kubeconfig, err := os.ReadFile(w.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wc, err := testenv.RegisterCluster(ctx, env.Client, ns, name, kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
+	wc := register(t, w, ns, name)
 	m := &machinistv1.Machine{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-machine"},
 		Spec:       machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: testenv.Small.Name}, ClusterName: name},
 	}
-	if err := env.Client.Create(ctx, m); err != nil {
+	if err := env.Client.Create(context.Background(), m); err != nil {
 		t.Fatal(err)
 	}
 	return wc
@@ -245,4 +237,18 @@ func TestJoinableNamesTheRightsTheManagerLacks(t *testing.T) {
 	if limit := float64(6 * (window/joinablePeriod + 1)); asked > limit {
 		t.Errorf("the manager asked its rights %.0f times in %s, more than once a period (%.0f)", asked, window, limit)
 	}
+}
+
+// A cluster whose only lack is the token cleaner: machines join it, so
+// it is Joinable, and the message says that expired tokens linger.
+func TestJoinableWithoutATokenCleaner(t *testing.T) {
+	w := startCluster(t, testenv.Options{Lacks: testenv.Lacks{TokenCleaner: true}})
+	ns := env.NewNamespace(t, "uncleaned", testenv.Small)
+	wc := registerWithMachine(t, w, ns, "uncleaned")
+	joinableIs(t, wc, metav1.ConditionTrue, workloadcluster.ReasonJoinable, joinable.DefaultWait+time.Minute)
+	c := meta.FindStatusCondition(wc.Status.Conditions, machinistv1.WorkloadClusterJoinable)
+	if !strings.Contains(c.Message, "expired bootstrap tokens are not deleted") || !strings.Contains(c.Message, "token") {
+		t.Errorf("Joinable says nothing of the token cleaner: %s", c.Message)
+	}
+	running(t, ns, 1, 2*time.Minute)
 }
