@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -30,13 +29,7 @@ func TestAMachineSaysItsCertificateWasNotApproved(t *testing.T) {
 	defer cancel()
 	w := startCluster(t, testenv.Options{Lacks: testenv.Lacks{Approver: true}})
 	ns := env.NewNamespace(t, "not-approved", testenv.Small)
-	kubeconfig, err := os.ReadFile(w.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := testenv.RegisterCluster(ctx, env.Client, ns, "no-approver", kubeconfig); err != nil {
-		t.Fatal(err)
-	}
+	register(t, w, ns, "no-approver")
 	ms := testenv.MachineSet(ns, "workers", 2)
 	ms.Spec.Template.Spec.ClusterName = "no-approver"
 	created := time.Now()
@@ -45,6 +38,7 @@ func TestAMachineSaysItsCertificateWasNotApproved(t *testing.T) {
 	}
 	var machines []machinistv1.Machine
 	testenv.WaitFor(t, time.Minute, "both Machines saying their certificate was not approved", func() error {
+		var err error
 		machines, err = testenv.ListMachines(ctx, env.Client, ns, client.MatchingLabels{"pool": "workers"})
 		if err != nil {
 			return err
@@ -102,14 +96,7 @@ func TestAMachineSaysItCannotReachItsJoinEndpoint(t *testing.T) {
 	ctx := context.Background()
 	w := startCluster(t, testenv.Options{})
 	ns := env.NewNamespace(t, "join-unreachable", testenv.Small)
-	kubeconfig, err := os.ReadFile(w.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wc, err := testenv.RegisterCluster(ctx, env.Client, ns, "walled", kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
+	wc := register(t, w, ns, "walled")
 	// A port nothing listens on.
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -152,6 +152,13 @@ func serve(t *testing.T, ns string) {
 func ownCluster(t *testing.T, ns, name string) (*testenv.Env, *machinistv1.WorkloadCluster) {
 	t.Helper()
 	w := startCluster(t, testenv.Options{})
+	return w, register(t, w, ns, name)
+}
+
+// register makes w a WorkloadCluster of ns named name, through a
+// kubeconfig Secret.
+func register(t *testing.T, w *testenv.Env, ns, name string) *machinistv1.WorkloadCluster {
+	t.Helper()
 	kubeconfig, err := os.ReadFile(w.Kubeconfig)
 	if err != nil {
 		t.Fatal(err)
@@ -160,7 +167,7 @@ func ownCluster(t *testing.T, ns, name string) (*testenv.Env, *machinistv1.Workl
 	if err != nil {
 		t.Fatal(err)
 	}
-	return w, wc
+	return wc
 }
 
 // readKubeconfig is an admin kubeconfig of the named workload cluster.

@@ -246,13 +246,7 @@ func TestPrepareMakesAKubeadmStyleClusterJoinable(t *testing.T) {
 	}
 
 	ns := env.NewNamespace(t, "prepared", testenv.Small)
-	kubeconfig, err := os.ReadFile(w.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := testenv.RegisterCluster(ctx, env.Client, ns, "kubeadm", kubeconfig); err != nil {
-		t.Fatal(err)
-	}
+	register(t, w, ns, "kubeadm")
 	ms := testenv.MachineSet(ns, "workers", 3)
 	ms.Spec.Template.Spec.ClusterName = "kubeadm"
 	if err := env.Client.Create(ctx, ms); err != nil {
