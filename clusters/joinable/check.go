@@ -64,10 +64,23 @@ type Finding struct {
 	Result Result
 	// Reason is, for a failure, one of the Reason constants.
 	Reason string
-	// Detail is what was seen.
+	// Detail is what was seen, in Machinist's own words: a condition
+	// may carry it.
 	Detail string
+	// Said is what the cluster itself said of a failure (a certificate
+	// request's denial, the groups a token was given), "" for none. It
+	// is the cluster's text, of any length, so it is for the person who
+	// ran the check, never for a status.
+	Said string
 	// Fix is, for a failure, what to change on the cluster.
 	Fix string
+}
+
+// Blocks reports whether a failed f keeps machines from joining: every
+// failure does but the token cleaner's, whose lack leaves expired tokens
+// behind and lets machines join.
+func (f Finding) Blocks() bool {
+	return f.Result == Failed && f.Reason != ReasonTokenCleanerOff
 }
 
 // Report is every check's Finding, in the order they were made.
@@ -193,9 +206,11 @@ func checkBootstrapTokens(ctx context.Context, cfg *rest.Config, tok bootstrap.T
 		case err == nil:
 			u := review.Status.UserInfo
 			if !slices.Contains(u.Groups, bootstrap.NodeGroup) {
-				return failed(CheckBootstrapTokens, ReasonBootstrapTokensRefused,
-					fmt.Sprintf("a bootstrap token of group %s authenticated in groups %s, without that group", bootstrap.NodeGroup, strings.Join(slices.DeleteFunc(slices.Clone(u.Groups), func(g string) bool { return strings.Contains(g, tok.ID) }), ", ")),
+				f := failed(CheckBootstrapTokens, ReasonBootstrapTokensRefused,
+					fmt.Sprintf("a bootstrap token of group %s authenticated without that group", bootstrap.NodeGroup),
 					"let kube-apiserver's bootstrap token authenticator (--enable-bootstrap-token-auth), not another authenticator, read bootstrap tokens")
+				f.Said = "groups " + strings.Join(u.Groups, ", ")
+				return f
 			}
 			return passed(CheckBootstrapTokens, fmt.Sprintf("a bootstrap token authenticates as %s in %s", u.Username, bootstrap.NodeGroup))
 		case apierrors.IsUnauthorized(err) && time.Now().Before(deadline):
@@ -330,13 +345,15 @@ func checkCertificate(ctx context.Context, admin kubernetes.Interface, cfg *rest
 			case certificatesv1.CertificateApproved:
 				approved = true
 			case certificatesv1.CertificateDenied:
-				return failed(CheckApprover, ReasonCertificateDenied,
-						fmt.Sprintf("a node's certificate request was denied (%s: %s)", c.Reason, c.Message), "see who denies node certificate requests: kube-controller-manager's approver never does"),
-					skipped(CheckSigner, "the certificate request was denied"), nil
+				f := failed(CheckApprover, ReasonCertificateDenied,
+					"a node's certificate request was denied", "see who denies node certificate requests: kube-controller-manager's approver never does")
+				f.Said = c.Reason + ": " + c.Message
+				return f, skipped(CheckSigner, "the certificate request was denied"), nil
 			case certificatesv1.CertificateFailed:
-				return passed(CheckApprover, "a node's certificate request was approved"),
-					failed(CheckSigner, ReasonCertificateNotIssued, fmt.Sprintf("signing a node's certificate failed (%s: %s)", c.Reason, c.Message),
-						"give kube-controller-manager the cluster CA with --cluster-signing-cert-file and --cluster-signing-key-file"), nil
+				f := failed(CheckSigner, ReasonCertificateNotIssued, "signing a node's certificate failed",
+					"give kube-controller-manager the cluster CA with --cluster-signing-cert-file and --cluster-signing-key-file")
+				f.Said = c.Reason + ": " + c.Message
+				return passed(CheckApprover, "a node's certificate request was approved"), f, nil
 			}
 		}
 		if approved && len(got.Status.Certificate) > 0 {

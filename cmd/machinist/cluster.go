@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -102,7 +103,13 @@ func printReport(out io.Writer, r joinable.Report) {
 	w := tabwriter.NewWriter(out, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(w, "CHECK\tRESULT\tDETAIL")
 	for _, f := range r {
-		fmt.Fprintf(w, "%s\t%s\t%s\n", f.Check, f.Result, f.Detail)
+		detail := f.Detail
+		if f.Said != "" {
+			// The cluster's words, for whoever administers it: on one
+			// line, so that the table stays one.
+			detail += " (the cluster said: " + strings.Join(strings.Fields(f.Said), " ") + ")"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\n", f.Check, f.Result, detail)
 	}
 	_ = w.Flush()
 	failures := r.Failures()

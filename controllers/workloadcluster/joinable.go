@@ -281,16 +281,23 @@ func checkJoinable(ctx context.Context, cfg *rest.Config) *joinOutcome {
 	if err != nil {
 		return cannotCheck("the checks could not make their bootstrap token in kube-system", err)
 	}
+	return outcomeOf(report)
+}
+
+// outcomeOf says what report found as the Joinable condition says it.
+// It carries the findings' Detail and Fix, Machinist's own words, and
+// never what the cluster said (Finding.Said): a tenant's cluster's text
+// of any length does not reach the status.
+func outcomeOf(report joinable.Report) *joinOutcome {
 	var failures, unchecked []joinable.Finding
 	var uncleaned *joinable.Finding
 	for _, f := range report.Failures() {
-		switch f.Reason {
-		case joinable.ReasonCheckFailed:
+		switch {
+		case f.Reason == joinable.ReasonCheckFailed:
 			unchecked = append(unchecked, f)
-		case joinable.ReasonTokenCleanerOff:
-			// Expired tokens linger, which is untidy, but machines
-			// join: not a reason to call the cluster unjoinable, nor
-			// to make its Machines wait with it.
+		case !f.Blocks():
+			// Machines join: not a reason to call the cluster
+			// unjoinable, nor to make its Machines wait with it.
 			uncleaned = &f
 		default:
 			failures = append(failures, f)

@@ -2,6 +2,7 @@ package workloadcluster
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/clusters/joinable"
 )
 
 // The checks of a cluster run one at a time, on its connection, each
@@ -142,5 +144,21 @@ func TestJoinFailed(t *testing.T) {
 		if _, got := joinFailed(ready(c.old), ready(c.new)); got != c.want {
 			t.Errorf("Ready reason %q → %q: failed join %v, want %v", c.old, c.new, got, c.want)
 		}
+	}
+}
+
+func TestTheConditionCarriesNothingTheClusterSaid(t *testing.T) {
+	said := strings.Repeat("the cluster's own words ", 4000)
+	o := outcomeOf(joinable.Report{
+		{Check: joinable.CheckBootstrapTokens, Result: joinable.Passed},
+		{Check: joinable.CheckApprover, Result: joinable.Failed, Reason: joinable.ReasonCertificateDenied,
+			Detail: "a node's certificate request was denied", Fix: "see who denies them", Said: said},
+		{Check: joinable.CheckTokenCleaner, Result: joinable.Failed, Reason: joinable.ReasonTokenCleanerOff, Detail: "kept", Fix: "run it", Said: said},
+	})
+	if o.status != metav1.ConditionFalse || o.reason != joinable.ReasonCertificateDenied {
+		t.Fatalf("outcome %s %s, want False %s", o.status, o.reason, joinable.ReasonCertificateDenied)
+	}
+	if strings.Contains(o.message, "own words") || len(o.message) > 300 {
+		t.Errorf("the condition carries what the cluster said (%d bytes): %.200s", len(o.message), o.message)
 	}
 }
