@@ -2,9 +2,11 @@ package clusters
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +18,8 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/dev/testenv"
+	"github.com/machinist-dev/machinist/providers"
+	"github.com/machinist-dev/machinist/providers/inmemory"
 )
 
 // A cluster whose kube-controller-manager approves no certificate
@@ -91,7 +95,9 @@ func TestAMachineSaysItsCertificateWasNotApproved(t *testing.T) {
 
 // A join endpoint machines cannot reach: the cluster is Joinable, as the
 // manager reaches it, but a Machine says, from its machine's own report,
-// that it cannot reach the address it was given, and names it.
+// that it cannot reach the address it was given, and names it. While its
+// provider then fails to answer, the Machine keeps what it said,
+// unwritten.
 func TestAMachineSaysItCannotReachItsJoinEndpoint(t *testing.T) {
 	ctx := context.Background()
 	w := startCluster(t, testenv.Options{})
@@ -114,8 +120,22 @@ func TestAMachineSaysItCannotReachItsJoinEndpoint(t *testing.T) {
 		}
 		return nil
 	})
+	// The inmemory provider, whose Describe can be made to fail.
+	name := "describe-faults-" + ns
+	prov := &describeFaults{Provider: ctrls.Provider, scheme: name}
+	if err := ctrls.Register(name, prov); err != nil {
+		t.Fatal(err)
+	}
+	class := &machinistv1.MachineClass{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "faulty"},
+		Spec:       machinistv1.MachineClassSpec{Provider: name},
+	}
+	if err := env.Client.Create(ctx, class); err != nil {
+		t.Fatal(err)
+	}
 	ms := testenv.MachineSet(ns, "workers", 1)
 	ms.Spec.Template.Spec.ClusterName = wc.Name
+	ms.Spec.Template.Spec.ClassRef.Name = class.Name
 	created := time.Now()
 	if err := env.Client.Create(ctx, ms); err != nil {
 		t.Fatal(err)
@@ -147,4 +167,80 @@ func TestAMachineSaysItCannotReachItsJoinEndpoint(t *testing.T) {
 	if j := meta.FindStatusCondition(wc.Status.Conditions, machinistv1.WorkloadClusterJoinable); j != nil && j.Status == metav1.ConditionFalse {
 		t.Errorf("the manager reaches the cluster, yet it is not Joinable: %s", j.Message)
 	}
+
+	// The provider fails to answer: the Machine keeps what it was told,
+	// unwritten, rather than flicker back to Provisioning and again.
+	watchCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	changes, err := env.WatchMachines(watchCtx, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := prov.asked.Load()
+	prov.failing.Store(true)
+	time.Sleep(35 * time.Second) // two looks and more, a window of writes counted
+	asked := prov.asked.Load() - before
+	t.Logf("the provider was asked %d times before it failed, %d while", before, asked)
+	prov.failing.Store(false)
+	for _, e := range drain(changes) {
+		if m, ok := e.Object.(*machinistv1.Machine); ok {
+			c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionReady)
+			t.Errorf("Machine %s written while its provider failed: Ready %s: %s", m.Name, c.Reason, c.Message)
+		}
+	}
+	if asked < 2 {
+		t.Errorf("the provider was asked %d times in 35 s, want a look every 15 s", asked)
+	}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(&m), &m); err != nil {
+		t.Fatal(err)
+	}
+	if c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionReady); c.Reason != machinistv1.ReasonJoinServerUnreachable {
+		t.Errorf("after the provider's failures, Ready is %s: %s", c.Reason, c.Message)
+	}
+}
+
+// describeFaults is the inmemory provider under a scheme of its own, so
+// that the Machine controller calls it by its instances' providerIDs too,
+// whose Describe fails while failing is set.
+type describeFaults struct {
+	testenv.Provider
+	scheme  string
+	failing atomic.Bool
+	asked   atomic.Int32
+}
+
+func (p *describeFaults) inner(id string) string {
+	return inmemory.Name + strings.TrimPrefix(id, p.scheme)
+}
+
+func (p *describeFaults) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join providers.Join) (string, error) {
+	id, err := p.Provider.Create(ctx, m, class, join)
+	if err != nil {
+		return "", err
+	}
+	return p.scheme + strings.TrimPrefix(id, inmemory.Name), nil
+}
+
+func (p *describeFaults) Describe(ctx context.Context, providerID string) (providers.Instance, error) {
+	p.asked.Add(1)
+	if p.failing.Load() {
+		return providers.Instance{}, errors.New("the provider's API is down")
+	}
+	return p.Provider.Describe(ctx, p.inner(providerID))
+}
+
+func (p *describeFaults) Exists(ctx context.Context, providerID string) (bool, error) {
+	return p.Provider.Exists(ctx, p.inner(providerID))
+}
+
+func (p *describeFaults) Delete(ctx context.Context, providerID string) error {
+	return p.Provider.Delete(ctx, p.inner(providerID))
+}
+
+func (p *describeFaults) FindByUID(ctx context.Context, uid types.UID) (string, error) {
+	id, err := p.Provider.FindByUID(ctx, uid)
+	if id == "" || err != nil {
+		return id, err
+	}
+	return p.scheme + strings.TrimPrefix(id, inmemory.Name), nil
 }
