@@ -128,7 +128,7 @@ type Options struct {
 	ClusterUnreachableAfter time.Duration
 	// ClusterJoinablePeriod is how often each connected workload
 	// cluster's join checks run again, for its Joinable condition; zero
-	// takes workloadcluster.DefaultJoinableProbePeriod.
+	// takes joinprobe.DefaultPeriod.
 	ClusterJoinablePeriod time.Duration
 	// Namespace is the manager's own namespace, where it keeps what no
 	// tenant may read or write (the bootstrap tokens of machines repaired

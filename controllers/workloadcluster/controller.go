@@ -31,6 +31,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/clusters"
+	"github.com/machinist-dev/machinist/clusters/joinprobe"
 	"github.com/machinist-dev/machinist/internal/index"
 	"github.com/machinist-dev/machinist/nodes"
 )
@@ -75,7 +76,7 @@ type Reconciler struct {
 	// UnreachableAfter: zero means DefaultUnreachableAfter.
 	UnreachableAfter time.Duration
 	// JoinableProbePeriod is how often a connected cluster's join checks
-	// run again (joinable.go); zero means DefaultJoinableProbePeriod.
+	// run again (joinable.go); zero means joinprobe.DefaultPeriod.
 	JoinableProbePeriod time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
@@ -89,7 +90,7 @@ type Reconciler struct {
 	failures map[types.NamespacedName]int
 	failing  map[types.NamespacedName]time.Time
 
-	joins joinChecks
+	joins joinprobe.Probes
 }
 
 // SetupWithManager registers the controller and the registry (which runs
@@ -101,6 +102,9 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	if err := mgr.Add(r.Registry); err != nil {
 		return err
 	}
+	r.joins.Object = func(key types.NamespacedName) client.Object {
+		return &machinistv1.WorkloadCluster{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
+	}
 	if err := mgr.Add(&r.joins); err != nil {
 		return err
 	}
@@ -111,7 +115,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		// only a failed join is this controller's business.
 		Watches(&machinistv1.Machine{}, r.machineEvents()).
 		// A join check that finished (joinable.go).
-		WatchesRawSource(r.joins.source()).
+		WatchesRawSource(r.joins.Source()).
 		WithOptions(opts).
 		Named("workloadcluster").
 		Complete(r)
@@ -394,7 +398,7 @@ func (r *Reconciler) backoff(key types.NamespacedName) time.Duration {
 }
 
 func (r *Reconciler) forget(key types.NamespacedName) {
-	r.joins.forget(key)
+	r.joins.Forget(key)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.probed, key)

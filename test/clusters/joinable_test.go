@@ -18,7 +18,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/clusters/joinable"
-	"github.com/machinist-dev/machinist/controllers/workloadcluster"
+	"github.com/machinist-dev/machinist/clusters/joinprobe"
 	"github.com/machinist-dev/machinist/dev/testenv"
 )
 
@@ -134,7 +134,7 @@ func TestJoinableOnceTheBindingsAreInstalled(t *testing.T) {
 		t.Fatal(err)
 	}
 	installed := time.Now()
-	joinableIs(t, wc, metav1.ConditionTrue, workloadcluster.ReasonJoinable, 2*joinablePeriod+30*time.Second)
+	joinableIs(t, wc, metav1.ConditionTrue, joinprobe.ReasonJoinable, 2*joinablePeriod+30*time.Second)
 	t.Logf("Joinable %s after the bindings were installed", time.Since(installed).Round(100*time.Millisecond))
 }
 
@@ -214,7 +214,7 @@ func TestJoinableNamesTheRightsTheManagerLacks(t *testing.T) {
 		t.Fatal(err)
 	}
 	wc := registerWithMachine(t, limited, ns, "limited")
-	joinableIs(t, wc, metav1.ConditionUnknown, workloadcluster.ReasonJoinCheckForbidden, 2*joinablePeriod+30*time.Second)
+	joinableIs(t, wc, metav1.ConditionUnknown, joinprobe.ReasonCheckForbidden, 2*joinablePeriod+30*time.Second)
 	c := meta.FindStatusCondition(wc.Status.Conditions, machinistv1.WorkloadClusterJoinable)
 	t.Logf("Joinable=%s %s: %s", c.Status, c.Reason, c.Message)
 	for _, want := range []string{"create secrets in kube-system", "create subjectaccessreviews.authorization.k8s.io", "delete certificatesigningrequests.certificates.k8s.io"} {
@@ -245,7 +245,7 @@ func TestJoinableWithoutATokenCleaner(t *testing.T) {
 	w := startCluster(t, testenv.Options{Lacks: testenv.Lacks{TokenCleaner: true}})
 	ns := env.NewNamespace(t, "uncleaned", testenv.Small)
 	wc := registerWithMachine(t, w, ns, "uncleaned")
-	joinableIs(t, wc, metav1.ConditionTrue, workloadcluster.ReasonJoinable, joinable.DefaultWait+time.Minute)
+	joinableIs(t, wc, metav1.ConditionTrue, joinprobe.ReasonJoinable, joinable.DefaultWait+time.Minute)
 	c := meta.FindStatusCondition(wc.Status.Conditions, machinistv1.WorkloadClusterJoinable)
 	if !strings.Contains(c.Message, "expired bootstrap tokens are not deleted") || !strings.Contains(c.Message, "token") {
 		t.Errorf("Joinable says nothing of the token cleaner: %s", c.Message)

@@ -15,8 +15,8 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/clusters"
+	"github.com/machinist-dev/machinist/clusters/joinprobe"
 	"github.com/machinist-dev/machinist/controllers/machine"
-	"github.com/machinist-dev/machinist/controllers/workloadcluster"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/providers/inmemory"
@@ -158,7 +158,7 @@ logging "waiting for kube-apiserver", instead of exiting again.`,
 	fs.Float32Var(&opts.ClusterQPS, "cluster-api-qps", 0, "requests per second to each workload cluster's API server, apart from --kube-api-qps; a Machine joining one costs about 3 (0: 100)")
 	fs.IntVar(&opts.ClusterBurst, "cluster-api-burst", 0, "burst of requests to each workload cluster's API server (0: 200)")
 	fs.DurationVar(&opts.ClusterProbePeriod, "cluster-probe-period", 0, "how often each workload cluster is probed and its status counted (0: 30s)")
-	fs.DurationVar(&opts.ClusterJoinablePeriod, "cluster-joinable-period", workloadcluster.DefaultJoinableProbePeriod,
+	fs.DurationVar(&opts.ClusterJoinablePeriod, "cluster-joinable-period", joinprobe.DefaultPeriod,
 		"how often each connected workload cluster's join checks run again, for its Joinable condition (a Machine's failed join also runs them, at most once a minute)")
 	fs.StringVar(&opts.Namespace, "namespace", cmp.Or(os.Getenv("POD_NAMESPACE"), machine.DefaultNamespace),
 		"the manager's own namespace, where it keeps what no tenant may read or write: the bootstrap tokens of machines repaired while their cluster is down")

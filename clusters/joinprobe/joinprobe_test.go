@@ -1,4 +1,4 @@
-package workloadcluster
+package joinprobe
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/clusters/joinable"
@@ -18,11 +19,13 @@ import (
 // period, and after a failed join no sooner than a minute after the last;
 // each end wakes the cluster's reconcile. (The cluster here answers
 // nothing: every check ends at once, unable to run.)
-func TestJoinChecksAreScheduled(t *testing.T) {
+func TestChecksAreScheduled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var j joinChecks
-	j.source()
+	j := Probes{Object: func(key types.NamespacedName) client.Object {
+		return &machinistv1.WorkloadCluster{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
+	}}
+	j.Source()
 	go func() { _ = j.Start(ctx) }()
 	for j.started() == nil {
 		time.Sleep(time.Millisecond)
@@ -43,15 +46,15 @@ func TestJoinChecksAreScheduled(t *testing.T) {
 			t.Fatal("no check ended")
 		}
 	}
-	if o, wait := j.next(ctx, key, cfg, now, period); o != nil || wait != 0 {
+	if o, wait := j.Next(ctx, key, cfg, now, period); o != nil || wait != 0 {
 		t.Fatalf("first call: outcome %+v, wait %s; want a check started", o, wait)
 	}
-	if _, wait := j.next(ctx, key, cfg, now, period); wait != 0 || j.runningChecks() != 1 {
+	if _, wait := j.Next(ctx, key, cfg, now, period); wait != 0 || j.runningChecks() != 1 {
 		t.Fatalf("while a check runs: wait %s, %d running; want it alone", wait, j.runningChecks())
 	}
 	ended()
-	o, wait := j.next(ctx, key, cfg, now.Add(time.Second), period)
-	if o == nil || o.status != metav1.ConditionUnknown || o.reason != ReasonJoinCheckFailed || !o.keep {
+	o, wait := j.Next(ctx, key, cfg, now.Add(time.Second), period)
+	if o == nil || o.Status != metav1.ConditionUnknown || o.Reason != ReasonCheckFailed || !o.Keep {
 		t.Fatalf("outcome of a cluster that does not answer: %+v", o)
 	}
 	if wait != period-time.Second {
@@ -61,25 +64,25 @@ func TestJoinChecksAreScheduled(t *testing.T) {
 	// A failed join, ten seconds after the check: the next waits out the
 	// minute, however many Machines ask.
 	for range 100 {
-		j.recheck(key)
+		j.Recheck(key)
 	}
-	if _, wait := j.next(ctx, key, cfg, now.Add(10*time.Second), period); wait != 50*time.Second {
+	if _, wait := j.Next(ctx, key, cfg, now.Add(10*time.Second), period); wait != 50*time.Second {
 		t.Errorf("after a failed join: wait %s, want 50s", wait)
 	}
-	if _, wait := j.next(ctx, key, cfg, now.Add(time.Minute), period); wait != 0 {
+	if _, wait := j.Next(ctx, key, cfg, now.Add(time.Minute), period); wait != 0 {
 		t.Errorf("a minute after the last check: wait %s, want a check started", wait)
 	}
 	ended()
-	if _, wait := j.next(ctx, key, cfg, now.Add(time.Minute+time.Second), period); wait != period-time.Second {
+	if _, wait := j.Next(ctx, key, cfg, now.Add(time.Minute+time.Second), period); wait != period-time.Second {
 		t.Errorf("after the recheck: wait %s, want the rest of its period", wait)
 	}
 
 	// A new connection is checked at once.
-	if _, wait := j.next(ctx, key, rest.CopyConfig(cfg), now.Add(2*time.Minute), period); wait != 0 {
+	if _, wait := j.Next(ctx, key, rest.CopyConfig(cfg), now.Add(2*time.Minute), period); wait != 0 {
 		t.Errorf("a new connection: wait %s, want a check started", wait)
 	}
 	ended()
-	j.forget(key)
+	j.Forget(key)
 	if j.runningChecks() != 0 {
 		t.Error("a forgotten cluster's check still runs")
 	}
@@ -87,29 +90,32 @@ func TestJoinChecksAreScheduled(t *testing.T) {
 
 // A check's outcome is written only when it says something new, and one
 // that could not be made leaves what was said.
-func TestSetJoinable(t *testing.T) {
+func TestSet(t *testing.T) {
 	wc := &machinistv1.WorkloadCluster{}
-	refused := &joinOutcome{status: metav1.ConditionFalse, reason: "BootstrapTokensRefused", message: "refused: fix"}
-	setJoinable(wc, &joinOutcome{status: metav1.ConditionUnknown, reason: ReasonJoinCheckFailed, message: "no answer", keep: true})
+	setJoinable := func(wc *machinistv1.WorkloadCluster, o *Outcome) {
+		Set(&wc.Status.Conditions, machinistv1.WorkloadClusterJoinable, wc.Generation, o)
+	}
+	refused := &Outcome{Status: metav1.ConditionFalse, Reason: "BootstrapTokensRefused", Message: "refused: fix"}
+	setJoinable(wc, &Outcome{Status: metav1.ConditionUnknown, Reason: ReasonCheckFailed, Message: "no answer", Keep: true})
 	if len(wc.Status.Conditions) != 1 || wc.Status.Conditions[0].Status != metav1.ConditionUnknown {
 		t.Fatalf("first outcome, one that could not be made: %+v", wc.Status.Conditions)
 	}
 	setJoinable(wc, refused)
 	before := wc.DeepCopy()
 	setJoinable(wc, refused)
-	setJoinable(wc, &joinOutcome{status: metav1.ConditionUnknown, reason: ReasonJoinCheckFailed, message: "no answer", keep: true})
+	setJoinable(wc, &Outcome{Status: metav1.ConditionUnknown, Reason: ReasonCheckFailed, Message: "no answer", Keep: true})
 	if c := wc.Status.Conditions[0]; c != before.Status.Conditions[0] {
 		t.Errorf("the condition changed with nothing new: %+v, was %+v", c, before.Status.Conditions[0])
 	}
 }
 
-func (j *joinChecks) started() context.Context {
+func (j *Probes) started() context.Context {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return j.ctx
 }
 
-func (j *joinChecks) runningChecks() int {
+func (j *Probes) runningChecks() int {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	n := 0
@@ -121,7 +127,7 @@ func (j *joinChecks) runningChecks() int {
 	return n
 }
 
-func TestJoinFailed(t *testing.T) {
+func TestFailedJoin(t *testing.T) {
 	ready := func(reason string) *machinistv1.Machine {
 		m := &machinistv1.Machine{}
 		if reason != "" {
@@ -141,7 +147,7 @@ func TestJoinFailed(t *testing.T) {
 		{"", machinistv1.ReasonProvisioning, false},
 	}
 	for _, c := range cases {
-		if _, got := joinFailed(ready(c.old), ready(c.new)); got != c.want {
+		if _, got := FailedJoin(ready(c.old), ready(c.new)); got != c.want {
 			t.Errorf("Ready reason %q → %q: failed join %v, want %v", c.old, c.new, got, c.want)
 		}
 	}
@@ -155,10 +161,10 @@ func TestTheConditionCarriesNothingTheClusterSaid(t *testing.T) {
 			Detail: "a node's certificate request was denied", Fix: "see who denies them", Said: said},
 		{Check: joinable.CheckTokenCleaner, Result: joinable.Failed, Reason: joinable.ReasonTokenCleanerOff, Detail: "kept", Fix: "run it", Said: said},
 	})
-	if o.status != metav1.ConditionFalse || o.reason != joinable.ReasonCertificateDenied {
-		t.Fatalf("outcome %s %s, want False %s", o.status, o.reason, joinable.ReasonCertificateDenied)
+	if o.Status != metav1.ConditionFalse || o.Reason != joinable.ReasonCertificateDenied {
+		t.Fatalf("outcome %s %s, want False %s", o.Status, o.Reason, joinable.ReasonCertificateDenied)
 	}
-	if strings.Contains(o.message, "own words") || len(o.message) > 300 {
-		t.Errorf("the condition carries what the cluster said (%d bytes): %.200s", len(o.message), o.message)
+	if strings.Contains(o.Message, "own words") || len(o.Message) > 300 {
+		t.Errorf("the condition carries what the cluster said (%d bytes): %.200s", len(o.Message), o.Message)
 	}
 }
