@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -33,6 +34,7 @@ import (
 	"github.com/machinist-dev/machinist/controllers/machinedisruptionbudget"
 	"github.com/machinist-dev/machinist/controllers/machinehealthcheck"
 	"github.com/machinist-dev/machinist/controllers/machineset"
+	"github.com/machinist-dev/machinist/controllers/managementcluster"
 	"github.com/machinist-dev/machinist/controllers/workloadcluster"
 	"github.com/machinist-dev/machinist/manager/gauges"
 	"github.com/machinist-dev/machinist/nodes"
@@ -130,6 +132,14 @@ type Options struct {
 	// cluster's join checks run again, for its Joinable condition; zero
 	// takes joinprobe.DefaultPeriod.
 	ClusterJoinablePeriod time.Duration
+	// ManagementJoinable makes and keeps the ManagementCluster, whose
+	// Joinable condition says, from the same checks and on the same
+	// period, whether machines can join this cluster; its Machines wait
+	// with that reason when not. The checks make a bootstrap token and a
+	// certificate request here. A cluster without the ManagementCluster's
+	// CRD (an upgrade whose CRDs are not applied yet) goes without, and
+	// the manager says so.
+	ManagementJoinable bool
 	// Namespace is the manager's own namespace, where it keeps what no
 	// tenant may read or write (the bootstrap tokens of machines repaired
 	// while their cluster could not be reached); empty means
@@ -273,6 +283,16 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	if err := workload.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err
 	}
+	own, err := managementClusterServed(mgr, opts.ManagementJoinable)
+	if err != nil {
+		return nil, err
+	}
+	if own {
+		mc := &managementcluster.Reconciler{Client: mgr.GetClient(), Config: cfg, JoinableProbePeriod: opts.ClusterJoinablePeriod}
+		if err := mc.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: 1, SkipNameValidation: &opts.Repeatable}); err != nil {
+			return nil, err
+		}
+	}
 	machines := &machine.Reconciler{
 		Client:           mgr.GetClient(),
 		Nodes:            nodeSide,
@@ -288,6 +308,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 		Calendar:         opts.Now,
 		DriftDelay:       opts.DriftDelay,
 		Namespace:        opts.Namespace,
+		OwnCluster:       own,
 	}
 	if err := machines.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineWorkers, 16), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err
@@ -390,6 +411,23 @@ func waitingProbes(addr, why string) *http.Server {
 	}
 	go func() { _ = srv.Serve(ln) }()
 	return srv
+}
+
+// managementClusterServed reports whether the ManagementCluster is
+// wanted and its kind served: a manager upgraded before its CRDs were
+// applied goes on without it, saying so, rather than wait for good on a
+// watch of a kind the cluster does not serve.
+func managementClusterServed(mgr ctrl.Manager, wanted bool) (bool, error) {
+	if !wanted {
+		return false, nil
+	}
+	gk := machinistv1.GroupVersion.WithKind("ManagementCluster").GroupKind()
+	_, err := mgr.GetRESTMapper().RESTMapping(gk, machinistv1.GroupVersion.Version)
+	if meta.IsNoMatchError(err) {
+		ctrl.Log.WithName("managementcluster").Info("the cluster does not serve the ManagementCluster kind, so whether machines can join it is not checked: apply Machinist's CRDs (config/crd) and restart the manager")
+		return false, nil
+	}
+	return err == nil, err
 }
 
 func or(v, def int) int {

@@ -142,16 +142,17 @@ func (j *Probes) Source() source.Source {
 
 // Set writes o into conditions as the condition of type kind (Joinable),
 // changing it only when its status, reason or message differ; an outcome
-// to Keep leaves a condition said before as it is.
-func Set(conditions *[]metav1.Condition, kind string, generation int64, o *Outcome) {
+// to Keep leaves a condition said before as it is. It reports whether
+// it changed the condition.
+func Set(conditions *[]metav1.Condition, kind string, generation int64, o *Outcome) bool {
 	was := meta.FindStatusCondition(*conditions, kind)
 	if o.Keep && was != nil {
-		return
+		return false
 	}
 	if was != nil && was.Status == o.Status && was.Reason == o.Reason && was.Message == o.Message {
-		return
+		return false
 	}
-	meta.SetStatusCondition(conditions, metav1.Condition{
+	return meta.SetStatusCondition(conditions, metav1.Condition{
 		Type: kind, Status: o.Status, Reason: o.Reason, Message: o.Message, ObservedGeneration: generation,
 	})
 }

@@ -78,6 +78,10 @@ type Reconciler struct {
 	// read or write: the bootstrap token of a machine repaired while its
 	// cluster could not be reached. Empty means DefaultNamespace.
 	Namespace string
+	// OwnCluster: the ManagementCluster is kept, and its Joinable
+	// condition is why the machines of Machines with no clusterName
+	// cannot join, when False.
+	OwnCluster bool
 
 	// writes keeps a reconcile from acting on a cached Machine older
 	// than its own last write.

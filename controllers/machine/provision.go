@@ -147,13 +147,15 @@ func (r *Reconciler) awaitNode(ctx context.Context, s *step) outcome {
 }
 
 // joinLook is how often a Machine whose Node has not come asks why: its
-// cluster's Joinable condition (a WorkloadCluster's change wakes it too)
+// cluster's Joinable condition (a WorkloadCluster's or the
+// ManagementCluster's change wakes it too)
 // and its provider's word on the machine's join.
 const joinLook = 15 * time.Second
 
 // showJoin says on the Ready condition of a Machine whose Node has not
 // come why its machine cannot join, when that is known: its
-// WorkloadCluster is not Joinable, or the machine reports a failing join
+// WorkloadCluster, or the ManagementCluster for a Machine with no
+// clusterName, is not Joinable, or the machine reports a failing join
 // through its provider. The condition changes, and so is written, only
 // when the reason or its words do.
 func (r *Reconciler) showJoin(ctx context.Context, s *step) {
@@ -175,13 +177,23 @@ func (r *Reconciler) showJoin(ctx context.Context, s *step) {
 // joinTrouble is why the Machine's machine cannot join, or "".
 func (r *Reconciler) joinTrouble(ctx context.Context, s *step) (reason, message string) {
 	m := s.m
-	if m.Spec.ClusterName != "" {
+	switch {
+	case m.Spec.ClusterName != "":
 		wc := &machinistv1.WorkloadCluster{}
 		err := r.Client.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: m.Spec.ClusterName}, wc)
 		if err == nil {
 			c := meta.FindStatusCondition(wc.Status.Conditions, machinistv1.WorkloadClusterJoinable)
 			if c != nil && c.Status == metav1.ConditionFalse {
 				return c.Reason, "WorkloadCluster " + wc.Name + " is not joinable: " + c.Message
+			}
+		}
+	case r.OwnCluster:
+		mc := &machinistv1.ManagementCluster{}
+		err := r.Client.Get(ctx, client.ObjectKey{Name: machinistv1.ManagementClusterName}, mc)
+		if err == nil {
+			c := meta.FindStatusCondition(mc.Status.Conditions, machinistv1.ManagementClusterJoinable)
+			if c != nil && c.Status == metav1.ConditionFalse {
+				return c.Reason, "the management cluster is not joinable: " + c.Message
 			}
 		}
 	}

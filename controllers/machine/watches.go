@@ -42,7 +42,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 	}); err != nil {
 		return err
 	}
-	c, err := ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		For(&machinistv1.Machine{}, builder.WithPredicates(machineChanged())).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.machinesForNode),
 			builder.WithPredicates(nodeChanged())).
@@ -56,8 +56,12 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		Watches(&machinistv1.WorkloadCluster{}, handler.EnqueueRequestsFromMapFunc(r.machinesOfCluster),
 			builder.WithPredicates(predicate.Or[client.Object](wake.OnReachabilityChange(), wake.OnJoinableChange()))).
 		WithOptions(opts).
-		Named("machine").
-		Build(r)
+		Named("machine")
+	if r.OwnCluster {
+		b = b.Watches(&machinistv1.ManagementCluster{}, handler.EnqueueRequestsFromMapFunc(r.waitingOwnMachines),
+			builder.WithPredicates(wake.OnJoinableChange()))
+	}
+	c, err := b.Build(r)
 	if err != nil {
 		return err
 	}
@@ -79,6 +83,25 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 // for the first time looks again, should the WorkloadCluster's change be
 // missed.
 const connectingPoll = 5 * time.Second
+
+// waitingOwnMachines maps the ManagementCluster to the Machines of the
+// manager's own cluster waiting for their Nodes: whether they can join
+// is what its Joinable condition says.
+func (r *Reconciler) waitingOwnMachines(ctx context.Context, _ client.Object) []reconcile.Request {
+	var list machinistv1.MachineList
+	if err := r.Client.List(ctx, &list); err != nil {
+		log.FromContext(ctx).Error(err, "mapping to Machines", "from", "ManagementCluster")
+		return nil
+	}
+	var reqs []reconcile.Request
+	for i := range list.Items {
+		m := &list.Items[i]
+		if m.Spec.ClusterName == "" && m.Status.Phase == machinistv1.MachineProvisioning {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(m)})
+		}
+	}
+	return reqs
+}
 
 func (r *Reconciler) machinesOfCluster(ctx context.Context, o client.Object) []reconcile.Request {
 	return r.machinesMatching(ctx, "WorkloadCluster "+o.GetName(), client.InNamespace(o.GetNamespace()),

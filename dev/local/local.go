@@ -255,6 +255,9 @@ func Run(ctx context.Context, opts Options) (err error) {
 		// nodeMonitorGrace is the node lifecycle controller's own
 		// patience with a silent kubelet.
 		NodeGrace: nodeMonitorGrace,
+		// kubectl get managementcluster says whether machines can join
+		// the management cluster, as a deployed manager's does.
+		ManagementJoinable: true,
 	})
 	if err != nil {
 		return err

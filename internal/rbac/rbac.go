@@ -25,6 +25,17 @@ package rbac
 // +kubebuilder:rbac:groups=machinist.dev,resources=workloadclusters/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=machinist.dev,resources=workloadclusters/finalizers,verbs=update
 
+// The ManagementCluster stands for the manager's own cluster: the manager
+// makes it (again, if it is deleted) and keeps its status. In that
+// cluster it checks, as in each WorkloadCluster, whether machines can
+// join: with a short-lived bootstrap token in kube-system (the Secrets
+// rule below) it asks for a node certificate, whose request it reads and
+// then deletes.
+//
+// +kubebuilder:rbac:groups=machinist.dev,resources=managementclusters,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups=machinist.dev,resources=managementclusters/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=certificates.k8s.io,resources=certificatesigningrequests,verbs=get;delete
+
 // Secrets, read one at a time and never listed or watched, so that the
 // manager caches no Secret of any namespace: get reads the kubeconfig each
 // WorkloadCluster names, in the WorkloadCluster's namespace; create, get

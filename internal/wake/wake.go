@@ -9,6 +9,7 @@ import (
 	"maps"
 
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -44,25 +45,37 @@ func OnReachabilityChange() predicate.Funcs {
 	return onClusterCondition(machinistv1.WorkloadClusterReachable)
 }
 
-// OnJoinableChange passes a WorkloadCluster whose Joinable condition
-// changed (its status or reason): the Machines waiting to join a cluster
+// OnJoinableChange passes a WorkloadCluster, or the ManagementCluster,
+// whose Joinable condition changed (its status or reason): the Machines waiting to join a cluster
 // that could not be joined may go on, and new ones wait, saying why. A
 // new message with the same reason is dropped.
 func OnJoinableChange() predicate.Funcs {
 	return onClusterCondition(machinistv1.WorkloadClusterJoinable)
 }
 
-// onClusterCondition passes a WorkloadCluster whose condition of type
-// kind appeared, went or changed its status or reason.
+// onClusterCondition passes a WorkloadCluster or ManagementCluster whose
+// condition of type kind appeared, went or changed its status or reason.
 func onClusterCondition(kind string) predicate.Funcs {
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
-		o, ok := e.ObjectOld.(*machinistv1.WorkloadCluster)
-		n, ok2 := e.ObjectNew.(*machinistv1.WorkloadCluster)
+		o, ok := clusterConditions(e.ObjectOld)
+		n, ok2 := clusterConditions(e.ObjectNew)
 		if !ok || !ok2 {
 			return true
 		}
-		oc := meta.FindStatusCondition(o.Status.Conditions, kind)
-		nc := meta.FindStatusCondition(n.Status.Conditions, kind)
+		oc := meta.FindStatusCondition(o, kind)
+		nc := meta.FindStatusCondition(n, kind)
 		return (oc == nil) != (nc == nil) || (nc != nil && (oc.Status != nc.Status || oc.Reason != nc.Reason))
 	}}
+}
+
+// clusterConditions are the conditions of a WorkloadCluster or the
+// ManagementCluster.
+func clusterConditions(o client.Object) ([]metav1.Condition, bool) {
+	switch c := o.(type) {
+	case *machinistv1.WorkloadCluster:
+		return c.Status.Conditions, true
+	case *machinistv1.ManagementCluster:
+		return c.Status.Conditions, true
+	}
+	return nil, false
 }

@@ -92,7 +92,7 @@ func TestMain(m *testing.M) {
 			return stop, err
 		}
 		var err error
-		ctrls, err = e.StartControllers(manager.Options{NodeGrace: 2 * time.Second, ClusterProbePeriod: 5 * time.Second, ClusterUnreachableAfter: 5 * time.Second, ClusterJoinablePeriod: joinablePeriod}, leases)
+		ctrls, err = e.StartControllers(manager.Options{NodeGrace: 2 * time.Second, ClusterProbePeriod: 5 * time.Second, ClusterUnreachableAfter: 5 * time.Second, ClusterJoinablePeriod: joinablePeriod, ManagementJoinable: true}, leases)
 		if err != nil {
 			return stop, err
 		}

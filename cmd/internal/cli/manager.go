@@ -159,7 +159,9 @@ logging "waiting for kube-apiserver", instead of exiting again.`,
 	fs.IntVar(&opts.ClusterBurst, "cluster-api-burst", 0, "burst of requests to each workload cluster's API server (0: 200)")
 	fs.DurationVar(&opts.ClusterProbePeriod, "cluster-probe-period", 0, "how often each workload cluster is probed and its status counted (0: 30s)")
 	fs.DurationVar(&opts.ClusterJoinablePeriod, "cluster-joinable-period", joinprobe.DefaultPeriod,
-		"how often each connected workload cluster's join checks run again, for its Joinable condition (a Machine's failed join also runs them, at most once a minute)")
+		"how often each connected workload cluster's join checks run again, for its Joinable condition (a Machine's failed join also runs them, at most once a minute); the management cluster's too")
+	fs.BoolVar(&opts.ManagementJoinable, "management-cluster-joinable", true,
+		"keep the ManagementCluster, whose Joinable condition says whether machines can join this cluster (its checks make a short-lived bootstrap token and a certificate request here); false: neither the object nor the checks")
 	fs.StringVar(&opts.Namespace, "namespace", cmp.Or(os.Getenv("POD_NAMESPACE"), machine.DefaultNamespace),
 		"the manager's own namespace, where it keeps what no tenant may read or write: the bootstrap tokens of machines repaired while their cluster is down")
 	fs.BoolVar(&opts.KubeconfigTrust.Exec, strings.TrimPrefix(clusters.ExecFlag, "--"), false,
