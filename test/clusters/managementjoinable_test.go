@@ -75,15 +75,24 @@ func TestTheManagementClusterSaysWhetherMachinesCanJoinIt(t *testing.T) {
 		}
 		return nil
 	})
-	// Checks and looks go on; the Machine, saying the same, is not
-	// written again.
-	seen := m.ResourceVersion
+	// Checks and looks go on; the Machine and the ManagementCluster,
+	// saying the same, are not written again.
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(mc), mc); err != nil {
+		t.Fatal(err)
+	}
+	seen, seenCluster := m.ResourceVersion, mc.ResourceVersion
 	time.Sleep(2*joinablePeriod + 5*time.Second)
 	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(m), m); err != nil {
 		t.Fatal(err)
 	}
 	if m.ResourceVersion != seen {
 		t.Errorf("the waiting Machine was written again with nothing new: Ready %+v", meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionReady))
+	}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(mc), mc); err != nil {
+		t.Fatal(err)
+	}
+	if mc.ResourceVersion != seenCluster {
+		t.Errorf("the ManagementCluster was written again with nothing new: %+v", mc.Status.Conditions)
 	}
 
 	if out, code := prepare(t, env); code != 0 {

@@ -82,6 +82,7 @@ var wantObjects = []string{
 	"CustomResourceDefinition machinehealthchecks.machinist.dev",
 	"CustomResourceDefinition machines.machinist.dev",
 	"CustomResourceDefinition machinesets.machinist.dev",
+	"CustomResourceDefinition managementclusters.machinist.dev",
 	"CustomResourceDefinition workloadclusters.machinist.dev",
 	"Deployment machinist-system/machinist-manager",
 	"Deployment machinist-system/machinist-verbs",
@@ -763,6 +764,16 @@ func TestServiceAccountsMayDoWhatTheyNeed(t *testing.T) {
 		{managerSA, []string{"list", "secrets", "-A"}, false},
 		{managerSA, []string{"watch", "secrets", "-A"}, false},
 		{managerSA, []string{"update", "secrets", "-n", "kube-system"}, false},
+		// The ManagementCluster is the manager's to make and keep; its
+		// join checks read and delete their own certificate request. A
+		// tenant may not touch the cluster-scoped object.
+		{managerSA, []string{"create", "managementclusters.machinist.dev"}, true},
+		{managerSA, []string{"update", "managementclusters.machinist.dev", "--subresource=status"}, true},
+		{managerSA, []string{"delete", "managementclusters.machinist.dev"}, false},
+		{managerSA, []string{"delete", "certificatesigningrequests.certificates.k8s.io"}, true},
+		{managerSA, []string{"update", "certificatesigningrequests.certificates.k8s.io", "--subresource=approval"}, false},
+		{tenant, []string{"create", "managementclusters.machinist.dev"}, false},
+		{tenant, []string{"patch", "managementclusters.machinist.dev", "--subresource=status"}, false},
 
 		// People: patch on Machines is not the operator's; what lets them
 		// reboot is the verbs (below), on either path.
