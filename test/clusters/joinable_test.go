@@ -153,11 +153,20 @@ func registerWithMachine(t *testing.T, w *testenv.Env, ns, name string) *machini
 	return wc
 }
 
-// joinableIs waits until wc's Joinable condition has status and reason.
-func joinableIs(t *testing.T, wc *machinistv1.WorkloadCluster, status metav1.ConditionStatus, reason string, timeout time.Duration) {
+// joinableIs waits until the Joinable condition of cluster, a
+// WorkloadCluster or the ManagementCluster, has status and reason.
+func joinableIs[C *machinistv1.WorkloadCluster | *machinistv1.ManagementCluster](t *testing.T, cluster C, status metav1.ConditionStatus, reason string, timeout time.Duration) {
 	t.Helper()
-	testenv.WaitForObject(t, env.Client, timeout, fmt.Sprintf("Joinable=%s %s", status, reason), wc, func(wc *machinistv1.WorkloadCluster) error {
-		c := meta.FindStatusCondition(wc.Status.Conditions, machinistv1.WorkloadClusterJoinable)
+	what := fmt.Sprintf("%s Joinable=%s %s", client.Object(cluster).GetName(), status, reason)
+	testenv.WaitForObject(t, env.Client, timeout, what, client.Object(cluster), func(o client.Object) error {
+		var conditions []metav1.Condition
+		switch o := o.(type) {
+		case *machinistv1.WorkloadCluster:
+			conditions = o.Status.Conditions
+		case *machinistv1.ManagementCluster:
+			conditions = o.Status.Conditions
+		}
+		c := meta.FindStatusCondition(conditions, machinistv1.WorkloadClusterJoinable)
 		if c == nil || c.Status != status || c.Reason != reason {
 			return fmt.Errorf("Joinable %+v", c)
 		}

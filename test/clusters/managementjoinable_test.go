@@ -33,7 +33,7 @@ import (
 func TestTheManagementClusterSaysWhetherMachinesCanJoinIt(t *testing.T) {
 	ctx := context.Background()
 	mc := &machinistv1.ManagementCluster{ObjectMeta: metav1.ObjectMeta{Name: machinistv1.ManagementClusterName}}
-	managementJoinableIs(t, mc, metav1.ConditionTrue, joinprobe.ReasonJoinable, 2*joinablePeriod+joinable.DefaultWait)
+	joinableIs(t, mc, metav1.ConditionTrue, joinprobe.ReasonJoinable, 2*joinablePeriod+joinable.DefaultWait)
 
 	kube, err := kubernetes.NewForConfig(env.Config)
 	if err != nil {
@@ -54,7 +54,7 @@ func TestTheManagementClusterSaysWhetherMachinesCanJoinIt(t *testing.T) {
 		}
 	}
 	removed := time.Now()
-	managementJoinableIs(t, mc, metav1.ConditionFalse, joinable.ReasonBindingsMissing, 2*joinablePeriod+joinable.DefaultWait)
+	joinableIs(t, mc, metav1.ConditionFalse, joinable.ReasonBindingsMissing, 2*joinablePeriod+joinable.DefaultWait)
 	t.Logf("Joinable=False %s after the join bindings were deleted", time.Since(removed).Round(100*time.Millisecond))
 	if c := meta.FindStatusCondition(mc.Status.Conditions, machinistv1.ManagementClusterJoinable); !strings.Contains(c.Message, "machinist cluster prepare") {
 		t.Errorf("the message does not say how to fix it: %s", c.Message)
@@ -99,7 +99,7 @@ func TestTheManagementClusterSaysWhetherMachinesCanJoinIt(t *testing.T) {
 		t.Fatalf("machinist cluster prepare on the management cluster: exit code %d\n%s", code, out)
 	}
 	prepared := time.Now()
-	managementJoinableIs(t, mc, metav1.ConditionTrue, joinprobe.ReasonJoinable, 2*joinablePeriod+joinable.DefaultWait)
+	joinableIs(t, mc, metav1.ConditionTrue, joinprobe.ReasonJoinable, 2*joinablePeriod+joinable.DefaultWait)
 	t.Logf("Joinable %s after machinist cluster prepare", time.Since(prepared).Round(100*time.Millisecond))
 	running(t, ns, 1, 2*time.Minute)
 
@@ -126,17 +126,4 @@ func TestTheManagementClusterSaysWhetherMachinesCanJoinIt(t *testing.T) {
 		_ = env.Client.Delete(ctx, other)
 		t.Errorf("a ManagementCluster named other: %v, want refused as the only one", err)
 	}
-}
-
-// managementJoinableIs waits until the ManagementCluster's Joinable
-// condition has status and reason.
-func managementJoinableIs(t *testing.T, mc *machinistv1.ManagementCluster, status metav1.ConditionStatus, reason string, timeout time.Duration) {
-	t.Helper()
-	testenv.WaitForObject(t, env.Client, timeout, fmt.Sprintf("the ManagementCluster Joinable=%s %s", status, reason), mc, func(mc *machinistv1.ManagementCluster) error {
-		c := meta.FindStatusCondition(mc.Status.Conditions, machinistv1.ManagementClusterJoinable)
-		if c == nil || c.Status != status || c.Reason != reason {
-			return fmt.Errorf("Joinable %+v", c)
-		}
-		return nil
-	})
 }

@@ -87,6 +87,14 @@ func beta[T client.Object](alpha client.Object, change func(T)) client.Object {
 
 var betaCases = []betaCase{
 	{
+		// A kind v1alpha1 never had: its one rule is on the root.
+		name: "ManagementCluster not named cluster",
+		build: func(string) client.Object {
+			return &v1beta1.ManagementCluster{ObjectMeta: metav1.ObjectMeta{Name: "other"}}
+		},
+		want: "<nil>: Invalid value: there is one ManagementCluster, named cluster, and the manager makes it: it stands for the cluster the manager runs against",
+	},
+	{
 		name: "MachineDeployment of 100,000,000 replicas",
 		build: func(ns string) client.Object {
 			return beta(validMachineDeployment(ns, "huge"), func(md *v1beta1.MachineDeployment) { md.Spec.Replicas = ptr.To[int32](100_000_000) })
