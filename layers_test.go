@@ -21,7 +21,7 @@ var layers = []struct {
 	{"API types and manifests", []string{"api/", "config", "config/", "apiserver/openapi", "providers/plugin/v1"}},
 	{"helpers", []string{"internal/"}},
 	{"the state table", []string{"lifecycle/phases"}},
-	{"the lifecycle's rules", []string{"lifecycle/operation", "lifecycle/disruption"}},
+	{"the lifecycle's rules", []string{"lifecycle/operation", "lifecycle/disruption", "lifecycle/pause"}},
 	{"the provider contract", []string{"providers"}},
 	{"the providers and their protocol", []string{"providers/"}},
 	{"the drain", []string{"nodes/drain"}},

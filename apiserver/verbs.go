@@ -30,6 +30,7 @@ import (
 	"github.com/machinist-dev/machinist/internal/strictjson"
 	"github.com/machinist-dev/machinist/lifecycle/disruption"
 	"github.com/machinist-dev/machinist/lifecycle/operation"
+	"github.com/machinist-dev/machinist/lifecycle/pause"
 	"github.com/machinist-dev/machinist/nodes"
 )
 
@@ -133,6 +134,13 @@ func (s *verbStorage) record(ctx context.Context, namespace, name string, opts *
 		m := &machinistv1.Machine{}
 		if err := s.client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, m); err != nil {
 			return nil, translate(err, name)
+		}
+		// A paused Machine's operation would be stored and then wait,
+		// unseen, for the resume: the caller is told now instead.
+		if p, err := pause.Machine(ctx, s.client, m); err != nil {
+			return nil, translate(fmt.Errorf("reading the WorkloadCluster of machine %q: %w", m.Name, err), name)
+		} else if p.Paused() {
+			return nil, apierrors.NewConflict(machinesResource, name, fmt.Errorf("the Machine is paused: %s", p.Message))
 		}
 		now := time.Now()
 		if _, err := operation.Request(m, s.typ, opts, machinistv1.SourceAPI, user.GetName(), now); err != nil {

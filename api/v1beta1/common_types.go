@@ -117,3 +117,25 @@ const ReasonDisruptionHeld = "DisruptionHeld"
 func (t Taint) AsCore() corev1.Taint {
 	return corev1.Taint{Key: t.Key, Value: t.Value, Effect: t.Effect}
 }
+
+// PausedAnnotation, set on any Machinist object, stops every controller
+// from acting on it until it is removed: for a move to another management
+// cluster, a restore, or a person's own work on it. On a WorkloadCluster it
+// pauses every Machine of the cluster too. Any value pauses but "false".
+const PausedAnnotation = "machinist.dev/paused"
+
+// ConditionPaused is True while PausedAnnotation keeps the controllers off
+// the object, and False, reason ReasonNotPaused, once it no longer does. An
+// object never paused carries no Paused condition: a settled fleet is not
+// written for it.
+const ConditionPaused = "Paused"
+
+// Reasons of the Paused condition, besides ReasonPaused (the annotation
+// is on the object itself).
+const (
+	// ReasonClusterPaused: PausedAnnotation is on the Machine's
+	// WorkloadCluster.
+	ReasonClusterPaused = "ClusterPaused"
+	// ReasonNotPaused: the object was paused and is not any more.
+	ReasonNotPaused = "NotPaused"
+)

@@ -75,7 +75,8 @@ const (
 	// complete and the current template's MachineSet has every Machine
 	// available.
 	ReasonNewMachineSetAvailable = "NewMachineSetAvailable"
-	// ReasonPaused: Progressing is Unknown, spec.paused is set.
+	// ReasonPaused: Progressing is Unknown, spec.paused is set; or, of
+	// any kind's Paused condition, PausedAnnotation is on the object.
 	ReasonPaused = "Paused"
 	// ReasonProgressDeadlineExceeded: Progressing is False, the rollout
 	// made no progress for progressDeadlineSeconds.

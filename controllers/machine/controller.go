@@ -24,6 +24,7 @@ import (
 	"github.com/machinist-dev/machinist/internal/requeue"
 	"github.com/machinist-dev/machinist/internal/stale"
 	"github.com/machinist-dev/machinist/lifecycle/operation"
+	"github.com/machinist-dev/machinist/lifecycle/pause"
 	"github.com/machinist-dev/machinist/lifecycle/phases"
 	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/providers"
@@ -100,7 +101,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if r.writes.Stale(m) {
 		return reconcile.Result{RequeueAfter: stale.Recheck}, nil
 	}
+	p, err := pause.Machine(ctx, r.Client, m)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if p.Paused() {
+		return r.paused(ctx, m, p)
+	}
 	before := m.Status.DeepCopy()
+	// Resumed: said in this reconcile's one write.
+	pause.Mark(&m.Status.Conditions, p)
 	s := &step{m: m, fsm: phases.New(m.Status.Phase), now: r.now()}
 
 	ok, err := r.prepare(ctx, s)
@@ -144,6 +154,24 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 	}
 	return requeue.Expected(reconcile.Result{RequeueAfter: s.requeue}, err)
+}
+
+// paused does nothing for a paused Machine but say so, once: no
+// finalizer, no request taken, no provider call, no deletion run (its
+// finalizer holds it until it is resumed), and nothing written again
+// while it stays paused.
+func (r *Reconciler) paused(ctx context.Context, m *machinistv1.Machine, p pause.Pause) (reconcile.Result, error) {
+	if !pause.Mark(&m.Status.Conditions, p) {
+		return reconcile.Result{}, nil
+	}
+	if err := r.Client.Status().Update(ctx, m); err != nil {
+		return requeue.Expected(reconcile.Result{}, err)
+	}
+	r.writes.Wrote(m)
+	if r.Recorder != nil {
+		r.Recorder.Eventf(m, nil, corev1.EventTypeNormal, machinistv1.ConditionPaused, "Pause", "%s", p.Message)
+	}
+	return reconcile.Result{}, nil
 }
 
 // prepare does what every reconcile does before the phase's handler: a

@@ -25,6 +25,7 @@ import (
 	"github.com/machinist-dev/machinist/internal/wake"
 	"github.com/machinist-dev/machinist/lifecycle/disruption"
 	"github.com/machinist-dev/machinist/lifecycle/operation"
+	"github.com/machinist-dev/machinist/lifecycle/pause"
 	"github.com/machinist-dev/machinist/nodes"
 )
 
@@ -54,7 +55,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 			builder.WithPredicates(disruption.Freed())).
 		Watches(&machinistv1.MachineDeployment{}, r.templateChanged()).
 		Watches(&machinistv1.WorkloadCluster{}, handler.EnqueueRequestsFromMapFunc(r.machinesOfCluster),
-			builder.WithPredicates(predicate.Or[client.Object](wake.OnReachabilityChange(), wake.OnJoinableChange()))).
+			builder.WithPredicates(predicate.Or[client.Object](wake.OnReachabilityChange(), wake.OnJoinableChange(), pause.Toggled()))).
 		WithOptions(opts).
 		Named("machine")
 	if r.OwnCluster {

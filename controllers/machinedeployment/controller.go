@@ -40,6 +40,7 @@ import (
 	"github.com/machinist-dev/machinist/internal/requeue"
 	"github.com/machinist-dev/machinist/internal/stale"
 	"github.com/machinist-dev/machinist/internal/wake"
+	"github.com/machinist-dev/machinist/lifecycle/pause"
 	"github.com/machinist-dev/machinist/providers"
 )
 
@@ -280,6 +281,9 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	if !md.DeletionTimestamp.IsZero() {
 		return reconcile.Result{}, nil
+	}
+	if p := pause.Of(md, "MachineDeployment"); p.Paused() {
+		return reconcile.Result{}, r.paused(ctx, md, p)
 	}
 	sets, err := r.ownedSets(ctx, md)
 	if err != nil {
@@ -640,6 +644,7 @@ func (r *Reconciler) updateStatus(ctx context.Context, md *machinistv1.MachineDe
 	now := r.now()
 	replicas := replicasOf(md)
 	st := md.Status.DeepCopy()
+	pause.Mark(&st.Conditions, pause.Pause{})
 	st.Replicas, st.ReadyReplicas, st.AvailableReplicas, st.UpdatedReplicas = 0, 0, 0, 0
 	for _, ms := range append(slices.Clone(old), newSet) {
 		if ms == nil {
@@ -734,6 +739,21 @@ func (r *Reconciler) updateStatus(ctx context.Context, md *machinistv1.MachineDe
 		r.event(md, corev1.EventTypeNormal, "Rollout"+t[1], t[1], "%s -> %s (%s)", t[0], t[1], t[2])
 	}
 	return res, nil
+}
+
+// paused does nothing for a paused deployment but say so, once: no set
+// is made, scaled or retired, and its rollout stays where it was, unlike
+// spec.paused, which freezes the rollout but still scales.
+func (r *Reconciler) paused(ctx context.Context, md *machinistv1.MachineDeployment, p pause.Pause) error {
+	if !pause.Mark(&md.Status.Conditions, p) {
+		return nil
+	}
+	if err := r.Client.Status().Update(ctx, md); err != nil {
+		return err
+	}
+	r.writes.Wrote(md)
+	r.event(md, corev1.EventTypeNormal, machinistv1.ConditionPaused, "Pause", "%s", p.Message)
+	return nil
 }
 
 func (r *Reconciler) event(md *machinistv1.MachineDeployment, kind, reason, action, format string, args ...any) {

@@ -24,6 +24,7 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/wake"
 	"github.com/machinist-dev/machinist/lifecycle/disruption"
+	"github.com/machinist-dev/machinist/lifecycle/pause"
 )
 
 // Reconciler keeps each MachineDisruptionBudget's status true: the counts,
@@ -100,12 +101,23 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
+	if p := pause.Of(b, "MachineDisruptionBudget"); p.Paused() {
+		// Its counts stay as they were. Disruptions are still admitted
+		// against it (admission reads the Machines and records its own
+		// reservations), but none it recorded is pruned meanwhile: a
+		// paused budget can only allow less, never more.
+		if !pause.Mark(&b.Status.Conditions, p) {
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, client.IgnoreNotFound(r.Client.Status().Update(ctx, b))
+	}
 	var machines machinistv1.MachineList
 	if err := r.Client.List(ctx, &machines, client.InNamespace(b.Namespace)); err != nil {
 		return ctrl.Result{}, err
 	}
 	now := r.now()
 	before := b.Status.DeepCopy()
+	pause.Mark(&b.Status.Conditions, pause.Pause{})
 	st, err := disruption.Evaluate(b, machines.Items, now)
 	if err != nil {
 		// A window kube-apiserver admitted but cron cannot read, or a

@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
@@ -35,6 +36,7 @@ import (
 	"github.com/machinist-dev/machinist/internal/wake"
 	"github.com/machinist-dev/machinist/lifecycle/disruption"
 	"github.com/machinist-dev/machinist/lifecycle/operation"
+	"github.com/machinist-dev/machinist/lifecycle/pause"
 	"github.com/machinist-dev/machinist/nodes"
 )
 
@@ -94,7 +96,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		// A cluster that went away leaves its Nodes as they were last
 		// seen, with no event to wake a check: its reachability does.
 		Watches(&machinistv1.WorkloadCluster{}, handler.EnqueueRequestsFromMapFunc(r.checksInNamespace),
-			builder.WithPredicates(wake.OnReachabilityChange())).
+			builder.WithPredicates(predicate.Or[client.Object](wake.OnReachabilityChange(), pause.Toggled()))).
 		WithOptions(opts).
 		Named("machinehealthcheck").
 		Build(r)
@@ -216,6 +218,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if r.checkWrites.Stale(hc) {
 		return reconcile.Result{RequeueAfter: stale.Recheck}, nil
 	}
+	if p := pause.Of(hc, "MachineHealthCheck"); p.Paused() {
+		// Neither judged nor remediated, and its counts stay as they were.
+		st := *hc.Status.DeepCopy()
+		if !pause.Mark(&st.Conditions, p) {
+			return reconcile.Result{}, nil
+		}
+		return reconcile.Result{}, r.writeStatus(ctx, hc, st, nil)
+	}
 	selector, err := metav1.LabelSelectorAsSelector(hc.Spec.Selector.AsMeta())
 	if err != nil {
 		// CEL cannot check every selector; say so rather than retry.
@@ -239,6 +249,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			continue
 		}
 		if !m.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if pz, err := pause.Machine(ctx, r.Client, m); err != nil {
+			return reconcile.Result{}, err
+		} else if pz.Paused() {
+			// Not a target while paused: neither judged, counted nor
+			// remediated, and a rung in progress waits for the resume.
 			continue
 		}
 		t := &target{m: m, before: m.Status.DeepCopy(), fsm: newFSM(m)}
@@ -366,7 +383,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if p.held == "" {
 		st.RemediationsAllowed = int32(max(maxInFlight-inFlight, 0))
 	}
-	st.Conditions = hc.Status.Conditions
+	st.Conditions = slices.Clone(hc.Status.Conditions)
+	pause.Mark(&st.Conditions, pause.Pause{})
 	r.setAllowed(hc, &st, p.held)
 	r.setReachable(hc, &st, targets)
 	if err := r.writeStatus(ctx, hc, st, nil); err != nil {

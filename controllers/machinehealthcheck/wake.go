@@ -16,6 +16,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/index"
+	"github.com/machinist-dev/machinist/lifecycle/pause"
 )
 
 // machineChanged passes the Machine changes a verdict or a rung depends
@@ -30,6 +31,7 @@ func machineChanged() predicate.Funcs {
 			o.Status.Phase != n.Status.Phase ||
 			o.Status.ProviderID != n.Status.ProviderID ||
 			nodeName(o) != nodeName(n) ||
+			pause.Annotated(o) != pause.Annotated(n) ||
 			(operationState(o) != operationState(n) && !requestedByHealthCheck(n))
 	}}
 }

@@ -44,6 +44,7 @@ import (
 	"github.com/machinist-dev/machinist/internal/stale"
 	"github.com/machinist-dev/machinist/internal/wake"
 	"github.com/machinist-dev/machinist/lifecycle/disruption"
+	"github.com/machinist-dev/machinist/lifecycle/pause"
 )
 
 // Reasons of Events and of the Ready condition.
@@ -171,6 +172,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	if r.writes.Stale(ms) {
 		return reconcile.Result{RequeueAfter: stale.Recheck}, nil
+	}
+	if p := pause.Of(ms, "MachineSet"); p.Paused() {
+		return reconcile.Result{}, r.paused(ctx, ms, p)
 	}
 	selector, err := metav1.LabelSelectorAsSelector(ms.Spec.Selector.AsMeta())
 	if err != nil {
@@ -553,6 +557,7 @@ func (r *Reconciler) updateStatus(ctx context.Context, ms *machinistv1.MachineSe
 	now := r.Now()
 	want := ptrOr(ms.Spec.Replicas, 1)
 	st := ms.Status.DeepCopy()
+	pause.Mark(&st.Conditions, pause.Pause{})
 	st.Replicas = int32(len(owned))
 	st.ReadyReplicas, st.AvailableReplicas = 0, 0
 	st.Selector = selector.String()
@@ -621,6 +626,26 @@ func (r *Reconciler) updateStatus(ctx context.Context, ms *machinistv1.MachineSe
 		r.event(ms, corev1.EventTypeNormal, machinistv1.ReasonDisruptionHeld, "Scale", "not deleting Machines yet: %s", held.Message)
 	}
 	return res, nil
+}
+
+// paused does nothing for a paused set but say so, once: no Machine is
+// adopted, released, made or deleted, and its counts stay as they were.
+func (r *Reconciler) paused(ctx context.Context, ms *machinistv1.MachineSet, p pause.Pause) error {
+	st := ms.Status.DeepCopy()
+	if !pause.Mark(&st.Conditions, p) {
+		return nil
+	}
+	base := ms.DeepCopy()
+	ms.Status = *st
+	key := client.ObjectKeyFromObject(ms)
+	r.statuses.Store(key, *stored(st))
+	if err := r.Client.Status().Patch(ctx, ms, client.MergeFrom(base)); err != nil {
+		return err
+	}
+	r.statuses.Store(key, ms.Status)
+	r.writes.Wrote(ms)
+	r.event(ms, corev1.EventTypeNormal, machinistv1.ConditionPaused, "Pause", "%s", p.Message)
+	return nil
 }
 
 // statusNotMine passes an update of a set's status to anything but what

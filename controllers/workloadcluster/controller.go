@@ -33,6 +33,7 @@ import (
 	"github.com/machinist-dev/machinist/clusters"
 	"github.com/machinist-dev/machinist/clusters/joinprobe"
 	"github.com/machinist-dev/machinist/internal/index"
+	"github.com/machinist-dev/machinist/lifecycle/pause"
 	"github.com/machinist-dev/machinist/nodes"
 )
 
@@ -109,7 +110,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, opt
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&machinistv1.WorkloadCluster{}, builder.WithPredicates(predicate.GenerationChangedPredicate{}, deletedOrNew())).
+		For(&machinistv1.WorkloadCluster{}, builder.WithPredicates(predicate.Or[client.Object](deletedOrNew(), pause.Toggled()))).
 		// A Machine's arrival may be the first need of a connection, and
 		// its going what a deleted cluster waits for; of its updates,
 		// only a failed join is this controller's business.
@@ -158,6 +159,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		return reconcile.Result{}, nil
 	}
+	if p := pause.Of(wc, "WorkloadCluster"); p.Paused() {
+		// Not probed, not checked, and a deletion waits: its Machines
+		// are paused too (pause.Machine), and wait with it.
+		before := wc.Status.DeepCopy()
+		pause.Mark(&wc.Status.Conditions, p)
+		return reconcile.Result{}, r.writeStatus(ctx, wc, before)
+	}
 	machines, err := r.machines(ctx, wc)
 	if err != nil {
 		return reconcile.Result{}, err
@@ -172,6 +180,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 	}
 	before := wc.Status.DeepCopy()
+	pause.Mark(&wc.Status.Conditions, pause.Pause{})
 	result := r.connect(ctx, wc, len(machines))
 	result = r.joinable(ctx, wc, result)
 	wc.Status.ObservedGeneration = wc.Generation
