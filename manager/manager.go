@@ -29,6 +29,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/clusters"
+	"github.com/machinist-dev/machinist/controllers/inventory"
 	"github.com/machinist-dev/machinist/controllers/machine"
 	"github.com/machinist-dev/machinist/controllers/machinedeployment"
 	"github.com/machinist-dev/machinist/controllers/machinedisruptionbudget"
@@ -128,6 +129,14 @@ type Options struct {
 	// must fail its probes before it is called unreachable; zero takes
 	// workloadcluster.DefaultUnreachableAfter.
 	ClusterUnreachableAfter time.Duration
+	// InventoryPeriod is how often every provider that can list its
+	// instances is compared with the Machines, for orphans and ghosts;
+	// zero takes inventory.DefaultPeriod, negative turns it off.
+	InventoryPeriod time.Duration
+	// OrphanDeletionGrace is how long an orphan instance (made for a
+	// Machine that is gone, claimed by none) is reported before it is
+	// deleted; zero never deletes one.
+	OrphanDeletionGrace time.Duration
 	// ClusterJoinablePeriod is how often each connected workload
 	// cluster's join checks run again, for its Joinable condition; zero
 	// takes joinprobe.DefaultPeriod.
@@ -347,6 +356,19 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 	checks.Client, checks.Nodes, checks.APIReader, checks.Recorder, checks.Metrics = mgr.GetClient(), nodeSide, mgr.GetAPIReader(), mgr.GetEventRecorder("machinist-machinehealthcheck"), remediations
 	if err := checks.SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {
 		return nil, err
+	}
+	if opts.InventoryPeriod >= 0 {
+		counts := inventory.NewMetrics()
+		if err := counts.Register(reg); err != nil {
+			return nil, err
+		}
+		if err := mgr.Add(&inventory.Checker{
+			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Actuators: opts.Actuators,
+			Recorder: mgr.GetEventRecorder("machinist-inventory"), Period: opts.InventoryPeriod,
+			OrphanGrace: opts.OrphanDeletionGrace, Metrics: counts,
+		}); err != nil {
+			return nil, err
+		}
 	}
 	budgets := &machinedisruptionbudget.Reconciler{Client: mgr.GetClient(), Now: opts.Now}
 	if err := budgets.SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: or(opts.MachineSetWorkers, 4), SkipNameValidation: &opts.Repeatable}); err != nil {

@@ -374,3 +374,33 @@ func IsUnavailable(err error) bool {
 	var u unavailableError
 	return errors.As(err, &u)
 }
+
+// Lister is implemented by a provider that can list the instances it
+// holds. The manager compares the list with its Machines to find orphans
+// (instances no Machine claims, which a restore of an older backup
+// leaves) and Machines whose instance is gone. A provider that does not
+// implement it is not checked.
+type Lister interface {
+	// List returns every instance the provider holds, on or off, each
+	// once, with the Machine it belongs to as recorded on the instance
+	// (zero for one that belongs to none).
+	List(ctx context.Context) ([]Listed, error)
+}
+
+// Listed is one instance a provider holds.
+type Listed struct {
+	ProviderID string
+	Owner      Owner
+}
+
+// ErrNoList is returned by List for a provider that cannot list.
+var ErrNoList = errors.New("the provider cannot list its instances")
+
+// List lists a's instances, or returns ErrNoList when a cannot.
+func List(ctx context.Context, a Actuator) ([]Listed, error) {
+	l, ok := a.(Lister)
+	if !ok {
+		return nil, ErrNoList
+	}
+	return l.List(ctx)
+}

@@ -149,6 +149,16 @@ func (m metered) FindByUID(ctx context.Context, uid types.UID) (id string, err e
 	return m.a.FindByUID(ctx, uid)
 }
 
+// List is metered like the other calls; it is ErrNoList, uncounted,
+// for a provider that cannot list.
+func (m metered) List(ctx context.Context) (out []Listed, err error) {
+	if _, ok := m.a.(Lister); !ok {
+		return nil, ErrNoList
+	}
+	defer m.observe("List", time.Now(), &err)
+	return List(ctx, m.a)
+}
+
 func (m metered) Reboot(ctx context.Context, providerID string, op Operation) (err error) {
 	defer m.observe("Reboot", time.Now(), &err)
 	return m.a.Reboot(ctx, providerID, op)

@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -522,6 +523,19 @@ func (p *Provider) FindByUID(_ context.Context, uid types.UID) (string, error) {
 		return in.providerID, nil
 	}
 	return "", nil
+}
+
+// List implements providers.Lister: every instance not deleted, on or
+// off, with its owner, in the order of their provider IDs.
+func (p *Provider) List(context.Context) ([]providers.Listed, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]providers.Listed, 0, len(p.byID))
+	for id, in := range p.byID {
+		out = append(out, providers.Listed{ProviderID: id, Owner: in.owner})
+	}
+	slices.SortFunc(out, func(a, b providers.Listed) int { return strings.Compare(a.ProviderID, b.ProviderID) })
+	return out, nil
 }
 
 // Delete implements providers.Actuator. It powers the instance off and

@@ -325,6 +325,32 @@ func (c *Client) FindByUID(ctx context.Context, uid types.UID) (string, error) {
 	return resp.GetProviderId(), nil
 }
 
+// List asks for every instance the provider holds. A provider that does
+// not serve List (UNIMPLEMENTED) cannot list: ErrNoList.
+func (c *Client) List(ctx context.Context) ([]providers.Listed, error) {
+	ctx, cancel := c.call(ctx)
+	defer cancel()
+	resp, err := c.machines.List(ctx, &providerv1.ListRequest{})
+	if status.Code(err) == codes.Unimplemented {
+		return nil, providers.ErrNoList
+	}
+	if err != nil {
+		return nil, fromStatus(c.who(), "List", err)
+	}
+	out := make([]providers.Listed, 0, len(resp.GetInstances()))
+	for _, in := range resp.GetInstances() {
+		if in.GetProviderId() == "" {
+			return nil, fmt.Errorf("provider %s listed an instance without a provider ID", c.who())
+		}
+		l := providers.Listed{ProviderID: in.GetProviderId()}
+		if o := in.GetOwner(); o != nil {
+			l.Owner = providers.Owner{Namespace: o.GetNamespace(), Name: o.GetName(), UID: types.UID(o.GetUid())}
+		}
+		out = append(out, l)
+	}
+	return out, nil
+}
+
 // ErrNotDeclared is wrapped by the (permanent) error for a verb the
 // provider did not declare.
 var ErrNotDeclared = errors.New("the provider does not declare this verb")

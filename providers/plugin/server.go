@@ -258,6 +258,25 @@ func (s *server) FindByUID(ctx context.Context, req *providerv1.FindByUIDRequest
 	return &providerv1.FindByUIDResponse{ProviderId: id}, nil
 }
 
+func (s *server) List(ctx context.Context, _ *providerv1.ListRequest) (*providerv1.ListResponse, error) {
+	listed, err := providers.List(ctx, s.a)
+	if errors.Is(err, providers.ErrNoList) {
+		return nil, status.Errorf(codes.Unimplemented, "provider %s cannot list its instances", s.opts.Name)
+	}
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	resp := &providerv1.ListResponse{Instances: make([]*providerv1.ListedInstance, 0, len(listed))}
+	for _, l := range listed {
+		in := &providerv1.ListedInstance{ProviderId: l.ProviderID}
+		if !l.Owner.IsZero() {
+			in.Owner = &providerv1.Owner{Namespace: l.Owner.Namespace, Name: l.Owner.Name, Uid: string(l.Owner.UID)}
+		}
+		resp.Instances = append(resp.Instances, in)
+	}
+	return resp, nil
+}
+
 func (s *server) Reboot(ctx context.Context, req *providerv1.RebootRequest) (*providerv1.RebootResponse, error) {
 	if err := s.operation(VerbReboot, req.GetProviderId(), req.GetOperationId()); err != nil {
 		return nil, err

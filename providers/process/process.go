@@ -734,6 +734,43 @@ func (p *Provider) FindByUID(ctx context.Context, uid types.UID) (string, error)
 	return "", nil
 }
 
+// List implements providers.Lister: every machine directory in StateDir,
+// with the owner its state file records. A directory without a state file
+// (a Create that stopped before writing it) is listed too, under the
+// providerID its name makes and the Machine it was made for: it is
+// something Delete still has to remove.
+func (p *Provider) List(ctx context.Context) ([]providers.Listed, error) {
+	if err := p.takeOver(ctx); err != nil {
+		return nil, err
+	}
+	entries, err := os.ReadDir(p.opts.StateDir)
+	if err != nil {
+		return nil, p.errorf("%w", err)
+	}
+	var out []providers.Listed
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		st, err := p.readState(filepath.Join(p.opts.StateDir, e.Name()))
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			parts := strings.Split(e.Name(), "_")
+			if len(parts) != 3 {
+				continue // not a machine's directory
+			}
+			m := &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: parts[0], Name: parts[1], UID: types.UID(parts[2])}}
+			id := providers.ProviderID(p.hw.Name(), m)
+			out = append(out, providers.Listed{ProviderID: id, Owner: madeFor(id)})
+		case err != nil:
+			return nil, err
+		default:
+			out = append(out, providers.Listed{ProviderID: st.ProviderID, Owner: st.owner()})
+		}
+	}
+	return out, nil
+}
+
 // Delete implements providers.Actuator: it stops the agent and removes the
 // machine's directory. The Node is the controller's to delete.
 func (p *Provider) Delete(ctx context.Context, providerID string) error {

@@ -238,6 +238,32 @@ func TestSuiteFailsADescribeThatDoesNotFollowTheBoot(t *testing.T) {
 	nothingLeft(t, p, "conformance-describe")
 }
 
+// ownerless lists its instances without their owners, as a provider
+// that does not read back what it recorded on them.
+type ownerless struct{ *inmemory.Provider }
+
+func (o ownerless) List(ctx context.Context) ([]providers.Listed, error) {
+	listed, err := o.Provider.List(ctx)
+	for i := range listed {
+		listed[i].Owner = providers.Owner{}
+	}
+	return listed, err
+}
+
+func TestSuiteFailsAListWithoutOwners(t *testing.T) {
+	t.Parallel()
+	p := newInmemory(t)
+	endpoint := serveInProcess(t, ownerless{p}, plugin.ServeOptions{})
+	results := run(t, config(endpoint, "conformance-list"))
+	onlyFailed(t, results, allChecks, conformance.CheckList)
+	for _, r := range results {
+		if r.Name == conformance.CheckList && (r.Err == nil || !strings.Contains(r.Err.Error(), "want {Namespace:")) {
+			t.Errorf("the list check failed for another reason: %v", r.Err)
+		}
+	}
+	nothingLeft(t, p, "conformance-list")
+}
+
 func TestSuiteFailsACreateThatRaces(t *testing.T) {
 	t.Parallel()
 	p := newInmemory(t)
@@ -262,6 +288,7 @@ var rebootOnlyChecks = []string{
 	conformance.CheckInvalid,
 	conformance.CheckDelete,
 	conformance.CheckDescribe,
+	conformance.CheckList,
 	conformance.CheckReboot,
 	conformance.CheckUndeclared,
 	conformance.CheckCancelled,
@@ -330,6 +357,10 @@ func (u *understated) Update(ctx context.Context, req *providerv1.UpdateRequest)
 
 func (u *understated) Describe(ctx context.Context, req *providerv1.DescribeRequest) (*providerv1.DescribeResponse, error) {
 	return u.machines.Describe(ctx, req)
+}
+
+func (u *understated) List(ctx context.Context, req *providerv1.ListRequest) (*providerv1.ListResponse, error) {
+	return u.machines.List(ctx, req)
 }
 
 func TestSuiteFailsAVerbCarriedOutThoughUndeclared(t *testing.T) {

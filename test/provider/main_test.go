@@ -217,6 +217,7 @@ var allChecks = []string{
 	conformance.CheckInvalid,
 	conformance.CheckDelete,
 	conformance.CheckDescribe,
+	conformance.CheckList,
 	conformance.CheckReboot,
 	conformance.CheckRepair,
 	conformance.CheckUpdate,

@@ -16,6 +16,7 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/clusters"
 	"github.com/machinist-dev/machinist/clusters/joinprobe"
+	"github.com/machinist-dev/machinist/controllers/inventory"
 	"github.com/machinist-dev/machinist/controllers/machine"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/providers"
@@ -160,6 +161,10 @@ logging "waiting for kube-apiserver", instead of exiting again.`,
 	fs.DurationVar(&opts.ClusterProbePeriod, "cluster-probe-period", 0, "how often each workload cluster is probed and its status counted (0: 30s)")
 	fs.DurationVar(&opts.ClusterJoinablePeriod, "cluster-joinable-period", joinprobe.DefaultPeriod,
 		"how often each connected workload cluster's join checks run again, for its Joinable condition (a Machine's failed join also runs them, at most once a minute); the management cluster's too")
+	fs.DurationVar(&opts.InventoryPeriod, "inventory-period", inventory.DefaultPeriod,
+		"how often every provider that can list its instances is compared with the Machines, to report orphans (instances made for a Machine that is gone) and ghosts (Machines whose instance is gone); negative: never")
+	fs.DurationVar(&opts.OrphanDeletionGrace, "orphan-deletion-grace", 0,
+		"delete an orphan instance once it has been reported this long and no Machine claimed it; 0: never (report only). Set it only when the providers' instances are this manager's alone")
 	fs.BoolVar(&opts.ManagementJoinable, "management-cluster-joinable", true,
 		"keep the ManagementCluster, whose Joinable condition says whether machines can join this cluster (its checks make a short-lived bootstrap token and a certificate request here); false: neither the object nor the checks")
 	fs.StringVar(&opts.Namespace, "namespace", cmp.Or(os.Getenv("POD_NAMESPACE"), machine.DefaultNamespace),

@@ -437,6 +437,68 @@ func checkDelete(ctx context.Context, t *trial) error {
 	return nil
 }
 
+// checkList proves that List shows each instance once, with the Machine
+// it belongs to, and no longer once it is deleted: what the manager needs
+// to tell an orphan (an instance no Machine claims) from an instance in
+// use, and a Machine whose instance is gone.
+func checkList(ctx context.Context, t *trial) error {
+	a, b := t.machine(), t.machine()
+	idA, err := t.create(ctx, a)
+	if err != nil {
+		return fmt.Errorf("Create %s: %w", a.Name, err)
+	}
+	idB, err := t.create(ctx, b)
+	if err != nil {
+		return fmt.Errorf("Create %s: %w", b.Name, err)
+	}
+	listed := func() (map[string][]providers.Owner, error) {
+		all, err := t.s.client.List(ctx)
+		if errors.Is(err, providers.ErrNoList) {
+			return nil, errors.New("List is UNIMPLEMENTED: the manager could not find the instances a restore of an older backup leaves, nor the Machines whose instance is gone")
+		}
+		if err != nil {
+			return nil, fmt.Errorf("List: %w", err)
+		}
+		by := map[string][]providers.Owner{}
+		for _, l := range all {
+			by[l.ProviderID] = append(by[l.ProviderID], l.Owner)
+		}
+		return by, nil
+	}
+	by, err := listed()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, c := range []struct {
+		m  *machinistv1.Machine
+		id string
+	}{{a, idA}, {b, idB}} {
+		switch owners := by[c.id]; {
+		case len(owners) != 1:
+			errs = append(errs, fmt.Errorf("List shows %s %d times, want once", c.id, len(owners)))
+		case owners[0] != providers.OwnerOf(c.m):
+			errs = append(errs, fmt.Errorf("List shows %s owned by %+v, want %+v, the Machine it was made for", c.id, owners[0], providers.OwnerOf(c.m)))
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	if err := t.s.client.Delete(ctx, idA); err != nil {
+		return fmt.Errorf("Delete %s: %w", idA, err)
+	}
+	if by, err = listed(); err != nil {
+		return err
+	}
+	if len(by[idA]) != 0 {
+		return fmt.Errorf("List still shows %s after Delete", idA)
+	}
+	if len(by[idB]) != 1 {
+		return fmt.Errorf("List shows %s %d times after another instance's Delete, want once", idB, len(by[idB]))
+	}
+	return nil
+}
+
 // checkOncePerOperation proves that verb (reboot or repair) restarts the
 // instance once per operation ID: once for A, not again for A repeated
 // (twice, at once), once more for B. A restart is a new boot ID on the

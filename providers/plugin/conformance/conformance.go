@@ -109,6 +109,7 @@ const (
 	CheckCapabilities = "declares coherent capabilities"
 	CheckCreateOnce   = "creates one instance per Machine UID under concurrent calls"
 	CheckDistinct     = "gives distinct Machines distinct instances"
+	CheckList         = "lists each instance once, with its Machine"
 	CheckAdoptMissing = "refuses permanently to adopt a missing instance"
 	CheckTaken        = "refuses to hand one Machine's instance to another"
 	CheckInvalid      = "refuses invalid requests permanently"
@@ -310,6 +311,7 @@ func (s *suite) plan() []check {
 		{CheckInvalid, "invalid", checkInvalid},
 		{CheckDelete, "delete", checkDelete},
 		{CheckDescribe, "describe", checkDescribe},
+		{CheckList, "list", checkList},
 	}
 	if s.declares(plugin.VerbReboot) {
 		checks = append(checks, check{CheckReboot, "reboot", func(ctx context.Context, t *trial) error {

@@ -1320,6 +1320,140 @@ func (x *JoinFailure) GetMessage() string {
 	return ""
 }
 
+type ListRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRequest) Reset() {
+	*x = ListRequest{}
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRequest) ProtoMessage() {}
+
+func (x *ListRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
+func (*ListRequest) Descriptor() ([]byte, []int) {
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{22}
+}
+
+type ListResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Instances     []*ListedInstance      `protobuf:"bytes,1,rep,name=instances,proto3" json:"instances,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListResponse) Reset() {
+	*x = ListResponse{}
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListResponse) ProtoMessage() {}
+
+func (x *ListResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
+func (*ListResponse) Descriptor() ([]byte, []int) {
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ListResponse) GetInstances() []*ListedInstance {
+	if x != nil {
+		return x.Instances
+	}
+	return nil
+}
+
+// ListedInstance is one instance a provider holds.
+type ListedInstance struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	ProviderId string                 `protobuf:"bytes,1,opt,name=provider_id,json=providerId,proto3" json:"provider_id,omitempty"`
+	// owner is unset for an instance that belongs to no Machine.
+	Owner         *Owner `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListedInstance) Reset() {
+	*x = ListedInstance{}
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListedInstance) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListedInstance) ProtoMessage() {}
+
+func (x *ListedInstance) ProtoReflect() protoreflect.Message {
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListedInstance.ProtoReflect.Descriptor instead.
+func (*ListedInstance) Descriptor() ([]byte, []int) {
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ListedInstance) GetProviderId() string {
+	if x != nil {
+		return x.ProviderId
+	}
+	return ""
+}
+
+func (x *ListedInstance) GetOwner() *Owner {
+	if x != nil {
+		return x.Owner
+	}
+	return nil
+}
+
 // Owner is the Machine an instance belongs to.
 type Owner struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1335,7 +1469,7 @@ type Owner struct {
 
 func (x *Owner) Reset() {
 	*x = Owner{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[22]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1347,7 +1481,7 @@ func (x *Owner) String() string {
 func (*Owner) ProtoMessage() {}
 
 func (x *Owner) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[22]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1360,7 +1494,7 @@ func (x *Owner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Owner.ProtoReflect.Descriptor instead.
 func (*Owner) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{22}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Owner) GetNamespace() string {
@@ -1397,7 +1531,7 @@ type UpdateRequest struct {
 
 func (x *UpdateRequest) Reset() {
 	*x = UpdateRequest{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[23]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1409,7 +1543,7 @@ func (x *UpdateRequest) String() string {
 func (*UpdateRequest) ProtoMessage() {}
 
 func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[23]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1422,7 +1556,7 @@ func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateRequest.ProtoReflect.Descriptor instead.
 func (*UpdateRequest) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{23}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *UpdateRequest) GetProviderId() string {
@@ -1454,7 +1588,7 @@ type UpdateResponse struct {
 
 func (x *UpdateResponse) Reset() {
 	*x = UpdateResponse{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[24]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1466,7 +1600,7 @@ func (x *UpdateResponse) String() string {
 func (*UpdateResponse) ProtoMessage() {}
 
 func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[24]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1479,7 +1613,7 @@ func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateResponse.ProtoReflect.Descriptor instead.
 func (*UpdateResponse) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{24}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{27}
 }
 
 // Failure is the detail a provider may attach to an error status to say
@@ -1498,7 +1632,7 @@ type Failure struct {
 
 func (x *Failure) Reset() {
 	*x = Failure{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[25]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1510,7 +1644,7 @@ func (x *Failure) String() string {
 func (*Failure) ProtoMessage() {}
 
 func (x *Failure) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[25]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1523,7 +1657,7 @@ func (x *Failure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Failure.ProtoReflect.Descriptor instead.
 func (*Failure) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{25}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Failure) GetPermanent() bool {
@@ -1608,7 +1742,14 @@ const file_machinist_provider_v1_provider_proto_rawDesc = "" +
 	"\fjoin_failure\x18\x04 \x01(\v2\".machinist.provider.v1.JoinFailureR\vjoinFailure\"?\n" +
 	"\vJoinFailure\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"K\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\r\n" +
+	"\vListRequest\"S\n" +
+	"\fListResponse\x12C\n" +
+	"\tinstances\x18\x01 \x03(\v2%.machinist.provider.v1.ListedInstanceR\tinstances\"e\n" +
+	"\x0eListedInstance\x12\x1f\n" +
+	"\vprovider_id\x18\x01 \x01(\tR\n" +
+	"providerId\x122\n" +
+	"\x05owner\x18\x02 \x01(\v2\x1c.machinist.provider.v1.OwnerR\x05owner\"K\n" +
 	"\x05Owner\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
@@ -1639,7 +1780,7 @@ const file_machinist_provider_v1_provider_proto_rawDesc = "" +
 	"\x0fIdentityService\x12X\n" +
 	"\aGetInfo\x12%.machinist.provider.v1.GetInfoRequest\x1a&.machinist.provider.v1.GetInfoResponse\x12p\n" +
 	"\x0fGetCapabilities\x12-.machinist.provider.v1.GetCapabilitiesRequest\x1a..machinist.provider.v1.GetCapabilitiesResponse\x12R\n" +
-	"\x05Probe\x12#.machinist.provider.v1.ProbeRequest\x1a$.machinist.provider.v1.ProbeResponse2\xd7\x05\n" +
+	"\x05Probe\x12#.machinist.provider.v1.ProbeRequest\x1a$.machinist.provider.v1.ProbeResponse2\xa8\x06\n" +
 	"\x0eMachineService\x12U\n" +
 	"\x06Create\x12$.machinist.provider.v1.CreateRequest\x1a%.machinist.provider.v1.CreateResponse\x12U\n" +
 	"\x06Exists\x12$.machinist.provider.v1.ExistsRequest\x1a%.machinist.provider.v1.ExistsResponse\x12U\n" +
@@ -1648,7 +1789,8 @@ const file_machinist_provider_v1_provider_proto_rawDesc = "" +
 	"\x06Reboot\x12$.machinist.provider.v1.RebootRequest\x1a%.machinist.provider.v1.RebootResponse\x12U\n" +
 	"\x06Repair\x12$.machinist.provider.v1.RepairRequest\x1a%.machinist.provider.v1.RepairResponse\x12U\n" +
 	"\x06Update\x12$.machinist.provider.v1.UpdateRequest\x1a%.machinist.provider.v1.UpdateResponse\x12[\n" +
-	"\bDescribe\x12&.machinist.provider.v1.DescribeRequest\x1a'.machinist.provider.v1.DescribeResponseBCZAgithub.com/machinist-dev/machinist/providers/plugin/v1;providerv1b\x06proto3"
+	"\bDescribe\x12&.machinist.provider.v1.DescribeRequest\x1a'.machinist.provider.v1.DescribeResponse\x12O\n" +
+	"\x04List\x12\".machinist.provider.v1.ListRequest\x1a#.machinist.provider.v1.ListResponseBCZAgithub.com/machinist-dev/machinist/providers/plugin/v1;providerv1b\x06proto3"
 
 var (
 	file_machinist_provider_v1_provider_proto_rawDescOnce sync.Once
@@ -1663,7 +1805,7 @@ func file_machinist_provider_v1_provider_proto_rawDescGZIP() []byte {
 }
 
 var file_machinist_provider_v1_provider_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_machinist_provider_v1_provider_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_machinist_provider_v1_provider_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_machinist_provider_v1_provider_proto_goTypes = []any{
 	(Verb)(0),                       // 0: machinist.provider.v1.Verb
 	(Change)(0),                     // 1: machinist.provider.v1.Change
@@ -1690,10 +1832,13 @@ var file_machinist_provider_v1_provider_proto_goTypes = []any{
 	(*DescribeRequest)(nil),         // 22: machinist.provider.v1.DescribeRequest
 	(*DescribeResponse)(nil),        // 23: machinist.provider.v1.DescribeResponse
 	(*JoinFailure)(nil),             // 24: machinist.provider.v1.JoinFailure
-	(*Owner)(nil),                   // 25: machinist.provider.v1.Owner
-	(*UpdateRequest)(nil),           // 26: machinist.provider.v1.UpdateRequest
-	(*UpdateResponse)(nil),          // 27: machinist.provider.v1.UpdateResponse
-	(*Failure)(nil),                 // 28: machinist.provider.v1.Failure
+	(*ListRequest)(nil),             // 25: machinist.provider.v1.ListRequest
+	(*ListResponse)(nil),            // 26: machinist.provider.v1.ListResponse
+	(*ListedInstance)(nil),          // 27: machinist.provider.v1.ListedInstance
+	(*Owner)(nil),                   // 28: machinist.provider.v1.Owner
+	(*UpdateRequest)(nil),           // 29: machinist.provider.v1.UpdateRequest
+	(*UpdateResponse)(nil),          // 30: machinist.provider.v1.UpdateResponse
+	(*Failure)(nil),                 // 31: machinist.provider.v1.Failure
 }
 var file_machinist_provider_v1_provider_proto_depIdxs = []int32{
 	0,  // 0: machinist.provider.v1.GetCapabilitiesResponse.verbs:type_name -> machinist.provider.v1.Verb
@@ -1701,35 +1846,39 @@ var file_machinist_provider_v1_provider_proto_depIdxs = []int32{
 	10, // 2: machinist.provider.v1.CreateRequest.join:type_name -> machinist.provider.v1.Join
 	10, // 3: machinist.provider.v1.RepairRequest.join:type_name -> machinist.provider.v1.Join
 	2,  // 4: machinist.provider.v1.DescribeResponse.power:type_name -> machinist.provider.v1.PowerState
-	25, // 5: machinist.provider.v1.DescribeResponse.owner:type_name -> machinist.provider.v1.Owner
+	28, // 5: machinist.provider.v1.DescribeResponse.owner:type_name -> machinist.provider.v1.Owner
 	24, // 6: machinist.provider.v1.DescribeResponse.join_failure:type_name -> machinist.provider.v1.JoinFailure
-	3,  // 7: machinist.provider.v1.IdentityService.GetInfo:input_type -> machinist.provider.v1.GetInfoRequest
-	5,  // 8: machinist.provider.v1.IdentityService.GetCapabilities:input_type -> machinist.provider.v1.GetCapabilitiesRequest
-	7,  // 9: machinist.provider.v1.IdentityService.Probe:input_type -> machinist.provider.v1.ProbeRequest
-	9,  // 10: machinist.provider.v1.MachineService.Create:input_type -> machinist.provider.v1.CreateRequest
-	12, // 11: machinist.provider.v1.MachineService.Exists:input_type -> machinist.provider.v1.ExistsRequest
-	14, // 12: machinist.provider.v1.MachineService.Delete:input_type -> machinist.provider.v1.DeleteRequest
-	16, // 13: machinist.provider.v1.MachineService.FindByUID:input_type -> machinist.provider.v1.FindByUIDRequest
-	18, // 14: machinist.provider.v1.MachineService.Reboot:input_type -> machinist.provider.v1.RebootRequest
-	20, // 15: machinist.provider.v1.MachineService.Repair:input_type -> machinist.provider.v1.RepairRequest
-	26, // 16: machinist.provider.v1.MachineService.Update:input_type -> machinist.provider.v1.UpdateRequest
-	22, // 17: machinist.provider.v1.MachineService.Describe:input_type -> machinist.provider.v1.DescribeRequest
-	4,  // 18: machinist.provider.v1.IdentityService.GetInfo:output_type -> machinist.provider.v1.GetInfoResponse
-	6,  // 19: machinist.provider.v1.IdentityService.GetCapabilities:output_type -> machinist.provider.v1.GetCapabilitiesResponse
-	8,  // 20: machinist.provider.v1.IdentityService.Probe:output_type -> machinist.provider.v1.ProbeResponse
-	11, // 21: machinist.provider.v1.MachineService.Create:output_type -> machinist.provider.v1.CreateResponse
-	13, // 22: machinist.provider.v1.MachineService.Exists:output_type -> machinist.provider.v1.ExistsResponse
-	15, // 23: machinist.provider.v1.MachineService.Delete:output_type -> machinist.provider.v1.DeleteResponse
-	17, // 24: machinist.provider.v1.MachineService.FindByUID:output_type -> machinist.provider.v1.FindByUIDResponse
-	19, // 25: machinist.provider.v1.MachineService.Reboot:output_type -> machinist.provider.v1.RebootResponse
-	21, // 26: machinist.provider.v1.MachineService.Repair:output_type -> machinist.provider.v1.RepairResponse
-	27, // 27: machinist.provider.v1.MachineService.Update:output_type -> machinist.provider.v1.UpdateResponse
-	23, // 28: machinist.provider.v1.MachineService.Describe:output_type -> machinist.provider.v1.DescribeResponse
-	18, // [18:29] is the sub-list for method output_type
-	7,  // [7:18] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	27, // 7: machinist.provider.v1.ListResponse.instances:type_name -> machinist.provider.v1.ListedInstance
+	28, // 8: machinist.provider.v1.ListedInstance.owner:type_name -> machinist.provider.v1.Owner
+	3,  // 9: machinist.provider.v1.IdentityService.GetInfo:input_type -> machinist.provider.v1.GetInfoRequest
+	5,  // 10: machinist.provider.v1.IdentityService.GetCapabilities:input_type -> machinist.provider.v1.GetCapabilitiesRequest
+	7,  // 11: machinist.provider.v1.IdentityService.Probe:input_type -> machinist.provider.v1.ProbeRequest
+	9,  // 12: machinist.provider.v1.MachineService.Create:input_type -> machinist.provider.v1.CreateRequest
+	12, // 13: machinist.provider.v1.MachineService.Exists:input_type -> machinist.provider.v1.ExistsRequest
+	14, // 14: machinist.provider.v1.MachineService.Delete:input_type -> machinist.provider.v1.DeleteRequest
+	16, // 15: machinist.provider.v1.MachineService.FindByUID:input_type -> machinist.provider.v1.FindByUIDRequest
+	18, // 16: machinist.provider.v1.MachineService.Reboot:input_type -> machinist.provider.v1.RebootRequest
+	20, // 17: machinist.provider.v1.MachineService.Repair:input_type -> machinist.provider.v1.RepairRequest
+	29, // 18: machinist.provider.v1.MachineService.Update:input_type -> machinist.provider.v1.UpdateRequest
+	22, // 19: machinist.provider.v1.MachineService.Describe:input_type -> machinist.provider.v1.DescribeRequest
+	25, // 20: machinist.provider.v1.MachineService.List:input_type -> machinist.provider.v1.ListRequest
+	4,  // 21: machinist.provider.v1.IdentityService.GetInfo:output_type -> machinist.provider.v1.GetInfoResponse
+	6,  // 22: machinist.provider.v1.IdentityService.GetCapabilities:output_type -> machinist.provider.v1.GetCapabilitiesResponse
+	8,  // 23: machinist.provider.v1.IdentityService.Probe:output_type -> machinist.provider.v1.ProbeResponse
+	11, // 24: machinist.provider.v1.MachineService.Create:output_type -> machinist.provider.v1.CreateResponse
+	13, // 25: machinist.provider.v1.MachineService.Exists:output_type -> machinist.provider.v1.ExistsResponse
+	15, // 26: machinist.provider.v1.MachineService.Delete:output_type -> machinist.provider.v1.DeleteResponse
+	17, // 27: machinist.provider.v1.MachineService.FindByUID:output_type -> machinist.provider.v1.FindByUIDResponse
+	19, // 28: machinist.provider.v1.MachineService.Reboot:output_type -> machinist.provider.v1.RebootResponse
+	21, // 29: machinist.provider.v1.MachineService.Repair:output_type -> machinist.provider.v1.RepairResponse
+	30, // 30: machinist.provider.v1.MachineService.Update:output_type -> machinist.provider.v1.UpdateResponse
+	23, // 31: machinist.provider.v1.MachineService.Describe:output_type -> machinist.provider.v1.DescribeResponse
+	26, // 32: machinist.provider.v1.MachineService.List:output_type -> machinist.provider.v1.ListResponse
+	21, // [21:33] is the sub-list for method output_type
+	9,  // [9:21] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_machinist_provider_v1_provider_proto_init() }
@@ -1743,7 +1892,7 @@ func file_machinist_provider_v1_provider_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_machinist_provider_v1_provider_proto_rawDesc), len(file_machinist_provider_v1_provider_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   26,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -249,6 +249,7 @@ const (
 	MachineService_Repair_FullMethodName    = "/machinist.provider.v1.MachineService/Repair"
 	MachineService_Update_FullMethodName    = "/machinist.provider.v1.MachineService/Update"
 	MachineService_Describe_FullMethodName  = "/machinist.provider.v1.MachineService/Describe"
+	MachineService_List_FullMethodName      = "/machinist.provider.v1.MachineService/List"
 )
 
 // MachineServiceClient is the client API for MachineService service.
@@ -300,6 +301,15 @@ type MachineServiceClient interface {
 	// provider that cannot tell answers POWER_STATE_UNSPECIFIED and no boot
 	// ID, or UNIMPLEMENTED.
 	Describe(ctx context.Context, in *DescribeRequest, opts ...grpc.CallOption) (*DescribeResponse, error)
+	// List returns every instance the provider holds for Machinist, each
+	// with the Machine it belongs to as recorded on the instance (no owner
+	// for one that belongs to none). The manager compares it with the
+	// Machines it has, to find instances no Machine claims (orphans: left by
+	// a restore of an older backup, or a Machine deleted while its finalizer
+	// was released by hand) and Machines whose instance is gone. It must
+	// list every instance, on or off, and none twice. A provider that
+	// cannot list answers UNIMPLEMENTED, and is not checked.
+	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
 }
 
 type machineServiceClient struct {
@@ -390,6 +400,16 @@ func (c *machineServiceClient) Describe(ctx context.Context, in *DescribeRequest
 	return out, nil
 }
 
+func (c *machineServiceClient) List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListResponse)
+	err := c.cc.Invoke(ctx, MachineService_List_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MachineServiceServer is the server API for MachineService service.
 // All implementations must embed UnimplementedMachineServiceServer
 // for forward compatibility.
@@ -439,6 +459,15 @@ type MachineServiceServer interface {
 	// provider that cannot tell answers POWER_STATE_UNSPECIFIED and no boot
 	// ID, or UNIMPLEMENTED.
 	Describe(context.Context, *DescribeRequest) (*DescribeResponse, error)
+	// List returns every instance the provider holds for Machinist, each
+	// with the Machine it belongs to as recorded on the instance (no owner
+	// for one that belongs to none). The manager compares it with the
+	// Machines it has, to find instances no Machine claims (orphans: left by
+	// a restore of an older backup, or a Machine deleted while its finalizer
+	// was released by hand) and Machines whose instance is gone. It must
+	// list every instance, on or off, and none twice. A provider that
+	// cannot list answers UNIMPLEMENTED, and is not checked.
+	List(context.Context, *ListRequest) (*ListResponse, error)
 	mustEmbedUnimplementedMachineServiceServer()
 }
 
@@ -472,6 +501,9 @@ func (UnimplementedMachineServiceServer) Update(context.Context, *UpdateRequest)
 }
 func (UnimplementedMachineServiceServer) Describe(context.Context, *DescribeRequest) (*DescribeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Describe not implemented")
+}
+func (UnimplementedMachineServiceServer) List(context.Context, *ListRequest) (*ListResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method List not implemented")
 }
 func (UnimplementedMachineServiceServer) mustEmbedUnimplementedMachineServiceServer() {}
 func (UnimplementedMachineServiceServer) testEmbeddedByValue()                        {}
@@ -638,6 +670,24 @@ func _MachineService_Describe_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _MachineService_List_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MachineServiceServer).List(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MachineService_List_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MachineServiceServer).List(ctx, req.(*ListRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // MachineService_ServiceDesc is the grpc.ServiceDesc for MachineService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -676,6 +726,10 @@ var MachineService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Describe",
 			Handler:    _MachineService_Describe_Handler,
+		},
+		{
+			MethodName: "List",
+			Handler:    _MachineService_List_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,468 @@
+// Package inventory compares the instances each provider holds (its List)
+// with the Machines in the API, to find what a restore of an older backup,
+// a move gone wrong or a finalizer released by hand leaves behind:
+//
+//   - orphans: instances made for a Machine that is gone, which no Machine
+//     claims. They are paid for and seen by nothing else. Each is reported
+//     at once (a Warning Event in the namespace of the Machine it was made
+//     for, and machinist_orphan_instances), and deleted after a grace
+//     period when one is set (off by default, as Gardener's orphan
+//     collection is).
+//   - ghosts: Machines whose instance is gone, which an older snapshot
+//     brings back. Each is reported at once, without waiting for its
+//     Node's Lease to expire (a Warning Event on the Machine, and
+//     machinist_ghost_machines).
+//
+// An instance that belongs to no Machine (made outside Machinist, waiting
+// to be adopted through spec.providerID) is neither: it is counted, never
+// deleted.
+package inventory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/providers"
+)
+
+// DefaultPeriod is how often the providers are listed when the period is
+// not set.
+const DefaultPeriod = time.Minute
+
+// Event reasons.
+const (
+	ReasonOrphanInstance = "OrphanInstance"
+	ReasonOrphanDeleted  = "OrphanInstanceDeleted"
+	ReasonInstanceGone   = "InstanceGone"
+)
+
+// Checker lists every provider's instances each Period and compares them
+// with the Machines. It is a manager Runnable that runs on the leader.
+type Checker struct {
+	// Client reads Machines and MachineClasses (the manager's cache).
+	Client client.Reader
+	// APIReader reads past the cache, to confirm that an orphan's
+	// Machine is really gone before its instance is deleted.
+	APIReader client.Reader
+	// Actuators are the providers to list; those that cannot list are
+	// not checked.
+	Actuators *providers.Registry
+	// Recorder emits the Events; nil emits none.
+	Recorder events.EventRecorder
+	// Period between passes; zero means DefaultPeriod.
+	Period time.Duration
+	// OrphanGrace is how long an orphan is reported before it is
+	// deleted; zero never deletes one. It is counted from when this
+	// process first saw it: a restart starts it again, which can only
+	// delay a deletion, never hasten one.
+	OrphanGrace time.Duration
+	// Metrics are set after each pass; nil sets none.
+	Metrics *Metrics
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+
+	mu sync.Mutex
+	// orphans maps each orphan's provider ID to when it was first seen.
+	orphans map[string]time.Time
+	// ghosts are the Machines reported as ghosts, by UID.
+	ghosts map[types.UID]bool
+	// unlisted are the providers found unable to list, said once each.
+	unlisted map[string]bool
+}
+
+// Orphan is an instance made for a Machine that is gone.
+type Orphan struct {
+	Provider string
+	providers.Listed
+	// Replaced: a Machine of the owner's namespace and name exists under
+	// another UID (a restore that re-created it, or a new Machine of the
+	// same name). Such an orphan is reported and never deleted.
+	Replaced bool
+	// Since is when this process first saw it.
+	Since time.Time
+}
+
+// Ghost is a Machine whose instance its provider does not hold.
+type Ghost struct {
+	Machine  types.NamespacedName
+	Provider string
+}
+
+// Report is what one pass found.
+type Report struct {
+	Orphans []Orphan
+	// Ghosts are Machines whose instance their provider does not hold.
+	Ghosts []Ghost
+	// Deleted are the orphans' provider IDs deleted in this pass.
+	Deleted []string
+	// Unowned counts, per provider, instances that belong to no Machine.
+	Unowned map[string]int
+}
+
+// NeedLeaderElection implements manager.LeaderElectionRunnable: one
+// replica deletes orphans, not two.
+func (c *Checker) NeedLeaderElection() bool { return true }
+
+// Start implements manager.Runnable: a pass at once, then one per Period.
+func (c *Checker) Start(ctx context.Context) error {
+	period := c.Period
+	if period <= 0 {
+		period = DefaultPeriod
+	}
+	logger := log.FromContext(ctx).WithName("inventory")
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		if _, err := c.Check(ctx); err != nil && ctx.Err() == nil {
+			logger.Error(err, "comparing the providers' instances with the Machines")
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Check makes one pass: it lists every provider, then reads the Machines
+// (in that order: an instance listed was made for a Machine that existed
+// before the read, or is gone), reports what it finds and deletes the
+// orphans whose grace is over.
+func (c *Checker) Check(ctx context.Context) (Report, error) {
+	now := c.now()
+	rep := Report{Unowned: map[string]int{}}
+	listed := map[string][]providers.Listed{}
+	var errs []error
+	for _, name := range c.Actuators.Names() {
+		a, err := c.Actuators.Get(name)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		l, err := providers.List(ctx, a)
+		if errors.Is(err, providers.ErrNoList) {
+			c.unlistable(ctx, name)
+			continue
+		}
+		if err != nil {
+			// Nothing is concluded of a provider that did not answer: an
+			// empty list would make every Machine a ghost.
+			errs = append(errs, fmt.Errorf("listing the instances of provider %s: %w", name, err))
+			continue
+		}
+		listed[name] = l
+	}
+	var machines machinistv1.MachineList
+	if err := c.Client.List(ctx, &machines); err != nil {
+		return rep, errors.Join(append(errs, err)...)
+	}
+	uids := map[types.UID]bool{}
+	claimed := map[string]bool{}
+	byName := map[types.NamespacedName]types.UID{}
+	for i := range machines.Items {
+		m := &machines.Items[i]
+		uids[m.UID] = true
+		byName[client.ObjectKeyFromObject(m)] = m.UID
+		for _, id := range []string{m.Status.ProviderID, m.Spec.ProviderID} {
+			if id != "" {
+				claimed[id] = true
+			}
+		}
+	}
+
+	c.mu.Lock()
+	if c.orphans == nil {
+		c.orphans, c.ghosts, c.unlisted = map[string]time.Time{}, map[types.UID]bool{}, map[string]bool{}
+	}
+	c.mu.Unlock()
+	current := map[string]bool{}
+	for name, instances := range listed {
+		for _, in := range instances {
+			switch {
+			case claimed[in.ProviderID] || uids[in.Owner.UID]:
+			case in.Owner.IsZero():
+				rep.Unowned[name]++
+			default:
+				o, err := c.orphan(ctx, name, in, byName, now)
+				if err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				if o != nil {
+					current[in.ProviderID] = true
+					rep.Orphans = append(rep.Orphans, *o)
+				}
+			}
+		}
+	}
+	c.mu.Lock()
+	for id := range c.orphans {
+		if !current[id] {
+			delete(c.orphans, id) // claimed, adopted or gone since
+		}
+	}
+	c.mu.Unlock()
+
+	ghosts, err := c.findGhosts(ctx, machines.Items, listed)
+	errs = append(errs, err)
+	rep.Ghosts = ghosts
+
+	if c.OrphanGrace > 0 {
+		for _, o := range rep.Orphans {
+			if o.Replaced || now.Sub(o.Since) < c.OrphanGrace {
+				continue
+			}
+			deleted, err := c.collect(ctx, o)
+			errs = append(errs, err)
+			if deleted {
+				rep.Deleted = append(rep.Deleted, o.ProviderID)
+			}
+		}
+	}
+	c.Metrics.set(c.Actuators.Names(), listed, rep)
+	return rep, errors.Join(errs...)
+}
+
+// orphan confirms, by Exists, that an instance whose Machine is gone is
+// still there (a Machine deleted between the List and the read of the
+// Machines took its instance with it), and reports it the first time.
+func (c *Checker) orphan(ctx context.Context, provider string, in providers.Listed, byName map[types.NamespacedName]types.UID, now time.Time) (*Orphan, error) {
+	a, err := c.Actuators.Get(provider)
+	if err != nil {
+		return nil, err
+	}
+	exists, err := a.Exists(ctx, in.ProviderID)
+	if err != nil {
+		return nil, fmt.Errorf("asking provider %s whether %s exists: %w", provider, in.ProviderID, err)
+	}
+	if !exists {
+		return nil, nil
+	}
+	owner := types.NamespacedName{Namespace: in.Owner.Namespace, Name: in.Owner.Name}
+	_, replaced := byName[owner]
+	c.mu.Lock()
+	since, seen := c.orphans[in.ProviderID]
+	if !seen {
+		since = now
+		c.orphans[in.ProviderID] = now
+	}
+	c.mu.Unlock()
+	o := &Orphan{Provider: provider, Listed: in, Replaced: replaced, Since: since}
+	if !seen {
+		what := "no Machine claims it"
+		if replaced {
+			what = "a Machine of the same name exists under another UID, and is not given it"
+		}
+		c.event(gone(in.Owner), corev1.EventTypeWarning, ReasonOrphanInstance, "Inventory",
+			"instance %s of provider %s was made for this Machine (UID %s), which is gone; %s. %s",
+			in.ProviderID, provider, in.Owner.UID, what, c.graceNote(replaced))
+	}
+	return o, nil
+}
+
+func (c *Checker) graceNote(replaced bool) string {
+	switch {
+	case replaced:
+		return "It is not deleted: delete it by hand once it is not wanted."
+	case c.OrphanGrace > 0:
+		return fmt.Sprintf("It is deleted %s after it was first seen unless a Machine claims it.", c.OrphanGrace)
+	}
+	return "Orphan deletion is off (--orphan-deletion-grace): delete it by hand, or give a Machine its spec.providerID."
+}
+
+// collect deletes an orphan whose grace is over, once the API itself (not
+// the cache) confirms that its Machine is gone.
+func (c *Checker) collect(ctx context.Context, o Orphan) (bool, error) {
+	m := &machinistv1.Machine{}
+	err := c.APIReader.Get(ctx, types.NamespacedName{Namespace: o.Owner.Namespace, Name: o.Owner.Name}, m)
+	switch {
+	case err == nil:
+		// A Machine of that name is back (its UID may even be the
+		// owner's: the cache was late). Not this pass.
+		return false, nil
+	case !apierrors.IsNotFound(err):
+		return false, err
+	}
+	a, err := c.Actuators.Get(o.Provider)
+	if err != nil {
+		return false, err
+	}
+	if err := a.Delete(ctx, o.ProviderID); err != nil {
+		return false, fmt.Errorf("deleting orphan %s of provider %s: %w", o.ProviderID, o.Provider, err)
+	}
+	c.mu.Lock()
+	delete(c.orphans, o.ProviderID)
+	c.mu.Unlock()
+	c.Metrics.deleted(o.Provider)
+	c.event(gone(o.Owner), corev1.EventTypeNormal, ReasonOrphanDeleted, "Inventory",
+		"deleted instance %s of provider %s, an orphan for %s", o.ProviderID, o.Provider, c.OrphanGrace)
+	return true, nil
+}
+
+// ghostPhases are the phases in which a Machine has an instance that must
+// be there: not before it is made, not while it is being deleted.
+var ghostPhases = []machinistv1.MachinePhase{
+	machinistv1.MachineRunning, machinistv1.MachineDraining, machinistv1.MachineRebooting,
+	machinistv1.MachineRepairing, machinistv1.MachineUpdating,
+}
+
+// findGhosts reports the Machines whose provider listed its instances
+// without theirs, confirmed by Exists.
+func (c *Checker) findGhosts(ctx context.Context, machines []machinistv1.Machine, listed map[string][]providers.Listed) ([]Ghost, error) {
+	held := map[string]bool{}
+	for _, instances := range listed {
+		for _, in := range instances {
+			held[in.ProviderID] = true
+		}
+	}
+	var ghosts []Ghost
+	var errs []error
+	still := map[types.UID]bool{}
+	for i := range machines {
+		m := &machines[i]
+		if !m.DeletionTimestamp.IsZero() || m.Status.ProviderID == "" || held[m.Status.ProviderID] || !slices.Contains(ghostPhases, m.Status.Phase) {
+			continue
+		}
+		class := &machinistv1.MachineClass{}
+		if err := c.Client.Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: m.Spec.ClassRef.Name}, class); err != nil {
+			continue // its provider is not known, so nothing is concluded
+		}
+		if _, ok := listed[class.Spec.Provider]; !ok {
+			continue
+		}
+		a, err := c.Actuators.Get(class.Spec.Provider)
+		if err != nil {
+			continue
+		}
+		exists, err := a.Exists(ctx, m.Status.ProviderID)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("asking provider %s whether %s exists: %w", class.Spec.Provider, m.Status.ProviderID, err))
+			continue
+		}
+		if exists {
+			continue // made since the List
+		}
+		still[m.UID] = true
+		ghosts = append(ghosts, Ghost{Machine: client.ObjectKeyFromObject(m), Provider: class.Spec.Provider})
+		c.mu.Lock()
+		first := !c.ghosts[m.UID]
+		c.ghosts[m.UID] = true
+		c.mu.Unlock()
+		if first {
+			c.event(m, corev1.EventTypeWarning, ReasonInstanceGone, "Inventory",
+				"provider %s does not hold instance %s any more: the Machine is %s, but nothing runs behind it", class.Spec.Provider, m.Status.ProviderID, m.Status.Phase)
+		}
+	}
+	c.mu.Lock()
+	for uid := range c.ghosts {
+		if !still[uid] {
+			delete(c.ghosts, uid)
+		}
+	}
+	c.mu.Unlock()
+	return ghosts, errors.Join(errs...)
+}
+
+func (c *Checker) unlistable(ctx context.Context, name string) {
+	c.mu.Lock()
+	said := c.unlisted[name]
+	if c.unlisted == nil {
+		c.unlisted = map[string]bool{}
+	}
+	c.unlisted[name] = true
+	c.mu.Unlock()
+	if !said {
+		log.FromContext(ctx).WithName("inventory").Info("provider cannot list its instances: its orphans and ghosts are not looked for", "provider", name)
+	}
+}
+
+// gone is the Machine an orphan was made for, as an Event's subject: the
+// Event lands in its namespace, where `kubectl get events` shows it to
+// those who may read that namespace, and to no one else.
+func gone(o providers.Owner) *machinistv1.Machine {
+	return &machinistv1.Machine{
+		TypeMeta:   metav1.TypeMeta{APIVersion: machinistv1.GroupVersion.String(), Kind: "Machine"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: o.Namespace, Name: o.Name, UID: o.UID},
+	}
+}
+
+func (c *Checker) event(obj *machinistv1.Machine, kind, reason, action, format string, args ...any) {
+	if c.Recorder != nil {
+		c.Recorder.Eventf(obj, nil, kind, reason, action, format, args...)
+	}
+}
+
+func (c *Checker) now() time.Time {
+	if c.Now != nil {
+		return c.Now()
+	}
+	return time.Now()
+}
+
+// Metrics are the inventory's gauges and counter.
+type Metrics struct {
+	orphans, ghosts, unowned *prometheus.GaugeVec
+	collected                *prometheus.CounterVec
+}
+
+// NewMetrics makes the metrics; Register them.
+func NewMetrics() *Metrics {
+	return &Metrics{
+		orphans: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "machinist_orphan_instances",
+			Help: "Instances a provider holds that were made for a Machine that is gone, as of the last inventory pass."}, []string{"provider"}),
+		ghosts: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "machinist_ghost_machines",
+			Help: "Machines whose instance their provider no longer holds, as of the last inventory pass."}, []string{"provider"}),
+		unowned: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "machinist_unowned_instances",
+			Help: "Instances a provider holds that belong to no Machine (made outside Machinist), as of the last inventory pass."}, []string{"provider"}),
+		collected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "machinist_orphan_instances_deleted_total",
+			Help: "Orphan instances deleted after --orphan-deletion-grace."}, []string{"provider"}),
+	}
+}
+
+// Register registers the metrics with reg.
+func (m *Metrics) Register(reg prometheus.Registerer) error {
+	return errors.Join(reg.Register(m.orphans), reg.Register(m.ghosts), reg.Register(m.unowned), reg.Register(m.collected))
+}
+
+func (m *Metrics) set(names []string, listed map[string][]providers.Listed, rep Report) {
+	if m == nil {
+		return
+	}
+	orphans, ghosts := map[string]int{}, map[string]int{}
+	for _, o := range rep.Orphans {
+		if !slices.Contains(rep.Deleted, o.ProviderID) {
+			orphans[o.Provider]++
+		}
+	}
+	for _, g := range rep.Ghosts {
+		ghosts[g.Provider]++
+	}
+	for _, name := range names {
+		if _, ok := listed[name]; !ok {
+			continue // not listed this pass: the last values stand
+		}
+		m.orphans.WithLabelValues(name).Set(float64(orphans[name]))
+		m.unowned.WithLabelValues(name).Set(float64(rep.Unowned[name]))
+		m.ghosts.WithLabelValues(name).Set(float64(ghosts[name]))
+	}
+}
+
+func (m *Metrics) deleted(provider string) {
+	if m != nil {
+		m.collected.WithLabelValues(provider).Inc()
+	}
+}
