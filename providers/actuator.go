@@ -47,7 +47,9 @@ type Actuator interface {
 	// instance joins its cluster with join, and records OwnerOf(m) as its
 	// owner. It is idempotent on m.UID: calling it again for the same
 	// Machine returns the same instance (a machine that has not joined
-	// yet may be given the newer join).
+	// yet may be given the newer join). Failing an instance of m's UID, it
+	// takes one recorded for m's namespace and name under another UID
+	// (SameName), records m as its owner and returns it, as it runs.
 	//
 	// When m.Spec.ProviderID is set, Create adopts that instance instead,
 	// and fails permanently if it does not exist. It adopts an instance
@@ -185,14 +187,29 @@ func IsTaken(err error) bool { return errors.Is(err, ErrTaken) }
 
 // Claim is the adoption rule every provider applies, for one that keeps
 // owners as Owner: m may adopt an instance that belongs to owner when
-// owner is zero (it belongs to no Machine) or has m's UID (a repeated
-// call). Otherwise it returns the permanent error that wraps ErrTaken,
-// which names no Machine: call it before touching the instance.
+// owner is zero (it belongs to no Machine), has m's UID (a repeated call),
+// or has m's namespace and name under another UID (SameName: a Machine
+// re-created from a backup, or moved). Otherwise it returns the permanent
+// error that wraps ErrTaken, which names no Machine: call it before
+// touching the instance.
 func Claim(owner Owner, m *machinistv1.Machine) error {
-	if owner.IsZero() || owner.UID == m.UID {
+	if owner.IsZero() || owner.UID == m.UID || SameName(owner, m) {
 		return nil
 	}
 	return Permanent(fmt.Errorf("cannot adopt the instance spec.providerID names: %w", ErrTaken))
+}
+
+// SameName reports whether owner is another Machine of m's namespace and
+// name: one that is gone, since names are unique in a namespace, whose
+// instance is then m's. This is how a Machine finds its instance again
+// after it was re-created under a new UID (objects restored from a backup
+// without their status, or moved to another management cluster): Create,
+// finding no instance recorded for m's UID, takes the one recorded for
+// its name, as it is, without a restart, and records m as its owner. Its
+// finalizer would have deleted that instance had the Machine gone the
+// normal way; so this instance is one that would otherwise be leaked.
+func SameName(owner Owner, m *machinistv1.Machine) bool {
+	return owner.Namespace == m.Namespace && owner.Name == m.Name && owner.UID != m.UID && owner.UID != "" && m.UID != ""
 }
 
 // Power is an instance's power state.

@@ -69,7 +69,7 @@ func TestProviderIDRoundTripAndNodeNames(t *testing.T) {
 	}
 }
 
-func TestClaimHandsAnInstanceToItsOwnMachineOrToAnyWhenNone(t *testing.T) {
+func TestClaimHandsAnInstanceToItsOwnMachineOrItsFormerSelfOrToAnyWhenNone(t *testing.T) {
 	m := &machinistv1.Machine{}
 	m.Namespace, m.Name, m.UID = "b", "adopter", "uid-b"
 	if got := OwnerOf(m); got != (Owner{Namespace: "b", Name: "adopter", UID: "uid-b"}) || got.IsZero() {
@@ -95,9 +95,18 @@ func TestClaimHandsAnInstanceToItsOwnMachineOrToAnyWhenNone(t *testing.T) {
 			t.Errorf("the refusal names %q of the other Machine: %v", secret, err)
 		}
 	}
-	// The same name in the same namespace is another Machine if its UID is.
-	if err := Claim(Owner{Namespace: "b", Name: "adopter", UID: "uid-old"}, m); !IsTaken(err) {
-		t.Errorf("a Machine of the same name but another UID: got %v, want ErrTaken", err)
+	// The same name in the same namespace under another UID is m's
+	// former self, gone since names are unique: m re-created (restored
+	// from a backup, or moved) takes its instance.
+	if err := Claim(Owner{Namespace: "b", Name: "adopter", UID: "uid-old"}, m); err != nil {
+		t.Errorf("the instance of m's former self is refused: %v", err)
+	}
+	// The same name in another namespace, or another name in the same
+	// one, is another Machine's.
+	for _, o := range []Owner{{Namespace: "c", Name: "adopter", UID: "uid-old"}, {Namespace: "b", Name: "other", UID: "uid-old"}} {
+		if err := Claim(o, m); !IsTaken(err) {
+			t.Errorf("the instance of %+v: got %v, want ErrTaken", o, err)
+		}
 	}
 	if IsTaken(Permanent(errors.New("no such instance"))) || IsTaken(nil) {
 		t.Error("only ErrTaken is taken")

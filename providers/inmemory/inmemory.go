@@ -378,6 +378,12 @@ func (p *Provider) Create(ctx context.Context, m *machinistv1.Machine, class *ma
 			p.mu.Unlock()
 			return in.providerID, nil
 		}
+		if in := p.sameNameLocked(m); in != nil {
+			// m re-created under a new UID: its instance, as it runs.
+			p.reownLocked(in, m)
+			p.mu.Unlock()
+			return in.providerID, nil
+		}
 		if p.roll(spec.ErrorRate) {
 			p.mu.Unlock()
 			return "", fmt.Errorf("creating instance for machine %s/%s: %w (errorRate %v)", m.Namespace, m.Name, ErrTransient, spec.ErrorRate)
@@ -441,8 +447,7 @@ func (p *Provider) adopt(m *machinistv1.Machine, class *machinistv1.MachineClass
 		return "", err
 	}
 	unowned := in.owner.IsZero()
-	in.owner = providers.OwnerOf(m)
-	p.byUID[m.UID] = in
+	p.reownLocked(in, m)
 	p.mu.Unlock()
 	if !unowned {
 		return in.providerID, nil
@@ -461,6 +466,27 @@ func (p *Provider) adopt(m *machinistv1.Machine, class *machinistv1.MachineClass
 	in.disk.Unlock()
 	in.powerOn()
 	return in.providerID, nil
+}
+
+// sameNameLocked is the instance recorded for another Machine of m's
+// namespace and name (providers.SameName), or nil. Called with p.mu held.
+func (p *Provider) sameNameLocked(m *machinistv1.Machine) *instance {
+	for _, in := range p.byID {
+		if providers.SameName(in.owner, m) {
+			return in
+		}
+	}
+	return nil
+}
+
+// reownLocked records m as in's owner, in place of any other. Called with
+// p.mu held.
+func (p *Provider) reownLocked(in *instance, m *machinistv1.Machine) {
+	if !in.owner.IsZero() && in.owner.UID != m.UID {
+		delete(p.byUID, in.owner.UID)
+	}
+	in.owner = providers.OwnerOf(m)
+	p.byUID[m.UID] = in
 }
 
 func (p *Provider) create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, spec ProviderSpec, join providers.Join) (*instance, error) {

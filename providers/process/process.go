@@ -561,6 +561,9 @@ func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class 
 	if mach.UID == "" {
 		return "", providers.Permanent(fmt.Errorf("machine %s/%s has no UID", mach.Namespace, mach.Name))
 	}
+	if id, ok, err := p.sameName(ctx, mach); ok || err != nil {
+		return id, err
+	}
 	var spec json.RawMessage
 	if class != nil && len(class.Spec.ProviderSpec.Raw) > 0 {
 		spec = slices.Clone(class.Spec.ProviderSpec.Raw)
@@ -626,10 +629,57 @@ func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class 
 	return id, nil
 }
 
+// sameName takes, for mach, a machine recorded for another Machine of its
+// namespace and name (providers.SameName): mach re-created under a new
+// UID. The machine is kept as it runs (started if it is not), and mach is
+// recorded as its owner. It reports false when mach has a machine of its
+// own UID, or there is none of its name.
+func (p *Provider) sameName(ctx context.Context, mach *machinistv1.Machine) (string, bool, error) {
+	own := providers.ProviderID(p.hw.Name(), mach)
+	p.mu.Lock()
+	if _, ok := p.machines[own]; ok {
+		p.mu.Unlock()
+		return "", false, nil
+	}
+	all := make([]*machine, 0, len(p.machines))
+	for _, m := range p.machines {
+		all = append(all, m)
+	}
+	p.mu.Unlock()
+	for _, m := range all {
+		m.mu.Lock()
+		if !m.live || !providers.SameName(m.st.owner(), mach) {
+			m.mu.Unlock()
+			continue
+		}
+		err := p.reown(m, mach)
+		if err == nil && !m.running() {
+			err = p.boot(ctx, m)
+		}
+		id := m.st.ProviderID
+		m.mu.Unlock()
+		return id, true, err
+	}
+	return "", false, nil
+}
+
+// reown records mach as m's owner in its state file. Called with m.mu
+// held.
+func (p *Provider) reown(m *machine, mach *machinistv1.Machine) error {
+	next := m.st
+	next.Owner = recorded(providers.OwnerOf(mach))
+	if err := p.writeState(m.dir, next); err != nil {
+		return err
+	}
+	m.st = next
+	return nil
+}
+
 // claim returns providerID for mach if the machine it names belongs to
-// mach already. Every machine of this provider was made for a Machine,
-// which owns it: there is none of no Machine's to hand over, so only a
-// repeated call succeeds. The machine of another is refused before
+// mach already, or to a Machine of its name that is gone
+// (providers.SameName), which it then records mach for. Every machine of
+// this provider was made for a Machine, which owns it: there is none of
+// no Machine's to hand over. The machine of another is refused before
 // anything of it is touched, and so is the directory of another's Create
 // under way, which becomes that Machine's machine once its state file is
 // written.
@@ -648,6 +698,13 @@ func (p *Provider) claim(mach *machinistv1.Machine, providerID string) (string, 
 		if live {
 			if err := providers.Claim(o, mach); err != nil {
 				return "", err
+			}
+			if providers.SameName(o, mach) {
+				m.mu.Lock()
+				defer m.mu.Unlock()
+				if err := p.reown(m, mach); err != nil {
+					return "", err
+				}
 			}
 			return providerID, nil
 		}

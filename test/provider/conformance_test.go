@@ -289,6 +289,7 @@ var rebootOnlyChecks = []string{
 	conformance.CheckDelete,
 	conformance.CheckDescribe,
 	conformance.CheckList,
+	conformance.CheckSameName,
 	conformance.CheckReboot,
 	conformance.CheckUndeclared,
 	conformance.CheckCancelled,

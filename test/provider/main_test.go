@@ -218,6 +218,7 @@ var allChecks = []string{
 	conformance.CheckDelete,
 	conformance.CheckDescribe,
 	conformance.CheckList,
+	conformance.CheckSameName,
 	conformance.CheckReboot,
 	conformance.CheckRepair,
 	conformance.CheckUpdate,

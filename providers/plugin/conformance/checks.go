@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/uuid"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
@@ -495,6 +496,54 @@ func checkList(ctx context.Context, t *trial) error {
 	}
 	if len(by[idB]) != 1 {
 		return fmt.Errorf("List shows %s %d times after another instance's Delete, want once", idB, len(by[idB]))
+	}
+	return nil
+}
+
+// checkSameName proves that a Machine re-created under a new UID, as a
+// restore from a backup without status or a move to another management
+// cluster makes it, finds its instance again: Create for it returns the
+// instance recorded for its namespace and name, records it as the owner,
+// and does not restart it.
+func checkSameName(ctx context.Context, t *trial) error {
+	a, id, h, err := t.launch(ctx)
+	if err != nil {
+		return err
+	}
+	before := len(h.boots)
+	again := a.DeepCopy()
+	again.UID = uuid.NewUUID()
+	t.mu.Lock()
+	t.uids = append(t.uids, again.UID)
+	t.mu.Unlock()
+	got, err := t.create(ctx, again)
+	if err != nil {
+		return fmt.Errorf("Create for %s re-created under UID %s: %w", a.Name, again.UID, err)
+	}
+	if got != id {
+		return fmt.Errorf("Create for %s re-created under a new UID returned %q, want %q, the instance recorded for its name: the old one would be leaked and a second one run", a.Name, got, id)
+	}
+	in, err := t.s.client.Describe(ctx, id)
+	if err != nil {
+		return fmt.Errorf("Describe: %w", err)
+	}
+	if in.Owner != providers.OwnerOf(again) {
+		return fmt.Errorf("Describe of %s reports owner %+v, want %+v, the re-created Machine", id, in.Owner, providers.OwnerOf(again))
+	}
+	for uid, want := range map[types.UID]string{a.UID: "", again.UID: id} {
+		found, err := t.s.client.FindByUID(ctx, uid)
+		if err != nil {
+			return fmt.Errorf("FindByUID %s: %w", uid, err)
+		}
+		if found != want {
+			return fmt.Errorf("FindByUID %s returned %q, want %q", uid, found, want)
+		}
+	}
+	if err := settle(ctx, t.s.cfg.Settle); err != nil {
+		return err
+	}
+	if boots := t.s.nodes.history(id).since(before); len(boots) > 0 {
+		return fmt.Errorf("the instance was restarted when its re-created Machine took it (new boot IDs %v)", boots)
 	}
 	return nil
 }

@@ -110,6 +110,7 @@ const (
 	CheckCreateOnce   = "creates one instance per Machine UID under concurrent calls"
 	CheckDistinct     = "gives distinct Machines distinct instances"
 	CheckList         = "lists each instance once, with its Machine"
+	CheckSameName     = "gives a Machine re-created under a new UID its instance"
 	CheckAdoptMissing = "refuses permanently to adopt a missing instance"
 	CheckTaken        = "refuses to hand one Machine's instance to another"
 	CheckInvalid      = "refuses invalid requests permanently"
@@ -312,6 +313,7 @@ func (s *suite) plan() []check {
 		{CheckDelete, "delete", checkDelete},
 		{CheckDescribe, "describe", checkDescribe},
 		{CheckList, "list", checkList},
+		{CheckSameName, "samename", checkSameName},
 	}
 	if s.declares(plugin.VerbReboot) {
 		checks = append(checks, check{CheckReboot, "reboot", func(ctx context.Context, t *trial) error {
