@@ -43,6 +43,7 @@ func root() *cobra.Command {
 	cmd.AddCommand(providerCommand())
 	cmd.AddCommand(faultProxyCommand())
 	cmd.AddCommand(migrateCommand())
+	cmd.AddCommand(moveCommand())
 	cmd.AddCommand(clusterCommand())
 	return cmd
 }

@@ -43,6 +43,9 @@ func TestARestoreThatChangesEveryUIDLosesAndLeaksNothing(t *testing.T) {
 		backup[i] = &machinistv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: before[i].Name,
 			Labels: before[i].Labels, Annotations: before[i].Annotations, Finalizers: before[i].Finalizers}, Spec: before[i].Spec}
 	}
+	// One backup keeps the providerID in spec, as a Cluster API one
+	// does: its Machine adopts its former self's instance by it.
+	backup[0].Spec.ProviderID = before[0].Status.ProviderID
 	setBackup := &machinistv1.MachineSet{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: set.Name}, Spec: *set.Spec.DeepCopy()}
 
 	// The loss: the set paused first, so that it replaces nothing, then

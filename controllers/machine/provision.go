@@ -85,7 +85,8 @@ func (r *Reconciler) adoptable(ctx context.Context, s *step, act providers.Actua
 		return outcome{}, false
 	case err != nil:
 		return r.retry(s, machinistv1.ReasonCreateError, fmt.Errorf("asking the provider whom the instance to adopt belongs to: %w", err)), true
-	case !in.Owner.IsZero() && in.Owner.UID != m.UID:
+	case !in.Owner.IsZero() && in.Owner.UID != m.UID && !providers.SameName(in.Owner, m):
+		// Its former self's (re-created under a new UID) is m's to take.
 		return s.failMachine(machinistv1.FailureInstanceTaken, instanceTaken), true
 	}
 	return outcome{}, false
