@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -98,6 +99,29 @@ func TestMoveToAnotherManagementCluster(t *testing.T) {
 	}
 	if err := target.Client.Get(ctx, client.ObjectKeyFromObject(md), &machinistv1.MachineDeployment{}); err == nil {
 		t.Fatal("the dry run wrote to the target")
+	}
+
+	// A target that holds an object of the same name the move did not
+	// make is refused, before anything is written.
+	stranger := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: blue + "-kubeconfig"}}
+	if err := target.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := target.Client.Create(ctx, stranger); err != nil {
+		t.Fatal(err)
+	}
+	refused, err := exec.Command(bin, "move", "--kubeconfig", env.Kubeconfig, "--to-kubeconfig", target.Kubeconfig, "-n", ns).CombinedOutput()
+	if err == nil || !strings.Contains(string(refused), "objects this move did not make: [Secret "+blue+"-kubeconfig]") {
+		t.Fatalf("a move onto a stranger: %v\n%s", err, refused)
+	}
+	if err := target.Client.Get(ctx, client.ObjectKeyFromObject(md), &machinistv1.MachineDeployment{}); err == nil {
+		t.Fatal("the refused move wrote to the target")
+	}
+	if m := (&machinistv1.Machine{}); env.Client.Get(ctx, client.ObjectKeyFromObject(&before[0]), m) != nil || m.Annotations[machinistv1.PausedAnnotation] != "" {
+		t.Fatal("the refused move paused the source")
+	}
+	if err := target.Client.Delete(ctx, stranger); err != nil {
+		t.Fatal(err)
 	}
 
 	start := time.Now()
