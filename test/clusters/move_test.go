@@ -124,8 +124,18 @@ func TestMoveToAnotherManagementCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Stopped half way, as a kill or a lost connection would stop it: its
+	// requests slowed to 2 a second, it runs out of time in its copy.
+	stopped, err := exec.Command(bin, "move", "--kubeconfig", env.Kubeconfig, "--to-kubeconfig", target.Kubeconfig, "-n", ns,
+		"--qps", "2", "--timeout", "8s").CombinedOutput()
+	if err == nil {
+		t.Fatalf("the slowed move was not stopped:\n%s", stopped)
+	}
+	lines := strings.Split(strings.TrimSpace(string(stopped)), "\n")
+	t.Logf("the first move stopped at: %s", lines[len(lines)-1])
+
 	start := time.Now()
-	t.Logf("move:\n%s", runMove())
+	t.Logf("move, run again:\n%s", runMove())
 	took := time.Since(start)
 
 	// The source holds nothing of the namespace.
