@@ -239,6 +239,12 @@ func copyObject(ctx context.Context, to client.Client, it item, uids map[types.U
 	err := to.Get(ctx, client.ObjectKeyFromObject(src), existing)
 	if err == nil {
 		uids[src.GetUID()] = existing.GetUID()
+		if m, ok := existing.(*machinistv1.Machine); ok && m.Status.Phase == "" && m.Status.ProviderID == "" {
+			// Made by a run stopped before it copied the status: the
+			// phase, providerID and any operation in flight go over now,
+			// while the copy is still paused.
+			return copyStatus(ctx, to, it, existing, statusOf(src))
+		}
 		return nil
 	}
 	if !apierrors.IsNotFound(err) {
@@ -268,12 +274,18 @@ func copyObject(ctx context.Context, to client.Client, it item, uids map[types.U
 		return fmt.Errorf("copying %s %s/%s: %w", it.kind, src.GetNamespace(), src.GetName(), err)
 	}
 	uids[src.GetUID()] = dst.GetUID()
+	return copyStatus(ctx, to, it, dst, status)
+}
+
+// copyStatus writes the status status puts on dst, the target's copy of
+// it; a nil status (a kind without one) writes nothing.
+func copyStatus(ctx context.Context, to client.Client, it item, dst client.Object, status func(client.Object) bool) error {
 	if status == nil {
 		return nil
 	}
 	// The target's controller may have written the copy already (its
 	// Paused condition): the copied status goes over the latest.
-	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		if err := to.Get(ctx, client.ObjectKeyFromObject(dst), dst); err != nil {
 			return err
 		}
@@ -281,7 +293,7 @@ func copyObject(ctx context.Context, to client.Client, it item, uids map[types.U
 		return to.Status().Update(ctx, dst)
 	})
 	if err != nil {
-		return fmt.Errorf("copying the status of %s %s/%s: %w", it.kind, src.GetNamespace(), src.GetName(), err)
+		return fmt.Errorf("copying the status of %s %s/%s: %w", it.kind, it.obj.GetNamespace(), it.obj.GetName(), err)
 	}
 	return nil
 }
