@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -142,20 +143,11 @@ func TestMoveToAnotherManagementCluster(t *testing.T) {
 	if left, err := testenv.ListMachines(ctx, env.Client, ns); err != nil || len(left) > 0 {
 		t.Errorf("the source still holds %d Machines (%v)", len(left), err)
 	}
-	for _, obj := range []client.Object{&machinistv1.MachineDeployment{}, &machinistv1.WorkloadCluster{}, &machinistv1.MachineClass{}} {
-		var list client.ObjectList
-		switch obj.(type) {
-		case *machinistv1.MachineDeployment:
-			list = &machinistv1.MachineDeploymentList{}
-		case *machinistv1.WorkloadCluster:
-			list = &machinistv1.WorkloadClusterList{}
-		default:
-			list = &machinistv1.MachineClassList{}
-		}
+	for _, list := range []client.ObjectList{&machinistv1.MachineDeploymentList{}, &machinistv1.WorkloadClusterList{}, &machinistv1.MachineClassList{}} {
 		if err := env.Client.List(ctx, list, client.InNamespace(ns)); err != nil {
 			t.Fatal(err)
 		}
-		if n := len(mustItems(list)); n > 0 {
+		if n := apimeta.LenList(list); n > 0 {
 			t.Errorf("the source still holds %d %T", n, list)
 		}
 	}
@@ -229,26 +221,6 @@ func nsInstances(t *testing.T, ns string) []string {
 		}
 	}
 	slices.Sort(out)
-	return out
-}
-
-func mustItems(list client.ObjectList) []any {
-	switch l := list.(type) {
-	case *machinistv1.MachineDeploymentList:
-		return anySlice(l.Items)
-	case *machinistv1.WorkloadClusterList:
-		return anySlice(l.Items)
-	case *machinistv1.MachineClassList:
-		return anySlice(l.Items)
-	}
-	return nil
-}
-
-func anySlice[T any](s []T) []any {
-	out := make([]any, len(s))
-	for i := range s {
-		out[i] = s[i]
-	}
 	return out
 }
 

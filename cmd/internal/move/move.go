@@ -16,6 +16,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
@@ -52,21 +53,24 @@ type Options struct {
 var kinds = []struct {
 	name string
 	list client.ObjectList
+	// status: the kind has a status subresource, written apart.
+	status bool
 }{
-	{"MachineClass", &machinistv1.MachineClassList{}},
-	{"MachineDrainRule", &machinistv1.MachineDrainRuleList{}},
-	{"WorkloadCluster", &machinistv1.WorkloadClusterList{}},
-	{"MachineDeployment", &machinistv1.MachineDeploymentList{}},
-	{"MachineSet", &machinistv1.MachineSetList{}},
-	{"Machine", &machinistv1.MachineList{}},
-	{"MachineHealthCheck", &machinistv1.MachineHealthCheckList{}},
-	{"MachineDisruptionBudget", &machinistv1.MachineDisruptionBudgetList{}},
+	{"MachineClass", &machinistv1.MachineClassList{}, false},
+	{"MachineDrainRule", &machinistv1.MachineDrainRuleList{}, false},
+	{"WorkloadCluster", &machinistv1.WorkloadClusterList{}, true},
+	{"MachineDeployment", &machinistv1.MachineDeploymentList{}, true},
+	{"MachineSet", &machinistv1.MachineSetList{}, true},
+	{"Machine", &machinistv1.MachineList{}, true},
+	{"MachineHealthCheck", &machinistv1.MachineHealthCheckList{}, true},
+	{"MachineDisruptionBudget", &machinistv1.MachineDisruptionBudgetList{}, true},
 }
 
 // item is one object to move.
 type item struct {
-	kind string
-	obj  client.Object
+	kind   string
+	obj    client.Object
+	status bool
 }
 
 // Run moves o.Namespace from o.From to o.To.
@@ -135,7 +139,7 @@ func collect(ctx context.Context, c client.Client, ns string) ([]item, []string,
 		if err := c.List(ctx, list, client.InNamespace(ns)); err != nil {
 			return nil, nil, fmt.Errorf("listing %ss in %s on the source: %w", k.name, ns, err)
 		}
-		objs, err := meta(list)
+		objs, err := objects(list)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -143,7 +147,7 @@ func collect(ctx context.Context, c client.Client, ns string) ([]item, []string,
 			if obj.GetDeletionTimestamp() != nil {
 				return nil, nil, fmt.Errorf("%s %s/%s is being deleted on the source: let its deletion finish (or pause it and release its finalizers) before moving %s", k.name, ns, obj.GetName(), ns)
 			}
-			items = append(items, item{kind: k.name, obj: obj})
+			items = append(items, item{kind: k.name, obj: obj, status: k.status})
 			if wc, ok := obj.(*machinistv1.WorkloadCluster); ok && wc.Spec.Kubeconfig.SecretName != "" && !slices.Contains(secrets, wc.Spec.Kubeconfig.SecretName) {
 				secrets = append(secrets, wc.Spec.Kubeconfig.SecretName)
 			}
@@ -243,7 +247,7 @@ func copyObject(ctx context.Context, to client.Client, it item, uids map[types.U
 			// Made by a run stopped before it copied the status: the
 			// phase, providerID and any operation in flight go over now,
 			// while the copy is still paused.
-			return copyStatus(ctx, to, it, existing, statusOf(src))
+			return copyStatus(ctx, to, it, existing)
 		}
 		return nil
 	}
@@ -269,57 +273,33 @@ func copyObject(ctx context.Context, to client.Client, it item, uids map[types.U
 		// owner's UID the target does not know.
 	}
 	dst.SetOwnerReferences(refs)
-	status := statusOf(dst)
 	if err := to.Create(ctx, dst); err != nil {
 		return fmt.Errorf("copying %s %s/%s: %w", it.kind, src.GetNamespace(), src.GetName(), err)
 	}
 	uids[src.GetUID()] = dst.GetUID()
-	return copyStatus(ctx, to, it, dst, status)
+	return copyStatus(ctx, to, it, dst)
 }
 
-// copyStatus writes the status status puts on dst, the target's copy of
-// it; a nil status (a kind without one) writes nothing.
-func copyStatus(ctx context.Context, to client.Client, it item, dst client.Object, status func(client.Object) bool) error {
-	if status == nil {
+// copyStatus writes the source's status of it over copy, its copy on
+// the target. A status subresource takes the status alone from the body,
+// so the source's object goes as it is, under the copy's identity and
+// resourceVersion; the target's controller may have written the copy
+// (its Paused condition) meanwhile, which a conflict shows.
+func copyStatus(ctx context.Context, to client.Client, it item, copy client.Object) error {
+	if !it.status {
 		return nil
 	}
-	// The target's controller may have written the copy already (its
-	// Paused condition): the copied status goes over the latest.
+	body := it.obj.DeepCopyObject().(client.Object)
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if err := to.Get(ctx, client.ObjectKeyFromObject(dst), dst); err != nil {
+		if err := to.Get(ctx, client.ObjectKeyFromObject(copy), copy); err != nil {
 			return err
 		}
-		status(dst)
-		return to.Status().Update(ctx, dst)
+		body.SetUID(copy.GetUID())
+		body.SetResourceVersion(copy.GetResourceVersion())
+		return to.Status().Update(ctx, body)
 	})
 	if err != nil {
 		return fmt.Errorf("copying the status of %s %s/%s: %w", it.kind, it.obj.GetNamespace(), it.obj.GetName(), err)
-	}
-	return nil
-}
-
-// statusOf returns, for a kind with a status subresource, a function that
-// puts the status obj was made with on a copy, or nil for a kind without.
-func statusOf(obj client.Object) func(client.Object) bool {
-	switch o := obj.(type) {
-	case *machinistv1.Machine:
-		st := o.Status.DeepCopy()
-		return func(c client.Object) bool { c.(*machinistv1.Machine).Status = *st; return true }
-	case *machinistv1.MachineSet:
-		st := o.Status.DeepCopy()
-		return func(c client.Object) bool { c.(*machinistv1.MachineSet).Status = *st; return true }
-	case *machinistv1.MachineDeployment:
-		st := o.Status.DeepCopy()
-		return func(c client.Object) bool { c.(*machinistv1.MachineDeployment).Status = *st; return true }
-	case *machinistv1.MachineHealthCheck:
-		st := o.Status.DeepCopy()
-		return func(c client.Object) bool { c.(*machinistv1.MachineHealthCheck).Status = *st; return true }
-	case *machinistv1.MachineDisruptionBudget:
-		st := o.Status.DeepCopy()
-		return func(c client.Object) bool { c.(*machinistv1.MachineDisruptionBudget).Status = *st; return true }
-	case *machinistv1.WorkloadCluster:
-		st := o.Status.DeepCopy()
-		return func(c client.Object) bool { c.(*machinistv1.WorkloadCluster).Status = *st; return true }
 	}
 	return nil
 }
@@ -343,7 +323,7 @@ func resumeTarget(ctx context.Context, to client.Client, ns string) error {
 		if err := to.List(ctx, list, client.InNamespace(ns)); err != nil {
 			return fmt.Errorf("listing %ss in %s on the target: %w", k.name, ns, err)
 		}
-		objs, err := meta(list)
+		objs, err := objects(list)
 		if err != nil {
 			return err
 		}
@@ -377,44 +357,15 @@ func release(ctx context.Context, from client.Client, obj client.Object) error {
 	return nil
 }
 
-// meta returns the items of list as objects.
-func meta(list client.ObjectList) ([]client.Object, error) {
-	var out []client.Object
-	switch l := list.(type) {
-	case *machinistv1.MachineClassList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *machinistv1.MachineDrainRuleList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *machinistv1.WorkloadClusterList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *machinistv1.MachineDeploymentList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *machinistv1.MachineSetList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *machinistv1.MachineList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *machinistv1.MachineHealthCheckList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *machinistv1.MachineDisruptionBudgetList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	default:
-		return nil, fmt.Errorf("move: no items of %T", list)
+// objects returns the items of list.
+func objects(list client.ObjectList) ([]client.Object, error) {
+	items, err := apimeta.ExtractList(list)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]client.Object, len(items))
+	for i, o := range items {
+		out[i] = o.(client.Object)
 	}
 	return out, nil
 }
