@@ -78,8 +78,8 @@ func TestCommandPassesForInmemory(t *testing.T) {
 			t.Errorf("no PASS line for %q", name)
 		}
 	}
-	if !strings.Contains(out, "16 checks: 16 passed, 0 failed") {
-		t.Errorf("no summary of 16 checks passed")
+	if summary := fmt.Sprintf("%d checks: %[1]d passed, 0 failed", len(allChecks)); !strings.Contains(out, summary) {
+		t.Errorf("no summary %q", summary)
 	}
 	if t.Failed() {
 		t.Logf("output:\n%s", out)
@@ -124,14 +124,22 @@ func TestSuiteFailsARebootThatIgnoresTheOperationID(t *testing.T) {
 
 // racyCreate looks for the Machine's instance, then creates one if there
 // was none, without holding anything in between: the classic race. It
-// stands in for a provider whose instance is not named after the Machine
-// (the UID it passes on is its own), so that nothing downstream folds the
-// duplicates together.
+// stands in for a provider whose instances are not named after their
+// Machines (each takes a name and UID of its own), so that nothing
+// downstream folds the duplicates together. It keeps the rest of the
+// contract itself: owners as the Machine, and a Machine re-created under
+// its name takes its instance.
 type racyCreate struct {
 	*inmemory.Provider
 
 	mu   sync.Mutex
-	made map[types.UID]string // Machine UID → provider ID
+	made map[types.UID]made // Machine UID → its instance
+}
+
+// made is an instance racyCreate made and the Machine it was made for.
+type made struct {
+	providerID string
+	owner      providers.Owner
 }
 
 func (r *racyCreate) Create(ctx context.Context, m *machinistv1.Machine, class *machinistv1.MachineClass, join providers.Join) (string, error) {
@@ -145,6 +153,9 @@ func (r *racyCreate) Create(ctx context.Context, m *machinistv1.Machine, class *
 	if id, err := r.FindByUID(ctx, m.UID); err != nil || id != "" {
 		return id, err
 	}
+	if id := r.takeSameName(m); id != "" {
+		return id, nil
+	}
 	// The cloud takes a while to answer "none", which is the window.
 	select {
 	case <-time.After(200 * time.Millisecond):
@@ -153,39 +164,74 @@ func (r *racyCreate) Create(ctx context.Context, m *machinistv1.Machine, class *
 	}
 	instance := m.DeepCopy()
 	instance.UID = uuid.NewUUID()
+	instance.Name = m.Name + "-" + string(instance.UID)[:8]
 	id, err := r.Provider.Create(ctx, instance, class, join)
 	if err != nil {
 		return "", err
 	}
 	r.mu.Lock()
-	r.made[m.UID] = id
+	r.made[m.UID] = made{providerID: id, owner: providers.OwnerOf(m)}
 	r.mu.Unlock()
 	return id, nil
 }
 
+// takeSameName hands m the instance made for a Machine of its namespace
+// and name under another UID, if there is one.
+func (r *racyCreate) takeSameName(m *machinistv1.Machine) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for uid, in := range r.made {
+		if providers.SameName(in.owner, m) {
+			delete(r.made, uid)
+			r.made[m.UID] = made{providerID: in.providerID, owner: providers.OwnerOf(m)}
+			return in.providerID
+		}
+	}
+	return ""
+}
+
 func (r *racyCreate) FindByUID(ctx context.Context, uid types.UID) (string, error) {
 	r.mu.Lock()
-	id := r.made[uid]
+	in := r.made[uid]
 	r.mu.Unlock()
-	if id != "" {
-		return id, nil
+	if in.providerID != "" {
+		return in.providerID, nil
 	}
 	// Adopted instances are the provider's to remember.
 	return r.Provider.FindByUID(ctx, uid)
 }
 
-// Describe reports the Machine an instance was made for as its owner,
-// not the UID made up for it.
-func (r *racyCreate) Describe(ctx context.Context, providerID string) (providers.Instance, error) {
-	in, err := r.Provider.Describe(ctx, providerID)
+// ownerOf is the Machine racyCreate made providerID for, if it made it.
+func (r *racyCreate) ownerOf(providerID string) (providers.Owner, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for uid, id := range r.made {
-		if id == providerID {
-			in.Owner.UID = uid
+	for _, in := range r.made {
+		if in.providerID == providerID {
+			return in.owner, true
 		}
 	}
+	return providers.Owner{}, false
+}
+
+// Describe reports the Machine an instance was made for as its owner,
+// not the name and UID made up for it.
+func (r *racyCreate) Describe(ctx context.Context, providerID string) (providers.Instance, error) {
+	in, err := r.Provider.Describe(ctx, providerID)
+	if owner, ok := r.ownerOf(providerID); ok {
+		in.Owner = owner
+	}
 	return in, err
+}
+
+// List reports owners as Describe does.
+func (r *racyCreate) List(ctx context.Context) ([]providers.Listed, error) {
+	listed, err := r.Provider.List(ctx)
+	for i := range listed {
+		if owner, ok := r.ownerOf(listed[i].ProviderID); ok {
+			listed[i].Owner = owner
+		}
+	}
+	return listed, err
 }
 
 func (r *racyCreate) Delete(ctx context.Context, providerID string) error {
@@ -194,8 +240,8 @@ func (r *racyCreate) Delete(ctx context.Context, providerID string) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for uid, id := range r.made {
-		if id == providerID {
+	for uid, in := range r.made {
+		if in.providerID == providerID {
 			delete(r.made, uid)
 		}
 	}
@@ -267,7 +313,7 @@ func TestSuiteFailsAListWithoutOwners(t *testing.T) {
 func TestSuiteFailsACreateThatRaces(t *testing.T) {
 	t.Parallel()
 	p := newInmemory(t)
-	endpoint := serveInProcess(t, &racyCreate{Provider: p, made: map[types.UID]string{}}, plugin.ServeOptions{})
+	endpoint := serveInProcess(t, &racyCreate{Provider: p, made: map[types.UID]made{}}, plugin.ServeOptions{})
 	results := run(t, config(endpoint, "conformance-race"))
 	onlyFailed(t, results, allChecks, conformance.CheckCreateOnce)
 	// The duplicates were cleaned up with the rest.

@@ -433,7 +433,8 @@ func TestQuickStart(t *testing.T) {
 	dir := workdir(t)
 	run := start(t, dir)
 	g := NewWithT(t)
-	g.Expect(run.output()).To(ContainSubstring(`MachineDeployment "workers" of 3 Machines`))
+	// Ready is its first line; the rest of the message may be on its way.
+	g.Eventually(run.output, 5*time.Second, 10*time.Millisecond).Should(ContainSubstring(`MachineDeployment "workers" of 3 Machines`))
 	c := kubeClient(t, dir)
 
 	// The first start made the sample health check, the one in
