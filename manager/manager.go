@@ -137,6 +137,11 @@ type Options struct {
 	// Machine that is gone, claimed by none) is reported before it is
 	// deleted; zero never deletes one.
 	OrphanDeletionGrace time.Duration
+	// GhostReplacementLimit is the percentage of a MachineSet's (and a
+	// provider's) Machines that may be ghosts, their instances gone, for
+	// the inventory to delete them so that their sets replace them; zero
+	// takes inventory.DefaultGhostLimit, negative replaces none.
+	GhostReplacementLimit int
 	// ClusterJoinablePeriod is how often each connected workload
 	// cluster's join checks run again, for its Joinable condition; zero
 	// takes joinprobe.DefaultPeriod.
@@ -365,7 +370,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 		if err := mgr.Add(&inventory.Checker{
 			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Actuators: opts.Actuators,
 			Recorder: mgr.GetEventRecorder("machinist-inventory"), Period: opts.InventoryPeriod,
-			OrphanGrace: opts.OrphanDeletionGrace, Metrics: counts,
+			OrphanGrace: opts.OrphanDeletionGrace, GhostLimit: opts.GhostReplacementLimit, Metrics: counts,
 		}); err != nil {
 			return nil, err
 		}

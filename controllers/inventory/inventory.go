@@ -11,7 +11,11 @@
 //   - ghosts: Machines whose instance is gone, which an older snapshot
 //     brings back. Each is reported at once, without waiting for its
 //     Node's Lease to expire (a Warning Event on the Machine, and
-//     machinist_ghost_machines).
+//     machinist_ghost_machines), and, when a MachineSet owns it, deleted
+//     so that the set replaces it, once: unless more of the set's (or the
+//     provider's) Machines are ghosts at once than GhostLimit allows,
+//     which is what a provider that lost its books, not its instances,
+//     looks like.
 //
 // An instance that belongs to no Machine (made outside Machinist, waiting
 // to be adopted through spec.providerID) is neither: it is counted, never
@@ -36,6 +40,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/lifecycle/pause"
 	"github.com/machinist-dev/machinist/providers"
 )
 
@@ -48,13 +53,21 @@ const (
 	ReasonOrphanInstance = "OrphanInstance"
 	ReasonOrphanDeleted  = "OrphanInstanceDeleted"
 	ReasonInstanceGone   = "InstanceGone"
+	ReasonGhostReplaced  = "GhostReplaced"
+	ReasonGhostsHeld     = "GhostsNotReplaced"
 )
+
+// DefaultGhostLimit is the percentage of a set's (and a provider's)
+// Machines that may be replaced as ghosts at once when GhostLimit is not
+// set.
+const DefaultGhostLimit = 50
 
 // Checker lists every provider's instances each Period and compares them
 // with the Machines. It is a manager Runnable that runs on the leader.
 type Checker struct {
-	// Client reads Machines and MachineClasses (the manager's cache).
-	Client client.Reader
+	// Client reads Machines and MachineClasses (the manager's cache), and
+	// deletes the ghosts to be replaced.
+	Client client.Client
 	// APIReader reads past the cache, to confirm that an orphan's
 	// Machine is really gone before its instance is deleted.
 	APIReader client.Reader
@@ -70,6 +83,13 @@ type Checker struct {
 	// process first saw it: a restart starts it again, which can only
 	// delay a deletion, never hasten one.
 	OrphanGrace time.Duration
+	// GhostLimit is the percentage of a MachineSet's Machines, and of a
+	// provider's, that may be ghosts for those ghosts to be replaced (at
+	// least one always may); zero means DefaultGhostLimit, negative
+	// never replaces one. More ghosts than that at once is not what a
+	// restore or a lost instance leaves, but a provider that lost track
+	// of its instances: replacing them would run each twice.
+	GhostLimit int
 	// Metrics are set after each pass; nil sets none.
 	Metrics *Metrics
 	// Now is the clock; nil means time.Now.
@@ -80,6 +100,9 @@ type Checker struct {
 	orphans map[string]time.Time
 	// ghosts are the Machines reported as ghosts, by UID.
 	ghosts map[types.UID]bool
+	// held are the MachineSets told their ghosts are not replaced, by
+	// UID, so that they are told once.
+	held map[types.UID]bool
 	// unlisted are the providers found unable to list, said once each.
 	unlisted map[string]bool
 }
@@ -100,6 +123,10 @@ type Orphan struct {
 type Ghost struct {
 	Machine  types.NamespacedName
 	Provider string
+
+	uid        types.UID
+	providerID string
+	set        *metav1.OwnerReference // its controller, when a MachineSet
 }
 
 // Report is what one pass found.
@@ -109,6 +136,9 @@ type Report struct {
 	Ghosts []Ghost
 	// Deleted are the orphans' provider IDs deleted in this pass.
 	Deleted []string
+	// Replaced are the ghosts deleted in this pass for their sets to
+	// replace.
+	Replaced []types.NamespacedName
 	// Unowned counts, per provider, instances that belong to no Machine.
 	Unowned map[string]int
 }
@@ -186,7 +216,7 @@ func (c *Checker) Check(ctx context.Context) (Report, error) {
 
 	c.mu.Lock()
 	if c.orphans == nil {
-		c.orphans, c.ghosts, c.unlisted = map[string]time.Time{}, map[types.UID]bool{}, map[string]bool{}
+		c.orphans, c.ghosts, c.unlisted, c.held = map[string]time.Time{}, map[types.UID]bool{}, map[string]bool{}, map[types.UID]bool{}
 	}
 	c.mu.Unlock()
 	current := map[string]bool{}
@@ -220,6 +250,9 @@ func (c *Checker) Check(ctx context.Context) (Report, error) {
 	ghosts, err := c.findGhosts(ctx, machines.Items, listed)
 	errs = append(errs, err)
 	rep.Ghosts = ghosts
+	replaced, err := c.replace(ctx, ghosts, machines.Items, listed)
+	errs = append(errs, err)
+	rep.Replaced = replaced
 
 	if c.OrphanGrace > 0 {
 		for _, o := range rep.Orphans {
@@ -323,10 +356,11 @@ var ghostPhases = []machinistv1.MachinePhase{
 // findGhosts reports the Machines whose provider listed its instances
 // without theirs, confirmed by Exists.
 func (c *Checker) findGhosts(ctx context.Context, machines []machinistv1.Machine, listed map[string][]providers.Listed) ([]Ghost, error) {
-	held := map[string]bool{}
+	held, owners := map[string]bool{}, map[types.UID]bool{}
 	for _, instances := range listed {
 		for _, in := range instances {
 			held[in.ProviderID] = true
+			owners[in.Owner.UID] = true
 		}
 	}
 	var ghosts []Ghost
@@ -335,6 +369,12 @@ func (c *Checker) findGhosts(ctx context.Context, machines []machinistv1.Machine
 	for i := range machines {
 		m := &machines[i]
 		if !m.DeletionTimestamp.IsZero() || m.Status.ProviderID == "" || held[m.Status.ProviderID] || !slices.Contains(ghostPhases, m.Status.Phase) {
+			continue
+		}
+		if owners[m.UID] {
+			// An instance made for it is listed under another ID: a
+			// provider that replaces an instance to repair it, its new
+			// ID not yet in the Machine's status.
 			continue
 		}
 		class := &machinistv1.MachineClass{}
@@ -357,7 +397,11 @@ func (c *Checker) findGhosts(ctx context.Context, machines []machinistv1.Machine
 			continue // made since the List
 		}
 		still[m.UID] = true
-		ghosts = append(ghosts, Ghost{Machine: client.ObjectKeyFromObject(m), Provider: class.Spec.Provider})
+		g := Ghost{Machine: client.ObjectKeyFromObject(m), Provider: class.Spec.Provider, uid: m.UID, providerID: m.Status.ProviderID}
+		if ref := metav1.GetControllerOf(m); ref != nil && ref.Kind == "MachineSet" && ref.APIVersion == machinistv1.GroupVersion.String() {
+			g.set = ref
+		}
+		ghosts = append(ghosts, g)
 		c.mu.Lock()
 		first := !c.ghosts[m.UID]
 		c.ghosts[m.UID] = true
@@ -375,6 +419,122 @@ func (c *Checker) findGhosts(ctx context.Context, machines []machinistv1.Machine
 	}
 	c.mu.Unlock()
 	return ghosts, errors.Join(errs...)
+}
+
+// replace deletes the ghosts a MachineSet owns, for the set to replace
+// each once: the deletion is of the Machine read from the API itself,
+// still a ghost, under its UID and resourceVersion, so that a Machine
+// changed or re-created since is left alone, and a deleted Machine is no
+// ghost in a later pass. It replaces none of a set or a provider with
+// more ghosts than GhostLimit allows, nor a paused Machine or set.
+func (c *Checker) replace(ctx context.Context, ghosts []Ghost, machines []machinistv1.Machine, listed map[string][]providers.Listed) ([]types.NamespacedName, error) {
+	limit := c.GhostLimit
+	if limit == 0 {
+		limit = DefaultGhostLimit
+	}
+	bySet, byProvider := map[types.UID]int{}, map[string]int{}
+	for _, g := range ghosts {
+		byProvider[g.Provider]++
+		if g.set != nil {
+			bySet[g.set.UID]++
+		}
+	}
+	members := map[types.UID]int{}
+	for i := range machines {
+		if ref := metav1.GetControllerOf(&machines[i]); ref != nil && machines[i].DeletionTimestamp.IsZero() {
+			members[ref.UID]++
+		}
+	}
+	var replaced []types.NamespacedName
+	var errs []error
+	heldNow := map[types.UID]bool{}
+	for _, g := range ghosts {
+		if g.set == nil || limit < 0 {
+			continue
+		}
+		if n := bySet[g.set.UID]; n > allowed(limit, members[g.set.UID]) {
+			heldNow[g.set.UID] = true
+			c.holding(g, fmt.Sprintf("%d of its %d Machines are ghosts at once", n, members[g.set.UID]), limit)
+			continue
+		}
+		// The provider holds what it listed, and held nothing for its
+		// ghosts.
+		if n := byProvider[g.Provider]; n > allowed(limit, len(listed[g.Provider])+n) {
+			heldNow[g.set.UID] = true
+			c.holding(g, fmt.Sprintf("%d of provider %s's %d Machines are ghosts at once", n, g.Provider, len(listed[g.Provider])+n), limit)
+			continue
+		}
+		done, err := c.replaceOne(ctx, g)
+		errs = append(errs, err)
+		if done {
+			replaced = append(replaced, g.Machine)
+		}
+	}
+	c.mu.Lock()
+	for uid := range c.held {
+		if !heldNow[uid] {
+			delete(c.held, uid)
+		}
+	}
+	c.mu.Unlock()
+	return replaced, errors.Join(errs...)
+}
+
+// allowed is how many ghosts of n Machines may be replaced at once.
+func allowed(limit, n int) int {
+	return max(1, n*limit/100)
+}
+
+// holding tells g's set, once while it lasts, that its ghosts are not
+// replaced and why.
+func (c *Checker) holding(g Ghost, why string, limit int) {
+	c.mu.Lock()
+	told := c.held[g.set.UID]
+	c.held[g.set.UID] = true
+	c.mu.Unlock()
+	if told || c.Recorder == nil {
+		return
+	}
+	set := &machinistv1.MachineSet{
+		TypeMeta:   metav1.TypeMeta{APIVersion: machinistv1.GroupVersion.String(), Kind: "MachineSet"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: g.Machine.Namespace, Name: g.set.Name, UID: g.set.UID},
+	}
+	c.Recorder.Eventf(set, nil, corev1.EventTypeWarning, ReasonGhostsHeld, "Inventory",
+		"its ghost Machines (whose instances provider %s does not hold) are not replaced: %s, more than %d%% (--ghost-replacement-limit), which looks like a provider that lost track of its instances rather than instances lost. Check the provider; delete the Machines by hand to have them replaced",
+		g.Provider, why, limit)
+}
+
+// replaceOne deletes ghost g, read again from the API, if it still is
+// one and neither it nor its set is paused.
+func (c *Checker) replaceOne(ctx context.Context, g Ghost) (bool, error) {
+	m := &machinistv1.Machine{}
+	if err := c.APIReader.Get(ctx, g.Machine, m); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	if m.UID != g.uid || !m.DeletionTimestamp.IsZero() || m.Status.ProviderID != g.providerID || !slices.Contains(ghostPhases, m.Status.Phase) {
+		return false, nil
+	}
+	if p, err := pause.Machine(ctx, c.Client, m); err != nil || p.Paused() {
+		return false, err
+	}
+	set := &machinistv1.MachineSet{}
+	if err := c.Client.Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: g.set.Name}, set); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	if set.UID != g.set.UID || !set.DeletionTimestamp.IsZero() || pause.Of(set, "MachineSet").Paused() {
+		return false, nil
+	}
+	rv := m.ResourceVersion
+	if err := c.Client.Delete(ctx, m, client.Preconditions{UID: &m.UID, ResourceVersion: &rv}); err != nil {
+		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+			return false, nil // changed since: the next pass looks again
+		}
+		return false, fmt.Errorf("deleting ghost Machine %s: %w", g.Machine, err)
+	}
+	c.Metrics.replaced(g.Provider)
+	c.event(m, corev1.EventTypeWarning, ReasonGhostReplaced, "Inventory",
+		"deleted: provider %s does not hold its instance %s any more; MachineSet %s replaces it", g.Provider, g.providerID, set.Name)
+	return true, nil
 }
 
 func (c *Checker) unlistable(ctx context.Context, name string) {
@@ -415,8 +575,8 @@ func (c *Checker) now() time.Time {
 
 // Metrics are the inventory's gauges and counter.
 type Metrics struct {
-	orphans, ghosts, unowned *prometheus.GaugeVec
-	collected                *prometheus.CounterVec
+	orphans, ghosts, unowned  *prometheus.GaugeVec
+	collected, ghostsReplaced *prometheus.CounterVec
 }
 
 // NewMetrics makes the metrics; Register them.
@@ -430,12 +590,14 @@ func NewMetrics() *Metrics {
 			Help: "Instances a provider holds that belong to no Machine (made outside Machinist), as of the last inventory pass."}, []string{"provider"}),
 		collected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "machinist_orphan_instances_deleted_total",
 			Help: "Orphan instances deleted after --orphan-deletion-grace."}, []string{"provider"}),
+		ghostsReplaced: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "machinist_ghost_machines_replaced_total",
+			Help: "Ghost Machines (whose instance is gone) deleted for their MachineSets to replace."}, []string{"provider"}),
 	}
 }
 
 // Register registers the metrics with reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	return errors.Join(reg.Register(m.orphans), reg.Register(m.ghosts), reg.Register(m.unowned), reg.Register(m.collected))
+	return errors.Join(reg.Register(m.orphans), reg.Register(m.ghosts), reg.Register(m.unowned), reg.Register(m.collected), reg.Register(m.ghostsReplaced))
 }
 
 func (m *Metrics) set(names []string, listed map[string][]providers.Listed, rep Report) {
@@ -458,6 +620,12 @@ func (m *Metrics) set(names []string, listed map[string][]providers.Listed, rep 
 		m.orphans.WithLabelValues(name).Set(float64(orphans[name]))
 		m.unowned.WithLabelValues(name).Set(float64(rep.Unowned[name]))
 		m.ghosts.WithLabelValues(name).Set(float64(ghosts[name]))
+	}
+}
+
+func (m *Metrics) replaced(provider string) {
+	if m != nil {
+		m.ghostsReplaced.WithLabelValues(provider).Inc()
 	}
 }
 

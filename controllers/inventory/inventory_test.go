@@ -3,6 +3,7 @@ package inventory_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -18,6 +20,7 @@ import (
 	"github.com/machinist-dev/machinist/controllers/inventory"
 	"github.com/machinist-dev/machinist/dev/testenv"
 	"github.com/machinist-dev/machinist/manager"
+	"github.com/machinist-dev/machinist/providers"
 )
 
 var (
@@ -87,36 +90,157 @@ func TestAnOrphanIsReportedAtOnceAndDeletedAfterItsGrace(t *testing.T) {
 // eventReasons lists the reasons of the Events about Machine name in ns.
 func eventReasons(t *testing.T, ns, name string) []string {
 	t.Helper()
+	return eventsAbout(t, ns, "Machine", name)
+}
+
+// eventsAbout lists the reasons of the Events about the kind name in ns.
+func eventsAbout(t *testing.T, ns, kind, name string) []string {
+	t.Helper()
 	var list eventsv1.EventList
 	if err := env.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
 		t.Fatal(err)
 	}
 	var out []string
 	for _, e := range list.Items {
-		if e.Regarding.Kind == "Machine" && e.Regarding.Name == name {
+		if e.Regarding.Kind == kind && e.Regarding.Name == name {
 			out = append(out, e.Reason)
 		}
 	}
 	return out
 }
 
-// TestAGhostIsReportedWithoutWaitingForItsLease: an instance deleted
-// behind the manager's back (as a restore brings back a Machine whose
-// instance was deleted since) is reported on its Machine within a pass,
-// long before its Node's Lease could expire.
-func TestAGhostIsReportedWithoutWaitingForItsLease(t *testing.T) {
+// TestAGhostIsReportedAtOnceAndReplacedOnce: an instance deleted behind
+// the manager's back (as a restore brings back a Machine whose instance
+// was deleted since) is reported on its Machine within a pass, long
+// before its Node's Lease could expire, and its set replaces it once; a
+// Machine of no set is reported and left for a person.
+func TestAGhostIsReportedAtOnceAndReplacedOnce(t *testing.T) {
 	ctx := context.Background()
 	ns := env.NewNamespace(t, "ghost", testenv.Small)
-	if err := env.Client.Create(ctx, testenv.MachineSet(ns, "pool", 1)); err != nil {
+	if err := env.Client.Create(ctx, testenv.MachineSet(ns, "pool", 3)); err != nil {
 		t.Fatal(err)
 	}
-	m := running(t, ns, 1)[0]
-	if err := ctrls.Provider.Delete(ctx, m.Status.ProviderID); err != nil {
+	alone := &machinistv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "alone"},
+		Spec:       machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: testenv.Small.Name}},
+	}
+	if err := env.Client.Create(ctx, alone); err != nil {
 		t.Fatal(err)
+	}
+	before := running(t, ns, 4)
+	var ghost, lone machinistv1.Machine
+	for _, m := range before {
+		if m.Name == alone.Name {
+			lone = m
+		} else if ghost.Name == "" {
+			ghost = m
+		}
+	}
+	for _, m := range []machinistv1.Machine{ghost, lone} {
+		if err := ctrls.Provider.Delete(ctx, m.Status.ProviderID); err != nil {
+			t.Fatal(err)
+		}
 	}
 	gone := time.Now()
-	seen := waitEvent(t, ns, m.Name, inventory.ReasonInstanceGone, 5*time.Second)
-	t.Logf("the ghost was reported %s after its instance went (its Lease lasts 10 s)", seen.Sub(gone).Round(100*time.Millisecond))
+	// Every Machine ever seen in the namespace, by name, to count the
+	// replacements.
+	seen := map[string]bool{}
+	watch := func() []machinistv1.Machine {
+		ms, err := testenv.ListMachines(ctx, env.Client, ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range ms {
+			seen[m.Name] = true
+		}
+		return ms
+	}
+	reported := waitEvent(t, ns, ghost.Name, inventory.ReasonInstanceGone, 5*time.Second)
+	t.Logf("the ghost was reported %s after its instance went (its Lease lasts 10 s)", reported.Sub(gone).Round(100*time.Millisecond))
+	waitEvent(t, ns, lone.Name, inventory.ReasonInstanceGone, 5*time.Second)
+	testenv.WaitFor(t, time.Minute, "the ghost replaced", func() error {
+		ms := watch()
+		if slices.ContainsFunc(ms, func(m machinistv1.Machine) bool { return m.UID == ghost.UID }) {
+			return fmt.Errorf("ghost %s is still there", ghost.Name)
+		}
+		if up := slices.DeleteFunc(ms, func(m machinistv1.Machine) bool { return m.Status.Phase != machinistv1.MachineRunning }); len(up) != 4 {
+			return fmt.Errorf("%d Machines Running, want 4", len(up))
+		}
+		return nil
+	})
+	t.Logf("the ghost was replaced by a Running Machine %s after its instance went", time.Since(gone).Round(100*time.Millisecond))
+	// Three more passes change nothing: no second replacement, and the
+	// lone ghost is still there, still a ghost.
+	for end := time.Now().Add(3500 * time.Millisecond); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		watch()
+	}
+	if len(seen) != 5 {
+		t.Errorf("Machines seen: %v, want the 4 first and one replacement", slices.Sorted(maps.Keys(seen)))
+	}
+	if n := count(eventReasons(t, ns, ghost.Name), inventory.ReasonGhostReplaced); n != 1 {
+		t.Errorf("%d %s Events on the ghost, want 1", n, inventory.ReasonGhostReplaced)
+	}
+	after := &machinistv1.Machine{}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(&lone), after); err != nil || !after.DeletionTimestamp.IsZero() {
+		t.Errorf("the Machine of no set was deleted (%v): nothing would replace it", err)
+	}
+	if reasons := eventReasons(t, ns, lone.Name); slices.Contains(reasons, inventory.ReasonGhostReplaced) {
+		t.Errorf("the Machine of no set was replaced: %v", reasons)
+	}
+	listed, err := providers.List(ctx, ctrls.Provider)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(slices.DeleteFunc(listed, func(l providers.Listed) bool { return l.Owner.Namespace != ns })); n != 3 {
+		t.Errorf("the provider holds %d instances for namespace %s, want 3, the set's", n, ns)
+	}
+}
+
+// TestGhostsAreNotReplacedWhenMostOfASetIsGone: 3 of a set's 4 instances
+// gone at once is what a provider that lost its books looks like, not a
+// restore; replacing them could run each machine twice. They are
+// reported, the set is told why they are not replaced, and none is
+// deleted.
+func TestGhostsAreNotReplacedWhenMostOfASetIsGone(t *testing.T) {
+	ctx := context.Background()
+	ns := env.NewNamespace(t, "ghosts", testenv.Small)
+	if err := env.Client.Create(ctx, testenv.MachineSet(ns, "pool", 4)); err != nil {
+		t.Fatal(err)
+	}
+	ms := running(t, ns, 4)
+	for _, m := range ms[:3] {
+		if err := ctrls.Provider.Delete(ctx, m.Status.ProviderID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.WaitFor(t, 5*time.Second, "the set told its ghosts are not replaced", func() error {
+		if reasons := eventsAbout(t, ns, "MachineSet", "pool"); !slices.Contains(reasons, inventory.ReasonGhostsHeld) {
+			return fmt.Errorf("Events on the set: %v", reasons)
+		}
+		return nil
+	})
+	for _, m := range ms[:3] {
+		waitEvent(t, ns, m.Name, inventory.ReasonInstanceGone, 5*time.Second)
+	}
+	time.Sleep(3 * time.Second) // three more passes
+	for _, m := range running(t, ns, 4) {
+		if !slices.ContainsFunc(ms, func(o machinistv1.Machine) bool { return o.UID == m.UID }) {
+			t.Errorf("Machine %s is new: a ghost was replaced", m.Name)
+		}
+		if reasons := eventReasons(t, ns, m.Name); slices.Contains(reasons, inventory.ReasonGhostReplaced) {
+			t.Errorf("Machine %s was replaced: %v", m.Name, reasons)
+		}
+	}
+}
+
+func count(ss []string, s string) int {
+	n := 0
+	for _, x := range ss {
+		if x == s {
+			n++
+		}
+	}
+	return n
 }
 
 func running(t *testing.T, ns string, n int) []machinistv1.Machine {

@@ -38,6 +38,7 @@ func ManagerCommand() *cobra.Command {
 		goroutines inmemory.Options
 		logs       LogFlags
 		joinCAFile string
+		ghostLimit int
 	)
 	cmd := &cobra.Command{
 		Use:   "manager",
@@ -76,6 +77,14 @@ logging "waiting for kube-apiserver", instead of exiting again.`,
 			}
 			if (opts.JoinServer == "") != (joinCAFile == "") {
 				return errors.New("--join-server and --join-ca-file go together: new machines need both the address and the CA that verifies it")
+			}
+			switch {
+			case ghostLimit < 0 || ghostLimit > 100:
+				return fmt.Errorf("--ghost-replacement-limit=%d: a percentage, from 0 (never replace) to 100", ghostLimit)
+			case ghostLimit == 0:
+				opts.GhostReplacementLimit = -1
+			default:
+				opts.GhostReplacementLimit = ghostLimit
 			}
 			ctx := ctrl.SetupSignalHandler()
 			opts.Actuators = providers.NewRegistry()
@@ -165,6 +174,8 @@ logging "waiting for kube-apiserver", instead of exiting again.`,
 		"how often every provider that can list its instances is compared with the Machines, to report orphans (instances made for a Machine that is gone) and ghosts (Machines whose instance is gone); negative: never")
 	fs.DurationVar(&opts.OrphanDeletionGrace, "orphan-deletion-grace", 0,
 		"delete an orphan instance once it has been reported this long and no Machine claimed it; 0: never (report only). Set it only when the providers' instances are this manager's alone")
+	fs.IntVar(&ghostLimit, "ghost-replacement-limit", inventory.DefaultGhostLimit,
+		"replace a ghost Machine (its instance gone) of a MachineSet by deleting it, unless more than this percentage of its set's Machines, or of its provider's, are ghosts at once (a provider that lost track of its instances): then report only; 0: never replace")
 	fs.BoolVar(&opts.ManagementJoinable, "management-cluster-joinable", true,
 		"keep the ManagementCluster, whose Joinable condition says whether machines can join this cluster (its checks make a short-lived bootstrap token and a certificate request here); false: neither the object nor the checks")
 	fs.StringVar(&opts.Namespace, "namespace", cmp.Or(os.Getenv("POD_NAMESPACE"), machine.DefaultNamespace),
