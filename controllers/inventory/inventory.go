@@ -480,9 +480,11 @@ func (c *Checker) replace(ctx context.Context, ghosts []Ghost, machines []machin
 	return replaced, errors.Join(errs...)
 }
 
-// allowed is how many ghosts of n Machines may be replaced at once.
+// allowed is how many ghosts of n Machines may be replaced at once: limit
+// percent of them rounded up, as a MachineHealthCheck's maxUnhealthy is,
+// and at least one.
 func allowed(limit, n int) int {
-	return max(1, n*limit/100)
+	return max(1, (n*limit+99)/100)
 }
 
 // holding tells g's set, once while it lasts, that its ghosts are not

@@ -56,7 +56,7 @@ func TestAnOrphanIsReportedAtOnceAndDeletedAfterItsGrace(t *testing.T) {
 	if err := env.Client.Create(ctx, testenv.MachineSet(ns, "pool", 2)); err != nil {
 		t.Fatal(err)
 	}
-	machines := running(t, ns, 2)
+	machines := running(t, env, ns, 2)
 	lost := machines[0]
 	// Released by hand: the Machine goes without its instance.
 	released := lost.DeepCopy()
@@ -68,33 +68,33 @@ func TestAnOrphanIsReportedAtOnceAndDeletedAfterItsGrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	gone := time.Now()
-	reported := waitEvent(t, ns, lost.Name, inventory.ReasonOrphanInstance, 10*time.Second)
+	reported := waitEvent(t, env, ns, lost.Name, inventory.ReasonOrphanInstance, 10*time.Second)
 	t.Logf("the orphan was reported %s after its Machine went", reported.Sub(gone).Round(100*time.Millisecond))
-	deleted := waitEvent(t, ns, lost.Name, inventory.ReasonOrphanDeleted, grace+10*time.Second)
+	deleted := waitEvent(t, env, ns, lost.Name, inventory.ReasonOrphanDeleted, grace+10*time.Second)
 	t.Logf("the orphan was deleted %s after it was reported (grace %s)", deleted.Sub(reported).Round(100*time.Millisecond), grace)
 	if exists, err := ctrls.Provider.Exists(ctx, lost.Status.ProviderID); err != nil || exists {
 		t.Fatalf("the orphan %s still exists (%v)", lost.Status.ProviderID, err)
 	}
 	// The set replaced its Machine, and nothing of the others was touched.
-	after := running(t, ns, 2)
+	after := running(t, env, ns, 2)
 	for _, m := range after {
 		if exists, err := ctrls.Provider.Exists(ctx, m.Status.ProviderID); err != nil || !exists {
 			t.Errorf("Machine %s's instance is gone (%v)", m.Name, err)
 		}
-		if reasons := eventReasons(t, ns, m.Name); slices.Contains(reasons, inventory.ReasonOrphanInstance) {
+		if reasons := eventReasons(t, env, ns, m.Name); slices.Contains(reasons, inventory.ReasonOrphanInstance) {
 			t.Errorf("the instance of Machine %s, which has it, was called an orphan", m.Name)
 		}
 	}
 }
 
 // eventReasons lists the reasons of the Events about Machine name in ns.
-func eventReasons(t *testing.T, ns, name string) []string {
+func eventReasons(t *testing.T, env *testenv.Env, ns, name string) []string {
 	t.Helper()
-	return eventsAbout(t, ns, "Machine", name)
+	return eventsAbout(t, env, ns, "Machine", name)
 }
 
 // eventsAbout lists the reasons of the Events about the kind name in ns.
-func eventsAbout(t *testing.T, ns, kind, name string) []string {
+func eventsAbout(t *testing.T, env *testenv.Env, ns, kind, name string) []string {
 	t.Helper()
 	var list eventsv1.EventList
 	if err := env.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
@@ -127,7 +127,7 @@ func TestAGhostIsReportedAtOnceAndReplacedOnce(t *testing.T) {
 	if err := env.Client.Create(ctx, alone); err != nil {
 		t.Fatal(err)
 	}
-	before := running(t, ns, 4)
+	before := running(t, env, ns, 4)
 	var ghost, lone machinistv1.Machine
 	for _, m := range before {
 		if m.Name == alone.Name {
@@ -155,9 +155,9 @@ func TestAGhostIsReportedAtOnceAndReplacedOnce(t *testing.T) {
 		}
 		return ms
 	}
-	reported := waitEvent(t, ns, ghost.Name, inventory.ReasonInstanceGone, 5*time.Second)
+	reported := waitEvent(t, env, ns, ghost.Name, inventory.ReasonInstanceGone, 5*time.Second)
 	t.Logf("the ghost was reported %s after its instance went (its Lease lasts 10 s)", reported.Sub(gone).Round(100*time.Millisecond))
-	waitEvent(t, ns, lone.Name, inventory.ReasonInstanceGone, 5*time.Second)
+	waitEvent(t, env, ns, lone.Name, inventory.ReasonInstanceGone, 5*time.Second)
 	testenv.WaitFor(t, time.Minute, "the ghost replaced", func() error {
 		ms := watch()
 		if slices.ContainsFunc(ms, func(m machinistv1.Machine) bool { return m.UID == ghost.UID }) {
@@ -177,14 +177,14 @@ func TestAGhostIsReportedAtOnceAndReplacedOnce(t *testing.T) {
 	if len(seen) != 5 {
 		t.Errorf("Machines seen: %v, want the 4 first and one replacement", slices.Sorted(maps.Keys(seen)))
 	}
-	if n := count(eventReasons(t, ns, ghost.Name), inventory.ReasonGhostReplaced); n != 1 {
+	if n := count(eventReasons(t, env, ns, ghost.Name), inventory.ReasonGhostReplaced); n != 1 {
 		t.Errorf("%d %s Events on the ghost, want 1", n, inventory.ReasonGhostReplaced)
 	}
 	after := &machinistv1.Machine{}
 	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(&lone), after); err != nil || !after.DeletionTimestamp.IsZero() {
 		t.Errorf("the Machine of no set was deleted (%v): nothing would replace it", err)
 	}
-	if reasons := eventReasons(t, ns, lone.Name); slices.Contains(reasons, inventory.ReasonGhostReplaced) {
+	if reasons := eventReasons(t, env, ns, lone.Name); slices.Contains(reasons, inventory.ReasonGhostReplaced) {
 		t.Errorf("the Machine of no set was replaced: %v", reasons)
 	}
 	listed, err := providers.List(ctx, ctrls.Provider)
@@ -207,27 +207,27 @@ func TestGhostsAreNotReplacedWhenMostOfASetIsGone(t *testing.T) {
 	if err := env.Client.Create(ctx, testenv.MachineSet(ns, "pool", 4)); err != nil {
 		t.Fatal(err)
 	}
-	ms := running(t, ns, 4)
+	ms := running(t, env, ns, 4)
 	for _, m := range ms[:3] {
 		if err := ctrls.Provider.Delete(ctx, m.Status.ProviderID); err != nil {
 			t.Fatal(err)
 		}
 	}
 	testenv.WaitFor(t, 5*time.Second, "the set told its ghosts are not replaced", func() error {
-		if reasons := eventsAbout(t, ns, "MachineSet", "pool"); !slices.Contains(reasons, inventory.ReasonGhostsHeld) {
+		if reasons := eventsAbout(t, env, ns, "MachineSet", "pool"); !slices.Contains(reasons, inventory.ReasonGhostsHeld) {
 			return fmt.Errorf("Events on the set: %v", reasons)
 		}
 		return nil
 	})
 	for _, m := range ms[:3] {
-		waitEvent(t, ns, m.Name, inventory.ReasonInstanceGone, 5*time.Second)
+		waitEvent(t, env, ns, m.Name, inventory.ReasonInstanceGone, 5*time.Second)
 	}
 	time.Sleep(3 * time.Second) // three more passes
-	for _, m := range running(t, ns, 4) {
+	for _, m := range running(t, env, ns, 4) {
 		if !slices.ContainsFunc(ms, func(o machinistv1.Machine) bool { return o.UID == m.UID }) {
 			t.Errorf("Machine %s is new: a ghost was replaced", m.Name)
 		}
-		if reasons := eventReasons(t, ns, m.Name); slices.Contains(reasons, inventory.ReasonGhostReplaced) {
+		if reasons := eventReasons(t, env, ns, m.Name); slices.Contains(reasons, inventory.ReasonGhostReplaced) {
 			t.Errorf("Machine %s was replaced: %v", m.Name, reasons)
 		}
 	}
@@ -243,7 +243,7 @@ func count(ss []string, s string) int {
 	return n
 }
 
-func running(t *testing.T, ns string, n int) []machinistv1.Machine {
+func running(t *testing.T, env *testenv.Env, ns string, n int) []machinistv1.Machine {
 	t.Helper()
 	var ms []machinistv1.Machine
 	testenv.WaitFor(t, time.Minute, fmt.Sprintf("%d Machines Running in %s", n, ns), func() error {
@@ -263,10 +263,10 @@ func running(t *testing.T, ns string, n int) []machinistv1.Machine {
 
 // waitEvent waits for an Event of reason about the Machine name in ns and
 // returns when it was seen.
-func waitEvent(t *testing.T, ns, name, reason string, within time.Duration) time.Time {
+func waitEvent(t *testing.T, env *testenv.Env, ns, name, reason string, within time.Duration) time.Time {
 	t.Helper()
 	testenv.WaitFor(t, within, reason+" on Machine "+name, func() error {
-		if reasons := eventReasons(t, ns, name); !slices.Contains(reasons, reason) {
+		if reasons := eventReasons(t, env, ns, name); !slices.Contains(reasons, reason) {
 			return fmt.Errorf("Events %v", reasons)
 		}
 		return nil

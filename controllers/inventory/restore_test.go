@@ -31,8 +31,8 @@ func TestARestoreThatChangesEveryUIDLosesAndLeaksNothing(t *testing.T) {
 	if err := env.Client.Create(ctx, set); err != nil {
 		t.Fatal(err)
 	}
-	before := running(t, ns, 3)
-	held := instances(t, ns)
+	before := running(t, env, ns, 3)
+	held := instances(t, ctrls.Provider, ns)
 	if len(held) != 3 {
 		t.Fatalf("the provider holds %d instances in %s, want 3", len(held), ns)
 	}
@@ -95,7 +95,7 @@ func TestARestoreThatChangesEveryUIDLosesAndLeaksNothing(t *testing.T) {
 	if err := env.Client.Create(ctx, setBackup); err != nil {
 		t.Fatal(err)
 	}
-	after := running(t, ns, 3)
+	after := running(t, env, ns, 3)
 	t.Logf("the restored Machines were Running %s after they were re-created", time.Since(restored).Round(100*time.Millisecond))
 	for _, m := range after {
 		i := slices.IndexFunc(before, func(b machinistv1.Machine) bool { return b.Name == m.Name })
@@ -113,7 +113,7 @@ func TestARestoreThatChangesEveryUIDLosesAndLeaksNothing(t *testing.T) {
 	// A few inventory passes later: the same three instances, each
 	// owned by its restored Machine, and none deleted.
 	time.Sleep(3 * time.Second)
-	now := instances(t, ns)
+	now := instances(t, ctrls.Provider, ns)
 	if len(now) != 3 {
 		t.Errorf("the provider holds %d instances in %s, want the same 3", len(now), ns)
 	}
@@ -121,7 +121,7 @@ func TestARestoreThatChangesEveryUIDLosesAndLeaksNothing(t *testing.T) {
 		if owner, ok := now[m.Status.ProviderID]; !ok || owner.UID != m.UID {
 			t.Errorf("instance %s is recorded for %+v, want Machine %s (UID %s)", m.Status.ProviderID, owner, m.Name, m.UID)
 		}
-		if slices.Contains(eventReasons(t, ns, m.Name), inventory.ReasonOrphanDeleted) {
+		if slices.Contains(eventReasons(t, env, ns, m.Name), inventory.ReasonOrphanDeleted) {
 			t.Errorf("the instance of %s was deleted as an orphan", m.Name)
 		}
 	}
@@ -129,9 +129,9 @@ func TestARestoreThatChangesEveryUIDLosesAndLeaksNothing(t *testing.T) {
 
 // instances maps the provider's instances recorded for Machines of ns to
 // their owners.
-func instances(t *testing.T, ns string) map[string]providers.Owner {
+func instances(t *testing.T, p providers.Actuator, ns string) map[string]providers.Owner {
 	t.Helper()
-	listed, err := providers.List(context.Background(), ctrls.Provider)
+	listed, err := providers.List(context.Background(), p)
 	if err != nil {
 		t.Fatal(err)
 	}

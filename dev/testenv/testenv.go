@@ -72,6 +72,10 @@ type Env struct {
 	apiserverArgs []string
 	apiserver     *exec.Cmd
 	apiserverDone chan struct{}
+	// etcd is the etcd RestoreEtcd started in envtest's place, and
+	// etcdDone is closed once it exits (nil while none runs).
+	etcd     *exec.Cmd
+	etcdDone chan struct{}
 	// conversion serves the CRDs' conversion webhook (none in a
 	// workload cluster, which has no CRDs).
 	conversion *conversion
@@ -378,6 +382,10 @@ func (e *Env) Stop() error {
 	}
 	if e.apiserverDone != nil {
 		err = errors.Join(err, e.StopAPIServer())
+	}
+	if e.etcdDone != nil {
+		_ = e.etcd.Process.Kill()
+		<-e.etcdDone
 	}
 	err = errors.Join(err, e.env.Stop())
 	if e.conversion != nil {

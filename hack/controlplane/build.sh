@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the pinned etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler and kubectl into bin/ (or $MACHINIST_BIN).
+# Builds the pinned etcd (with etcdctl and etcdutl), kube-apiserver,
+# kube-controller-manager, kube-scheduler and kubectl into bin/ (or
+# $MACHINIST_BIN).
 #
 # Nothing prebuilt can be downloaded, so the binaries come from source through
 # the Go module proxy. The first build takes several minutes on two cores; a
@@ -16,8 +17,8 @@ mkdir -p "$bin"
 exec 9>"$bin/.controlplane.lock"
 flock 9
 
-stamp=$(cat "$here/build.sh" "$here/go.mod" "$here/go.sum" "$here/etcd/go.mod" "$here/etcd/go.sum" "$here/etcd/main.go" | sha256sum | cut -d' ' -f1)
-if [[ -x $bin/etcd && -x $bin/kube-apiserver && -x $bin/kube-controller-manager && -x $bin/kube-scheduler && -x $bin/kubectl && "$(cat "$bin/.controlplane.stamp" 2>/dev/null)" == "$stamp" ]]; then
+stamp=$(cat "$here/build.sh" "$here/go.mod" "$here/go.sum" "$here/etcd/go.mod" "$here/etcd/go.sum" "$here/etcd/main.go" "$here/etcd/tools.go" | sha256sum | cut -d' ' -f1)
+if [[ -x $bin/etcd && -x $bin/etcdctl && -x $bin/etcdutl && -x $bin/kube-apiserver && -x $bin/kube-controller-manager && -x $bin/kube-scheduler && -x $bin/kubectl && "$(cat "$bin/.controlplane.stamp" 2>/dev/null)" == "$stamp" ]]; then
 	exit 0
 fi
 
@@ -43,6 +44,6 @@ done
 
 (cd "$here" && go build -ldflags "$ldflags" -o "$bin/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
 	k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
-(cd "$here/etcd" && go build -o "$bin/etcd" .)
+(cd "$here/etcd" && go build -o "$bin/etcd" . && go build -o "$bin/" go.etcd.io/etcd/etcdctl/v3 go.etcd.io/etcd/etcdutl/v3)
 echo "$stamp" >"$bin/.controlplane.stamp"
 echo "built $(ls "$bin" | tr '\n' ' ')" >&2

@@ -7,7 +7,9 @@
 // Each acts as its own Node alone, as a kubelet does: it watches only the
 // pods bound to its Node, which is all the Node authorizer lets a node's
 // own credentials (Join) watch, and writes nothing after registering
-// except Lease renewals and its pods' changes.
+// except Lease renewals and its pods' changes, and its status again when
+// the API shows it an older one (after a late renewal, or a Lease someone
+// else wrote, as a restore of etcd does).
 //
 // An agent marks nothing about its own death: a dead machine shows first
 // as a Lease whose renewTime plus leaseDurationSeconds has passed, and as
@@ -453,20 +455,28 @@ func (a *Agent) heartbeat(ctx context.Context, log logr.Logger, node *corev1.Nod
 			if fresh, err := a.ensureLease(wctx, node); err == nil {
 				lease = fresh
 			}
+			// So may the Node have been: an etcd restored from an older
+			// snapshot brings back both as they were, with an older boot
+			// ID. A kubelet's periodic status check posts its status
+			// again; this one checks when its Lease shows it.
+			if err := a.repost(wctx, node.Status.NodeInfo.BootID, false); err != nil {
+				log.Error(err, "Checking the node status after the lease was written by another failed")
+			}
 			cancel()
 		}
 	}
 }
 
 // repost posts the Node's status again: always when force, else only if
-// the Node does not show Ready=True.
+// the Node does not show Ready=True and this boot. A Node that is gone is
+// not registered again (a kubelet registers once per start).
 func (a *Agent) repost(ctx context.Context, bootID string, force bool) error {
 	if !force {
 		node, err := a.cfg.Client.CoreV1().Nodes().Get(ctx, a.cfg.NodeName, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		if c := readyCondition(node); c != nil && c.Status == corev1.ConditionTrue {
+		if c := readyCondition(node); c != nil && c.Status == corev1.ConditionTrue && node.Status.NodeInfo.BootID == bootID {
 			return nil
 		}
 	}
