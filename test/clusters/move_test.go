@@ -1,7 +1,9 @@
 package clusters
 
 import (
+	"bufio"
 	"context"
+	"io"
 	"os/exec"
 	"slices"
 	"strings"
@@ -24,10 +26,12 @@ import (
 // TestMoveToAnotherManagementCluster: a MachineDeployment of a workload
 // cluster, with a health check and a budget, moves to a second management
 // cluster whose manager runs the same provider. A dry run writes nothing;
-// the move creates, deletes and restarts no instance; the same Nodes keep
-// their boots; the source holds nothing after; the target drives the
-// fleet (a scale-up there makes a Machine); and the move run again does
-// nothing more.
+// a move stopped by its timeout while copying, then one killed while
+// deleting the originals, is finished by running it again; the move
+// creates, deletes and restarts no instance; the same Nodes keep their
+// boots; the source holds nothing after; the target drives the fleet (a
+// scale-up there makes a Machine); and the move run again does nothing
+// more.
 func TestMoveToAnotherManagementCluster(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -135,6 +139,40 @@ func TestMoveToAnotherManagementCluster(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(string(stopped)), "\n")
 	t.Logf("the first move stopped at: %s", lines[len(lines)-1])
 
+	// Then killed (SIGKILL) at another point, as a node or a terminal
+	// lost: once it has resumed the copies and is deleting the originals.
+	killed := exec.Command(bin, "move", "--kubeconfig", env.Kubeconfig, "--to-kubeconfig", target.Kubeconfig, "-n", ns, "--qps", "4")
+	pr, pw := io.Pipe()
+	killed.Stdout, killed.Stderr = pw, pw
+	if err := killed.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() {
+		err := killed.Wait()
+		_ = pw.Close()
+		exited <- err
+	}()
+	var said []string
+	scan := bufio.NewScanner(pr)
+	for scan.Scan() {
+		said = append(said, scan.Text())
+		if strings.HasPrefix(scan.Text(), "deleting them from the source") {
+			// Killed once the first original is gone.
+			for deadline := time.Now().Add(30 * time.Second); sourceObjects(t, ns) == 10 && time.Now().Before(deadline); {
+			}
+			_ = killed.Process.Kill()
+		}
+	}
+	if err := <-exited; err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Fatalf("the move was not killed while deleting (%v):\n%s", err, strings.Join(said, "\n"))
+	}
+	left, err := testenv.ListMachines(ctx, env.Client, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the second move was killed while deleting: %d of 3 Machines, %d of 10 objects left on the source", len(left), sourceObjects(t, ns))
+
 	start := time.Now()
 	t.Logf("move, run again:\n%s", runMove())
 	took := time.Since(start)
@@ -204,6 +242,21 @@ func TestMoveToAnotherManagementCluster(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// sourceObjects counts the Machinist objects of ns in the source
+// management cluster.
+func sourceObjects(t *testing.T, ns string) int {
+	t.Helper()
+	n := 0
+	for _, list := range []client.ObjectList{&machinistv1.MachineList{}, &machinistv1.MachineSetList{}, &machinistv1.MachineDeploymentList{}, &machinistv1.WorkloadClusterList{},
+		&machinistv1.MachineClassList{}, &machinistv1.MachineHealthCheckList{}, &machinistv1.MachineDisruptionBudgetList{}} {
+		if err := env.Client.List(context.Background(), list, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		n += apimeta.LenList(list)
+	}
+	return n
 }
 
 // nsInstances lists, sorted, the provider IDs the shared provider holds for
