@@ -182,6 +182,19 @@ func (r *Registry) For(_ context.Context, m *machinistv1.Machine) (nodes.Cluster
 	return nil, &nodes.NotConnectedError{Cluster: key, Reason: machinistv1.ReasonClusterConnecting}
 }
 
+// Clusters returns the clusters connected now, by WorkloadCluster, and
+// the manager's own under the zero key.
+func (r *Registry) Clusters() map[types.NamespacedName]nodes.Cluster {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[types.NamespacedName]nodes.Cluster, len(r.conns)+1)
+	out[types.NamespacedName{}] = r.opts.Local
+	for key, c := range r.conns {
+		out[key] = c.cluster
+	}
+	return out
+}
+
 // OnConnect implements nodes.Connections.
 func (r *Registry) OnConnect(fn func(context.Context, types.NamespacedName, cache.Cache) error) {
 	r.mu.Lock()

@@ -370,7 +370,7 @@ func New(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, opts Opt
 		if err := mgr.Add(&inventory.Checker{
 			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Actuators: opts.Actuators,
 			Recorder: mgr.GetEventRecorder("machinist-inventory"), Period: opts.InventoryPeriod,
-			OrphanGrace: opts.OrphanDeletionGrace, GhostLimit: opts.GhostReplacementLimit, Metrics: counts,
+			OrphanGrace: opts.OrphanDeletionGrace, GhostLimit: opts.GhostReplacementLimit, Clusters: nodeSide, Metrics: counts,
 		}); err != nil {
 			return nil, err
 		}

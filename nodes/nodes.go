@@ -167,6 +167,8 @@ type Cluster interface {
 	// Lease returns the kubelet Lease of the Node named node, or nil when
 	// it has none.
 	Lease(ctx context.Context, node string) (*coordinationv1.Lease, error)
+	// Nodes lists the cluster's Nodes (from the cache).
+	Nodes(ctx context.Context) ([]corev1.Node, error)
 	// Patch applies p to node, which it updates with the reply. A JSON
 	// patch whose test failed, because a value it tested changed since it
 	// was read, is a Conflict, as an update of a stale object is.
@@ -220,6 +222,15 @@ func (l *API) For(context.Context, *machinistv1.Machine) (Cluster, error) { retu
 // Node implements Cluster.
 func (l *API) Node(ctx context.Context, providerID string) (*corev1.Node, error) {
 	return nodeFor(ctx, l.Client, providerID)
+}
+
+// Nodes implements Cluster.
+func (l *API) Nodes(ctx context.Context) ([]corev1.Node, error) {
+	var list corev1.NodeList
+	if err := l.Client.List(ctx, &list); err != nil {
+		return nil, err
+	}
+	return list.Items, nil
 }
 
 // nodeFor returns the Node whose spec.providerID is providerID, from the
@@ -355,6 +366,9 @@ func (o Offline) Node(context.Context, string) (*corev1.Node, error) { return ni
 
 // Lease implements Cluster.
 func (o Offline) Lease(context.Context, string) (*coordinationv1.Lease, error) { return nil, o.Err }
+
+// Nodes implements Cluster.
+func (o Offline) Nodes(context.Context) ([]corev1.Node, error) { return nil, o.Err }
 
 // Patch implements Cluster.
 func (o Offline) Patch(context.Context, *corev1.Node, client.Patch) error { return o.Err }

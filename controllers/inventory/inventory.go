@@ -17,6 +17,12 @@
 //     which is what a provider that lost its books, not its instances,
 //     looks like.
 //
+// It also looks at the Nodes of every cluster it is connected to (its own
+// and the WorkloadClusters'): a Node of one of its providers' instances
+// that no Machine claims is reported while its instance runs (its Machine
+// is gone; its set, if any, makes another), and deleted once its instance
+// is gone, as the Machine's own deletion would have.
+//
 // An instance that belongs to no Machine (made outside Machinist, waiting
 // to be adopted through spec.providerID) is neither: it is counted, never
 // deleted.
@@ -27,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,6 +41,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -41,6 +49,7 @@ import (
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/lifecycle/pause"
+	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/providers"
 )
 
@@ -55,6 +64,8 @@ const (
 	ReasonInstanceGone   = "InstanceGone"
 	ReasonGhostReplaced  = "GhostReplaced"
 	ReasonGhostsHeld     = "GhostsNotReplaced"
+	ReasonStrayNode      = "NodeWithoutMachine"
+	ReasonStrayDeleted   = "NodeWithoutMachineDeleted"
 )
 
 // DefaultGhostLimit is the percentage of a set's (and a provider's)
@@ -90,6 +101,11 @@ type Checker struct {
 	// restore or a lost instance leaves, but a provider that lost track
 	// of its instances: replacing them would run each twice.
 	GhostLimit int
+	// Clusters are the clusters whose Nodes are looked at, the manager's
+	// own under the zero key; nil looks at none.
+	Clusters interface {
+		Clusters() map[types.NamespacedName]nodes.Cluster
+	}
 	// Metrics are set after each pass; nil sets none.
 	Metrics *Metrics
 	// Now is the clock; nil means time.Now.
@@ -103,6 +119,9 @@ type Checker struct {
 	// held are the MachineSets told their ghosts are not replaced, by
 	// UID, so that they are told once.
 	held map[types.UID]bool
+	// strays are the Nodes reported without a Machine, by cluster and
+	// name, so that each is told once.
+	strays map[stray]bool
 	// unlisted are the providers found unable to list, said once each.
 	unlisted map[string]bool
 }
@@ -129,6 +148,21 @@ type Ghost struct {
 	set        *metav1.OwnerReference // its controller, when a MachineSet
 }
 
+// Stray is a Node of an instance of Machinist's whose Machine is gone.
+type Stray struct {
+	// Cluster is its WorkloadCluster; zero for the manager's own.
+	Cluster    types.NamespacedName
+	Node       string
+	ProviderID string
+	// Deleted: its instance is gone, and the Node was deleted.
+	Deleted bool
+}
+
+type stray struct {
+	cluster types.NamespacedName
+	node    string
+}
+
 // Report is what one pass found.
 type Report struct {
 	Orphans []Orphan
@@ -139,6 +173,8 @@ type Report struct {
 	// Replaced are the ghosts deleted in this pass for their sets to
 	// replace.
 	Replaced []types.NamespacedName
+	// Strays are the Nodes whose Machine is gone.
+	Strays []Stray
 	// Unowned counts, per provider, instances that belong to no Machine.
 	Unowned map[string]int
 }
@@ -216,7 +252,7 @@ func (c *Checker) Check(ctx context.Context) (Report, error) {
 
 	c.mu.Lock()
 	if c.orphans == nil {
-		c.orphans, c.ghosts, c.unlisted, c.held = map[string]time.Time{}, map[types.UID]bool{}, map[string]bool{}, map[types.UID]bool{}
+		c.orphans, c.ghosts, c.unlisted, c.held, c.strays = map[string]time.Time{}, map[types.UID]bool{}, map[string]bool{}, map[types.UID]bool{}, map[stray]bool{}
 	}
 	c.mu.Unlock()
 	current := map[string]bool{}
@@ -253,6 +289,9 @@ func (c *Checker) Check(ctx context.Context) (Report, error) {
 	replaced, err := c.replace(ctx, ghosts, machines.Items, listed)
 	errs = append(errs, err)
 	rep.Replaced = replaced
+	strays, err := c.findStrays(ctx, machines.Items, listed)
+	errs = append(errs, err)
+	rep.Strays = strays
 
 	if c.OrphanGrace > 0 {
 		for _, o := range rep.Orphans {
@@ -539,6 +578,138 @@ func (c *Checker) replaceOne(ctx context.Context, g Ghost) (bool, error) {
 	return true, nil
 }
 
+// findStrays looks at the Nodes of every connected cluster for those of
+// an instance of a provider listed this pass (by its providerID) that no
+// Machine claims: reported while the instance is listed, deleted once
+// Exists confirms it is gone. A paused WorkloadCluster's are left alone.
+func (c *Checker) findStrays(ctx context.Context, machines []machinistv1.Machine, listed map[string][]providers.Listed) ([]Stray, error) {
+	if c.Clusters == nil {
+		return nil, nil
+	}
+	claimed, live := map[string]bool{}, map[types.UID]bool{}
+	for i := range machines {
+		live[machines[i].UID] = true
+		for _, id := range []string{machines[i].Status.ProviderID, machines[i].Spec.ProviderID} {
+			if id != "" {
+				claimed[id] = true
+			}
+		}
+	}
+	held := map[string]bool{}
+	for _, instances := range listed {
+		for _, in := range instances {
+			held[in.ProviderID] = true
+			if live[in.Owner.UID] {
+				claimed[in.ProviderID] = true // its Machine has not recorded it yet
+			}
+		}
+	}
+	var strays []Stray
+	var errs []error
+	seen := map[stray]bool{}
+	for key, cluster := range c.Clusters.Clusters() {
+		if key.Name != "" {
+			wc := &machinistv1.WorkloadCluster{}
+			if err := c.Client.Get(ctx, key, wc); err != nil || pause.Annotated(wc) {
+				continue
+			}
+		}
+		all, err := cluster.Nodes(ctx)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("listing the Nodes of cluster %s: %w", clusterName(key), err))
+			continue
+		}
+		for i := range all {
+			node := &all[i]
+			id := node.Spec.ProviderID
+			provider, _, _ := strings.Cut(id, ":")
+			if id == "" || claimed[id] {
+				continue
+			}
+			if _, ok := listed[provider]; !ok {
+				continue // not a provider of ours, or not listed this pass
+			}
+			if _, _, _, err := providers.ParseProviderID(provider, id); err != nil {
+				continue // not an instance Machinist made
+			}
+			s := Stray{Cluster: key, Node: node.Name, ProviderID: id}
+			if !held[id] {
+				deleted, err := c.deleteStray(ctx, provider, cluster, node)
+				errs = append(errs, err)
+				if !deleted {
+					continue
+				}
+				s.Deleted = true
+				c.strayEvent(key, node, corev1.EventTypeNormal, ReasonStrayDeleted,
+					"deleted Node %s: no Machine claims it, and provider %s does not hold its instance %s", node.Name, provider, id)
+			} else {
+				k := stray{key, node.Name}
+				seen[k] = true
+				c.mu.Lock()
+				told := c.strays[k]
+				c.strays[k] = true
+				c.mu.Unlock()
+				if !told {
+					c.strayEvent(key, node, corev1.EventTypeWarning, ReasonStrayNode,
+						"Node %s has no Machine: its instance %s of provider %s runs, but the Machine it was made for is gone. It is deleted once its instance is; delete the instance, or give a Machine its spec.providerID", node.Name, id, provider)
+				}
+			}
+			strays = append(strays, s)
+		}
+	}
+	c.mu.Lock()
+	for k := range c.strays {
+		if !seen[k] {
+			delete(c.strays, k)
+		}
+	}
+	c.mu.Unlock()
+	return strays, errors.Join(errs...)
+}
+
+// deleteStray deletes node, once its provider confirms its instance is
+// gone (not made since the List).
+func (c *Checker) deleteStray(ctx context.Context, provider string, cluster nodes.Cluster, node *corev1.Node) (bool, error) {
+	a, err := c.Actuators.Get(provider)
+	if err != nil {
+		return false, err
+	}
+	exists, err := a.Exists(ctx, node.Spec.ProviderID)
+	if err != nil || exists {
+		return false, err
+	}
+	if err := cluster.Delete(ctx, node); err != nil {
+		return false, fmt.Errorf("deleting Node %s, whose Machine and instance are gone: %w", node.Name, err)
+	}
+	return true, nil
+}
+
+// strayEvent records an Event about a Node without a Machine: on its
+// WorkloadCluster, or on the Node itself in the manager's own cluster.
+func (c *Checker) strayEvent(key types.NamespacedName, node *corev1.Node, kind, reason, format string, args ...any) {
+	if c.Recorder == nil {
+		return
+	}
+	var regarding k8sruntime.Object = &corev1.Node{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Node"},
+		ObjectMeta: metav1.ObjectMeta{Name: node.Name, UID: node.UID},
+	}
+	if key.Name != "" {
+		regarding = &machinistv1.WorkloadCluster{
+			TypeMeta:   metav1.TypeMeta{APIVersion: machinistv1.GroupVersion.String(), Kind: "WorkloadCluster"},
+			ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name},
+		}
+	}
+	c.Recorder.Eventf(regarding, nil, kind, reason, "Inventory", format, args...)
+}
+
+func clusterName(key types.NamespacedName) string {
+	if key.Name == "" {
+		return "(the management cluster)"
+	}
+	return key.String()
+}
+
 func (c *Checker) unlistable(ctx context.Context, name string) {
 	c.mu.Lock()
 	said := c.unlisted[name]
@@ -578,6 +749,7 @@ func (c *Checker) now() time.Time {
 // Metrics are the inventory's gauges and counter.
 type Metrics struct {
 	orphans, ghosts, unowned  *prometheus.GaugeVec
+	strays                    *prometheus.GaugeVec
 	collected, ghostsReplaced *prometheus.CounterVec
 }
 
@@ -592,6 +764,8 @@ func NewMetrics() *Metrics {
 			Help: "Instances a provider holds that belong to no Machine (made outside Machinist), as of the last inventory pass."}, []string{"provider"}),
 		collected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "machinist_orphan_instances_deleted_total",
 			Help: "Orphan instances deleted after --orphan-deletion-grace."}, []string{"provider"}),
+		strays: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "machinist_nodes_without_machine",
+			Help: "Nodes of an instance that runs but whose Machine is gone, by cluster (a WorkloadCluster's namespace/name, or management), as of the last inventory pass."}, []string{"cluster"}),
 		ghostsReplaced: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "machinist_ghost_machines_replaced_total",
 			Help: "Ghost Machines (whose instance is gone) deleted for their MachineSets to replace."}, []string{"provider"}),
 	}
@@ -599,7 +773,7 @@ func NewMetrics() *Metrics {
 
 // Register registers the metrics with reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	return errors.Join(reg.Register(m.orphans), reg.Register(m.ghosts), reg.Register(m.unowned), reg.Register(m.collected), reg.Register(m.ghostsReplaced))
+	return errors.Join(reg.Register(m.orphans), reg.Register(m.ghosts), reg.Register(m.unowned), reg.Register(m.collected), reg.Register(m.ghostsReplaced), reg.Register(m.strays))
 }
 
 func (m *Metrics) set(names []string, listed map[string][]providers.Listed, rep Report) {
@@ -614,6 +788,18 @@ func (m *Metrics) set(names []string, listed map[string][]providers.Listed, rep 
 	}
 	for _, g := range rep.Ghosts {
 		ghosts[g.Provider]++
+	}
+	m.strays.Reset()
+	// Served while there are none, so that the alert's series is there.
+	m.strays.WithLabelValues("management").Set(0)
+	for _, s := range rep.Strays {
+		if !s.Deleted {
+			name := "management"
+			if s.Cluster.Name != "" {
+				name = s.Cluster.String()
+			}
+			m.strays.WithLabelValues(name).Inc()
+		}
 	}
 	for _, name := range names {
 		if _, ok := listed[name]; !ok {

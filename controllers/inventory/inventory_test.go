@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -70,8 +71,32 @@ func TestAnOrphanIsReportedAtOnceAndDeletedAfterItsGrace(t *testing.T) {
 	gone := time.Now()
 	reported := waitEvent(t, env, ns, lost.Name, inventory.ReasonOrphanInstance, 10*time.Second)
 	t.Logf("the orphan was reported %s after its Machine went", reported.Sub(gone).Round(100*time.Millisecond))
+	// Its Node, which nothing else would delete now, is reported while
+	// its instance runs...
+	node, err := ctrls.Provider.NodeName(lost.Status.ProviderID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeEvent := func(reason string) func() error {
+		return func() error {
+			if reasons := eventsAbout(t, env, metav1.NamespaceDefault, "Node", node); !slices.Contains(reasons, reason) {
+				return fmt.Errorf("Events on Node %s: %v", node, reasons)
+			}
+			return nil
+		}
+	}
+	testenv.WaitFor(t, 5*time.Second, "its Node reported", nodeEvent(inventory.ReasonStrayNode))
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: node}, &corev1.Node{}); err != nil {
+		t.Fatalf("the Node of the running orphan: %v", err)
+	}
 	deleted := waitEvent(t, env, ns, lost.Name, inventory.ReasonOrphanDeleted, grace+10*time.Second)
 	t.Logf("the orphan was deleted %s after it was reported (grace %s)", deleted.Sub(reported).Round(100*time.Millisecond), grace)
+	// ... and deleted once it is gone.
+	testenv.WaitFor(t, 5*time.Second, "its Node deleted", nodeEvent(inventory.ReasonStrayDeleted))
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: node}, &corev1.Node{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the Node of the deleted orphan: %v, want NotFound", err)
+	}
+	t.Logf("its Node was deleted %s after the orphan", time.Since(deleted).Round(100*time.Millisecond))
 	if exists, err := ctrls.Provider.Exists(ctx, lost.Status.ProviderID); err != nil || exists {
 		t.Fatalf("the orphan %s still exists (%v)", lost.Status.ProviderID, err)
 	}
