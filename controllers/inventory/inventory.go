@@ -114,14 +114,11 @@ type Checker struct {
 	mu sync.Mutex
 	// orphans maps each orphan's provider ID to when it was first seen.
 	orphans map[string]time.Time
-	// ghosts are the Machines reported as ghosts, by UID.
-	ghosts map[types.UID]bool
-	// held are the MachineSets told their ghosts are not replaced, by
-	// UID, so that they are told once.
-	held map[types.UID]bool
-	// strays are the Nodes reported without a Machine, by cluster and
-	// name, so that each is told once.
-	strays map[stray]bool
+	// ghosts are the Machines reported as ghosts, by UID; held the
+	// MachineSets told their ghosts are not replaced; strays the Nodes
+	// reported without a Machine.
+	ghosts, held reported[types.UID]
+	strays       reported[stray]
 	// unlisted are the providers found unable to list, said once each.
 	unlisted map[string]bool
 }
@@ -156,6 +153,36 @@ type Stray struct {
 	ProviderID string
 	// Deleted: its instance is gone, and the Node was deleted.
 	Deleted bool
+}
+
+// reported remembers the findings reported, so that each is reported
+// once while it lasts: one not found again in a pass is forgotten, and
+// reported again if it comes back.
+type reported[K comparable] struct {
+	mu         sync.Mutex
+	told, seen map[K]bool
+}
+
+// first notes that k was found in this pass and reports whether it is
+// new.
+func (r *reported[K]) first(k K) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.seen == nil {
+		r.seen = map[K]bool{}
+	}
+	if r.seen[k] {
+		return false // told already, in this pass
+	}
+	r.seen[k] = true
+	return !r.told[k]
+}
+
+// forget ends a pass: what it found is told, and nothing else.
+func (r *reported[K]) forget() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.told, r.seen = r.seen, nil
 }
 
 type stray struct {
@@ -252,7 +279,7 @@ func (c *Checker) Check(ctx context.Context) (Report, error) {
 
 	c.mu.Lock()
 	if c.orphans == nil {
-		c.orphans, c.ghosts, c.unlisted, c.held, c.strays = map[string]time.Time{}, map[types.UID]bool{}, map[string]bool{}, map[types.UID]bool{}, map[stray]bool{}
+		c.orphans, c.unlisted = map[string]time.Time{}, map[string]bool{}
 	}
 	c.mu.Unlock()
 	current := map[string]bool{}
@@ -404,7 +431,6 @@ func (c *Checker) findGhosts(ctx context.Context, machines []machinistv1.Machine
 	}
 	var ghosts []Ghost
 	var errs []error
-	still := map[types.UID]bool{}
 	for i := range machines {
 		m := &machines[i]
 		if !m.DeletionTimestamp.IsZero() || m.Status.ProviderID == "" || held[m.Status.ProviderID] || !slices.Contains(ghostPhases, m.Status.Phase) {
@@ -435,28 +461,17 @@ func (c *Checker) findGhosts(ctx context.Context, machines []machinistv1.Machine
 		if exists {
 			continue // made since the List
 		}
-		still[m.UID] = true
 		g := Ghost{Machine: client.ObjectKeyFromObject(m), Provider: class.Spec.Provider, uid: m.UID, providerID: m.Status.ProviderID}
 		if ref := metav1.GetControllerOf(m); ref != nil && ref.Kind == "MachineSet" && ref.APIVersion == machinistv1.GroupVersion.String() {
 			g.set = ref
 		}
 		ghosts = append(ghosts, g)
-		c.mu.Lock()
-		first := !c.ghosts[m.UID]
-		c.ghosts[m.UID] = true
-		c.mu.Unlock()
-		if first {
+		if c.ghosts.first(m.UID) {
 			c.event(m, corev1.EventTypeWarning, ReasonInstanceGone, "Inventory",
 				"provider %s does not hold instance %s any more: the Machine is %s, but nothing runs behind it", class.Spec.Provider, m.Status.ProviderID, m.Status.Phase)
 		}
 	}
-	c.mu.Lock()
-	for uid := range c.ghosts {
-		if !still[uid] {
-			delete(c.ghosts, uid)
-		}
-	}
-	c.mu.Unlock()
+	c.ghosts.forget()
 	return ghosts, errors.Join(errs...)
 }
 
@@ -486,20 +501,17 @@ func (c *Checker) replace(ctx context.Context, ghosts []Ghost, machines []machin
 	}
 	var replaced []types.NamespacedName
 	var errs []error
-	heldNow := map[types.UID]bool{}
 	for _, g := range ghosts {
 		if g.set == nil || limit < 0 {
 			continue
 		}
 		if n := bySet[g.set.UID]; n > allowed(limit, members[g.set.UID]) {
-			heldNow[g.set.UID] = true
 			c.holding(g, fmt.Sprintf("%d of its %d Machines are ghosts at once", n, members[g.set.UID]), limit)
 			continue
 		}
 		// The provider holds what it listed, and held nothing for its
 		// ghosts.
 		if n := byProvider[g.Provider]; n > allowed(limit, len(listed[g.Provider])+n) {
-			heldNow[g.set.UID] = true
 			c.holding(g, fmt.Sprintf("%d of provider %s's %d Machines are ghosts at once", n, g.Provider, len(listed[g.Provider])+n), limit)
 			continue
 		}
@@ -509,13 +521,7 @@ func (c *Checker) replace(ctx context.Context, ghosts []Ghost, machines []machin
 			replaced = append(replaced, g.Machine)
 		}
 	}
-	c.mu.Lock()
-	for uid := range c.held {
-		if !heldNow[uid] {
-			delete(c.held, uid)
-		}
-	}
-	c.mu.Unlock()
+	c.held.forget()
 	return replaced, errors.Join(errs...)
 }
 
@@ -529,11 +535,7 @@ func allowed(limit, n int) int {
 // holding tells g's set, once while it lasts, that its ghosts are not
 // replaced and why.
 func (c *Checker) holding(g Ghost, why string, limit int) {
-	c.mu.Lock()
-	told := c.held[g.set.UID]
-	c.held[g.set.UID] = true
-	c.mu.Unlock()
-	if told || c.Recorder == nil {
+	if !c.held.first(g.set.UID) || c.Recorder == nil {
 		return
 	}
 	set := &machinistv1.MachineSet{
@@ -606,7 +608,6 @@ func (c *Checker) findStrays(ctx context.Context, machines []machinistv1.Machine
 	}
 	var strays []Stray
 	var errs []error
-	seen := map[stray]bool{}
 	for key, cluster := range c.Clusters.Clusters() {
 		if key.Name != "" {
 			wc := &machinistv1.WorkloadCluster{}
@@ -629,8 +630,13 @@ func (c *Checker) findStrays(ctx context.Context, machines []machinistv1.Machine
 			if _, ok := listed[provider]; !ok {
 				continue // not a provider of ours, or not listed this pass
 			}
-			if _, _, _, err := providers.ParseProviderID(provider, id); err != nil {
-				continue // not an instance Machinist made
+			ns, _, _, err := providers.ParseProviderID(provider, id)
+			if err != nil || key.Name != "" && ns != key.Namespace {
+				// Not an instance Machinist made, or one a WorkloadCluster's
+				// Machines could not have made: a Node naming another
+				// namespace's instance is not its business, nor this
+				// namespace's Events.
+				continue
 			}
 			s := Stray{Cluster: key, Node: node.Name, ProviderID: id}
 			if !held[id] {
@@ -643,13 +649,7 @@ func (c *Checker) findStrays(ctx context.Context, machines []machinistv1.Machine
 				c.strayEvent(key, node, corev1.EventTypeNormal, ReasonStrayDeleted,
 					"deleted Node %s: no Machine claims it, and provider %s does not hold its instance %s", node.Name, provider, id)
 			} else {
-				k := stray{key, node.Name}
-				seen[k] = true
-				c.mu.Lock()
-				told := c.strays[k]
-				c.strays[k] = true
-				c.mu.Unlock()
-				if !told {
+				if c.strays.first(stray{key, node.Name}) {
 					c.strayEvent(key, node, corev1.EventTypeWarning, ReasonStrayNode,
 						"Node %s has no Machine: its instance %s of provider %s runs, but the Machine it was made for is gone. It is deleted once its instance is; delete the instance, or give a Machine its spec.providerID", node.Name, id, provider)
 				}
@@ -657,13 +657,7 @@ func (c *Checker) findStrays(ctx context.Context, machines []machinistv1.Machine
 			strays = append(strays, s)
 		}
 	}
-	c.mu.Lock()
-	for k := range c.strays {
-		if !seen[k] {
-			delete(c.strays, k)
-		}
-	}
-	c.mu.Unlock()
+	c.strays.forget()
 	return strays, errors.Join(errs...)
 }
 

@@ -2,10 +2,12 @@ package inventory_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -297,4 +299,53 @@ func waitEvent(t *testing.T, env *testenv.Env, ns, name, reason string, within t
 		return nil
 	})
 	return time.Now()
+}
+
+// unlistable is a provider whose List fails, as one whose API is down
+// does.
+type unlistable struct {
+	testenv.Provider
+	calls atomic.Int32
+}
+
+func (u *unlistable) List(context.Context) ([]providers.Listed, error) {
+	u.calls.Add(1)
+	return nil, errors.New("the provider's API is down")
+}
+
+// TestAProviderThatCannotListMakesNoGhost: a provider whose List fails
+// says nothing of its instances; its Machines are not called ghosts, and
+// none is replaced, even one whose instance is really gone (the next
+// List that answers finds it).
+func TestAProviderThatCannotListMakesNoGhost(t *testing.T) {
+	ctx := context.Background()
+	down := &unlistable{Provider: ctrls.Provider}
+	if err := ctrls.Register("down", down); err != nil {
+		t.Fatal(err)
+	}
+	ns := env.NewNamespace(t, "unlistable")
+	class := &machinistv1.MachineClass{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: testenv.Small.Name}, Spec: machinistv1.MachineClassSpec{Provider: "down"}}
+	if err := env.Client.Create(ctx, class); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Create(ctx, testenv.MachineSet(ns, "pool", 2)); err != nil {
+		t.Fatal(err)
+	}
+	ms := running(t, env, ns, 2)
+	if err := ctrls.Provider.Delete(ctx, ms[0].Status.ProviderID); err != nil {
+		t.Fatal(err)
+	}
+	listed := down.calls.Load()
+	time.Sleep(3 * time.Second) // three passes
+	if down.calls.Load() < listed+2 {
+		t.Fatalf("the provider was listed %d times in 3 s, want a pass a second", down.calls.Load()-listed)
+	}
+	for _, m := range ms {
+		if reasons := eventReasons(t, env, ns, m.Name); slices.Contains(reasons, inventory.ReasonInstanceGone) || slices.Contains(reasons, inventory.ReasonGhostReplaced) {
+			t.Errorf("Machine %s was judged on a List that failed: %v", m.Name, reasons)
+		}
+	}
+	if now, err := testenv.ListMachines(ctx, env.Client, ns); err != nil || len(now) != 2 || !slices.ContainsFunc(now, func(m machinistv1.Machine) bool { return m.UID == ms[0].UID }) {
+		t.Errorf("the Machines changed (%v): a ghost was replaced on a List that failed", err)
+	}
 }

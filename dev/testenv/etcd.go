@@ -5,18 +5,12 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
-	"syscall"
-	"time"
-
-	"github.com/machinist-dev/machinist/internal/orphans"
 )
 
 // Stored reads what etcd holds under the key prefix, bypassing
@@ -121,79 +115,34 @@ func (e *Env) RestoreEtcd(ctx context.Context, path string) error {
 
 // stopEtcd kills this control plane's etcd and returns its command line.
 func (e *Env) stopEtcd() ([]string, error) {
-	if e.etcdDone != nil {
-		args := e.etcd.Args
-		_ = e.etcd.Process.Kill()
-		<-e.etcdDone
-		e.etcd, e.etcdDone = nil, nil
+	if e.etcd != nil {
+		e.etcd.kill()
+		args := e.etcd.cmd.Args
+		e.etcd = nil
 		return args, nil
 	}
-	flag := "--data-dir=" + e.env.ControlPlane.Etcd.DataDir + "\x00"
-	var pid int
-	var args []string
-	for _, p := range orphans.Children("etcd") {
-		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p))
-		if err == nil && strings.Contains(string(raw), flag) {
-			pid, args = p, strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
-		}
-	}
-	if pid == 0 {
-		return nil, errors.New("testenv: this control plane's etcd is not running")
-	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		return nil, err
-	}
-	// envtest's own goroutine reaps it; wait by polling.
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
-			return args, nil
-		}
-		if time.Now().After(deadline) {
-			return nil, errors.New("testenv: etcd still there a minute after SIGKILL")
-		}
-	}
+	return killOwn("etcd", "--data-dir="+e.env.ControlPlane.Etcd.DataDir)
 }
 
 // startEtcd starts etcd with args and waits until it is healthy.
 func (e *Env) startEtcd(ctx context.Context, args []string) error {
-	log, err := os.OpenFile(filepath.Join(e.dir, "etcd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer log.Close()
-	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("testenv: starting etcd again: %w", err)
-	}
-	if err := orphans.Guard(cmd.Process.Pid); err != nil {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		return err
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	e.etcd, e.etcdDone = cmd, done
 	health := e.env.ControlPlane.Etcd.URL.String() + "/health"
-	for {
+	var err error
+	e.etcd, err = e.startAgain(ctx, "etcd", args, func(ctx context.Context) error {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, health, nil)
 		if err != nil {
 			return err
 		}
 		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK && bytes.Contains(body, []byte(`"health":"true"`)) {
-				return nil
-			}
+		if err != nil {
+			return err
 		}
-		select {
-		case <-done:
-			return fmt.Errorf("testenv: etcd exited; see %s", log.Name())
-		case <-ctx.Done():
-			return fmt.Errorf("testenv: etcd not healthy: %w (last: %v)", ctx.Err(), err)
-		case <-time.After(100 * time.Millisecond):
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK || !bytes.Contains(body, []byte(`"health":"true"`)) {
+			return fmt.Errorf("%s: %s", resp.Status, body)
 		}
-	}
+		return nil
+	})
+	return err
 }

@@ -18,7 +18,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -67,15 +66,11 @@ type Env struct {
 	sched *kubescheduler.Process
 	// apiserverArgs is the command line of envtest's kube-apiserver, once
 	// StopAPIServer has killed it; apiserver is the one StartAPIServer
-	// started in its place, and apiserverDone is closed once that exits
-	// (nil while none runs).
+	// started in its place (nil while none runs).
 	apiserverArgs []string
-	apiserver     *exec.Cmd
-	apiserverDone chan struct{}
-	// etcd is the etcd RestoreEtcd started in envtest's place, and
-	// etcdDone is closed once it exits (nil while none runs).
-	etcd     *exec.Cmd
-	etcdDone chan struct{}
+	apiserver     *process
+	// etcd is the etcd RestoreEtcd started in envtest's place.
+	etcd *process
 	// conversion serves the CRDs' conversion webhook (none in a
 	// workload cluster, which has no CRDs).
 	conversion *conversion
@@ -380,12 +375,11 @@ func (e *Env) Stop() error {
 		err = errors.Join(err, e.kcm.Stop(ctx))
 		cancel()
 	}
-	if e.apiserverDone != nil {
+	if e.apiserver != nil {
 		err = errors.Join(err, e.StopAPIServer())
 	}
-	if e.etcdDone != nil {
-		_ = e.etcd.Process.Kill()
-		<-e.etcdDone
+	if e.etcd != nil {
+		e.etcd.kill()
 	}
 	err = errors.Join(err, e.env.Stop())
 	if e.conversion != nil {
@@ -520,54 +514,28 @@ func BuildIn(root, pkg, out string) error {
 // would do as well, but kube-apiserver drains its watches for up to a
 // minute first.)
 func (e *Env) StopAPIServer() error {
-	if e.apiserverDone != nil {
+	if e.apiserver != nil {
 		// One StartAPIServer started.
-		_ = e.apiserver.Process.Kill()
-		<-e.apiserverDone
-		e.apiserver, e.apiserverDone = nil, nil
+		e.apiserver.kill()
+		e.apiserver = nil
 		return nil
 	}
 	if e.apiserverArgs != nil {
 		return errors.New("testenv: kube-apiserver is not running")
 	}
 	// envtest's: its command line is what StartAPIServer runs again.
-	// A test may run several control planes (a management cluster and
-	// workload clusters); this one's is the one with its own cert-dir.
-	pids := e.ownAPIServers()
-	if len(pids) != 1 {
-		return fmt.Errorf("testenv: found %d kube-apiserver processes of this control plane, want 1", len(pids))
-	}
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pids[0]))
+	args, err := killOwn("kube-apiserver", e.apiserverFlag())
 	if err != nil {
 		return err
 	}
-	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
-		return err
-	}
-	e.apiserverArgs = strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
-	// envtest's own goroutine reaps it; wait by polling.
-	deadline := time.Now().Add(time.Minute)
-	for len(e.ownAPIServers()) > 0 {
-		if time.Now().After(deadline) {
-			return errors.New("testenv: kube-apiserver still there a minute after SIGKILL")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	e.apiserverArgs = args
 	return nil
 }
 
-// ownAPIServers are the kube-apiserver children of this process that serve
-// this control plane.
-func (e *Env) ownAPIServers() []int {
-	flag := "--cert-dir=" + e.env.ControlPlane.GetAPIServer().CertDir + "\x00"
-	var own []int
-	for _, pid := range orphans.Children("kube-apiserver") {
-		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if err == nil && strings.Contains(string(raw), flag) {
-			own = append(own, pid)
-		}
-	}
-	return own
+// apiserverFlag is on the command line of this control plane's
+// kube-apiserver alone: its own cert-dir.
+func (e *Env) apiserverFlag() string {
+	return "--cert-dir=" + e.env.ControlPlane.GetAPIServer().CertDir
 }
 
 // FreezeAPIServer stops kube-apiserver with SIGSTOP: it keeps its port and
@@ -581,9 +549,9 @@ func (e *Env) ThawAPIServer() error { return e.signalAPIServer(syscall.SIGCONT) 
 func (e *Env) signalAPIServer(sig syscall.Signal) error {
 	pid := 0
 	if e.apiserver != nil {
-		pid = e.apiserver.Process.Pid
+		pid = e.apiserver.cmd.Process.Pid
 	} else {
-		pids := e.ownAPIServers()
+		pids := ownChildren("kube-apiserver", e.apiserverFlag())
 		if len(pids) != 1 {
 			return fmt.Errorf("testenv: found %d kube-apiserver processes of this control plane, want 1", len(pids))
 		}
@@ -599,43 +567,19 @@ func (e *Env) signalAPIServer(sig syscall.Signal) error {
 // same flags, certificates and port, over the same etcd, and waits until it
 // is ready.
 func (e *Env) StartAPIServer(ctx context.Context) error {
-	if e.apiserverArgs == nil || e.apiserverDone != nil {
+	if e.apiserverArgs == nil || e.apiserver != nil {
 		return errors.New("testenv: StartAPIServer without StopAPIServer")
 	}
-	log, err := os.OpenFile(filepath.Join(e.dir, "kube-apiserver.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer log.Close()
-	cmd := exec.Command(e.apiserverArgs[0], e.apiserverArgs[1:]...)
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("testenv: starting kube-apiserver again: %w", err)
-	}
-	// Killed with the test binary, as envtest's own is.
-	if err := orphans.Guard(cmd.Process.Pid); err != nil {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		return err
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	e.apiserver, e.apiserverDone = cmd, done
 	kube, err := kubernetes.NewForConfig(e.Config)
 	if err != nil {
 		return err
 	}
-	for {
+	e.apiserver, err = e.startAgain(ctx, "kube-apiserver", e.apiserverArgs, func(ctx context.Context) error {
 		body, err := kube.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
-		if err == nil && string(body) == "ok" {
-			return nil
+		if err == nil && string(body) != "ok" {
+			err = errNotReady
 		}
-		select {
-		case <-done:
-			return fmt.Errorf("testenv: kube-apiserver exited; see %s", log.Name())
-		case <-ctx.Done():
-			return fmt.Errorf("testenv: kube-apiserver not ready: %w (last: %v)", ctx.Err(), err)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+		return err
+	})
+	return err
 }
