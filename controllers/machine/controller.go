@@ -98,7 +98,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	if r.writes.Stale(m) {
+	if r.writes.Stale(ctx, r.APIReader, m) {
 		return reconcile.Result{RequeueAfter: stale.Recheck}, nil
 	}
 	p, err := pause.Machine(ctx, r.Client, m)

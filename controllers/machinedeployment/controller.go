@@ -276,7 +276,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	if r.writes.Stale(md) {
+	if r.writes.Stale(ctx, r.APIReader, md) {
 		return reconcile.Result{RequeueAfter: stale.Recheck}, nil
 	}
 	if !md.DeletionTimestamp.IsZero() {
@@ -290,7 +290,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, err
 	}
 	for _, ms := range sets {
-		if r.setWrites.Stale(ms) {
+		if r.setWrites.Stale(ctx, r.APIReader, ms) {
 			return reconcile.Result{RequeueAfter: stale.Recheck}, nil
 		}
 	}

@@ -215,7 +215,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if !hc.DeletionTimestamp.IsZero() {
 		return reconcile.Result{}, nil
 	}
-	if r.checkWrites.Stale(hc) {
+	if r.checkWrites.Stale(ctx, r.APIReader, hc) {
 		return reconcile.Result{RequeueAfter: stale.Recheck}, nil
 	}
 	if p := pause.Of(hc, "MachineHealthCheck"); p.Paused() {
@@ -241,7 +241,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	var targets []*target
 	for i := range list.Items {
 		m := &list.Items[i]
-		if r.writes.Stale(m) {
+		if r.writes.Stale(ctx, r.APIReader, m) {
 			return reconcile.Result{RequeueAfter: stale.Recheck}, nil
 		}
 		if rem := m.Status.Remediation; rem != nil && rem.HealthCheck != hc.Name && r.exists(ctx, hc.Namespace, rem.HealthCheck) {

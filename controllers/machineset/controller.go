@@ -170,7 +170,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	if r.writes.Stale(ms) {
+	if r.writes.Stale(ctx, r.APIReader, ms) {
 		return reconcile.Result{RequeueAfter: stale.Recheck}, nil
 	}
 	if p := pause.Of(ms, "MachineSet"); p.Paused() {

@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -21,7 +22,8 @@ import (
 // other controllers make: the spec (seen as a new generation), labels,
 // annotations and deletion. Updates of status alone, which only the
 // object's own controller writes, are dropped; that controller asks to
-// look again with RequeueAfter when it means to.
+// look again with RequeueAfter when it means to. An update to an older
+// version than the one seen (rewound) passes whatever it changed.
 func OnChangeByOthers() predicate.Funcs {
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
 		return changedByOthers(e.ObjectOld, e.ObjectNew)
@@ -33,7 +35,22 @@ func changedByOthers(o, n client.Object) bool {
 	return o.GetGeneration() != n.GetGeneration() ||
 		(od == nil) != (nd == nil) ||
 		!maps.Equal(o.GetLabels(), n.GetLabels()) ||
-		!maps.Equal(o.GetAnnotations(), n.GetAnnotations())
+		!maps.Equal(o.GetAnnotations(), n.GetAnnotations()) ||
+		rewound(o, n)
+}
+
+// rewound reports whether n is an older version of the object than o, by
+// its resourceVersion, which only grows within one etcd. Going back is
+// history rewritten: the management cluster's etcd restored to an older
+// snapshot under a running manager, whose informers list again and
+// deliver the snapshot's version as an update of the newer one they had.
+// Its status too is then not the controller's last write (a reboot the
+// controller finished is in flight again), so it wakes the controller,
+// which would otherwise never look at it again. A resourceVersion that is
+// not a number tells nothing.
+func rewound(o, n client.Object) bool {
+	c, err := resourceversion.CompareResourceVersion(n.GetResourceVersion(), o.GetResourceVersion())
+	return err == nil && c < 0
 }
 
 // OnReachabilityChange passes a WorkloadCluster whose Reachable condition

@@ -28,6 +28,11 @@ func TestOnChangeByOthers(t *testing.T) {
 		{"a new annotation", func(s *machinistv1.MachineSet) { s.Annotations = map[string]string{"note": "x", "y": "z"} }, true},
 		{"an annotation removed", func(s *machinistv1.MachineSet) { s.Annotations = nil }, true},
 		{"deletion", func(s *machinistv1.MachineSet) { s.DeletionTimestamp = &now }, true},
+		// An etcd restored to an older snapshot under a running manager:
+		// the informer's relist brings the snapshot's version, whose
+		// status is not the controller's last write.
+		{"an older version (etcd restored)", func(s *machinistv1.MachineSet) { s.Status.ReadyReplicas = 3; s.ResourceVersion = "9" }, true},
+		{"a resourceVersion that is no number", func(s *machinistv1.MachineSet) { s.Status.ReadyReplicas = 3; s.ResourceVersion = "x" }, false},
 	}
 	p := OnChangeByOthers()
 	for _, c := range cases {
