@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -207,6 +208,28 @@ func (rep *replica) unplannedExits() []exit {
 		}
 	}
 	return out
+}
+
+// checkLeaderExits fails t unless rep's unplanned exits are what an
+// operator may see when kube-apiserver is out of reach: at most one, clean
+// and saying it lost the leader election, and none at all unless mayExit
+// (its leader Lease was out of reach); whyNot says why not, for the
+// message. It returns the exits.
+func (rep *replica) checkLeaderExits(t *testing.T, mayExit bool, whyNot string) []exit {
+	t.Helper()
+	exits := rep.unplannedExits()
+	switch {
+	case !mayExit && len(exits) > 0:
+		t.Errorf("the manager exited %d times though %s; last:\n%s", len(exits), whyNot, exits[len(exits)-1].Tail)
+	case len(exits) > 1:
+		t.Errorf("the manager exited %d times (a crash loop); last:\n%s", len(exits), exits[len(exits)-1].Tail)
+	}
+	for _, e := range exits {
+		if !strings.Contains(e.Tail, "leader election lost") || strings.Contains(e.Tail, "panic") {
+			t.Errorf("the manager exited (%s) without saying it lost the election:\n%s", e.Err, e.Tail)
+		}
+	}
+	return exits
 }
 
 // stoppedAt reports whether e is the exit stop caused. Callers hold mu.
