@@ -497,6 +497,17 @@ const TokenMachineLabel = "machinist.dev/machine-uid"
 // status records the Secret the manager made.
 const KeptTokenSecretType corev1.SecretType = "machinist.dev/kept-bootstrap-token"
 
+// KeptTokenSecretName names the Secret that keeps the token of the
+// Machine with this UID: the UID makes it unique, whatever the Machine's
+// name and namespace. A Machine moved to another management cluster has a
+// new UID, and its kept token a Secret of the new name there.
+func KeptTokenSecretName(uid types.UID) string { return "machinist-join-" + string(uid) }
+
+// KeptForAnnotation names, on a kept token's Secret, the Machine it is
+// kept for, as namespace/name: for people, since an owner reference
+// cannot name a Machine of another namespace.
+const KeptForAnnotation = "machinist.dev/kept-for"
+
 // tokenIDs is how many token IDs a Machine may try: its ID is derived from
 // its UID, so that a reconcile that lost its reply finds the token it
 // made, and a collision with another Machine's moves to the next.
@@ -563,8 +574,18 @@ func (l *API) Join(ctx context.Context, m *machinistv1.Machine, ttl time.Duratio
 // milliseconds after making it.
 func (l *API) Joined(ctx context.Context, m *machinistv1.Machine) error {
 	secrets := l.Kube.CoreV1().Secrets(metav1.NamespaceSystem)
+	ids := make([]string, 0, tokenIDs+2)
 	for i := range tokenIDs + 1 {
-		name := bootstrap.Token{ID: tokenID(m.UID, i)}.SecretName()
+		ids = append(ids, tokenID(m.UID, i))
+	}
+	if rec := m.Status.KeptToken; rec != nil && !slices.Contains(ids, rec.TokenID) {
+		// A token kept for the Machine before it was moved here keeps the
+		// ID its first UID gave it. Published here, it carries this UID's
+		// label, which the label check below asks for as of any other.
+		ids = append(ids, rec.TokenID)
+	}
+	for _, id := range ids {
+		name := bootstrap.Token{ID: id}.SecretName()
 		s, err := secrets.Get(ctx, name, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):

@@ -178,6 +178,28 @@ func TestAKeptTokenIsPublishedOnce(t *testing.T) {
 	if _, err := kube.CoreV1().Secrets(metav1.NamespaceSystem).Get(ctx, slot.SecretName(), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the published token is still there after Joined: %v", err)
 	}
+
+	// A token of an ID the Machine's UID does not give, as one kept for
+	// it before it was moved from another management cluster: Joined
+	// reads it by the ID the Machine records, and deletes it only if it
+	// is the Machine's. Another Machine recording the same ID leaves it.
+	if _, err := kube.CoreV1().Secrets(metav1.NamespaceSystem).Get(ctx, kept.SecretName(), metav1.GetOptions{}); err != nil {
+		t.Fatalf("Joined deleted a token of an ID the Machine does not record: %v", err)
+	}
+	other.Status.KeptToken = &machinistv1.KeptToken{TokenID: kept.ID, Published: true}
+	if err := cluster.Joined(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kube.CoreV1().Secrets(metav1.NamespaceSystem).Get(ctx, kept.SecretName(), metav1.GetOptions{}); err != nil {
+		t.Fatalf("Joined of another Machine recording the ID deleted this one's token: %v", err)
+	}
+	m.Status.KeptToken = &machinistv1.KeptToken{TokenID: kept.ID, Published: true}
+	if err := cluster.Joined(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kube.CoreV1().Secrets(metav1.NamespaceSystem).Get(ctx, kept.SecretName(), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the token of the recorded ID is still there after Joined: %v", err)
+	}
 }
 
 // workload starts a workload cluster for the test and returns an admin

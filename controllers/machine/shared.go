@@ -353,10 +353,8 @@ const (
 	reasonKeptTokenLost = "KeptTokenLost"
 )
 
-// keptTokenName names the Secret that keeps the token of the Machine
-// with this UID: the UID makes it unique, whatever the Machine's name
-// and namespace.
-func keptTokenName(m *machinistv1.Machine) string { return "machinist-join-" + string(m.UID) }
+// keptTokenName names the Secret that keeps the token of m.
+func keptTokenName(m *machinistv1.Machine) string { return nodes.KeptTokenSecretName(m.UID) }
 
 // DefaultNamespace is the manager's namespace when Reconciler.Namespace
 // is empty: where config/default deploys it.
@@ -437,7 +435,7 @@ func (r *Reconciler) keepToken(ctx context.Context, s *step) error {
 			// For people: an owner reference cannot name a Machine of
 			// another namespace. The Machine's deletion deletes it
 			// (spent).
-			Annotations: map[string]string{keptForAnnotation: m.Namespace + "/" + m.Name},
+			Annotations: map[string]string{nodes.KeptForAnnotation: m.Namespace + "/" + m.Name},
 		},
 		Type: nodes.KeptTokenSecretType,
 		Data: map[string][]byte{keptTokenKey: []byte(t.Value())},
@@ -453,10 +451,6 @@ func (r *Reconciler) keepToken(ctx context.Context, s *step) error {
 	s.after(keptTokenRecheck)
 	return errKeptTokenRecorded
 }
-
-// keptForAnnotation names, on a kept token's Secret, the Machine it is
-// kept for.
-const keptForAnnotation = "machinist.dev/kept-for"
 
 // keptTokenRecheck is how soon a Machine that has just recorded its kept
 // token looks again, to give it to the provider: its own status write
@@ -481,7 +475,10 @@ func keptToken(sec *corev1.Secret, m *machinistv1.Machine) (bootstrap.Token, str
 	if err != nil {
 		return bootstrap.Token{}, err.Error()
 	}
-	if t.ID != rec.TokenID || t.ID != nodes.PublishedTokenID(m.UID) {
+	// The ID is the one the Machine records, not always the one its UID
+	// gives: a Machine moved from another management cluster keeps the
+	// token, and its ID, it was given there.
+	if t.ID != rec.TokenID {
 		return bootstrap.Token{}, fmt.Sprintf("its token ID %s is not the one the Machine records", t.ID)
 	}
 	return t, ""

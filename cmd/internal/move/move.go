@@ -3,7 +3,9 @@
 // source, copies them to the target with their status and the Secrets
 // they name, owner references remapped to the new UIDs, resumes them
 // there, and deletes them from the source with their finalizers released,
-// not run. Every step can be run again: a move stopped half way is
+// not run. The bootstrap tokens the source's manager keeps for Machines
+// repaired while their cluster could not be reached go with them, to the
+// target's manager's namespace. Every step can be run again: a move stopped half way is
 // finished by running it again.
 package move
 
@@ -23,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	"github.com/machinist-dev/machinist/nodes"
 )
 
 // MovedFromAnnotation on a copy on the target is the UID of its original
@@ -42,6 +45,11 @@ type Options struct {
 	From, To client.Client
 	// Namespace is the namespace whose objects move.
 	Namespace string
+	// ManagerNamespace and ToManagerNamespace are the namespaces of the
+	// source's and the target's managers, where each keeps the bootstrap
+	// tokens of machines repaired while their cluster could not be
+	// reached.
+	ManagerNamespace, ToManagerNamespace string
 	// DryRun prints the plan and writes nothing.
 	DryRun bool
 	// Out receives the plan and the progress.
@@ -85,11 +93,19 @@ func Run(ctx context.Context, o Options) error {
 	for _, s := range secrets {
 		fmt.Fprintf(o.Out, "Secret %s/%s (copied, and left on the source)\n", o.Namespace, s)
 	}
+	kept := 0
+	for _, it := range items {
+		if m, ok := it.obj.(*machinistv1.Machine); ok && m.Status.KeptToken != nil {
+			kept++
+			fmt.Fprintf(o.Out, "Secret %s/%s (the bootstrap token kept for Machine %s: copied to %s under the copy's UID, and deleted from the source)\n",
+				o.ManagerNamespace, nodes.KeptTokenSecretName(m.UID), m.Name, o.ToManagerNamespace)
+		}
+	}
 	if err := refuseStrangers(ctx, o.To, items, secrets, o.Namespace); err != nil {
 		return err
 	}
 	if o.DryRun {
-		fmt.Fprintf(o.Out, "dry run: %d objects and %d Secrets would move; nothing was written\n", len(items), len(secrets))
+		fmt.Fprintf(o.Out, "dry run: %d objects and %d Secrets would move; nothing was written\n", len(items), len(secrets)+kept)
 		return nil
 	}
 	if len(items) > 0 {
@@ -110,7 +126,7 @@ func Run(ctx context.Context, o Options) error {
 		fmt.Fprintln(o.Out, "copying them to the target")
 		uids := map[types.UID]types.UID{}
 		for _, it := range items {
-			if err := copyObject(ctx, o.To, it, uids); err != nil {
+			if err := copyObject(ctx, o, it, uids); err != nil {
 				return err
 			}
 		}
@@ -121,11 +137,14 @@ func Run(ctx context.Context, o Options) error {
 	}
 	fmt.Fprintln(o.Out, "deleting them from the source, their finalizers released")
 	for _, it := range slices.Backward(items) {
+		if err := dropKeptToken(ctx, o, it.obj); err != nil {
+			return err
+		}
 		if err := release(ctx, o.From, it.obj); err != nil {
 			return err
 		}
 	}
-	fmt.Fprintf(o.Out, "moved %d objects and %d Secrets\n", len(items), len(secrets))
+	fmt.Fprintf(o.Out, "moved %d objects and %d Secrets\n", len(items), len(secrets)+kept)
 	return nil
 }
 
@@ -237,7 +256,8 @@ func copySecret(ctx context.Context, o Options, name string) error {
 // annotation is copied with it), with its owner references remapped
 // through uids, then writes its status; a copy made by an earlier run is
 // kept. It records the copy's UID in uids.
-func copyObject(ctx context.Context, to client.Client, it item, uids map[types.UID]types.UID) error {
+func copyObject(ctx context.Context, o Options, it item, uids map[types.UID]types.UID) error {
+	to := o.To
 	src := it.obj
 	existing := src.DeepCopyObject().(client.Object)
 	err := to.Get(ctx, client.ObjectKeyFromObject(src), existing)
@@ -247,6 +267,9 @@ func copyObject(ctx context.Context, to client.Client, it item, uids map[types.U
 			// Made by a run stopped before it copied the status: the
 			// phase, providerID and any operation in flight go over now,
 			// while the copy is still paused.
+			if it, err = carryKeptToken(ctx, o, it, existing.GetUID()); err != nil {
+				return err
+			}
 			return copyStatus(ctx, to, it, existing)
 		}
 		return nil
@@ -277,7 +300,77 @@ func copyObject(ctx context.Context, to client.Client, it item, uids map[types.U
 		return fmt.Errorf("copying %s %s/%s: %w", it.kind, src.GetNamespace(), src.GetName(), err)
 	}
 	uids[src.GetUID()] = dst.GetUID()
+	if it, err = carryKeptToken(ctx, o, it, dst.GetUID()); err != nil {
+		return err
+	}
 	return copyStatus(ctx, to, it, dst)
+}
+
+// carryKeptToken copies the bootstrap token the source's manager keeps
+// for the Machine of it, if any, to the target's manager's namespace, in
+// the Secret the copy (of UID uid) is kept for there, and returns it with
+// its status recording that Secret. The token keeps its ID: the target's
+// manager publishes it under that ID once the cluster answers, and the
+// machine, given it while the cluster could not be reached, joins with
+// it. A record whose Secret is gone, or is not the one it names, goes as
+// it is: the target's manager says the token was lost, as the source's
+// would have.
+func carryKeptToken(ctx context.Context, o Options, it item, uid types.UID) (item, error) {
+	m, ok := it.obj.(*machinistv1.Machine)
+	if !ok || m.Status.KeptToken == nil {
+		return it, nil
+	}
+	src := &corev1.Secret{}
+	err := o.From.Get(ctx, types.NamespacedName{Namespace: o.ManagerNamespace, Name: nodes.KeptTokenSecretName(m.UID)}, src)
+	switch {
+	case apierrors.IsNotFound(err) || err == nil && string(src.UID) != m.Status.KeptToken.SecretUID:
+		fmt.Fprintf(o.Out, "warning: the bootstrap token Machine %s records is not in %s on the source; its machine cannot join until it is repaired again\n", m.Name, o.ManagerNamespace)
+		return it, nil
+	case err != nil:
+		return it, fmt.Errorf("reading the bootstrap token kept for Machine %s/%s on the source: %w", m.Namespace, m.Name, err)
+	}
+	labels := make(map[string]string, len(src.Labels))
+	for k, v := range src.Labels {
+		labels[k] = v
+	}
+	labels[nodes.TokenMachineLabel] = string(uid)
+	dst := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: o.ToManagerNamespace, Name: nodes.KeptTokenSecretName(uid), Labels: labels,
+			Annotations: withMovedFrom(src.Annotations, src.UID)},
+		Type: src.Type, Data: src.Data,
+	}
+	err = o.To.Create(ctx, dst)
+	if apierrors.IsAlreadyExists(err) {
+		// Made by a run stopped before it copied the Machine's status.
+		err = o.To.Get(ctx, client.ObjectKeyFromObject(dst), dst)
+		if err == nil && dst.Annotations[MovedFromAnnotation] != string(src.UID) {
+			err = fmt.Errorf("Secret %s/%s on the target is no copy of this move's", dst.Namespace, dst.Name)
+		}
+	}
+	if err != nil {
+		return it, fmt.Errorf("copying the bootstrap token kept for Machine %s/%s to the target's manager namespace %s (it must exist: the target's manager runs there): %w", m.Namespace, m.Name, o.ToManagerNamespace, err)
+	}
+	moved := m.DeepCopy()
+	moved.Status.KeptToken.SecretUID = string(dst.UID)
+	it.obj = moved
+	return it, nil
+}
+
+// dropKeptToken deletes from the source the Secret its manager kept a
+// Machine's bootstrap token in: the copy is the target's. It goes before
+// the Machine, so that a move killed between the two leaves no Secret
+// that nothing names.
+func dropKeptToken(ctx context.Context, o Options, obj client.Object) error {
+	m, ok := obj.(*machinistv1.Machine)
+	if !ok || m.Status.KeptToken == nil {
+		return nil
+	}
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: o.ManagerNamespace, Name: nodes.KeptTokenSecretName(m.UID)}}
+	uid := types.UID(m.Status.KeptToken.SecretUID)
+	if err := o.From.Delete(ctx, sec, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil && !apierrors.IsConflict(err) {
+		return fmt.Errorf("deleting the bootstrap token kept for Machine %s/%s from the source: %w", m.Namespace, m.Name, err)
+	}
+	return nil
 }
 
 // copyStatus writes the source's status of it over copy, its copy on
