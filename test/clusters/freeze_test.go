@@ -24,6 +24,7 @@ import (
 // a rollout in another cluster goes on; its time is logged beside that of
 // the same rollout with nothing frozen.
 func TestAFrozenClusterHoldsNoWorker(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := env.NewNamespace(t, "frozen", testenv.Small)
 	serve(t, ns)

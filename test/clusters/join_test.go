@@ -30,6 +30,7 @@ import (
 // Once the joinEndpoint is taken out, the next Machine is given the
 // kubeconfig's address again.
 func TestJoinEndpointIsWhereMachinesJoin(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := env.NewNamespace(t, "join-endpoint")
 	w, wc := ownCluster(t, ns, "fronted")

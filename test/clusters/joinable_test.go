@@ -32,6 +32,7 @@ const joinablePeriod = 5 * time.Second
 // of its connection; checked again every period, it finds the same and
 // is written no more.
 func TestJoinableSaysWhatAClusterLacks(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ns := env.NewNamespace(t, "unjoinable", testenv.Small)
@@ -251,6 +252,7 @@ func TestJoinableNamesTheRightsTheManagerLacks(t *testing.T) {
 // A cluster whose only lack is the token cleaner: machines join it, so
 // it is Joinable, and the message says that expired tokens linger.
 func TestJoinableWithoutATokenCleaner(t *testing.T) {
+	t.Parallel()
 	w := startCluster(t, testenv.Options{Lacks: testenv.Lacks{TokenCleaner: true}})
 	ns := env.NewNamespace(t, "uncleaned", testenv.Small)
 	wc := registerWithMachine(t, w, ns, "uncleaned")

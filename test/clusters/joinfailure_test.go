@@ -29,6 +29,7 @@ import (
 // machine's own report giving way to its cluster's Joinable condition,
 // or the other way round), not once per look.
 func TestAMachineSaysItsCertificateWasNotApproved(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	w := startCluster(t, testenv.Options{Lacks: testenv.Lacks{Approver: true}})
@@ -99,6 +100,7 @@ func TestAMachineSaysItsCertificateWasNotApproved(t *testing.T) {
 // provider then fails to answer, the Machine keeps what it said,
 // unwritten.
 func TestAMachineSaysItCannotReachItsJoinEndpoint(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	w := startCluster(t, testenv.Options{})
 	ns := env.NewNamespace(t, "join-unreachable", testenv.Small)

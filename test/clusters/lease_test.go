@@ -16,6 +16,7 @@ import (
 // expires, although nothing but the expiry changes then (its cluster's
 // node lifecycle controller marked the Node Unknown seconds before).
 func TestAKilledMachineOfAWorkloadClusterShowsItsLeaseExpired(t *testing.T) {
+	t.Parallel()
 	ns := env.NewNamespace(t, "expiry", testenv.Small)
 	serve(t, ns)
 	m := &runPool(t, ns, "expiry", blue, 1)[0]

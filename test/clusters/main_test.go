@@ -7,8 +7,10 @@ package clusters
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -40,14 +42,27 @@ var (
 	// workloads are the workload clusters by name; "" is the management
 	// cluster itself.
 	workloads = map[string]*testenv.Env{}
-	// cleanups run once every test has.
-	cleanups []func()
+	// cleanups run once every test has (atEnd).
+	cleanups   []func()
+	cleanupsMu sync.Mutex
 )
 
 // leases are short, so that a killed machine shows within seconds.
 var leases = testenv.Leases{DurationSeconds: 10, RenewInterval: 2 * time.Second}
 
+// parallel is how many of this package's tests run at once unless
+// -parallel says: they mostly wait on clusters that start, fail and come
+// back, so more of them than the cores (go test's default) share the
+// machine well.
+const parallel = 6
+
 func TestMain(m *testing.M) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", strconv.Itoa(parallel))
+	}
 	// The manager's errors, to standard error: what failed, not every
 	// transition.
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
@@ -73,6 +88,8 @@ func TestMain(m *testing.M) {
 		}
 		wg.Wait()
 		stop := func() {
+			cleanupsMu.Lock()
+			defer cleanupsMu.Unlock()
 			for _, c := range cleanups {
 				c()
 			}
@@ -99,6 +116,14 @@ func TestMain(m *testing.M) {
 		verbs, err = e.StartVerbs()
 		return stop, err
 	}))
+}
+
+// atEnd runs fn once every test has: for what outlives a test on
+// purpose, such as a provider the shared manager still holds.
+func atEnd(fn func()) {
+	cleanupsMu.Lock()
+	defer cleanupsMu.Unlock()
+	cleanups = append(cleanups, fn)
 }
 
 // startCluster starts a workload cluster of the test's own, as opts say

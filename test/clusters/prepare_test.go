@@ -39,7 +39,7 @@ func prepare(t *testing.T, w *testenv.Env, args ...string) (string, int) {
 			machinistErr = err
 			return
 		}
-		cleanups = append(cleanups, func() { _ = os.RemoveAll(dir) })
+		atEnd(func() { _ = os.RemoveAll(dir) })
 		machinistBin = filepath.Join(dir, "machinist")
 		machinistErr = testenv.Build("./cmd/machinist", machinistBin)
 	})

@@ -22,6 +22,7 @@ import (
 // its Machines, which wait; the cluster writes at most once per backoff
 // step, and each Machine once.
 func TestABadKubeconfigShowsUnreachableWithBoundedWrites(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ns := env.NewNamespace(t, "broken", testenv.Small)
@@ -117,6 +118,7 @@ func TestABadKubeconfigShowsUnreachableWithBoundedWrites(t *testing.T) {
 // A WorkloadCluster deleted while Machines serve it waits for them, and
 // says so; it goes once they have.
 func TestDeletingAWorkloadClusterWaitsForItsMachines(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := env.NewNamespace(t, "leaving", testenv.Small)
 	serve(t, ns)

@@ -27,6 +27,7 @@ import (
 // new version, takes a reboot through the verbs, and a health check heals
 // a machine that was killed.
 func TestOneManagerServesItsOwnClusterAndTwoWorkloadClusters(t *testing.T) {
+	t.Parallel()
 	ns := env.NewNamespace(t, "serve", testenv.Small)
 	serve(t, ns)
 	for _, cluster := range []string{"", blue, green} {
