@@ -85,6 +85,10 @@ run: controlplane qemu binaries ## Run everything on this host, ready for kubect
 controlplane: ## Build the pinned etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl into bin/ (skipped when already built).
 	bash hack/controlplane/build.sh
 
+.PHONY: node
+node: controlplane ## Build what a real node's VM holds into bin/node/: the pinned kubelet, containerd, runc, the CNI plugins and the images it imports (skipped when already built).
+	bash hack/node/build.sh
+
 .PHONY: qemu
 qemu: ## Install QEMU, a packaged kernel and e2fsprogs for the qemu provider's VMs, when missing (Debian packages).
 	bash hack/qemu.sh

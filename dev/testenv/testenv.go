@@ -152,6 +152,21 @@ func EnsureControlPlane() error {
 	return nil
 }
 
+// EnsureNode builds what a real node's guest holds (the kubelet,
+// containerd, runc, the CNI plugins and the images; hack/node/build.sh)
+// into BinDir()/node unless the pinned versions are there, and returns
+// that directory. Safe to call from several test processes at once.
+func EnsureNode() (string, error) {
+	cmd := exec.Command("bash", filepath.Join(Root(), "hack", "node", "build.sh"))
+	cmd.Env = append(os.Environ(), "MACHINIST_BIN="+BinDir())
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("building a real node's files (hack/node/build.sh): %w\n%s", err, out.String())
+	}
+	return filepath.Join(BinDir(), "node"), nil
+}
+
 // Start builds the control plane if needed, starts it, installs the CRDs
 // from config/crd/bases and waits until they are served.
 func Start() (*Env, error) { return StartWith(Options{}) }

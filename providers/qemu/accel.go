@@ -23,7 +23,7 @@ var kvmDevice = "/dev/kvm"
 // host's /dev/kvm is no promise: under nested virtualisation a guest can
 // hang right after its kernel decompresses, and TCG, slower, still boots.
 // The log says which was chosen and why.
-func (h *vms) chooseAccel() string {
+func (h *vms) chooseAccel(initrd string) string {
 	log := h.opts.Log
 	if h.opts.Accel != "" {
 		log.Info("Running the VMs with the accelerator configured", "accelerator", h.opts.Accel)
@@ -36,7 +36,7 @@ func (h *vms) chooseAccel() string {
 	}
 	_ = f.Close()
 	start := time.Now()
-	if err := h.probe(); err != nil {
+	if err := h.probe(initrd); err != nil {
 		log.Info("Running the VMs under TCG emulation: a probe boot under KVM failed", "reason", err.Error(), "bound", h.opts.ProbeTimeout)
 		return AccelTCG
 	}
@@ -46,7 +46,7 @@ func (h *vms) chooseAccel() string {
 
 // probe boots the kernel and initramfs under KVM, into the guest's probe
 // mode, which prints guest.ProbeLine and powers off.
-func (h *vms) probe() error {
+func (h *vms) probe(initrd string) error {
 	dir, err := os.MkdirTemp(h.opts.StateDir, ".probe-")
 	if err != nil {
 		return err
@@ -55,9 +55,10 @@ func (h *vms) probe() error {
 	console := filepath.Join(dir, "console.log")
 	ctx, cancel := context.WithTimeout(context.Background(), h.opts.ProbeTimeout)
 	defer cancel()
+	// Memory enough for a real node's initramfs too, the first boot's.
 	cmd := exec.CommandContext(ctx, h.opts.QEMU, "-nodefaults", "-no-user-config", "-display", "none",
-		"-machine", "pc", "-accel", "kvm", "-cpu", "host", "-m", "256",
-		"-kernel", h.opts.Kernel.Image, "-initrd", h.initrd,
+		"-machine", "pc", "-accel", "kvm", "-cpu", "host", "-m", "1024",
+		"-kernel", h.opts.Kernel.Image, "-initrd", initrd,
 		"-append", "console=ttyS0 panic=-1 quiet -- "+guest.Probe,
 		"-serial", "file:"+console, "-no-reboot")
 	// Killed at the bound, it may leave its output open to a child of

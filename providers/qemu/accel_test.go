@@ -62,7 +62,7 @@ func TestTheAcceleratorIsProbedNotAssumed(t *testing.T) {
 				Log: funcr.New(func(prefix, args string) { logged = append(logged, args) }, funcr.Options{}),
 			}}
 			start := time.Now()
-			if got := h.chooseAccel(); got != c.want {
+			if got := h.chooseAccel(h.initrd[GuestAgent]); got != c.want {
 				t.Errorf("chose %s, want %s", got, c.want)
 			}
 			if took := time.Since(start); took > 5*time.Second {

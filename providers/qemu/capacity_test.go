@@ -45,7 +45,7 @@ func settled(t testing.TB) (*vms, string) {
 	if err := os.Mkdir(machine, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	return &vms{opts: Options{GuestBinary: bin}, initrd: initrd, accel: AccelTCG}, machine
+	return &vms{opts: Options{GuestBinary: bin}, initrd: map[string]string{GuestAgent: initrd}, accel: AccelTCG}, machine
 }
 
 func quantities(pairs ...string) corev1.ResourceList {

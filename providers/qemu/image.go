@@ -165,13 +165,25 @@ type initramfs struct {
 	binary string
 	// osImage names the guest's OS in its Node's status.
 	osImage string
+	// node, when set, makes the image a real node's: containerd, the
+	// kubelet and their files.
+	node *NodeFiles
 }
 
 // build writes the initramfs, gzip-compressed, under dir, named after a
 // hash of what it holds so that a provider started again, or another
 // one, reuses it; it returns the path.
 func (r initramfs) build(dir string) (string, error) {
-	mods, err := r.kernel.moduleFiles(modules)
+	names, kind := modules, GuestAgent
+	var extra []nodeFile
+	if r.node != nil {
+		names, kind = append(slices.Clone(modules), nodeModules...), GuestKubelet
+		var err error
+		if extra, err = r.node.files(); err != nil {
+			return "", err
+		}
+	}
+	mods, err := r.kernel.moduleFiles(names)
 	if err != nil {
 		return "", err
 	}
@@ -180,7 +192,16 @@ func (r initramfs) build(dir string) (string, error) {
 	if err := hashFile(h, r.binary); err != nil {
 		return "", fmt.Errorf("the guest binary: %w", err)
 	}
-	path := filepath.Join(dir, "initramfs-"+hex.EncodeToString(h.Sum(nil))[:16]+".cpio.gz")
+	for _, f := range extra {
+		fmt.Fprintf(h, "%s %o\n", f.path, f.mode)
+		if f.src == "" {
+			h.Write(f.data)
+		} else if err := hashFile(h, f.src); err != nil {
+			return "", err
+		}
+	}
+	prefix := "initramfs-" + kind + "-"
+	path := filepath.Join(dir, prefix+hex.EncodeToString(h.Sum(nil))[:16]+".cpio.gz")
 	if _, err := os.Stat(path); err == nil {
 		return path, nil
 	}
@@ -192,7 +213,7 @@ func (r initramfs) build(dir string) (string, error) {
 		return "", err
 	}
 	defer os.Remove(tmp.Name())
-	if err := r.write(tmp, mods); err != nil {
+	if err := r.write(tmp, mods, extra); err != nil {
 		_ = tmp.Close()
 		return "", err
 	}
@@ -204,7 +225,7 @@ func (r initramfs) build(dir string) (string, error) {
 	}
 	// Images of other binaries go: QEMU reads its initramfs as it
 	// starts, so no running VM needs its file, and each is tens of MB.
-	old, _ := filepath.Glob(filepath.Join(dir, "initramfs-*.cpio.gz"))
+	old, _ := filepath.Glob(filepath.Join(dir, prefix+"*.cpio.gz"))
 	for _, o := range old {
 		if o != path {
 			_ = os.Remove(o)
@@ -213,7 +234,7 @@ func (r initramfs) build(dir string) (string, error) {
 	return path, nil
 }
 
-func (r initramfs) write(w io.Writer, mods []string) error {
+func (r initramfs) write(w io.Writer, mods []string, extra []nodeFile) error {
 	// The fastest compression: the kernel unpacks it in the guest's own
 	// memory, and a VM of 256 MiB must hold the archive and its files.
 	z, err := gzip.NewWriterLevel(w, gzip.BestSpeed)
@@ -221,8 +242,10 @@ func (r initramfs) write(w io.Writer, mods []string) error {
 		return err
 	}
 	a := &cpioWriter{w: z}
+	made := map[string]bool{}
 	for _, d := range []string{"/dev", "/proc", "/sys", "/run", "/tmp", "/etc", "/lib", guest.ModuleDir, "/var", "/var/lib", guest.StateDir} {
 		a.dir(d)
+		made[d] = true
 	}
 	a.device("/dev/console", 5, 1)
 	release := fmt.Sprintf("PRETTY_NAME=%q\nNAME=\"Machinist\"\nID=machinist\n", r.osImage)
@@ -243,6 +266,24 @@ func (r initramfs) write(w io.Writer, mods []string) error {
 		return err
 	}
 	a.file(guest.InitPath, 0o755, bin)
+	for _, f := range extra {
+		// Each directory once, before what it holds.
+		var parents []string
+		for d := filepath.Dir(f.path); d != "/" && !made[d]; d = filepath.Dir(d) {
+			parents = append(parents, d)
+		}
+		for i := len(parents) - 1; i >= 0; i-- {
+			made[parents[i]] = true
+			a.dir(parents[i])
+		}
+		data := f.data
+		if f.src != "" {
+			if data, err = os.ReadFile(f.src); err != nil {
+				return err
+			}
+		}
+		a.file(f.path, f.mode, data)
+	}
 	if err := a.close(); err != nil {
 		return err
 	}

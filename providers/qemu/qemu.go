@@ -27,6 +27,13 @@
 // guest's init stops the agent, unmounts the disk and restarts; a hard one
 // is QMP system_reset. kill -9 of a QEMU process is a power loss.
 //
+// A class may instead ask for a real node (providerSpec guest: kubelet):
+// the initramfs then also holds Kubernetes' kubelet, containerd, runc,
+// the CNI plugins and the images the node imports at boot (NodeFiles,
+// built by make node), and the guest's init runs containerd and the
+// kubelet instead of the agent. The kubelet joins by its own TLS
+// bootstrap from the same join data.
+//
 // The guest reaches kube-apiserver through QEMU's user-mode network, where
 // 10.0.2.2 is the host's loopback: a join data's server on the host's
 // loopback is reached there, and TLS still verifies the name the server's
@@ -79,7 +86,7 @@ const (
 	DefaultCPUs   = 1
 	DefaultMemory = "256Mi"
 	// diskSize is each machine's disk: a sparse file, mostly empty.
-	diskSize = "64M"
+	diskSize = "4G"
 )
 
 // DefaultStopTimeout is how long a VM has to end after it was asked to:
@@ -123,7 +130,30 @@ type Options struct {
 	ExitWithParent bool
 	// Log says which accelerator was chosen and why.
 	Log logr.Logger
+	// Node is what a real node's guest holds besides the machinist
+	// binary; nil means a class may not ask for that guest.
+	Node *NodeFiles
 }
+
+// NodeFiles are the files of a real node's guest (Spec.Guest
+// GuestKubelet), built from the project's pinned modules.
+type NodeFiles struct {
+	// Bin holds kubelet, containerd, containerd-shim-runc-v2, runc and
+	// ctr, and CNIBin the CNI plugins (bridge, host-local, loopback).
+	Bin, CNIBin string
+	// Images holds OCI image archives (*.tar) imported into each VM's
+	// containerd at boot: the pod sandbox's and any a user adds.
+	Images string
+}
+
+// The guests a class may boot (Spec.Guest).
+const (
+	// GuestAgent runs the node agent, Machinist's stand-in for the
+	// kubelet: small and quick under TCG.
+	GuestAgent = "agent"
+	// GuestKubelet runs containerd and Kubernetes' own kubelet.
+	GuestKubelet = "kubelet"
+)
 
 // Spec is a MachineClass's providerSpec for this provider.
 type Spec struct {
@@ -132,6 +162,8 @@ type Spec struct {
 	// Memory is the VM's memory, a quantity such as 512Mi; empty means
 	// DefaultMemory.
 	Memory string `json:"memory,omitempty"`
+	// Guest is GuestAgent (empty means it) or GuestKubelet.
+	Guest string `json:"guest,omitempty"`
 }
 
 // New makes a Provider: the process provider's books over VMs. It finds
@@ -197,7 +229,7 @@ type vms struct {
 	// succeeds in settling it and kept for the Provider's life: the
 	// initramfs and the accelerator.
 	mu     sync.Mutex
-	initrd string
+	initrd map[string]string // by Spec.Guest
 	accel  string
 }
 
@@ -216,29 +248,38 @@ func (h *vms) Check(raw json.RawMessage, capacity corev1.ResourceList) error {
 	if _, err := capacityArg(capacity, spec); err != nil {
 		return fmt.Errorf("qemu: %w", err)
 	}
+	if spec.Guest == GuestKubelet && h.opts.Node == nil {
+		return fmt.Errorf("qemu: the class asks for a %s guest, and this provider was started without its files: give it --qemu-node-dir with what make node builds", GuestKubelet)
+	}
 	return h.fits(spec)
 }
 
 // prepare builds the initramfs and picks the accelerator, once they are
 // built and picked; a failure (a full disk, say) is the caller's to retry.
-func (h *vms) prepare() (initrd, accel string, err error) {
+func (h *vms) prepare(kind string) (initrd, accel string, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.initrd == nil {
+		h.initrd = map[string]string{}
+	}
 	// Built again if its file went: another provider's build over the
 	// same state directory prunes the images of other binaries.
-	if _, err := os.Stat(h.initrd); h.initrd == "" || err != nil {
+	if _, err := os.Stat(h.initrd[kind]); h.initrd[kind] == "" || err != nil {
 		r := initramfs{kernel: h.opts.Kernel, binary: h.opts.GuestBinary,
 			osImage: "Machinist guest (Linux " + h.opts.Kernel.Version + ")"}
+		if kind == GuestKubelet {
+			r.node = h.opts.Node
+		}
 		path, err := r.build(filepath.Join(h.opts.StateDir, "boot"))
 		if err != nil {
 			return "", "", fmt.Errorf("building the initramfs: %w", err)
 		}
-		h.initrd = path
+		h.initrd[kind] = path
 	}
 	if h.accel == "" {
-		h.accel = h.chooseAccel()
+		h.accel = h.chooseAccel(h.initrd[kind])
 	}
-	return h.initrd, h.accel, nil
+	return h.initrd[kind], h.accel, nil
 }
 
 func (h *vms) Command(b process.Boot) (*exec.Cmd, error) {
@@ -249,7 +290,7 @@ func (h *vms) Command(b process.Boot) (*exec.Cmd, error) {
 		return nil, providers.Permanent(err)
 	}
 	spec, _ := parseSpec(b.Spec)
-	initrd, accel, err := h.prepare()
+	initrd, accel, err := h.prepare(spec.Guest)
 	if err != nil {
 		return nil, err
 	}
@@ -307,6 +348,9 @@ func (h *vms) args(b process.Boot, spec Spec, initrd, accel string) ([]string, e
 	if h.opts.RenewInterval > 0 {
 		agent = append(agent, "--renew-interval="+h.opts.RenewInterval.String())
 	}
+	if spec.Guest == GuestKubelet {
+		agent = kubeletArgs(b)
+	}
 	for _, w := range agent {
 		if !kernelWord(w) {
 			return nil, fmt.Errorf("qemu: the guest's agent cannot be given %q: its kernel command line would split it", w)
@@ -335,6 +379,21 @@ func (h *vms) args(b process.Boot, spec Spec, initrd, accel string) ([]string, e
 		"-serial", "file:" + consoleFile,
 		"-no-reboot",
 	}, nil
+}
+
+// kubeletArgs are a real node's init arguments: the kubelet's flags. It
+// joins with its own TLS bootstrap from the join data, keeps its
+// credentials on the machine's disk, and registers the Node under the
+// Machine's name and providerID.
+func kubeletArgs(b process.Boot) []string {
+	return []string{guest.Kubelet,
+		"--bootstrap-kubeconfig=" + guest.BootstrapKubeconfig,
+		"--kubeconfig=/var/lib/kubelet/kubeconfig",
+		"--config=" + guest.KubeletConfig,
+		"--hostname-override=" + b.NodeName,
+		"--provider-id=" + b.ProviderID,
+		"--node-ip=" + strings.Split(guest.Address, "/")[0],
+	}
 }
 
 // kernelWord reports whether w stays one word on a kernel command line:
@@ -392,7 +451,7 @@ func parseSpec(raw json.RawMessage) (Spec, error) {
 		case errors.Is(err, strictjson.ErrTrailingData):
 			return s, fmt.Errorf("qemu: the class's providerSpec: %w", err)
 		case err != nil:
-			return s, fmt.Errorf("qemu: the class's providerSpec: %w (it takes cpus and memory)", err)
+			return s, fmt.Errorf("qemu: the class's providerSpec: %w (it takes cpus, memory and guest)", err)
 		}
 	}
 	if s.CPUs == 0 {
@@ -412,6 +471,19 @@ func parseSpec(raw json.RawMessage) (Spec, error) {
 	// memory: less than this does not boot.
 	if q.Value() < 256<<20 || q.Value() > 64<<30 {
 		return s, fmt.Errorf("qemu: the class's providerSpec: memory %s: want 256Mi to 64Gi", s.Memory)
+	}
+	switch s.Guest {
+	case "":
+		s.Guest = GuestAgent
+	case GuestAgent:
+	case GuestKubelet:
+		// The kubelet, containerd and their pods: less than this is
+		// not enough.
+		if q.Value() < 1<<30 {
+			return s, fmt.Errorf("qemu: the class's providerSpec: memory %s: a %s guest needs at least 1Gi", s.Memory, GuestKubelet)
+		}
+	default:
+		return s, fmt.Errorf("qemu: the class's providerSpec: guest %q: want %s (the node agent, the default) or %s (containerd and the kubelet)", s.Guest, GuestAgent, GuestKubelet)
 	}
 	return s, nil
 }
@@ -552,7 +624,7 @@ func isLoopback(host string) bool {
 // makeDisk makes an empty ext4 disk image at path.
 func (h *vms) makeDisk(path string) error {
 	_ = os.Remove(path)
-	out, err := exec.Command(h.mkfs, "-q", "-F", "-L", "machinist", path, diskSize).CombinedOutput()
+	out, err := exec.Command(h.mkfs, "-q", "-F", "-L", "machinist", "-J", "size=16", path, diskSize).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("making the disk: %w: %s", err, strings.TrimSpace(string(out)))
 	}

@@ -35,12 +35,14 @@ var (
 	// guestBinary is the machinist binary built for this run, each VM's
 	// init.
 	guestBinary string
+	// nodeDir holds what a real node's guest holds (testenv.EnsureNode).
+	nodeDir string
 )
 
 func TestMain(m *testing.M) {
 	// A VM under emulation on a busy host may renew its Lease late: the
 	// node lifecycle controller gives it a Lease duration and more.
-	opts := testenv.Options{ControllerManager: true, NodeMonitorGracePeriod: 15 * time.Second}
+	opts := testenv.Options{ControllerManager: true, Scheduler: true, NodeMonitorGracePeriod: 15 * time.Second}
 	os.Exit(testenv.RunWithOptions(m, opts, func(e *testenv.Env) (func(), error) {
 		env = e
 		clientset = kubernetes.NewForConfigOrDie(e.Config)
@@ -49,6 +51,9 @@ func TestMain(m *testing.M) {
 			return nil, err
 		}
 		guestBinary = filepath.Join(dir, "machinist")
+		if nodeDir, err = testenv.EnsureNode(); err != nil {
+			return func() { _ = os.RemoveAll(dir) }, err
+		}
 		return func() { _ = os.RemoveAll(dir) }, testenv.Build("./cmd/machinist", guestBinary)
 	}))
 }

@@ -16,9 +16,12 @@ func TestProviderSpecs(t *testing.T) {
 		want Spec
 		err  string
 	}{
-		{"", Spec{CPUs: 1, Memory: "256Mi"}, ""},
-		{`{}`, Spec{CPUs: 1, Memory: "256Mi"}, ""},
-		{`{"cpus":2,"memory":"1Gi"}`, Spec{CPUs: 2, Memory: "1Gi"}, ""},
+		{"", Spec{CPUs: 1, Memory: "256Mi", Guest: GuestAgent}, ""},
+		{`{}`, Spec{CPUs: 1, Memory: "256Mi", Guest: GuestAgent}, ""},
+		{`{"cpus":2,"memory":"1Gi"}`, Spec{CPUs: 2, Memory: "1Gi", Guest: GuestAgent}, ""},
+		{`{"memory":"1Gi","guest":"kubelet"}`, Spec{CPUs: 1, Memory: "1Gi", Guest: GuestKubelet}, ""},
+		{`{"guest":"kubelet"}`, Spec{}, "a kubelet guest needs at least 1Gi"},
+		{`{"guest":"systemd"}`, Spec{}, `guest "systemd": want agent`},
 		{`{"cpu":2}`, Spec{}, `unknown field "cpu"`},
 		{`{"cpus":0.5}`, Spec{}, "cannot unmarshal"},
 		{`{"cpus":65}`, Spec{}, "cpus 65: want 1 to 64"},
@@ -52,7 +55,7 @@ func TestCommandRefusesWhatCannotBoot(t *testing.T) {
 	}
 	_ = f.Close()
 	// Settled already, so that no initramfs is built.
-	h := &vms{opts: Options{GuestBinary: big}, initrd: "initrd", accel: AccelTCG}
+	h := &vms{opts: Options{GuestBinary: big}, initrd: map[string]string{GuestAgent: "initrd"}, accel: AccelTCG}
 	for spec, want := range map[string]string{
 		`{"memory":"256Mi"}`: "does not fit a VM of 256Mi",
 		`{"cpus":-1}`:        "cpus -1",

@@ -21,7 +21,25 @@ func AddQEMUFlags(fs *pflag.FlagSet, o *qemu.Options) {
 	fs.StringVar(&o.StateDir, "qemu-state-dir", "", "the qemu provider's state directory: one directory per VM, with its disk, console log and QMP socket")
 	fs.StringVar(&o.GuestBinary, "qemu-guest-binary", "", "the static machinist binary each VM runs as its init; empty means this one")
 	fs.StringVar(&o.Accel, "qemu-accel", "", "kvm or tcg; empty means KVM if a probe boot under it succeeds, else TCG")
+	fs.Var(nodeDir{o}, "qemu-node-dir", "what make node builds (bin/node): the kubelet, containerd, runc, the CNI plugins and the images of a real node's guest, which a class asks for with providerSpec guest: kubelet; empty means no class may")
 }
+
+// nodeDir is --qemu-node-dir: it sets the Options' Node files.
+type nodeDir struct{ o *qemu.Options }
+
+func (d nodeDir) String() string {
+	if d.o == nil || d.o.Node == nil {
+		return ""
+	}
+	return d.o.Node.Bin
+}
+
+func (d nodeDir) Set(dir string) error {
+	d.o.Node = qemu.NodeDir(dir)
+	return nil
+}
+
+func (nodeDir) Type() string { return "dir" }
 
 // AddServerTLSFlags adds a provider server's mutual-TLS flags.
 func AddServerTLSFlags(fs *pflag.FlagSet, f *plugin.TLSFiles) {

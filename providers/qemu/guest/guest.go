@@ -271,6 +271,11 @@ func run(out io.Writer, args []string) error {
 	}
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, unix.SIGINT, unix.SIGTERM)
+	if isKubelet(args) {
+		err := runNode(out, args[1:], stop)
+		unmount(out)
+		return err
+	}
 	self, err := os.Executable()
 	if err != nil {
 		self = InitPath

@@ -1,0 +1,155 @@
+package qemu
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/machinist-dev/machinist/providers/qemu/guest"
+)
+
+// nodeModules are the modules a real node loads besides the virtual
+// hardware's: overlayfs for containerd's snapshots, and the bridge and
+// veth pairs of the pods' network.
+var nodeModules = []string{"overlay", "bridge", "veth"}
+
+// nodeBinaries are the files of NodeFiles.Bin, and cniPlugins of
+// NodeFiles.CNIBin, that a real node's initramfs holds.
+var (
+	nodeBinaries = []string{"kubelet", "containerd", "containerd-shim-runc-v2", "runc", "ctr"}
+	cniPlugins   = []string{"bridge", "host-local", "loopback", "portmap"}
+)
+
+// SandboxImage is the pod sandbox (pause) image every real node imports
+// at boot and containerd is told to use, so that it is never pulled.
+const SandboxImage = "machinist.dev/pause:1"
+
+// containerdConfig keeps containerd to what the guest holds: its CNI
+// plugins and network, the sandbox image imported at boot, overlayfs
+// snapshots on the machine's disk.
+var containerdConfig = fmt.Sprintf(`version = 3
+root = "/var/lib/containerd"
+state = "/run/containerd"
+
+[grpc]
+  address = %q
+
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = %q
+
+# The guest's root is its initramfs, which pivot_root cannot leave.
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+  NoPivotRoot = true
+
+[plugins.'io.containerd.cri.v1.runtime'.cni]
+  bin_dirs = [%q]
+  conf_dir = %q
+`, guest.ContainerdSocket, SandboxImage, guest.CNIBinDir, guest.CNIConfDir)
+
+// kubeletConfig is the kubelet's configuration file. It authenticates
+// and authorizes every request to its port through kube-apiserver, as
+// kubeadm's nodes do, rotates its client certificate, and runs its pods
+// in cgroup v2 with the cgroupfs driver: the guest has no systemd.
+var kubeletConfig = fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+containerRuntimeEndpoint: unix://%s
+cgroupDriver: cgroupfs
+failSwapOn: false
+rotateCertificates: true
+resolvConf: /etc/resolv.conf
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: true
+  x509: {}
+authorization:
+  mode: Webhook
+`, guest.ContainerdSocket)
+
+// cniConfig is the pods' network: a bridge on the node with its own
+// addresses. Pods reach each other on their node; the VM's user-mode net
+// reaches no further.
+const cniConfig = `{
+  "cniVersion": "1.0.0",
+  "name": "machinist",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "cni0",
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": "10.88.0.0/16"}]],
+        "routes": [{"dst": "0.0.0.0/0"}]
+      }
+    },
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+`
+
+// NodeDir is the NodeFiles of a directory as make node fills it: the
+// binaries in it, the CNI plugins in cni/, the images in images/. Empty
+// means none.
+func NodeDir(dir string) *NodeFiles {
+	if dir == "" {
+		return nil
+	}
+	return &NodeFiles{Bin: dir, CNIBin: filepath.Join(dir, "cni"), Images: filepath.Join(dir, "images")}
+}
+
+// nodeFile is one file of a real node's initramfs: its path there, and
+// the host file it is copied from or its contents.
+type nodeFile struct {
+	path string
+	src  string
+	data []byte
+	mode int
+}
+
+// files lists what a real node's initramfs holds besides the agent's:
+// the binaries, the configuration and the images, in a fixed order so
+// that the same files give the same image.
+func (n *NodeFiles) files() ([]nodeFile, error) {
+	var out []nodeFile
+	for _, b := range nodeBinaries {
+		out = append(out, nodeFile{path: filepath.Join(guest.BinDir, b), src: filepath.Join(n.Bin, b), mode: 0o755})
+	}
+	for _, p := range cniPlugins {
+		out = append(out, nodeFile{path: filepath.Join(guest.CNIBinDir, p), src: filepath.Join(n.CNIBin, p), mode: 0o755})
+	}
+	images, err := filepath.Glob(filepath.Join(n.Images, "*.tar"))
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(images)
+	for _, img := range images {
+		out = append(out, nodeFile{path: filepath.Join(guest.ImageDir, filepath.Base(img)), src: img, mode: 0o644})
+	}
+	for _, f := range out {
+		if _, err := os.Stat(f.src); err != nil {
+			return nil, fmt.Errorf("a real node's file: %w", err)
+		}
+	}
+	return append(out,
+		nodeFile{path: guest.ContainerdConfig, data: []byte(containerdConfig), mode: 0o644},
+		nodeFile{path: guest.KubeletConfig, data: []byte(kubeletConfig), mode: 0o644},
+		nodeFile{path: filepath.Join(guest.CNIConfDir, "10-machinist.conflist"), data: []byte(cniConfig), mode: 0o644},
+		// The user-mode net's DNS; nothing answers beyond it.
+		nodeFile{path: "/etc/resolv.conf", data: []byte("nameserver 10.0.2.3\n"), mode: 0o644},
+		nodeFile{path: "/etc/hosts", data: []byte("127.0.0.1 localhost\n"), mode: 0o644},
+		// The kubelet reads its user's entry; the guest has root alone.
+		nodeFile{path: "/etc/passwd", data: []byte("root:x:0:0:root:/root:/sbin/nologin\n"), mode: 0o644},
+		nodeFile{path: "/etc/group", data: []byte("root:x:0:\n"), mode: 0o644},
+	), nil
+}
