@@ -417,10 +417,33 @@ func (h *vms) fits(spec Spec) error {
 	}
 	mem := resource.MustParse(spec.Memory)
 	// The modules and the rest take a few MiB more.
-	if need := fi.Size() + 8<<20; need > mem.Value()/2 {
+	need := fi.Size() + 8<<20
+	if need > mem.Value()/2 {
 		return fmt.Errorf("qemu: the guest binary %s (%d MiB) does not fit a VM of %s, which unpacks its initramfs into half its memory: "+
 			"give the class more memory, or build machinist without symbol tables (go build -ldflags='-s -w', as make binaries does)",
 			h.opts.GuestBinary, fi.Size()>>20, spec.Memory)
+	}
+	if spec.Guest != GuestKubelet || h.opts.Node == nil {
+		return nil
+	}
+	// A real node's files, the images a user added among them.
+	files, err := h.opts.Node.files()
+	if err != nil {
+		return err
+	}
+	for _, f := range files {
+		if f.src == "" {
+			continue
+		}
+		fi, err := os.Stat(f.src)
+		if err != nil {
+			return fmt.Errorf("a real node's file: %w", err)
+		}
+		need += fi.Size()
+	}
+	if need > mem.Value()/2 {
+		return fmt.Errorf("qemu: a real node's initramfs (%d MiB: the guest binary, the kubelet, containerd, runc, the CNI plugins and the images of %s) does not fit a VM of %s, which unpacks it into half its memory: "+
+			"give the class more memory, or fewer images", need>>20, h.opts.Node.Images, spec.Memory)
 	}
 	return nil
 }

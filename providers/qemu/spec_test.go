@@ -68,6 +68,29 @@ func TestCommandRefusesWhatCannotBoot(t *testing.T) {
 	if err := h.fits(Spec{CPUs: 1, Memory: "512Mi"}); err != nil {
 		t.Errorf("512Mi: %v", err)
 	}
+
+	// A real node's files count too, the images a user added among them.
+	node := NodeDir(filepath.Join(dir, "node"))
+	for _, f := range append(append([]string{}, nodeBinaries...), "cni/bridge", "cni/host-local", "cni/loopback", "cni/portmap", "images/huge.tar") {
+		path := filepath.Join(node.Bin, f)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Truncate(filepath.Join(node.Images, "huge.tar"), 400<<20); err != nil {
+		t.Fatal(err)
+	}
+	h.opts.Node = node
+	_, err = h.Command(process.Boot{Dir: dir, Spec: []byte(`{"memory":"1Gi","guest":"kubelet"}`)})
+	if err == nil || !strings.Contains(err.Error(), "a real node's initramfs (529 MiB") || !providers.IsPermanent(err) {
+		t.Errorf("a real node too small for its images: got %v", err)
+	}
+	if err := h.fits(Spec{CPUs: 1, Memory: "2Gi", Guest: GuestKubelet}); err != nil {
+		t.Errorf("2Gi: %v", err)
+	}
 }
 
 func TestOwnerKnowsItsVMsByTheirCommandLine(t *testing.T) {

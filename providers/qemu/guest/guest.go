@@ -23,7 +23,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strings"
@@ -280,38 +279,15 @@ func run(out io.Writer, args []string) error {
 	if err != nil {
 		self = InitPath
 	}
-	for {
-		cmd := exec.Command(self, args...)
-		cmd.Stdout, cmd.Stderr = out, out
-		if err := cmd.Start(); err != nil {
-			unmount(out)
-			return fmt.Errorf("starting the agent: %w", err)
-		}
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
-		select {
-		case <-stop:
-			fmt.Fprintln(out, "machinist: init: stopping the agent")
-			_ = cmd.Process.Signal(unix.SIGTERM)
-			select {
-			case <-exited:
-			case <-time.After(agentStopTimeout):
-				_ = cmd.Process.Kill()
-				<-exited
-			}
-			unmount(out)
-			return nil
-		case err := <-exited:
-			// As a service manager restarts a kubelet that died.
-			fmt.Fprintf(out, "machinist: init: the agent exited (%v); starting it again\n", err)
-			select {
-			case <-stop:
-				unmount(out)
-				return nil
-			case <-time.After(2 * time.Second):
-			}
-		}
+	exits := make(chan *service, 1)
+	agent := &service{name: "the agent", argv: append([]string{self}, args...)}
+	if err := agent.start(out, exits); err != nil {
+		unmount(out)
+		return err
 	}
+	err = supervise(out, stop, exits, agent)
+	unmount(out)
+	return err
 }
 
 // machineID gives the machine the ID of its disk, as systemd's

@@ -75,41 +75,23 @@ func runNode(out io.Writer, kubeletArgs []string, stop <-chan os.Signal) error {
 			return err
 		}
 	}
-	containerd := &service{name: "containerd", out: out, argv: []string{filepath.Join(BinDir, "containerd"), "--config", ContainerdConfig}}
-	if err := containerd.start(); err != nil {
+	exits := make(chan *service, 2)
+	containerd := &service{name: "containerd", argv: []string{filepath.Join(BinDir, "containerd"), "--config", ContainerdConfig}}
+	if err := containerd.start(out, exits); err != nil {
 		return err
 	}
-	defer containerd.stopWithin(agentStopTimeout)
-	if err := await(ContainerdSocket); err != nil {
-		return fmt.Errorf("containerd: %w", err)
+	kubelet := &service{name: "the kubelet", argv: append([]string{filepath.Join(BinDir, "kubelet")}, kubeletArgs...)}
+	err := await(ContainerdSocket)
+	if err != nil {
+		err = fmt.Errorf("containerd: %w", err)
+	} else if err = importImages(out); err == nil {
+		err = kubelet.start(out, exits)
 	}
-	if err := importImages(out); err != nil {
+	if err != nil {
+		containerd.stop(out)
 		return err
 	}
-	kubelet := &service{name: "kubelet", out: out, argv: append([]string{filepath.Join(BinDir, "kubelet")}, kubeletArgs...)}
-	if err := kubelet.start(); err != nil {
-		return err
-	}
-	for {
-		select {
-		case <-stop:
-			fmt.Fprintln(out, "machinist: init: stopping the kubelet")
-			kubelet.stopWithin(agentStopTimeout)
-			return nil
-		case err := <-kubelet.exited:
-			fmt.Fprintf(out, "machinist: init: the kubelet exited (%v); starting it again\n", err)
-			time.Sleep(2 * time.Second)
-			if err := kubelet.start(); err != nil {
-				return err
-			}
-		case err := <-containerd.exited:
-			fmt.Fprintf(out, "machinist: init: containerd exited (%v); starting it again\n", err)
-			time.Sleep(2 * time.Second)
-			if err := containerd.start(); err != nil {
-				return err
-			}
-		}
-	}
+	return supervise(out, stop, exits, containerd, kubelet)
 }
 
 // importImages imports every archive of ImageDir into containerd's
@@ -124,36 +106,6 @@ func importImages(out io.Writer) error {
 		}
 	}
 	return nil
-}
-
-// service is one supervised daemon.
-type service struct {
-	name   string
-	out    io.Writer
-	argv   []string
-	cmd    *exec.Cmd
-	exited chan error
-}
-
-func (s *service) start() error {
-	s.cmd = exec.Command(s.argv[0], s.argv[1:]...)
-	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
-	if err := s.cmd.Start(); err != nil {
-		return fmt.Errorf("starting %s: %w", s.name, err)
-	}
-	s.exited = make(chan error, 1)
-	go func(c *exec.Cmd, ch chan error) { ch <- c.Wait() }(s.cmd, s.exited)
-	return nil
-}
-
-func (s *service) stopWithin(d time.Duration) {
-	_ = s.cmd.Process.Signal(unix.SIGTERM)
-	select {
-	case <-s.exited:
-	case <-time.After(d):
-		_ = s.cmd.Process.Kill()
-		<-s.exited
-	}
 }
 
 // isKubelet reports whether init's arguments make a real node.

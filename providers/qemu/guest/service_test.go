@@ -1,0 +1,107 @@
+package guest
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// syncBuffer is a console several daemons write to at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestSuperviseRestartsWhatExitsAndStopsInReverse: a daemon that dies is
+// started again two seconds later (once: it runs then), as a service manager restarts a
+// kubelet, while the others run on; a stop ends them all, the last
+// started first (the kubelet before containerd).
+func TestSuperviseRestartsWhatExitsAndStopsInReverse(t *testing.T) {
+	out := &syncBuffer{}
+	starts := filepath.Join(t.TempDir(), "starts")
+	exits := make(chan *service, 2)
+	first := &service{name: "first", argv: []string{"sleep", "60"}}
+	// It dies the first time, and runs once started again.
+	second := &service{name: "second", argv: []string{"sh", "-c", "echo x >> " + starts + "; [ $(wc -l < " + starts + ") -gt 1 ] && exec sleep 60; exit 3"}}
+	for _, s := range []*service{first, second} {
+		if err := s.start(out, exits); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop := make(chan os.Signal, 1)
+	done := make(chan error, 1)
+	go func() { done <- supervise(out, stop, exits, first, second) }()
+	time.Sleep(3 * time.Second)
+	stop <- os.Interrupt
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(agentStopTimeout + 5*time.Second):
+		t.Fatal("supervise did not return after stop")
+	}
+	b, _ := os.ReadFile(starts)
+	if n := strings.Count(string(b), "x"); n != 2 {
+		t.Errorf("the dying daemon started %d times in 3 s, want 2 (restarted once, 2 s after it died)\n%s", n, out)
+	}
+	con := out.String()
+	if !strings.Contains(con, "machinist: init: second exited (exit status 3); starting it again") {
+		t.Errorf("the console does not say the daemon was restarted:\n%s", con)
+	}
+	if strings.Contains(con, "first exited") {
+		t.Errorf("the daemon that kept running was restarted:\n%s", con)
+	}
+	stopFirst := strings.Index(con, "stopping first")
+	if stopFirst < 0 || first.cmd.ProcessState == nil {
+		t.Fatalf("the running daemon was not stopped:\n%s", con)
+	}
+	if i := strings.Index(con, "stopping second"); i < 0 || i > stopFirst {
+		t.Errorf("not stopped last started first:\n%s", con)
+	}
+}
+
+// TestSuperviseReturnsARestartThatFails: a daemon whose binary is gone
+// cannot be started again; the others are stopped and the error is
+// init's, which powers the machine off for its health check to heal.
+func TestSuperviseReturnsARestartThatFails(t *testing.T) {
+	out := &syncBuffer{}
+	script := filepath.Join(t.TempDir(), "daemon")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	exits := make(chan *service, 2)
+	running := &service{name: "running", argv: []string{"sleep", "60"}}
+	gone := &service{name: "gone", argv: []string{script}}
+	for _, s := range []*service{running, gone} {
+		if err := s.start(out, exits); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Remove(script); err != nil {
+		t.Fatal(err)
+	}
+	err := supervise(out, make(chan os.Signal), exits, running, gone)
+	if err == nil || !strings.Contains(err.Error(), "starting gone") {
+		t.Fatalf("got %v, want the failed restart", err)
+	}
+	if running.cmd.ProcessState == nil {
+		t.Errorf("the other daemon was left running:\n%s", out)
+	}
+}
