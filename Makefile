@@ -78,7 +78,7 @@ bundle: controlplane ## Render config/default with its image set to $(IMAGE) int
 	@echo "bin/machinist.yaml: config/default with image $(IMAGE)"
 
 .PHONY: run
-run: controlplane qemu binaries ## Run everything on this host, ready for kubectl (state in .machinist/; Ctrl-C stops it).
+run: controlplane qemu node binaries ## Run everything on this host, ready for kubectl (state in .machinist/; Ctrl-C stops it).
 	bin/machinist run --state-dir .machinist --bin-dir bin
 
 .PHONY: controlplane

@@ -73,6 +73,8 @@ const (
 	SampleCluster       = "workload"
 	SampleVMClass       = "vm"
 	SampleVMSet         = "vms"
+	SampleNodeClass     = "real-node"
+	SampleNodeSet       = "real-nodes"
 	SampleClusterSecret = "workload-kubeconfig"
 )
 
@@ -216,9 +218,16 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return fmt.Errorf("%w; its log is %s", err, filepath.Join(dir, ProviderLog))
 	}
 	// The qemu provider, likewise: its VMs run the same binary as their
-	// init.
-	vms, err := serveProvider(self, dir, qemu.Name, QEMULog,
-		"--qemu-state-dir", filepath.Join(dir, VMDir), "--qemu-guest-binary", agent, "--qemu-exit-with-parent")
+	// init, and a real node's the files make node built, when it has.
+	vmFlags := []string{"--qemu-state-dir", filepath.Join(dir, VMDir), "--qemu-guest-binary", agent, "--qemu-exit-with-parent"}
+	nodeDir, err := realNodeDir(opts.BinDir)
+	if err != nil {
+		return err
+	}
+	if nodeDir != "" {
+		vmFlags = append(vmFlags, "--qemu-node-dir", nodeDir)
+	}
+	vms, err := serveProvider(self, dir, qemu.Name, QEMULog, vmFlags...)
 	if err != nil {
 		return err
 	}
@@ -478,13 +487,16 @@ const samplesMarker = "samples-created"
 
 // laterSamples were added after the first ones: an empty marker, written
 // before markers listed what they recorded, means every sample but these.
-var laterSamples = []string{"MachineClass/" + SampleVMClass, "MachineSet/" + SampleVMSet}
+var laterSamples = []string{"MachineClass/" + SampleVMClass, "MachineSet/" + SampleVMSet,
+	"MachineClass/" + SampleNodeClass, "MachineSet/" + SampleNodeSet}
 
 // samples creates, once per state directory each (marker records them),
 // the WorkloadCluster "workload", the MachineClass "local", the
 // MachineDeployment "workers" of 3 Machines in the workload cluster, the
 // MachineSet "spare" of none in the management cluster, the MachineClass
-// "vm" of QEMU VMs and the MachineSet "vms" of none, the
+// "vm" of QEMU VMs and the MachineSet "vms" of none, the MachineClass
+// "real-node" of VMs running the kubelet and the MachineSet "real-nodes"
+// of none, the
 // MachineHealthCheck "workers" (healthCheck) and the
 // MachineDisruptionBudget "workers"; one that exists is left as it is. It
 // returns the samples this start made, as "Kind/name".
@@ -544,6 +556,10 @@ func samples(ctx context.Context, c client.Client, marker string) ([]string, err
 		// join the management cluster, as the spare set's do.
 		{"MachineClass/" + SampleVMClass, sampleClass(SampleVMClass, qemu.Name, `{"cpus":1,"memory":"256Mi"}`)},
 		{"MachineSet/" + SampleVMSet, emptySet(SampleVMSet, SampleVMClass)},
+		// Real nodes: Kubernetes' own kubelet, with containerd, in a VM
+		// each. Its version is the kubelet's that make node builds.
+		{"MachineClass/" + SampleNodeClass, sampleClass(SampleNodeClass, qemu.Name, `{"cpus":2,"memory":"1536Mi","guest":"kubelet"}`)},
+		{"MachineSet/" + SampleNodeSet, versioned(emptySet(SampleNodeSet, SampleNodeClass), RealNodeVersion)},
 		{"MachineHealthCheck/" + SampleHealthCheck, healthCheck()},
 		{"MachineDisruptionBudget/" + SampleBudget, budget},
 	}
@@ -612,6 +628,32 @@ func emptySet(name, class string) *machinistv1.MachineSet {
 	}
 }
 
+// RealNodeVersion is the version of the kubelet make node builds, which
+// the real nodes' MachineSet asks for.
+const RealNodeVersion = "v1.37.2"
+
+// versioned sets the version of set's Machines.
+func versioned(set *machinistv1.MachineSet, version string) *machinistv1.MachineSet {
+	set.Spec.Template.Spec.Version = version
+	return set
+}
+
+// realNodeDir is the directory of a real node's files under binDir, as
+// make node fills it, absolute; "" when it has not been built, and a class
+// of real nodes is then refused by the provider, naming make node.
+func realNodeDir(binDir string) (string, error) {
+	dir, err := filepath.Abs(filepath.Join(binDir, "node"))
+	if err != nil {
+		return "", err
+	}
+	if _, err := os.Stat(filepath.Join(dir, "kubelet")); errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	} else if err != nil {
+		return "", err
+	}
+	return dir, nil
+}
+
 // healthCheck is the sample MachineHealthCheck: it watches over the
 // MachineDeployment "workers" (its Machines are labelled pool=workers) with
 // values for one host and a short demo. config/samples/machinehealthcheck.yaml
@@ -667,10 +709,12 @@ func printNext(out io.Writer, kubeconfig, workloadKubeconfig, machines string, c
 			"workload cluster, MachineSet %q of 0, whose Nodes join this one,\n"+
 			"MachineClass %q (provider qemu: every Machine a QEMU VM booting a real\n"+
 			"Linux kernel) and MachineSet %q of 0 of them, whose Nodes join this one,\n"+
+			"MachineClass %q (QEMU VMs running Kubernetes' kubelet and containerd) and\n"+
+			"MachineSet %q of 0 of them, whose Nodes join this one too,\n"+
 			"MachineHealthCheck %q, which heals the MachineDeployment's Machines, and\n"+
 			"MachineDisruptionBudget %q: at most one of them out of service on purpose at once.",
 			SampleNamespace, SampleCluster, SampleClusterSecret, SampleClass, SampleDeployment, SampleSet,
-			SampleVMClass, SampleVMSet, SampleHealthCheck, SampleBudget)
+			SampleVMClass, SampleVMSet, SampleNodeClass, SampleNodeSet, SampleHealthCheck, SampleBudget)
 	}
 	fmt.Fprintf(out, `
 Machinist is running. %s
@@ -713,6 +757,14 @@ In another terminal:
   kubectl wait machines -l pool=vms --for=condition=NodeHealthy --timeout=5m
   kubectl get nodes -l machinist.dev/class=vm -o wide   # KERNEL-VERSION and OS-IMAGE: the guest's own
   kubectl machine reboot "$(kubectl get machines -l pool=vms -o name | head -1 | cut -d/ -f2)" --wait
+
+  # A real node: Kubernetes' own kubelet and containerd in a VM (make node builds them), and a pod on it
+  kubectl scale machineset real-nodes --replicas=1
+  kubectl wait machines -l pool=real-nodes --for=condition=NodeHealthy --timeout=10m
+  kubectl run pause --image=machinist.dev/pause:1 --image-pull-policy=Never \
+    --overrides='{"spec":{"nodeSelector":{"machinist.dev/class":"real-node"}}}'
+  kubectl wait pod/pause --for=condition=Ready --timeout=5m
+  kubectl get pod pause -o wide
 
   # Kill a machine and watch the MachineHealthCheck reboot it, within a minute
   kill -9 "$(grep -h '"pid"' %s/default_workers-*/state.json | head -1 | tr -dc 0-9)"

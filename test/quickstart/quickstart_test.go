@@ -61,6 +61,11 @@ func workdir(t *testing.T) string {
 	if err := testenv.EnsureControlPlane(); err != nil {
 		t.Fatal(err)
 	}
+	// make run builds a real node's files too; the run finds them
+	// beside the control plane's.
+	if _, err := testenv.EnsureNode(); err != nil {
+		t.Fatal(err)
+	}
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "bin")
 	for pkg, name := range map[string]string{"./cmd/machinist": "machinist", "./cmd/kubectl-machine": "kubectl-machine"} {
@@ -503,6 +508,18 @@ func TestQuickStart(t *testing.T) {
 	g.Expect(vmReboot).NotTo(BeNil(), "the VM's reboot")
 	g.Expect(out.String()).To(MatchRegexp(`(?m)^vms-\S+\s+`+regexp.QuoteMeta(kernel.Version)+`\s+`+regexp.QuoteMeta(vmReboot[2])+`$`), "the VM's Node on its new boot")
 
+	// The real node: Kubernetes' kubelet with containerd, in the VM's
+	// kernel, and the pod containerd ran there from the imported image.
+	g.Expect(out.String()).To(MatchRegexp(`(?m)^(real-nodes-\S+)\s+Ready\s+\S+\s+\S+\s+`+regexp.QuoteMeta(local.RealNodeVersion)+
+		`\s.*Machinist guest.*\s`+regexp.QuoteMeta(kernel.Version)+`\s.*containerd://2\.4\.2`), "kubectl get nodes -o wide of the real node")
+	realNode := regexp.MustCompile(`(?m)^(real-nodes-\S+)\s+Ready\s`).FindStringSubmatch(out.String())
+	g.Expect(realNode).NotTo(BeNil())
+	g.Expect(out.String()).To(MatchRegexp(`(?m)^pause\s+1/1\s+Running\s+0\s+\S+\s+10\.88\.\S+\s+`+regexp.QuoteMeta(realNode[1])+`\s`),
+		"the pod Running on the real node, at an address of its CNI bridge")
+	t.Logf("the real node: scaled to Ready in %s, the pod Ready in %s",
+		out.arrived(regexp.MustCompile(`real-nodes condition met`)).Sub(out.arrived(regexp.MustCompile(`real-nodes scaled`))).Round(time.Second),
+		out.arrived(regexp.MustCompile(`pod/pause condition met`)).Sub(out.arrived(regexp.MustCompile(`pod/pause created`))).Round(time.Second))
+
 	// Kill a machine and watch it heal: the step shows the Machine before
 	// the kill -9 and after it healed.
 	rows := machineRows(out.String())
@@ -544,6 +561,16 @@ func TestQuickStart(t *testing.T) {
 			g.Expect(m.Spec.ClusterName).To(BeEmpty(), "a spare Machine serves the management cluster")
 		}
 	}).WithTimeout(2 * time.Minute).Should(Succeed())
+	// The real node scaled away: no Machine, Node or VM of it left.
+	g.Eventually(func(g Gomega) {
+		g.Expect(machines(g, c, local.SampleNodeSet)).To(BeEmpty())
+		nodes := &corev1.NodeList{}
+		g.Expect(c.List(context.Background(), nodes, client.MatchingLabels{"machinist.dev/class": local.SampleNodeClass})).To(Succeed())
+		g.Expect(nodes.Items).To(BeEmpty())
+		left, err := filepath.Glob(filepath.Join(dir, ".machinist", local.VMDir, "default_"+local.SampleNodeSet+"-*"))
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(left).To(BeEmpty(), "the real node's VM directory")
+	}).WithTimeout(3 * time.Minute).Should(Succeed())
 	// Each Machine's Node is in its own cluster, and only there.
 	g.Eventually(func(g Gomega) {
 		nodesWhereTheyBelong(g, c, wl, append(machines(g, c, "workers"), machines(g, c, "spare")...))
