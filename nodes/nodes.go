@@ -173,6 +173,8 @@ type Cluster interface {
 	// patch whose test failed, because a value it tested changed since it
 	// was read, is a Conflict, as an update of a stale object is.
 	Patch(ctx context.Context, node *corev1.Node, p client.Patch) error
+	// PatchStatus applies p to node's status, as Patch does to the rest.
+	PatchStatus(ctx context.Context, node *corev1.Node, p client.Patch) error
 	// Delete deletes node and its kubelet's Lease; either already gone is
 	// no error.
 	Delete(ctx context.Context, node *corev1.Node) error
@@ -292,6 +294,11 @@ func (l *API) Patch(ctx context.Context, node *corev1.Node, p client.Patch) erro
 	return patch.Conflict(l.Client.Patch(ctx, node, p))
 }
 
+// PatchStatus implements Cluster.
+func (l *API) PatchStatus(ctx context.Context, node *corev1.Node, p client.Patch) error {
+	return patch.Conflict(l.Client.Status().Patch(ctx, node, p))
+}
+
 // Delete implements Cluster.
 func (l *API) Delete(ctx context.Context, node *corev1.Node) error {
 	if err := l.Client.Delete(ctx, node); client.IgnoreNotFound(err) != nil {
@@ -372,6 +379,9 @@ func (o Offline) Nodes(context.Context) ([]corev1.Node, error) { return nil, o.E
 
 // Patch implements Cluster.
 func (o Offline) Patch(context.Context, *corev1.Node, client.Patch) error { return o.Err }
+
+// PatchStatus implements Cluster.
+func (o Offline) PatchStatus(context.Context, *corev1.Node, client.Patch) error { return o.Err }
 
 // Delete implements Cluster.
 func (o Offline) Delete(context.Context, *corev1.Node) error { return o.Err }
@@ -683,6 +693,25 @@ func TemplateFor(class *machinistv1.MachineClass, spec *machinistv1.MachineSpec)
 		n.Taints = SetTaint(n.Taints, t.AsCore())
 	}
 	return n
+}
+
+// Uninitialized is the taint a kubelet run with --cloud-provider=external
+// registers its Node with, until a cloud provider has given the Node its
+// addresses (k8s.io/cloud-provider's TaintExternalCloudProvider).
+const Uninitialized = "node.cloudprovider.kubernetes.io/uninitialized"
+
+// HasTaint reports whether taints hold one with key, of any effect.
+func HasTaint(taints []corev1.Taint, key string) bool {
+	return slices.ContainsFunc(taints, func(t corev1.Taint) bool { return t.Key == key })
+}
+
+// RemoveTaint is taints without those with key, or taints itself when it
+// holds none.
+func RemoveTaint(taints []corev1.Taint, key string) []corev1.Taint {
+	if !HasTaint(taints, key) {
+		return taints
+	}
+	return slices.DeleteFunc(slices.Clone(taints), func(t corev1.Taint) bool { return t.Key == key })
 }
 
 // SetTaint adds t to taints, or gives the taint with its key and effect

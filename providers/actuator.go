@@ -13,6 +13,7 @@ import (
 	"sync"
 	"unicode"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
@@ -132,6 +133,13 @@ type Instance struct {
 	// reported a failure, once it has joined, or when the provider cannot
 	// tell. The controller shows it on a Machine whose Node has not come.
 	JoinFailure *JoinFailure
+	// Addresses are where the instance's Node is reached, as a cloud
+	// provider gives them; none when the provider gives none. The
+	// controller puts them on a Node whose kubelet runs with
+	// --cloud-provider=external, in place of the kubelet's own, and then
+	// lifts its uninitialized taint (nodes.Uninitialized), as a cloud
+	// controller manager's node controller would.
+	Addresses []corev1.NodeAddress
 }
 
 // JoinFailure is a machine's report of a failing join.

@@ -3,12 +3,14 @@ package providers
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
@@ -56,6 +58,27 @@ func ForgetNode(ctx context.Context, kube kubernetes.Interface, node string) err
 	err := kube.CoordinationV1().Leases(corev1.NamespaceNodeLease).Delete(ctx, node, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("deleting the lease of node %s: %w", node, err)
+	}
+	return nil
+}
+
+// CheckAddress says why a provider's instance address could not be a
+// Node's: an IP type whose address is no IP, a DNS or Hostname type whose
+// address is no DNS name, or a type Kubernetes does not know. A Node's
+// addresses tell kube-apiserver where to reach its kubelet, so nothing
+// else is put there.
+func CheckAddress(a corev1.NodeAddress) error {
+	switch a.Type {
+	case corev1.NodeInternalIP, corev1.NodeExternalIP:
+		if net.ParseIP(a.Address) == nil {
+			return fmt.Errorf("an instance address of type %s must be an IP address, not %q", a.Type, a.Address)
+		}
+	case corev1.NodeInternalDNS, corev1.NodeExternalDNS, corev1.NodeHostName:
+		if errs := validation.IsDNS1123Subdomain(a.Address); len(errs) > 0 {
+			return fmt.Errorf("an instance address of type %s must be a DNS name, not %q: %s", a.Type, a.Address, strings.Join(errs, "; "))
+		}
+	default:
+		return fmt.Errorf("an instance address has type %q: want InternalIP, ExternalIP, InternalDNS, ExternalDNS or Hostname", a.Type)
 	}
 	return nil
 }

@@ -91,7 +91,7 @@ func (r *Reconciler) awaitBoot(ctx context.Context, s *step) outcome {
 				// Node comes first: were it left cordoned, the Machine
 				// would stay here and try again rather than run on a Node
 				// no pod can be scheduled to.
-				if err := r.applyNodeSpec(ctx, s, node, op == nil || operation.Drains(op.Type, op.Options)); err != nil {
+				if err := r.applyNodeSpec(ctx, s, node, op == nil || operation.Drains(op.Type, op.Options), false); err != nil {
 					return fail(err)
 				}
 				observeNode(m, node)

@@ -55,7 +55,11 @@ func (r *Reconciler) serve(ctx context.Context, s *step) outcome {
 		if !stale {
 			observeNode(m, node)
 		}
-		if err := r.applyNodeSpec(ctx, s, node, false); err != nil {
+		initialized, err := r.initializeNode(ctx, s, node)
+		if err != nil {
+			return fail(err)
+		}
+		if err := r.applyNodeSpec(ctx, s, node, false, initialized); err != nil {
 			return fail(err)
 		}
 	}

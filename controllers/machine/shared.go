@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -607,8 +608,9 @@ func setUnseenHealth(s *step) {
 // kubelet may write its own Node's annotations) is put right.
 //
 // With uncordon, the same patch also makes the Node schedulable again,
-// as the end of an operation that drained it.
-func (r *Reconciler) applyNodeSpec(ctx context.Context, s *step, node *corev1.Node, uncordon bool) error {
+// as the end of an operation that drained it; with initialized, it lifts
+// the Node's uninitialized taint (initializeNode).
+func (r *Reconciler) applyNodeSpec(ctx context.Context, s *step, node *corev1.Node, uncordon, initialized bool) error {
 	m := s.m
 	tmpl := nodes.TemplateFor(s.class, &m.Spec)
 	labels, taints := tmpl.Labels, tmpl.Taints
@@ -626,6 +628,9 @@ func (r *Reconciler) applyNodeSpec(ctx context.Context, s *step, node *corev1.No
 	for _, t := range taints {
 		want = nodes.SetTaint(want, t)
 	}
+	if initialized {
+		want = nodes.RemoveTaint(want, nodes.Uninitialized)
+	}
 	if !equalTaints(node.Spec.Taints, want) {
 		var had any // a Node without taints has no such field
 		if len(node.Spec.Taints) > 0 {
@@ -641,6 +646,42 @@ func (r *Reconciler) applyNodeSpec(ctx context.Context, s *step, node *corev1.No
 		return nil
 	}
 	return s.nodes.Patch(ctx, node.DeepCopy(), p.Patch())
+}
+
+// initializeNode does for a Node whose kubelet runs with
+// --cloud-provider=external what a cloud controller manager's node
+// controller does, when the Machine's provider gives its instance's
+// addresses: it puts them on the Node, where kube-apiserver looks for the
+// kubelet, and reports that the uninitialized taint may be lifted. A
+// provider that gives none leaves the Node to whatever else initializes
+// it, such as a cloud controller manager of the user's. One write, once
+// in a Node's life; a Node without the taint costs nothing.
+func (r *Reconciler) initializeNode(ctx context.Context, s *step, node *corev1.Node) (bool, error) {
+	if !nodes.HasTaint(node.Spec.Taints, nodes.Uninitialized) {
+		return false, nil
+	}
+	act, why := r.actuatorFor(s.m, s.class)
+	if why != nil {
+		return false, nil
+	}
+	in, err := act.Describe(ctx, s.m.Status.ProviderID)
+	if err != nil {
+		return false, fmt.Errorf("asking the provider for the Node's addresses: %w", err)
+	}
+	if len(in.Addresses) == 0 {
+		return false, nil
+	}
+	if equality.Semantic.DeepEqual(node.Status.Addresses, in.Addresses) {
+		return true, nil
+	}
+	before := node.DeepCopy()
+	node.Status.Addresses = in.Addresses
+	// A merge patch sets the list whole: the kubelet's own addresses are
+	// not the provider's.
+	if err := s.nodes.PatchStatus(ctx, node, client.MergeFrom(before)); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // setKeys adds to p what makes the map at path (have, as read) hold

@@ -241,26 +241,12 @@ func serving(apiserver *envtest.APIServer, dir, name string) error {
 	if err != nil {
 		return fmt.Errorf("the serving CA of %s in %s: %w", name, dir, err)
 	}
-	cert, err := ca.Issue(pki.Request{
-		CommonName: "kube-apiserver",
-		DNSNames:   []string{"localhost"},
-		IPs:        []net.IP{net.IPv4(127, 0, 0, 1)},
-	})
-	if err != nil {
-		return err
+	// The service account signing key is kept too, so that service
+	// account tokens stay valid across restarts.
+	if err := kubecontrollermanager.Serving(apiserver, ca, dir); err != nil {
+		return fmt.Errorf("serving %s from %s: %w", name, dir, err)
 	}
-	if err := cert.Write(dir, "apiserver"); err != nil {
-		return err
-	}
-	// envtest makes the service account signing key only along with the
-	// serving certificate; kept, so that service account tokens stay
-	// valid across restarts.
-	if _, err := pki.LoadOrNewCA(dir, "sa-signer", "machinist-service-accounts"); err != nil {
-		return fmt.Errorf("the service account signing key of %s in %s: %w", name, dir, err)
-	}
-	apiserver.CertDir = dir
 	apiserver.SecureServing.ListenAddr = envtest.ListenAddr{Address: "127.0.0.1", Port: strconv.Itoa(port)}
-	apiserver.SecureServing.CA = ca.CertPEM()
 	return nil
 }
 

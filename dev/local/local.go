@@ -758,13 +758,14 @@ In another terminal:
   kubectl get nodes -l machinist.dev/class=vm -o wide   # KERNEL-VERSION and OS-IMAGE: the guest's own
   kubectl machine reboot "$(kubectl get machines -l pool=vms -o name | head -1 | cut -d/ -f2)" --wait
 
-  # A real node: Kubernetes' own kubelet and containerd in a VM (make node builds them), and a pod on it
+  # A real node: Kubernetes' own kubelet and containerd in a VM (make node builds them), a pod on it, its logs, an exec
   kubectl scale machineset real-nodes --replicas=1
   kubectl wait machines -l pool=real-nodes --for=condition=NodeHealthy --timeout=10m
-  kubectl run pause --image=machinist.dev/pause:1 --image-pull-policy=Never \
+  kubectl run marker --image=machinist.dev/marker:1 --image-pull-policy=Never \
     --overrides='{"spec":{"nodeSelector":{"machinist.dev/class":"real-node"}}}'
-  kubectl wait pod/pause --for=condition=Ready --timeout=5m
-  kubectl get pod pause -o wide
+  kubectl wait pod/marker --for=condition=Ready --timeout=5m
+  kubectl logs marker
+  kubectl exec marker -- /app echo hello from the real node
 
   # Kill a machine and watch the MachineHealthCheck reboot it, within a minute
   kill -9 "$(grep -h '"pid"' %s/default_workers-*/state.json | head -1 | tr -dc 0-9)"

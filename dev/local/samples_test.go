@@ -44,7 +44,8 @@ func TestSamplesAreMadeOnceEachAndLaterOnesOnAnOlderState(t *testing.T) {
 	ctx := context.Background()
 	marker := filepath.Join(t.TempDir(), samplesMarker)
 	all := []string{"WorkloadCluster/workload", "MachineClass/local", "MachineDeployment/workers", "MachineSet/spare",
-		"MachineClass/vm", "MachineSet/vms", "MachineHealthCheck/workers", "MachineDisruptionBudget/workers"}
+		"MachineClass/vm", "MachineSet/vms", "MachineClass/real-node", "MachineSet/real-nodes",
+		"MachineHealthCheck/workers", "MachineDisruptionBudget/workers"}
 
 	// The first start makes them all.
 	clean(t)
@@ -79,5 +80,26 @@ func TestSamplesAreMadeOnceEachAndLaterOnesOnAnOlderState(t *testing.T) {
 	b, _ := os.ReadFile(marker)
 	if got := strings.Fields(string(b)); !slices.Equal(got, all) {
 		t.Fatalf("the marker lists %v, want %v", got, all)
+	}
+
+	// A state made before the real nodes' samples, whose marker lists
+	// what was made then, gets those, and only those.
+	clean(t)
+	before := slices.DeleteFunc(slices.Clone(all), func(s string) bool { return strings.Contains(s, "real-node") })
+	if err := os.WriteFile(marker, []byte(strings.Join(before, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if created, err = samples(ctx, env.Client, marker); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"MachineClass/real-node", "MachineSet/real-nodes"}; !slices.Equal(created, want) {
+		t.Fatalf("a state made before the real nodes got %v, want %v", created, want)
+	}
+	set := &machinistv1.MachineSet{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: SampleNamespace, Name: SampleNodeSet}, set); err != nil {
+		t.Fatal(err)
+	}
+	if *set.Spec.Replicas != 0 || set.Spec.Template.Spec.Version != RealNodeVersion {
+		t.Fatalf("the real nodes' set asks for %d replicas of %s, want 0 of %s", *set.Spec.Replicas, set.Spec.Template.Spec.Version, RealNodeVersion)
 	}
 }

@@ -245,6 +245,18 @@ func StartWith(opts Options) (*Env, error) {
 		ControlPlaneStopTimeout:  time.Minute,
 	}
 	kubecontrollermanager.Joinable(env, ca)
+	// Served with a CA of this process's, which also signs
+	// kube-apiserver's client certificate to kubelets: a real node's
+	// kubelet trusts its join data's CA for it.
+	servingDir := filepath.Join(dir, "serving")
+	servingCA, err := pki.LoadOrNewCA(servingDir, "serving-ca", "machinist-testenv-serving-ca")
+	if err == nil {
+		err = kubecontrollermanager.Serving(env.ControlPlane.GetAPIServer(), servingCA, servingDir)
+	}
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
 	lack(env.ControlPlane.GetAPIServer().Configure(), opts.Lacks)
 	var conv *conversion
 	var crds []*apiextensionsv1.CustomResourceDefinition

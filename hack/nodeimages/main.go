@@ -29,6 +29,7 @@ import (
 // program.
 var images = []struct{ ref, pkg, file string }{
 	{"machinist.dev/pause:1", "./hack/nodeimages/pause", "pause.tar"},
+	{"machinist.dev/marker:1", "./hack/nodeimages/marker", "marker.tar"},
 }
 
 func main() {

@@ -48,12 +48,15 @@ package rbac
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;delete
 
 // The Machine controller labels, taints, cordons and deletes Nodes and
-// drains them by evicting their pods. It never writes a Node's status:
-// marking a dead kubelet's Node is the node lifecycle controller's job.
+// drains them by evicting their pods. It writes a Node's status only to
+// give a kubelet run with --cloud-provider=external the addresses its
+// provider gives, as a cloud controller manager does; marking a dead
+// kubelet's Node is the node lifecycle controller's job.
 // After a hard reboot of an unreachable Node it deletes the pods that died
 // with the old boot, which no kubelet is left to confirm.
 //
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=nodes/status,verbs=patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;delete
 // +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create
 // +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get;list;watch

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
@@ -296,6 +297,13 @@ func (c *Client) Describe(ctx context.Context, providerID string) (providers.Ins
 	}
 	if o := resp.GetOwner(); o != nil {
 		in.Owner = providers.Owner{Namespace: o.GetNamespace(), Name: o.GetName(), UID: types.UID(o.GetUid())}
+	}
+	for _, a := range resp.GetAddresses() {
+		addr := corev1.NodeAddress{Type: corev1.NodeAddressType(a.GetType()), Address: a.GetAddress()}
+		if err := providers.CheckAddress(addr); err != nil {
+			return providers.Instance{}, fmt.Errorf("%s: Describe(%s): %w", c.who(), providerID, err)
+		}
+		in.Addresses = append(in.Addresses, addr)
 	}
 	switch resp.GetPower() {
 	case providerv1.PowerState_POWER_STATE_ON:

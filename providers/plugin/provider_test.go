@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -115,6 +117,12 @@ func (r *recorder) Describe(_ context.Context, id string) (providers.Instance, e
 			JoinFailure: &providers.JoinFailure{Reason: machinistv1.ReasonJoinForbidden, Message: "forbidden (403):\trun prepare"}},
 		"test://lying": {Power: providers.PowerOn, BootID: "boot-3", Owner: owner,
 			JoinFailure: &providers.JoinFailure{Reason: "Anything", Message: "a reason the manager does not know"}},
+		"test://addressed": {Power: providers.PowerOn, BootID: "boot-4", Owner: owner,
+			Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}, {Type: corev1.NodeHostName, Address: "m1"}}},
+		"test://misaddressed": {Power: providers.PowerOn, BootID: "boot-5", Owner: owner,
+			Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "m1.example.com"}}},
+		"test://untyped": {Power: providers.PowerOn, BootID: "boot-6", Owner: owner,
+			Addresses: []corev1.NodeAddress{{Type: "Anywhere", Address: "127.0.0.1"}}},
 	}[id]
 	return in, r.record("Describe " + id)
 }
@@ -593,5 +601,29 @@ func TestPingSaysWhetherTheProviderAnswers(t *testing.T) {
 	other := dial(t, "cloud", serve(t, &recorder{}, plugin.ServeOptions{Name: "other"}), plugin.DialOptions{})
 	if err := other.Ping(context.Background()); err == nil || !strings.Contains(err.Error(), `"other"`) {
 		t.Errorf("Ping of an endpoint serving another provider: %v, want an error naming it", err)
+	}
+}
+
+// TestAnInstancesAddressesCrossTheWireChecked: the addresses a provider
+// gives an instance reach the manager as it gave them; one that could not
+// be a Node's (an IP type without an IP, a type Kubernetes does not know)
+// fails the call, naming it, rather than reach a Node.
+func TestAnInstancesAddressesCrossTheWireChecked(t *testing.T) {
+	c := dial(t, "test", serve(t, &recorder{}, plugin.ServeOptions{Name: "test"}), plugin.DialOptions{})
+	in, err := c.Describe(context.Background(), "test://addressed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}, {Type: corev1.NodeHostName, Address: "m1"}}
+	if !slices.Equal(in.Addresses, want) {
+		t.Errorf("got addresses %v, want %v", in.Addresses, want)
+	}
+	for id, why := range map[string]string{
+		"test://misaddressed": `type InternalIP must be an IP address, not "m1.example.com"`,
+		"test://untyped":      `type "Anywhere"`,
+	} {
+		if _, err := c.Describe(context.Background(), id); err == nil || !strings.Contains(err.Error(), why) {
+			t.Errorf("Describe(%s): got %v, want an error saying %s", id, err, why)
+		}
 	}
 }

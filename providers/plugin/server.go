@@ -234,6 +234,9 @@ func (s *server) Describe(ctx context.Context, req *providerv1.DescribeRequest) 
 	if f := in.JoinFailure; f != nil {
 		resp.JoinFailure = &providerv1.JoinFailure{Reason: f.Reason, Message: f.Message}
 	}
+	for _, a := range in.Addresses {
+		resp.Addresses = append(resp.Addresses, &providerv1.NodeAddress{Type: string(a.Type), Address: a.Address})
+	}
 	return resp, nil
 }
 

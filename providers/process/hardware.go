@@ -81,6 +81,14 @@ type Hardware interface {
 	JoinFailure(dir string) (*providers.JoinFailure, error)
 }
 
+// Addresser is Hardware whose machines are reached at addresses of its
+// own, which Describe reports (providers.Instance.Addresses).
+type Addresser interface {
+	// Addresses are where the machine in dir is reached while it runs;
+	// none when at the addresses its kubelet reports itself.
+	Addresses(dir string) ([]corev1.NodeAddress, error)
+}
+
 // Boot is what one boot of a machine runs with.
 type Boot struct {
 	// Dir is the machine's directory.

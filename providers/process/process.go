@@ -526,7 +526,13 @@ func (p *Provider) Describe(ctx context.Context, providerID string) (providers.I
 	if err != nil {
 		return providers.Instance{}, p.errorf("reading how %s's join goes: %w", providerID, err)
 	}
-	return providers.Instance{Power: providers.PowerOn, BootID: boot, Owner: owner, JoinFailure: failure}, nil
+	in := providers.Instance{Power: providers.PowerOn, BootID: boot, Owner: owner, JoinFailure: failure}
+	if a, ok := p.hw.(Addresser); ok {
+		if in.Addresses, err = a.Addresses(m.dir); err != nil {
+			return providers.Instance{}, p.errorf("reading where %s is reached: %w", providerID, err)
+		}
+	}
+	return in, nil
 }
 
 // Restarts reports how many reboots and repairs the instance has done;

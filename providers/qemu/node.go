@@ -1,10 +1,17 @@
 package qemu
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/machinist-dev/machinist/providers/qemu/guest"
 )
@@ -54,8 +61,9 @@ state = "/run/containerd"
 `, guest.ContainerdSocket, SandboxImage, guest.CNIBinDir, guest.CNIConfDir)
 
 // kubeletConfig is the kubelet's configuration file. It authenticates
-// and authorizes every request to its port through kube-apiserver, as
-// kubeadm's nodes do, rotates its client certificate, and runs its pods
+// every request to its port by a client certificate of its cluster's CA
+// or a token kube-apiserver vouches for, and authorizes it through
+// kube-apiserver, as kubeadm's nodes do, rotates its client certificate, and runs its pods
 // in cgroup v2 with the cgroupfs driver: the guest has no systemd.
 var kubeletConfig = fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -69,10 +77,11 @@ authentication:
     enabled: false
   webhook:
     enabled: true
-  x509: {}
+  x509:
+    clientCAFile: %s
 authorization:
   mode: Webhook
-`, guest.ContainerdSocket)
+`, guest.ContainerdSocket, guest.KubeletClientCA)
 
 // cniConfig is the pods' network: a bridge on the node with its own
 // addresses. Pods reach each other on their node; the VM's user-mode net
@@ -152,4 +161,63 @@ func (n *NodeFiles) files() ([]nodeFile, error) {
 		nodeFile{path: "/etc/passwd", data: []byte("root:x:0:0:root:/root:/sbin/nologin\n"), mode: 0o644},
 		nodeFile{path: "/etc/group", data: []byte("root:x:0:\n"), mode: 0o644},
 	), nil
+}
+
+// kubeletPortFile, in a real node's directory, is the port its kubelet
+// serves on, on the guest's address and on the host's loopback, where
+// QEMU forwards it to the guest: kube-apiserver reaches the kubelet there
+// for logs, exec and port-forward. Kept, so that the Node's address stays
+// the same across boots while the port is free.
+const kubeletPortFile = "kubelet-port"
+
+// kubeletPort is the port of the real node in dir: the one it had, while
+// that is free on the host's loopback; else a free one, kept.
+func kubeletPort(dir string) (int, error) {
+	path := filepath.Join(dir, kubeletPortFile)
+	if raw, err := os.ReadFile(path); err == nil {
+		if port, err := strconv.Atoi(strings.TrimSpace(string(raw))); err == nil && port > 0 && port < 65536 {
+			if l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); err == nil {
+				return port, l.Close()
+			}
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return 0, err
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	if err := l.Close(); err != nil {
+		return 0, err
+	}
+	return port, os.WriteFile(path, []byte(strconv.Itoa(port)+"\n"), 0o644)
+}
+
+// keptKubeletPort is the port kubeletPort kept in dir; 0 when none is.
+func keptKubeletPort(dir string) (int, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, kubeletPortFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	} else if err != nil {
+		return 0, err
+	}
+	port, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil || port <= 0 || port >= 65536 {
+		return 0, fmt.Errorf("%s: no port: %q", kubeletPortFile, raw)
+	}
+	return port, nil
+}
+
+// Addresses implements process.Addresser: a real node is reached on the
+// host's loopback, where QEMU forwards its kubelet's port (kubeletPort).
+// Its kubelet runs with --cloud-provider=external and leaves its Node's
+// addresses to the controller, which puts these there; the guest's own
+// address is the same in every VM, and no host reaches it.
+func (*vms) Addresses(dir string) ([]corev1.NodeAddress, error) {
+	port, err := keptKubeletPort(dir)
+	if err != nil || port == 0 {
+		return nil, err
+	}
+	return []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}}, nil
 }

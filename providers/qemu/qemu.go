@@ -231,6 +231,8 @@ type vms struct {
 	mu     sync.Mutex
 	initrd map[string]string // by Spec.Guest
 	accel  string
+	// kubelet is the version of the real node's kubelet, once read.
+	kubelet string
 }
 
 var _ process.Hardware = (*vms)(nil)
@@ -290,6 +292,19 @@ func (h *vms) Command(b process.Boot) (*exec.Cmd, error) {
 		return nil, providers.Permanent(err)
 	}
 	spec, _ := parseSpec(b.Spec)
+	if spec.Guest == GuestKubelet {
+		// A real node runs the kubelet it was given, whatever the
+		// Machine asks: a Node that never reports the Machine's version
+		// would hold its create or its update for good.
+		have, err := h.kubeletVersion()
+		if err != nil {
+			return nil, err
+		}
+		if b.Version != have {
+			return nil, providers.Permanent(fmt.Errorf("qemu: a real node runs the kubelet of --qemu-node-dir, %s, and the Machine asks for %s: "+
+				"give the Machine (or its set's template) version %s, or give the provider the files of a kubelet of %s", have, b.Version, have, b.Version))
+		}
+	}
 	initrd, accel, err := h.prepare(spec.Guest)
 	if err != nil {
 		return nil, err
@@ -303,6 +318,12 @@ func (h *vms) Command(b process.Boot) (*exec.Cmd, error) {
 	log, err := os.OpenFile(filepath.Join(b.Dir, qemuLog), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
+	}
+	if spec.Guest == GuestKubelet {
+		if _, err := kubeletPort(b.Dir); err != nil {
+			_ = log.Close()
+			return nil, fmt.Errorf("qemu: a port for the kubelet: %w", err)
+		}
 	}
 	args, err := h.args(b, spec, initrd, accel)
 	if err != nil {
@@ -348,8 +369,19 @@ func (h *vms) args(b process.Boot, spec Spec, initrd, accel string) ([]string, e
 	if h.opts.RenewInterval > 0 {
 		agent = append(agent, "--renew-interval="+h.opts.RenewInterval.String())
 	}
+	netdev := "user,id=net0"
 	if spec.Guest == GuestKubelet {
-		agent = kubeletArgs(b)
+		port, err := keptKubeletPort(b.Dir)
+		if err != nil {
+			return nil, fmt.Errorf("qemu: %w", err)
+		}
+		if port == 0 {
+			return nil, errors.New("qemu: a real node's boot without a kubelet port")
+		}
+		agent = kubeletArgs(b, port)
+		// On the host's loopback alone: nothing beyond this host reaches
+		// the kubelet.
+		netdev += fmt.Sprintf(",hostfwd=tcp:127.0.0.1:%d-:%d", port, port)
 	}
 	for _, w := range agent {
 		if !kernelWord(w) {
@@ -370,7 +402,7 @@ func (h *vms) args(b process.Boot, spec Spec, initrd, accel string) ([]string, e
 		// After "--", the kernel hands the words to init as arguments.
 		"-append", "console=ttyS0 panic=-1 quiet -- " + strings.Join(agent, " "),
 		"-drive", "file=" + diskFile + ",format=raw,if=virtio",
-		"-netdev", "user,id=net0", "-device", "virtio-net-pci,netdev=net0,romfile=",
+		"-netdev", netdev, "-device", "virtio-net-pci,netdev=net0,romfile=",
 		// The guest hands the pages it frees back to the host: the
 		// initramfs's archive, once unpacked, and what the agent frees.
 		"-device", "virtio-balloon-pci,free-page-reporting=on",
@@ -381,18 +413,43 @@ func (h *vms) args(b process.Boot, spec Spec, initrd, accel string) ([]string, e
 	}, nil
 }
 
+// kubeletVersion is the version of the real node's kubelet, as
+// `kubelet --version` prints it.
+func (h *vms) kubeletVersion() (string, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.kubelet != "" {
+		return h.kubelet, nil
+	}
+	out, err := exec.Command(filepath.Join(h.opts.Node.Bin, "kubelet"), "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("qemu: the real node's kubelet --version: %w", err)
+	}
+	v, ok := strings.CutPrefix(strings.TrimSpace(string(out)), "Kubernetes ")
+	if !ok || !strings.HasPrefix(v, "v") {
+		return "", providers.Permanent(fmt.Errorf("qemu: the real node's kubelet --version printed %q, not Kubernetes vX.Y.Z", out))
+	}
+	h.kubelet = v
+	return v, nil
+}
+
 // kubeletArgs are a real node's init arguments: the kubelet's flags. It
 // joins with its own TLS bootstrap from the join data, keeps its
-// credentials on the machine's disk, and registers the Node under the
-// Machine's name and providerID.
-func kubeletArgs(b process.Boot) []string {
+// credentials on the machine's disk, registers the Node under the
+// Machine's name and providerID, and serves on port, which QEMU forwards
+// from the host's loopback. Its Node's addresses are the controller's to
+// give (--cloud-provider=external, Addresses): the guest's own is the
+// same in every VM.
+func kubeletArgs(b process.Boot, port int) []string {
 	return []string{guest.Kubelet,
 		"--bootstrap-kubeconfig=" + guest.BootstrapKubeconfig,
-		"--kubeconfig=/var/lib/kubelet/kubeconfig",
+		"--kubeconfig=" + guest.KubeletKubeconfig,
 		"--config=" + guest.KubeletConfig,
 		"--hostname-override=" + b.NodeName,
 		"--provider-id=" + b.ProviderID,
 		"--node-ip=" + strings.Split(guest.Address, "/")[0],
+		"--cloud-provider=external",
+		"--port=" + strconv.Itoa(port),
 	}
 }
 

@@ -1,23 +1,43 @@
 package qemu_test
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"crypto/x509"
 	"encoding/pem"
+	"fmt"
+	"net"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	. "github.com/onsi/gomega"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/httpstream"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/remotecommand"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
+	machinecontroller "github.com/machinist-dev/machinist/controllers/machine"
+	"github.com/machinist-dev/machinist/dev/testenv"
+	"github.com/machinist-dev/machinist/lifecycle/operation"
+	"github.com/machinist-dev/machinist/manager"
+	"github.com/machinist-dev/machinist/nodes"
 	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/providers/qemu"
 )
@@ -26,16 +46,27 @@ import (
 // on an idle 2-core host and 87 s beside a busy test package.
 const realWait = 5 * time.Minute
 
-// TestARealNodeJoinsAndRunsAPod boots the real node's guest: Kubernetes'
-// own kubelet with containerd, in a VM under TCG. The kubelet joins by
-// its own TLS bootstrap (one CSR of the kubelet's signer, approved by
-// kube-controller-manager), registers the Node under the Machine's name
-// and providerID and goes Ready; kube-scheduler binds a pod to it, which
-// containerd runs from the sandbox image the guest imported at boot (no
-// pull); and delete leaves no VM and no file.
-func TestARealNodeJoinsAndRunsAPod(t *testing.T) {
+// markerImage is the tests' container (hack/nodeimages/marker): it logs,
+// echoes what it is given under exec, and logs the SIGTERM it is stopped
+// with.
+const markerImage = "machinist.dev/marker:1"
+
+// TestARealNodeUnderTheControllers boots the real node's guest for a
+// Machine under the controllers: Kubernetes' own kubelet with containerd,
+// in a VM under TCG. The kubelet joins by its own TLS bootstrap (one CSR
+// of the kubelet's signer, approved by kube-controller-manager) and
+// registers the Node under the Machine's name and providerID; the Machine
+// controller gives the Node the provider's address, the host's loopback
+// where QEMU forwards the kubelet's port, and lifts its uninitialized
+// taint, as a cloud controller manager would. kube-scheduler binds a pod
+// to it, which containerd runs from images the guest imported at boot (no
+// pull); kube-apiserver reaches the kubelet for the pod's logs and an
+// exec; the pod's delete stops its container with SIGTERM; and the
+// Machine's delete leaves no VM and no file.
+func TestARealNodeUnderTheControllers(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
+	ctrllog.SetLogger(logr.Discard())
 	dir := t.TempDir()
 	showConsoles(t, dir)
 	p, err := qemu.New(qemu.Options{
@@ -45,26 +76,44 @@ func TestARealNodeJoinsAndRunsAPod(t *testing.T) {
 		Node:        qemu.NodeDir(nodeDir),
 	})
 	g.Expect(err).NotTo(HaveOccurred())
-	m := machine("real")
-	class := &machinistv1.MachineClass{Spec: machinistv1.MachineClassSpec{
-		Provider:     qemu.Name,
-		ProviderSpec: runtime.RawExtension{Raw: []byte(`{"cpus":2,"memory":"1536Mi","guest":"kubelet"}`)},
-	}}
+	registry := providers.NewRegistry()
+	g.Expect(registry.Register(qemu.Name, p)).To(Succeed())
+	ctrls, err := env.StartControllers(manager.Options{
+		Actuators: registry,
+		Backoff:   machinecontroller.Backoff{Base: 100 * time.Millisecond, Cap: 5 * time.Second},
+		DrainPoll: time.Second,
+	}, testenv.Leases{})
+	g.Expect(err).NotTo(HaveOccurred())
+	t.Cleanup(func() {
+		if err := ctrls.Stop(); err != nil {
+			t.Error(err)
+		}
+		// A failed test leaves no VM behind to slow the tests after it.
+		_ = p.Stop(context.Background())
+	})
+
+	ns := env.NewNamespace(t, "real")
+	class := &machinistv1.MachineClass{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "real-node"},
+		Spec: machinistv1.MachineClassSpec{Provider: qemu.Name,
+			ProviderSpec: runtime.RawExtension{Raw: []byte(`{"cpus":2,"memory":"1536Mi","guest":"kubelet"}`)}},
+	}
+	g.Expect(env.Client.Create(ctx, class)).To(Succeed())
+	m := &machinistv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "real"},
+		Spec:       machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: class.Name}, Version: "v1.37.2"},
+	}
 	start := time.Now()
-	id, err := p.Create(ctx, m, class, env.JoinData(t))
-	g.Expect(err).NotTo(HaveOccurred())
-	// A failed test leaves no VM behind to slow the tests after it.
-	t.Cleanup(func() { _ = p.Delete(context.Background(), id) })
-	name, err := p.NodeName(id)
-	g.Expect(err).NotTo(HaveOccurred())
-	var n *corev1.Node
+	g.Expect(env.Client.Create(ctx, m)).To(Succeed())
 	g.Eventually(func(g Gomega) {
-		n, err = clientset.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-		g.Expect(err).NotTo(HaveOccurred())
-		g.Expect(n.Status.Conditions).To(ContainElement(And(
-			HaveField("Type", corev1.NodeReady), HaveField("Status", corev1.ConditionTrue))))
+		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(m), m)).To(Succeed())
+		g.Expect(m.Status.Phase).To(Equal(machinistv1.MachineRunning))
+		g.Expect(meta.IsStatusConditionTrue(m.Status.Conditions, machinistv1.ConditionNodeHealthy)).To(BeTrue())
 	}).WithTimeout(realWait).WithPolling(time.Second).Should(Succeed())
-	t.Logf("the kubelet's Node was Ready %s after Create", time.Since(start).Round(100*time.Millisecond))
+	t.Logf("the Machine was Running on a Ready Node %s after it was made", time.Since(start).Round(100*time.Millisecond))
+	id, name := m.Status.ProviderID, m.Status.NodeRef.Name
+	n, err := clientset.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(n.Spec.ProviderID).To(Equal(id))
 	g.Expect(n.Status.NodeInfo.KubeletVersion).To(Equal("v1.37.2"))
 	g.Expect(n.Status.NodeInfo.ContainerRuntimeVersion).To(HavePrefix("containerd://2.4.2"))
@@ -85,28 +134,46 @@ func TestARealNodeJoinsAndRunsAPod(t *testing.T) {
 		}
 	}
 
+	// Initialized as a cloud provider initializes a Node: the address
+	// kube-apiserver reaches the kubelet at, and no uninitialized taint.
+	inst, err := p.Describe(ctx, id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(inst.Power).To(Equal(providers.PowerOn))
+	g.Expect(inst.BootID).To(Equal(n.Status.NodeInfo.BootID))
+	g.Expect(inst.Addresses).To(Equal([]corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}}))
+	g.Eventually(func(g Gomega) {
+		n, err = clientset.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(n.Status.Addresses).To(Equal(inst.Addresses))
+		g.Expect(n.Spec.Taints).NotTo(ContainElement(HaveField("Key", nodes.Uninitialized)))
+	}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed())
+	// The kubelet's port, on the host's loopback alone.
+	port := n.Status.DaemonEndpoints.KubeletEndpoint.Port
+	g.Expect(port).To(BeNumerically(">", 0))
+	conn, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port))), 5*time.Second)
+	g.Expect(err).NotTo(HaveOccurred(), "the kubelet's port on the host's loopback")
+	_ = conn.Close()
+	g.Expect(qemuArgs(g, id)).To(ContainSubstring(fmt.Sprintf("hostfwd=tcp:127.0.0.1:%d-:%d", port, port)))
+
 	// A pod, scheduled by kube-scheduler and run by containerd from the
-	// image the guest imported: pulling it would fail, for nothing
+	// images the guest imported: pulling them would fail, for nothing
 	// beyond the host is reachable.
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "on-a-real-node"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "on-a-real-node"},
 		Spec: corev1.PodSpec{
 			NodeSelector:                  map[string]string{corev1.LabelHostname: name},
 			AutomountServiceAccountToken:  ptr.To(false),
-			TerminationGracePeriodSeconds: ptr.To[int64](5),
+			TerminationGracePeriodSeconds: ptr.To[int64](30),
 			Containers: []corev1.Container{{
-				Name: "pause", Image: qemu.SandboxImage, ImagePullPolicy: corev1.PullNever,
+				Name: "marker", Image: markerImage, ImagePullPolicy: corev1.PullNever,
 			}},
 		},
 	}
-	_, err = clientset.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{})
+	_, err = clientset.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
 	g.Expect(err).NotTo(HaveOccurred())
-	t.Cleanup(func() {
-		_ = clientset.CoreV1().Pods("default").Delete(context.Background(), pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
-	})
 	podStart := time.Now()
 	g.Eventually(func(g Gomega) {
-		got, err := clientset.CoreV1().Pods("default").Get(ctx, pod.Name, metav1.GetOptions{})
+		got, err := clientset.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
 		g.Expect(err).NotTo(HaveOccurred())
 		g.Expect(got.Spec.NodeName).To(Equal(name))
 		g.Expect(got.Status.Phase).To(Equal(corev1.PodRunning))
@@ -116,21 +183,156 @@ func TestARealNodeJoinsAndRunsAPod(t *testing.T) {
 	}).WithTimeout(realWait).WithPolling(time.Second).Should(Succeed())
 	t.Logf("the pod was Running %s after it was made", time.Since(podStart).Round(100*time.Millisecond))
 
-	inst, err := p.Describe(ctx, id)
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(inst.Power).To(Equal(providers.PowerOn))
-	g.Expect(inst.BootID).To(Equal(n.Status.NodeInfo.BootID))
+	// kubectl logs: kube-apiserver reads them from the kubelet, which
+	// authenticates it by its client certificate and authorizes it
+	// through kube-apiserver.
+	g.Eventually(func(g Gomega) {
+		g.Expect(logsOf(g, ns, pod.Name, false)).To(HavePrefix("marker: started in on-a-real-node\n"))
+	}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed())
 
-	// Delete leaves no VM and no file.
-	g.Expect(p.Delete(ctx, id)).To(Succeed())
+	// kubectl exec, as kubectl makes it: a websocket, SPDY if refused.
+	out := exec(g, ns, pod.Name, "/app", "echo", "hello", "from", "exec")
+	g.Expect(out).To(Equal("hello from exec\n"))
+
+	// A soft reboot, without a drain, stops the kubelet and then the
+	// pod's container with SIGTERM and its grace, as graceful node
+	// shutdown would: its termination message and its last words are
+	// there when the kubelet runs it again on the new boot. A hard one
+	// gives it none.
+	for _, mode := range []machinistv1.RebootMode{machinistv1.RebootSoft, machinistv1.RebootHard} {
+		before := containerStatus(g, ns, pod.Name)
+		reboot := time.Now()
+		operate(g, m, machinistv1.OperationReboot, &machinistv1.OperationOptions{Mode: mode, SkipDrain: ptr.To(true)})
+		var st corev1.ContainerStatus
+		g.Eventually(func(g Gomega) {
+			st = containerStatus(g, ns, pod.Name)
+			g.Expect(st.RestartCount).To(BeNumerically(">", before.RestartCount))
+			g.Expect(st.Ready).To(BeTrue())
+		}).WithTimeout(realWait).WithPolling(time.Second).Should(Succeed())
+		t.Logf("%s reboot: the pod ran again %s after it was asked for", mode, time.Since(reboot).Round(100*time.Millisecond))
+		if mode == machinistv1.RebootSoft {
+			g.Expect(st.LastTerminationState.Terminated).NotTo(BeNil())
+			g.Expect(st.LastTerminationState.Terminated.Message).To(Equal("marker: stopped on terminated\n"))
+			g.Expect(st.LastTerminationState.Terminated.ExitCode).To(BeZero())
+			g.Expect(logsOf(g, ns, pod.Name, true)).To(HaveSuffix("marker: terminated received, stopping\n"))
+			continue
+		}
+		// Killed with its VM: no mark. The kubelet may know nothing of
+		// the container it lost, or that it ended with no message.
+		if last := st.LastTerminationState.Terminated; last != nil {
+			g.Expect(last.Message).To(BeEmpty())
+		}
+		if previous, err := clientset.CoreV1().Pods(ns).GetLogs(pod.Name, &corev1.PodLogOptions{Previous: true}).DoRaw(ctx); err == nil {
+			g.Expect(string(previous)).NotTo(ContainSubstring("received"))
+		}
+	}
+
+	// The pod's delete: the kubelet stops the container with SIGTERM
+	// and gives it its grace, and it logs so before it ends. Followed,
+	// so that the line shows before the pod is gone.
+	logs, err := clientset.CoreV1().Pods(ns).GetLogs(pod.Name, &corev1.PodLogOptions{Follow: true}).Stream(ctx)
+	g.Expect(err).NotTo(HaveOccurred())
+	defer logs.Close()
+	lines := make(chan string, 100)
+	go func() {
+		defer close(lines)
+		s := bufio.NewScanner(logs)
+		for s.Scan() {
+			lines <- s.Text()
+		}
+	}()
+	g.Eventually(lines).WithTimeout(time.Minute).Should(Receive(HavePrefix("marker: started in on-a-real-node")))
+	g.Expect(clientset.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{})).To(Succeed())
+	g.Eventually(lines).WithTimeout(time.Minute).Should(Receive(Equal("marker: terminated received, stopping")))
+	g.Eventually(func(g Gomega) {
+		_, err := clientset.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
+		g.Expect(apierrors.IsNotFound(err)).To(BeTrue())
+	}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed())
+
+	// The Machine's delete leaves no VM, no file and no Node.
+	g.Expect(env.Client.Delete(ctx, m)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(m), m)
+		g.Expect(apierrors.IsNotFound(err)).To(BeTrue())
+		_, err = clientset.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		g.Expect(apierrors.IsNotFound(err)).To(BeTrue())
+	}).WithTimeout(realWait).WithPolling(time.Second).Should(Succeed())
 	g.Expect(vms(id)).To(BeEmpty())
-	left, _ := filepath.Glob(filepath.Join(dir, "vm_real_*"))
+	left, _ := filepath.Glob(filepath.Join(dir, ns+"_real_*"))
 	g.Expect(left).To(BeEmpty())
+}
+
+// logsOf is the log of the pod's only container, or of its run before
+// the last with previous, as kubectl logs [--previous] reads it.
+func logsOf(g Gomega, ns, pod string, previous bool) string {
+	raw, err := clientset.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{Previous: previous}).DoRaw(context.Background())
+	g.Expect(err).NotTo(HaveOccurred())
+	return string(raw)
+}
+
+// containerStatus is the status of the pod's only container.
+func containerStatus(g Gomega, ns, pod string) corev1.ContainerStatus {
+	got, err := clientset.CoreV1().Pods(ns).Get(context.Background(), pod, metav1.GetOptions{})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(got.Status.ContainerStatuses).To(HaveLen(1))
+	return got.Status.ContainerStatuses[0]
+}
+
+// operate asks for an operation on m as the verbs server would, and
+// waits until it has succeeded.
+func operate(g Gomega, m *machinistv1.Machine, typ machinistv1.OperationType, opts *machinistv1.OperationOptions) {
+	ctx := context.Background()
+	var op *machinistv1.Operation
+	g.Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(m), m); err != nil {
+			return err
+		}
+		var err error
+		if op, err = operation.Request(m, typ, opts, machinistv1.SourceAPI, "alice", time.Now()); err != nil {
+			return err
+		}
+		return env.Client.Status().Update(ctx, m)
+	})).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(m), m)).To(Succeed())
+		g.Expect(m.Status.Operation).NotTo(BeNil())
+		g.Expect(m.Status.Operation.ID).To(Equal(op.ID))
+		g.Expect(m.Status.Operation.State).NotTo(Equal(machinistv1.OperationFailed), m.Status.Operation.Message)
+		g.Expect(m.Status.Operation.State).To(Equal(machinistv1.OperationSucceeded))
+	}).WithTimeout(realWait).WithPolling(time.Second).Should(Succeed())
+}
+
+// exec runs command in the pod's only container through kube-apiserver,
+// as kubectl exec does, and returns what it printed.
+func exec(g Gomega, ns, pod string, command ...string) string {
+	req := clientset.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(pod).SubResource("exec").
+		VersionedParams(&corev1.PodExecOptions{Command: command, Stdout: true, Stderr: true}, scheme.ParameterCodec)
+	ws, err := remotecommand.NewWebSocketExecutor(env.Config, "GET", req.URL().String())
+	g.Expect(err).NotTo(HaveOccurred())
+	spdy, err := remotecommand.NewSPDYExecutor(env.Config, "POST", req.URL())
+	g.Expect(err).NotTo(HaveOccurred())
+	executor, err := remotecommand.NewFallbackExecutor(ws, spdy, httpstream.IsUpgradeFailure)
+	g.Expect(err).NotTo(HaveOccurred())
+	var stdout, stderr bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	g.Expect(executor.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &stdout, Stderr: &stderr})).To(Succeed(), stderr.String())
+	return stdout.String()
+}
+
+// qemuArgs is the command line of the QEMU process of the instance.
+func qemuArgs(g Gomega, providerID string) string {
+	pids := vms(providerID)
+	g.Expect(pids).To(HaveLen(1))
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pids[0]))
+	g.Expect(err).NotTo(HaveOccurred())
+	return strings.ReplaceAll(string(raw), "\x00", " ")
 }
 
 // TestARealNodeNeedsItsFiles: a class asking for the real node's guest
 // of a provider started without its files is refused at Create, saying
-// what to build, and so is a real node too small to hold them.
+// what to build, and so is a real node too small to hold them, or asked
+// for a version its kubelet is not.
 func TestARealNodeNeedsItsFiles(t *testing.T) {
 	g := NewWithT(t)
 	p, err := qemu.New(qemu.Options{StateDir: t.TempDir(), GuestBinary: guestBinary})
@@ -144,4 +346,18 @@ func TestARealNodeNeedsItsFiles(t *testing.T) {
 	g.Expect(err).To(MatchError(ContainSubstring("needs at least 1Gi")))
 	_, err = p.Create(context.Background(), machine("other"), class(`{"guest":"kubelets"}`), env.JoinData(t))
 	g.Expect(err).To(MatchError(ContainSubstring(`guest "kubelets"`)))
+
+	// A real node runs the kubelet of its files: a Machine of another
+	// version is refused for good, rather than left waiting for a Node
+	// that never reports it, and no VM is left.
+	withFiles, err := qemu.New(qemu.Options{StateDir: t.TempDir(), GuestBinary: guestBinary, Node: qemu.NodeDir(nodeDir)})
+	g.Expect(err).NotTo(HaveOccurred())
+	newer := machine("newer")
+	newer.Spec.Version = "v1.38.0"
+	id, err := withFiles.Create(context.Background(), newer, class(`{"memory":"1536Mi","guest":"kubelet"}`), env.JoinData(t))
+	g.Expect(err).To(MatchError(ContainSubstring("runs the kubelet of --qemu-node-dir, v1.37.2, and the Machine asks for v1.38.0")))
+	g.Expect(providers.IsPermanent(err)).To(BeTrue())
+	if id != "" {
+		g.Expect(vms(id)).To(BeEmpty())
+	}
 }

@@ -514,11 +514,14 @@ func TestQuickStart(t *testing.T) {
 		`\s.*Machinist guest.*\s`+regexp.QuoteMeta(kernel.Version)+`\s.*containerd://2\.4\.2`), "kubectl get nodes -o wide of the real node")
 	realNode := regexp.MustCompile(`(?m)^(real-nodes-\S+)\s+Ready\s`).FindStringSubmatch(out.String())
 	g.Expect(realNode).NotTo(BeNil())
-	g.Expect(out.String()).To(MatchRegexp(`(?m)^pause\s+1/1\s+Running\s+0\s+\S+\s+10\.88\.\S+\s+`+regexp.QuoteMeta(realNode[1])+`\s`),
+	g.Expect(out.String()).To(MatchRegexp(`(?m)^marker\s+1/1\s+Running\s+0\s+\S+\s+10\.88\.\S+\s+`+regexp.QuoteMeta(realNode[1])+`\s`),
 		"the pod Running on the real node, at an address of its CNI bridge")
+	// kubectl logs and exec, through kube-apiserver to the kubelet.
+	g.Expect(out.String()).To(MatchRegexp(`(?m)^marker: started in marker$`), "kubectl logs marker")
+	g.Expect(out.String()).To(MatchRegexp(`(?m)^hello from the real node$`), "kubectl exec marker")
 	t.Logf("the real node: scaled to Ready in %s, the pod Ready in %s",
 		out.arrived(regexp.MustCompile(`real-nodes condition met`)).Sub(out.arrived(regexp.MustCompile(`real-nodes scaled`))).Round(time.Second),
-		out.arrived(regexp.MustCompile(`pod/pause condition met`)).Sub(out.arrived(regexp.MustCompile(`pod/pause created`))).Round(time.Second))
+		out.arrived(regexp.MustCompile(`pod/marker condition met`)).Sub(out.arrived(regexp.MustCompile(`pod/marker created`))).Round(time.Second))
 
 	// Kill a machine and watch it heal: the step shows the Machine before
 	// the kill -9 and after it healed.

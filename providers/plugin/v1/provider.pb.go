@@ -1198,7 +1198,14 @@ type DescribeResponse struct {
 	// last reported it; unset while it has reported none, once it has
 	// joined, or when the provider cannot tell. The Machine shows it while
 	// its Node has not come.
-	JoinFailure   *JoinFailure `protobuf:"bytes,4,opt,name=join_failure,json=joinFailure,proto3" json:"join_failure,omitempty"`
+	JoinFailure *JoinFailure `protobuf:"bytes,4,opt,name=join_failure,json=joinFailure,proto3" json:"join_failure,omitempty"`
+	// addresses are where the instance's Node is reached, as a cloud
+	// provider gives them: the controller puts them on the Node of a kubelet
+	// run with --cloud-provider=external, then lifts the Node's
+	// node.cloudprovider.kubernetes.io/uninitialized taint. Empty when the
+	// provider gives none: the Node is then left to whatever else
+	// initializes it.
+	Addresses     []*NodeAddress `protobuf:"bytes,5,rep,name=addresses,proto3" json:"addresses,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1261,6 +1268,68 @@ func (x *DescribeResponse) GetJoinFailure() *JoinFailure {
 	return nil
 }
 
+func (x *DescribeResponse) GetAddresses() []*NodeAddress {
+	if x != nil {
+		return x.Addresses
+	}
+	return nil
+}
+
+// NodeAddress is one address of a Node, as in its status.addresses.
+type NodeAddress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// type is one of InternalIP, ExternalIP, InternalDNS, ExternalDNS and
+	// Hostname.
+	Type          string `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	Address       string `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeAddress) Reset() {
+	*x = NodeAddress{}
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeAddress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeAddress) ProtoMessage() {}
+
+func (x *NodeAddress) ProtoReflect() protoreflect.Message {
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeAddress.ProtoReflect.Descriptor instead.
+func (*NodeAddress) Descriptor() ([]byte, []int) {
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *NodeAddress) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *NodeAddress) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
 // JoinFailure is a machine's report of a failing join.
 type JoinFailure struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1278,7 +1347,7 @@ type JoinFailure struct {
 
 func (x *JoinFailure) Reset() {
 	*x = JoinFailure{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[21]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1290,7 +1359,7 @@ func (x *JoinFailure) String() string {
 func (*JoinFailure) ProtoMessage() {}
 
 func (x *JoinFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[21]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1303,7 +1372,7 @@ func (x *JoinFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinFailure.ProtoReflect.Descriptor instead.
 func (*JoinFailure) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{21}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *JoinFailure) GetReason() string {
@@ -1328,7 +1397,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[22]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1340,7 +1409,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[22]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1353,7 +1422,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{22}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{23}
 }
 
 type ListResponse struct {
@@ -1365,7 +1434,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[23]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1377,7 +1446,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[23]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1390,7 +1459,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{23}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListResponse) GetInstances() []*ListedInstance {
@@ -1412,7 +1481,7 @@ type ListedInstance struct {
 
 func (x *ListedInstance) Reset() {
 	*x = ListedInstance{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[24]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1424,7 +1493,7 @@ func (x *ListedInstance) String() string {
 func (*ListedInstance) ProtoMessage() {}
 
 func (x *ListedInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[24]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1437,7 +1506,7 @@ func (x *ListedInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListedInstance.ProtoReflect.Descriptor instead.
 func (*ListedInstance) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{24}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListedInstance) GetProviderId() string {
@@ -1469,7 +1538,7 @@ type Owner struct {
 
 func (x *Owner) Reset() {
 	*x = Owner{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[25]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1481,7 +1550,7 @@ func (x *Owner) String() string {
 func (*Owner) ProtoMessage() {}
 
 func (x *Owner) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[25]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1494,7 +1563,7 @@ func (x *Owner) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Owner.ProtoReflect.Descriptor instead.
 func (*Owner) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{25}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Owner) GetNamespace() string {
@@ -1531,7 +1600,7 @@ type UpdateRequest struct {
 
 func (x *UpdateRequest) Reset() {
 	*x = UpdateRequest{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[26]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1543,7 +1612,7 @@ func (x *UpdateRequest) String() string {
 func (*UpdateRequest) ProtoMessage() {}
 
 func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[26]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1556,7 +1625,7 @@ func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateRequest.ProtoReflect.Descriptor instead.
 func (*UpdateRequest) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{26}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *UpdateRequest) GetProviderId() string {
@@ -1588,7 +1657,7 @@ type UpdateResponse struct {
 
 func (x *UpdateResponse) Reset() {
 	*x = UpdateResponse{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[27]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1600,7 +1669,7 @@ func (x *UpdateResponse) String() string {
 func (*UpdateResponse) ProtoMessage() {}
 
 func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[27]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1613,7 +1682,7 @@ func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateResponse.ProtoReflect.Descriptor instead.
 func (*UpdateResponse) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{27}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{28}
 }
 
 // Failure is the detail a provider may attach to an error status to say
@@ -1632,7 +1701,7 @@ type Failure struct {
 
 func (x *Failure) Reset() {
 	*x = Failure{}
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[28]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1644,7 +1713,7 @@ func (x *Failure) String() string {
 func (*Failure) ProtoMessage() {}
 
 func (x *Failure) ProtoReflect() protoreflect.Message {
-	mi := &file_machinist_provider_v1_provider_proto_msgTypes[28]
+	mi := &file_machinist_provider_v1_provider_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1657,7 +1726,7 @@ func (x *Failure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Failure.ProtoReflect.Descriptor instead.
 func (*Failure) Descriptor() ([]byte, []int) {
-	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{28}
+	return file_machinist_provider_v1_provider_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Failure) GetPermanent() bool {
@@ -1734,12 +1803,16 @@ const file_machinist_provider_v1_provider_proto_rawDesc = "" +
 	"\x0eRepairResponse\"2\n" +
 	"\x0fDescribeRequest\x12\x1f\n" +
 	"\vprovider_id\x18\x01 \x01(\tR\n" +
-	"providerId\"\xdf\x01\n" +
+	"providerId\"\xa1\x02\n" +
 	"\x10DescribeResponse\x127\n" +
 	"\x05power\x18\x01 \x01(\x0e2!.machinist.provider.v1.PowerStateR\x05power\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x122\n" +
 	"\x05owner\x18\x03 \x01(\v2\x1c.machinist.provider.v1.OwnerR\x05owner\x12E\n" +
-	"\fjoin_failure\x18\x04 \x01(\v2\".machinist.provider.v1.JoinFailureR\vjoinFailure\"?\n" +
+	"\fjoin_failure\x18\x04 \x01(\v2\".machinist.provider.v1.JoinFailureR\vjoinFailure\x12@\n" +
+	"\taddresses\x18\x05 \x03(\v2\".machinist.provider.v1.NodeAddressR\taddresses\";\n" +
+	"\vNodeAddress\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\tR\x04type\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\"?\n" +
 	"\vJoinFailure\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"\r\n" +
@@ -1805,7 +1878,7 @@ func file_machinist_provider_v1_provider_proto_rawDescGZIP() []byte {
 }
 
 var file_machinist_provider_v1_provider_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_machinist_provider_v1_provider_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_machinist_provider_v1_provider_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_machinist_provider_v1_provider_proto_goTypes = []any{
 	(Verb)(0),                       // 0: machinist.provider.v1.Verb
 	(Change)(0),                     // 1: machinist.provider.v1.Change
@@ -1831,14 +1904,15 @@ var file_machinist_provider_v1_provider_proto_goTypes = []any{
 	(*RepairResponse)(nil),          // 21: machinist.provider.v1.RepairResponse
 	(*DescribeRequest)(nil),         // 22: machinist.provider.v1.DescribeRequest
 	(*DescribeResponse)(nil),        // 23: machinist.provider.v1.DescribeResponse
-	(*JoinFailure)(nil),             // 24: machinist.provider.v1.JoinFailure
-	(*ListRequest)(nil),             // 25: machinist.provider.v1.ListRequest
-	(*ListResponse)(nil),            // 26: machinist.provider.v1.ListResponse
-	(*ListedInstance)(nil),          // 27: machinist.provider.v1.ListedInstance
-	(*Owner)(nil),                   // 28: machinist.provider.v1.Owner
-	(*UpdateRequest)(nil),           // 29: machinist.provider.v1.UpdateRequest
-	(*UpdateResponse)(nil),          // 30: machinist.provider.v1.UpdateResponse
-	(*Failure)(nil),                 // 31: machinist.provider.v1.Failure
+	(*NodeAddress)(nil),             // 24: machinist.provider.v1.NodeAddress
+	(*JoinFailure)(nil),             // 25: machinist.provider.v1.JoinFailure
+	(*ListRequest)(nil),             // 26: machinist.provider.v1.ListRequest
+	(*ListResponse)(nil),            // 27: machinist.provider.v1.ListResponse
+	(*ListedInstance)(nil),          // 28: machinist.provider.v1.ListedInstance
+	(*Owner)(nil),                   // 29: machinist.provider.v1.Owner
+	(*UpdateRequest)(nil),           // 30: machinist.provider.v1.UpdateRequest
+	(*UpdateResponse)(nil),          // 31: machinist.provider.v1.UpdateResponse
+	(*Failure)(nil),                 // 32: machinist.provider.v1.Failure
 }
 var file_machinist_provider_v1_provider_proto_depIdxs = []int32{
 	0,  // 0: machinist.provider.v1.GetCapabilitiesResponse.verbs:type_name -> machinist.provider.v1.Verb
@@ -1846,39 +1920,40 @@ var file_machinist_provider_v1_provider_proto_depIdxs = []int32{
 	10, // 2: machinist.provider.v1.CreateRequest.join:type_name -> machinist.provider.v1.Join
 	10, // 3: machinist.provider.v1.RepairRequest.join:type_name -> machinist.provider.v1.Join
 	2,  // 4: machinist.provider.v1.DescribeResponse.power:type_name -> machinist.provider.v1.PowerState
-	28, // 5: machinist.provider.v1.DescribeResponse.owner:type_name -> machinist.provider.v1.Owner
-	24, // 6: machinist.provider.v1.DescribeResponse.join_failure:type_name -> machinist.provider.v1.JoinFailure
-	27, // 7: machinist.provider.v1.ListResponse.instances:type_name -> machinist.provider.v1.ListedInstance
-	28, // 8: machinist.provider.v1.ListedInstance.owner:type_name -> machinist.provider.v1.Owner
-	3,  // 9: machinist.provider.v1.IdentityService.GetInfo:input_type -> machinist.provider.v1.GetInfoRequest
-	5,  // 10: machinist.provider.v1.IdentityService.GetCapabilities:input_type -> machinist.provider.v1.GetCapabilitiesRequest
-	7,  // 11: machinist.provider.v1.IdentityService.Probe:input_type -> machinist.provider.v1.ProbeRequest
-	9,  // 12: machinist.provider.v1.MachineService.Create:input_type -> machinist.provider.v1.CreateRequest
-	12, // 13: machinist.provider.v1.MachineService.Exists:input_type -> machinist.provider.v1.ExistsRequest
-	14, // 14: machinist.provider.v1.MachineService.Delete:input_type -> machinist.provider.v1.DeleteRequest
-	16, // 15: machinist.provider.v1.MachineService.FindByUID:input_type -> machinist.provider.v1.FindByUIDRequest
-	18, // 16: machinist.provider.v1.MachineService.Reboot:input_type -> machinist.provider.v1.RebootRequest
-	20, // 17: machinist.provider.v1.MachineService.Repair:input_type -> machinist.provider.v1.RepairRequest
-	29, // 18: machinist.provider.v1.MachineService.Update:input_type -> machinist.provider.v1.UpdateRequest
-	22, // 19: machinist.provider.v1.MachineService.Describe:input_type -> machinist.provider.v1.DescribeRequest
-	25, // 20: machinist.provider.v1.MachineService.List:input_type -> machinist.provider.v1.ListRequest
-	4,  // 21: machinist.provider.v1.IdentityService.GetInfo:output_type -> machinist.provider.v1.GetInfoResponse
-	6,  // 22: machinist.provider.v1.IdentityService.GetCapabilities:output_type -> machinist.provider.v1.GetCapabilitiesResponse
-	8,  // 23: machinist.provider.v1.IdentityService.Probe:output_type -> machinist.provider.v1.ProbeResponse
-	11, // 24: machinist.provider.v1.MachineService.Create:output_type -> machinist.provider.v1.CreateResponse
-	13, // 25: machinist.provider.v1.MachineService.Exists:output_type -> machinist.provider.v1.ExistsResponse
-	15, // 26: machinist.provider.v1.MachineService.Delete:output_type -> machinist.provider.v1.DeleteResponse
-	17, // 27: machinist.provider.v1.MachineService.FindByUID:output_type -> machinist.provider.v1.FindByUIDResponse
-	19, // 28: machinist.provider.v1.MachineService.Reboot:output_type -> machinist.provider.v1.RebootResponse
-	21, // 29: machinist.provider.v1.MachineService.Repair:output_type -> machinist.provider.v1.RepairResponse
-	30, // 30: machinist.provider.v1.MachineService.Update:output_type -> machinist.provider.v1.UpdateResponse
-	23, // 31: machinist.provider.v1.MachineService.Describe:output_type -> machinist.provider.v1.DescribeResponse
-	26, // 32: machinist.provider.v1.MachineService.List:output_type -> machinist.provider.v1.ListResponse
-	21, // [21:33] is the sub-list for method output_type
-	9,  // [9:21] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	29, // 5: machinist.provider.v1.DescribeResponse.owner:type_name -> machinist.provider.v1.Owner
+	25, // 6: machinist.provider.v1.DescribeResponse.join_failure:type_name -> machinist.provider.v1.JoinFailure
+	24, // 7: machinist.provider.v1.DescribeResponse.addresses:type_name -> machinist.provider.v1.NodeAddress
+	28, // 8: machinist.provider.v1.ListResponse.instances:type_name -> machinist.provider.v1.ListedInstance
+	29, // 9: machinist.provider.v1.ListedInstance.owner:type_name -> machinist.provider.v1.Owner
+	3,  // 10: machinist.provider.v1.IdentityService.GetInfo:input_type -> machinist.provider.v1.GetInfoRequest
+	5,  // 11: machinist.provider.v1.IdentityService.GetCapabilities:input_type -> machinist.provider.v1.GetCapabilitiesRequest
+	7,  // 12: machinist.provider.v1.IdentityService.Probe:input_type -> machinist.provider.v1.ProbeRequest
+	9,  // 13: machinist.provider.v1.MachineService.Create:input_type -> machinist.provider.v1.CreateRequest
+	12, // 14: machinist.provider.v1.MachineService.Exists:input_type -> machinist.provider.v1.ExistsRequest
+	14, // 15: machinist.provider.v1.MachineService.Delete:input_type -> machinist.provider.v1.DeleteRequest
+	16, // 16: machinist.provider.v1.MachineService.FindByUID:input_type -> machinist.provider.v1.FindByUIDRequest
+	18, // 17: machinist.provider.v1.MachineService.Reboot:input_type -> machinist.provider.v1.RebootRequest
+	20, // 18: machinist.provider.v1.MachineService.Repair:input_type -> machinist.provider.v1.RepairRequest
+	30, // 19: machinist.provider.v1.MachineService.Update:input_type -> machinist.provider.v1.UpdateRequest
+	22, // 20: machinist.provider.v1.MachineService.Describe:input_type -> machinist.provider.v1.DescribeRequest
+	26, // 21: machinist.provider.v1.MachineService.List:input_type -> machinist.provider.v1.ListRequest
+	4,  // 22: machinist.provider.v1.IdentityService.GetInfo:output_type -> machinist.provider.v1.GetInfoResponse
+	6,  // 23: machinist.provider.v1.IdentityService.GetCapabilities:output_type -> machinist.provider.v1.GetCapabilitiesResponse
+	8,  // 24: machinist.provider.v1.IdentityService.Probe:output_type -> machinist.provider.v1.ProbeResponse
+	11, // 25: machinist.provider.v1.MachineService.Create:output_type -> machinist.provider.v1.CreateResponse
+	13, // 26: machinist.provider.v1.MachineService.Exists:output_type -> machinist.provider.v1.ExistsResponse
+	15, // 27: machinist.provider.v1.MachineService.Delete:output_type -> machinist.provider.v1.DeleteResponse
+	17, // 28: machinist.provider.v1.MachineService.FindByUID:output_type -> machinist.provider.v1.FindByUIDResponse
+	19, // 29: machinist.provider.v1.MachineService.Reboot:output_type -> machinist.provider.v1.RebootResponse
+	21, // 30: machinist.provider.v1.MachineService.Repair:output_type -> machinist.provider.v1.RepairResponse
+	31, // 31: machinist.provider.v1.MachineService.Update:output_type -> machinist.provider.v1.UpdateResponse
+	23, // 32: machinist.provider.v1.MachineService.Describe:output_type -> machinist.provider.v1.DescribeResponse
+	27, // 33: machinist.provider.v1.MachineService.List:output_type -> machinist.provider.v1.ListResponse
+	22, // [22:34] is the sub-list for method output_type
+	10, // [10:22] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_machinist_provider_v1_provider_proto_init() }
@@ -1892,7 +1967,7 @@ func file_machinist_provider_v1_provider_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_machinist_provider_v1_provider_proto_rawDesc), len(file_machinist_provider_v1_provider_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   29,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/url"
 	"os"
@@ -36,17 +37,26 @@ const (
 	ImageDir = "/usr/share/machinist/images"
 	// ContainerdSocket is where the kubelet reaches containerd.
 	ContainerdSocket = "/run/containerd/containerd.sock"
+	// KubeletClientCA is the CA the kubelet trusts for client
+	// certificates, kube-apiserver's among them: its cluster's, from its
+	// kubeconfig, as a kubeadm node's kubelet trusts its cluster's CA.
+	KubeletClientCA = "/etc/kubernetes/pki/ca.crt"
+	// KubeletKubeconfig is the kubelet's own, written by its TLS
+	// bootstrap and kept on the disk.
+	KubeletKubeconfig = "/var/lib/kubelet/kubeconfig"
 )
 
 // nodeDirs are kept on the machine's disk, so that a reboot keeps the
-// kubelet's credentials and containerd's images and a repair, which gives
-// a fresh disk, loses them.
-var nodeDirs = []string{"/var/lib/kubelet", "/var/lib/containerd"}
+// kubelet's credentials, containerd's images and the containers' logs
+// (kubectl logs --previous) and a repair, which gives a fresh disk, loses
+// them.
+var nodeDirs = []string{"/var/lib/kubelet", "/var/lib/containerd", "/var/log"}
 
 // runNode is run's part for a real node: it mounts cgroup v2, keeps the
 // daemons' state on the disk, starts containerd, imports the images and
 // runs the kubelet, restarting each as a service manager would, until
-// stop; then it stops the kubelet, then containerd.
+// stop; then it stops the kubelet, its pods with their grace (stopPods),
+// then containerd.
 func runNode(out io.Writer, kubeletArgs []string, stop <-chan os.Signal) error {
 	if err := os.MkdirAll("/sys/fs/cgroup", 0o755); err != nil {
 		return err
@@ -75,12 +85,16 @@ func runNode(out io.Writer, kubeletArgs []string, stop <-chan os.Signal) error {
 			return err
 		}
 	}
+	if err := writeClientCA(); err != nil {
+		return err
+	}
 	exits := make(chan *service, 2)
 	containerd := &service{name: "containerd", argv: []string{filepath.Join(BinDir, "containerd"), "--config", ContainerdConfig}}
 	if err := containerd.start(out, exits); err != nil {
 		return err
 	}
-	kubelet := &service{name: "the kubelet", argv: append([]string{filepath.Join(BinDir, "kubelet")}, kubeletArgs...)}
+	kubelet := &service{name: "the kubelet", argv: append([]string{filepath.Join(BinDir, "kubelet")}, kubeletArgs...),
+		then: func(out io.Writer) { stopPods(out, ContainerdSocket) }}
 	err := await(ContainerdSocket)
 	if err != nil {
 		err = fmt.Errorf("containerd: %w", err)
@@ -106,6 +120,35 @@ func importImages(out io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// writeClientCA writes KubeletClientCA: the CA of the kubelet's
+// kubeconfig once it has joined, else of its join data.
+func writeClientCA() error {
+	path := KubeletKubeconfig
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		path = BootstrapKubeconfig
+	}
+	cfg, err := clientcmd.LoadFromFile(path)
+	if err != nil {
+		return fmt.Errorf("the kubelet's cluster CA: %w", err)
+	}
+	for _, c := range cfg.Clusters {
+		ca := c.CertificateAuthorityData
+		if len(ca) == 0 && c.CertificateAuthority != "" {
+			if ca, err = os.ReadFile(c.CertificateAuthority); err != nil {
+				return fmt.Errorf("the kubelet's cluster CA: %w", err)
+			}
+		}
+		if len(ca) == 0 {
+			continue
+		}
+		if err := os.MkdirAll(filepath.Dir(KubeletClientCA), 0o755); err != nil {
+			return err
+		}
+		return os.WriteFile(KubeletClientCA, ca, 0o644)
+	}
+	return fmt.Errorf("the kubelet's cluster CA: %s names none", path)
 }
 
 // isKubelet reports whether init's arguments make a real node.

@@ -15,6 +15,9 @@ import (
 type service struct {
 	name string
 	argv []string
+	// then, if set, runs once the daemon has ended at init's stop: a
+	// real node's pods are stopped after its kubelet.
+	then func(out io.Writer)
 
 	cmd  *exec.Cmd
 	done chan struct{} // closed once cmd has exited
@@ -49,6 +52,14 @@ func (s *service) stop(out io.Writer) {
 		_ = s.cmd.Process.Kill()
 		<-s.done
 	}
+	s.stopped(out)
+}
+
+// stopped runs then, if set: the daemon has ended for good.
+func (s *service) stopped(out io.Writer) {
+	if s.then != nil {
+		s.then(out)
+	}
 }
 
 // supervise restarts each of the started services that exits, two
@@ -61,6 +72,8 @@ func supervise(out io.Writer, stop <-chan os.Signal, exits chan *service, servic
 		for i := len(services) - 1; i >= 0; i-- {
 			if services[i] != except {
 				services[i].stop(out)
+			} else {
+				services[i].stopped(out)
 			}
 		}
 	}

@@ -2,6 +2,8 @@ package guest
 
 import (
 	"bytes"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -103,5 +105,56 @@ func TestSuperviseReturnsARestartThatFails(t *testing.T) {
 	}
 	if running.cmd.ProcessState == nil {
 		t.Errorf("the other daemon was left running:\n%s", out)
+	}
+}
+
+// TestAStopRunsWhatFollowsADaemon: a real node's pods are stopped once
+// its kubelet has ended and before containerd is asked to, whether the
+// kubelet was running at the stop or had died and waited to be started
+// again.
+func TestAStopRunsWhatFollowsADaemon(t *testing.T) {
+	for _, dying := range []bool{false, true} {
+		out := &syncBuffer{}
+		exits := make(chan *service, 2)
+		containerd := &service{name: "containerd", argv: []string{"sleep", "60"}}
+		argv := []string{"sleep", "60"}
+		if dying {
+			argv = []string{"sh", "-c", "exit 1"}
+		}
+		kubelet := &service{name: "kubelet", argv: argv, then: func(out io.Writer) { fmt.Fprintln(out, "pods stopped") }}
+		for _, s := range []*service{containerd, kubelet} {
+			if err := s.start(out, exits); err != nil {
+				t.Fatal(err)
+			}
+		}
+		stop := make(chan os.Signal, 1)
+		done := make(chan error, 1)
+		go func() { done <- supervise(out, stop, exits, containerd, kubelet) }()
+		time.Sleep(time.Second)
+		stop <- os.Interrupt
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		con := out.String()
+		pods, stopContainerd := strings.Index(con, "pods stopped"), strings.Index(con, "stopping containerd")
+		if pods < 0 || stopContainerd < 0 || pods > stopContainerd || strings.Count(con, "pods stopped") != 1 {
+			t.Errorf("kubelet dying %v: the pods not stopped once, between the kubelet and containerd:\n%s", dying, con)
+		}
+		if !dying && strings.Index(con, "stopping kubelet") > pods {
+			t.Errorf("the pods stopped before the kubelet:\n%s", con)
+		}
+	}
+}
+
+// TestAContainersGraceIsItsPodsUpToTheBound: the kubelet's annotation
+// gives the pod's terminationGracePeriodSeconds; more than
+// PodShutdownGrace, or none that can be read, is PodShutdownGrace.
+func TestAContainersGraceIsItsPodsUpToTheBound(t *testing.T) {
+	for in, want := range map[string]time.Duration{
+		"5": 5 * time.Second, "0": 0, "3600": PodShutdownGrace, "": PodShutdownGrace, "x": PodShutdownGrace, "-1": PodShutdownGrace,
+	} {
+		if got := containerGrace(map[string]string{gracePeriodAnnotation: in}); got != want {
+			t.Errorf("grace %q: got %s, want %s", in, got, want)
+		}
 	}
 }
