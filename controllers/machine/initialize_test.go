@@ -2,8 +2,10 @@ package machine_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,10 +28,15 @@ import (
 // addressing is a provider that gives the instances of the Machine named
 // addressed the addresses addrs, as a cloud provider gives an instance's,
 // and none to the others.
+// Those of the Machine named failing it gives too, once it has failed
+// to answer for them while their Node was tainted, as a provider that is
+// away for a while.
 type addressing struct {
 	providers.Actuator
-	addressed string
-	addrs     []corev1.NodeAddress
+	addressed, failing string
+	addrs              []corev1.NodeAddress
+	failed             *atomic.Int32
+	tainted            func(name string) bool
 }
 
 func (a addressing) Describe(ctx context.Context, providerID string) (providers.Instance, error) {
@@ -37,7 +44,13 @@ func (a addressing) Describe(ctx context.Context, providerID string) (providers.
 	if err != nil {
 		return in, err
 	}
-	if _, name, _, err := providers.ParseProviderID(inmemory.Name, providerID); err == nil && name == a.addressed {
+	_, name, _, err := providers.ParseProviderID(inmemory.Name, providerID)
+	switch {
+	case err != nil:
+	case name == a.failing && a.failed.Load() < 2 && a.tainted(name):
+		a.failed.Add(1)
+		return providers.Instance{}, providers.Unavailable(errors.New("the provider is away"))
+	case name == a.addressed || name == a.failing:
 		in.Addresses = a.addrs
 	}
 	return in, nil
@@ -72,6 +85,7 @@ func (s *statusWrites) of(node string) int {
 // writes them to the Node's status in place of the kubelet's and lifts
 // the taint: one write of the status, none once done. When it gives
 // none, the Node is left to whatever else initializes it: the taint stays.
+// When it fails to answer, the controller asks again after a while.
 func TestANodeAwaitingItsCloudProviderGetsTheProvidersAddresses(t *testing.T) {
 	e, err := testenv.Start()
 	if err != nil {
@@ -96,7 +110,11 @@ func TestANodeAwaitingItsCloudProviderGetsTheProvidersAddresses(t *testing.T) {
 	t.Cleanup(p.Stop)
 	addrs := []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.0.2.10"}, {Type: corev1.NodeInternalDNS, Address: "b.example.com"}}
 	registry := providers.NewRegistry()
-	if err := registry.Register(inmemory.Name, addressing{Actuator: p, addressed: "b", addrs: addrs}); err != nil {
+	failed := &atomic.Int32{}
+	var taintedNodes sync.Map // Machine name: its Node is tainted
+	tainted := func(name string) bool { _, ok := taintedNodes.Load(name); return ok }
+	if err := registry.Register(inmemory.Name, addressing{Actuator: p, addressed: "b", failing: "c", addrs: addrs,
+		failed: failed, tainted: tainted}); err != nil {
 		t.Fatal(err)
 	}
 	writes := &statusWrites{n: map[string]int{}}
@@ -118,7 +136,7 @@ func TestANodeAwaitingItsCloudProviderGetsTheProvidersAddresses(t *testing.T) {
 
 	ns := e.NewNamespace(t, "cloud", testenv.Small)
 	running := map[string]*machinistv1.Machine{}
-	for _, name := range []string{"a", "b"} {
+	for _, name := range []string{"a", "b", "c"} {
 		m := &machinistv1.Machine{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 			Spec:       machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: testenv.Small.Name}, Version: "v1.37.2"},
@@ -135,7 +153,8 @@ func TestANodeAwaitingItsCloudProviderGetsTheProvidersAddresses(t *testing.T) {
 	// Both Nodes as a kubelet run with --cloud-provider=external
 	// registers them.
 	taint := []byte(`{"spec":{"taints":[{"key":"` + nodes.Uninitialized + `","value":"true","effect":"NoSchedule"}]}}`)
-	for _, m := range running {
+	for name, m := range running {
+		taintedNodes.Store(name, true)
 		if err := e.Client.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: m.Status.NodeRef.Name}}, client.RawPatch(types.MergePatchType, taint)); err != nil {
 			t.Fatal(err)
 		}
@@ -150,6 +169,16 @@ func TestANodeAwaitingItsCloudProviderGetsTheProvidersAddresses(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	if n := writes.of(b); n != 1 {
 		t.Errorf("the manager wrote Node %s's status %d times, want once", b, n)
+	}
+	// A provider away twice: the Node is initialized all the same, by
+	// the controller's own retry (nothing about the Node changes).
+	cn := running["c"].Status.NodeRef.Name
+	testenv.WaitFor(t, 30*time.Second, "Node "+cn+" initialized once its provider answers", func() bool {
+		return e.Client.Get(ctx, client.ObjectKey{Name: cn}, &node) == nil && !nodes.HasTaint(node.Spec.Taints, nodes.Uninitialized) &&
+			len(node.Status.Addresses) == len(addrs) && node.Status.Addresses[0] == addrs[0]
+	})
+	if n := failed.Load(); n != 2 {
+		t.Errorf("the provider failed %d times, want 2", n)
 	}
 	a := running["a"].Status.NodeRef.Name
 	if err := e.Client.Get(ctx, client.ObjectKey{Name: a}, &node); err != nil {

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	"github.com/machinist-dev/machinist/internal/bootstrap"
@@ -648,6 +649,10 @@ func (r *Reconciler) applyNodeSpec(ctx context.Context, s *step, node *corev1.No
 	return s.nodes.Patch(ctx, node.DeepCopy(), p.Patch())
 }
 
+// initializeRetry is how soon a Node's addresses are asked for again
+// after the provider failed to give them.
+const initializeRetry = 5 * time.Second
+
 // initializeNode does for a Node whose kubelet runs with
 // --cloud-provider=external what a cloud controller manager's node
 // controller does, when the Machine's provider gives its instance's
@@ -666,7 +671,11 @@ func (r *Reconciler) initializeNode(ctx context.Context, s *step, node *corev1.N
 	}
 	in, err := act.Describe(ctx, s.m.Status.ProviderID)
 	if err != nil {
-		return false, fmt.Errorf("asking the provider for the Node's addresses: %w", err)
+		// The Node waits, tainted: a provider that does not answer must
+		// not hold the Machine's health and operations too.
+		log.FromContext(ctx).Info("the provider did not give the Node's addresses; asking again", "error", err.Error())
+		s.after(initializeRetry)
+		return false, nil
 	}
 	if len(in.Addresses) == 0 {
 		return false, nil

@@ -24,7 +24,6 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 	machinecontroller "github.com/machinist-dev/machinist/controllers/machine"
 	"github.com/machinist-dev/machinist/dev/testenv"
-	"github.com/machinist-dev/machinist/lifecycle/operation"
 	"github.com/machinist-dev/machinist/manager"
 	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/providers/process"
@@ -112,23 +111,9 @@ func (f *fleet) patch(change func(*machinistv1.MachineDeployment)) {
 func (f *fleet) operate(m machinistv1.Machine, typ machinistv1.OperationType, opts *machinistv1.OperationOptions) machinistv1.Machine {
 	f.t.Helper()
 	g := NewWithT(f.t)
-	var op *machinistv1.Operation
-	g.Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if err := env.Client.Get(f.ctx, client.ObjectKeyFromObject(&m), &m); err != nil {
-			return err
-		}
-		var err error
-		if op, err = operation.Request(&m, typ, opts, machinistv1.SourceAPI, "alice", time.Now()); err != nil {
-			return err
-		}
-		return env.Client.Status().Update(f.ctx, &m)
-	})).To(Succeed())
+	operate(g, &m, typ, opts)
 	g.Eventually(func(g Gomega) {
 		g.Expect(env.Client.Get(f.ctx, client.ObjectKeyFromObject(&m), &m)).To(Succeed())
-		g.Expect(m.Status.Operation).NotTo(BeNil())
-		g.Expect(m.Status.Operation.ID).To(Equal(op.ID))
-		g.Expect(m.Status.Operation.State).NotTo(Equal(machinistv1.OperationFailed), m.Status.Operation.Message)
-		g.Expect(m.Status.Operation.State).To(Equal(machinistv1.OperationSucceeded))
 		g.Expect(meta.IsStatusConditionTrue(m.Status.Conditions, machinistv1.ConditionNodeHealthy)).To(BeTrue())
 	}).WithTimeout(wait).WithPolling(time.Second).Should(Succeed())
 	return m
