@@ -53,6 +53,22 @@ var FleetControllers = []string{
 	"storage-version-migrator-controller",
 }
 
+// WorkloadControllers run too with Options.Workloads, for a cluster whose
+// Nodes run pods (real nodes): those that make the pods of Deployments,
+// ReplicaSets, StatefulSets, DaemonSets and Jobs, the one that keeps the
+// status of PodDisruptionBudgets that evictions are judged by (without
+// it, a budget refuses every eviction), and the one that deletes pods
+// whose Node is gone.
+var WorkloadControllers = []string{
+	"deployment-controller",
+	"replicaset-controller",
+	"statefulset-controller",
+	"daemonset-controller",
+	"job-controller",
+	"disruption-controller",
+	"pod-garbage-collector-controller",
+}
+
 // NodeLifecycleController is the one of FleetControllers that
 // Options.NodeLifecycle runs alone.
 const NodeLifecycleController = "node-lifecycle-controller"
@@ -86,6 +102,8 @@ type Options struct {
 	// TaintNodesByCondition admission), and no pod is scheduled onto it
 	// until that controller lifts the taint, once the Node is Ready.
 	NodeLifecycle bool
+	// Workloads runs WorkloadControllers beside the others.
+	Workloads bool
 	// NodeMonitorGracePeriod is how long a Node's kubelet may go without
 	// renewing its Lease or posting status before the Node is marked
 	// Ready=Unknown; zero keeps Kubernetes' default (50s). NodeMonitorPeriod
@@ -107,6 +125,9 @@ func (o Options) Args() []string {
 		controllers = append(slices.Clone(controllers), FleetControllers...)
 	case o.NodeLifecycle:
 		controllers = append(slices.Clone(controllers), NodeLifecycleController)
+	}
+	if o.Workloads {
+		controllers = append(slices.Clone(controllers), WorkloadControllers...)
 	}
 	controllers = slices.DeleteFunc(slices.Clone(controllers), func(c string) bool { return slices.Contains(o.Without, c) })
 	args := []string{

@@ -129,7 +129,7 @@ func startCluster(ctx context.Context, opts clusterOptions) (*cluster, error) {
 	// nodeMonitorGrace, not Kubernetes' 50s.
 	c.kcm, err = kubecontrollermanager.Start(env, kubecontrollermanager.Options{
 		Binary: filepath.Join(opts.binDir, "kube-controller-manager"), Dir: opts.dir,
-		CA: ca, Fleet: true,
+		CA: ca, Fleet: true, Workloads: true,
 		NodeMonitorGracePeriod: nodeMonitorGrace,
 	})
 	if err != nil {

@@ -91,6 +91,12 @@ type Options struct {
 	// the not-ready taint kube-apiserver gives every new Node once the
 	// Node is Ready, and until then no pod is scheduled there.
 	Scheduler bool
+	// Workloads runs kube-controller-manager's controllers of pods
+	// (kubecontrollermanager.WorkloadControllers), for tests of real
+	// nodes that run Deployments behind PodDisruptionBudgets; set it
+	// with ControllerManager, whose garbage collector deletes what they
+	// own.
+	Workloads bool
 	// NodeMonitorGracePeriod is how long a silent kubelet's Node stays
 	// Ready before the node lifecycle controller marks it Unknown; zero
 	// means 5s, against Kubernetes' 50s, so that tests need not wait;
@@ -371,7 +377,7 @@ func (e *Env) startControllerManager(opts Options) error {
 	var err error
 	e.kcm, err = kubecontrollermanager.Start(e.env, kubecontrollermanager.Options{
 		Binary: filepath.Join(BinDir(), "kube-controller-manager"), Dir: e.dir,
-		CA: e.ca, Fleet: opts.ControllerManager, NodeLifecycle: opts.Scheduler,
+		CA: e.ca, Fleet: opts.ControllerManager, NodeLifecycle: opts.Scheduler, Workloads: opts.Workloads,
 		NodeMonitorGracePeriod: grace, NodeMonitorPeriod: time.Second,
 		Without: without,
 	})
