@@ -893,7 +893,7 @@ func (in *instance) credentials(ctx context.Context) (kubernetes.Interface, erro
 				// Credentials that make no client will not make one later.
 				return nil, fmt.Errorf("inmemory: a client for node %s: %w", in.nodeName, err)
 			}
-			if err := nodeagent.Forget(ctx, creds, in.nodeName, in.providerID); err != nil {
+			if err := nodeagent.Forget(ctx, creds.Config(), in.nodeName, in.providerID); err != nil {
 				return nil, err
 			}
 			in.disk.Lock()

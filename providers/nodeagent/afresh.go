@@ -9,6 +9,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/machinist-dev/machinist/internal/bootstrap"
@@ -41,8 +42,10 @@ import (
 //
 // Failures other than a refusal are retried, as a kubelet retries, until
 // ctx ends; Forget returns an error only then.
-func Forget(ctx context.Context, creds Credentials, nodeName, providerID string) error {
-	kube, err := kubernetes.NewForConfig(creds.Config())
+//
+// cfg acts as the node: the machine's new credentials.
+func Forget(ctx context.Context, cfg *rest.Config, nodeName, providerID string) error {
+	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return err
 	}

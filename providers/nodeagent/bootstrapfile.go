@@ -93,7 +93,7 @@ func Bootstrap(ctx context.Context, bootstrapPath, kubeconfigPath, nodeName, pro
 		creds, err := Join(ctx, join, nodeName, progress)
 		if err == nil {
 			if afresh {
-				if err := Forget(ctx, creds, nodeName, providerID); err != nil {
+				if err := Forget(ctx, creds.Config(), nodeName, providerID); err != nil {
 					return Credentials{}, err
 				}
 			}

@@ -54,7 +54,8 @@ var nodeDirs = []string{"/var/lib/kubelet", "/var/lib/containerd", "/var/log"}
 
 // runNode is run's part for a real node: it mounts cgroup v2, keeps the
 // daemons' state on the disk, starts containerd, imports the images and
-// runs the kubelet, restarting each as a service manager would, until
+// runs the kubelet (first for its credentials alone on a disk without
+// them: joinAfresh), restarting each as a service manager would, until
 // stop; then it stops the kubelet, its pods with their grace (stopPods),
 // then containerd.
 func runNode(out io.Writer, kubeletArgs []string, stop <-chan os.Signal) error {
@@ -85,7 +86,7 @@ func runNode(out io.Writer, kubeletArgs []string, stop <-chan os.Signal) error {
 			return err
 		}
 	}
-	if err := writeClientCA(); err != nil {
+	if err := writeClientCA(out); err != nil {
 		return err
 	}
 	exits := make(chan *service, 2)
@@ -99,7 +100,14 @@ func runNode(out io.Writer, kubeletArgs []string, stop <-chan os.Signal) error {
 	if err != nil {
 		err = fmt.Errorf("containerd: %w", err)
 	} else if err = importImages(out); err == nil {
-		err = kubelet.start(out, exits)
+		var stopped bool
+		if stopped, err = joinAfresh(out, kubeletArgs, stop); stopped {
+			containerd.stop(out)
+			return nil
+		}
+		if err == nil {
+			err = kubelet.start(out, exits)
+		}
 	}
 	if err != nil {
 		containerd.stop(out)
@@ -122,33 +130,55 @@ func importImages(out io.Writer) error {
 	return nil
 }
 
-// writeClientCA writes KubeletClientCA: the CA of the kubelet's
-// kubeconfig once it has joined, else of its join data.
-func writeClientCA() error {
-	path := KubeletKubeconfig
-	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-		path = BootstrapKubeconfig
+// writeClientCA writes KubeletClientCA: clientCA of the kubelet's
+// kubeconfig and its join data.
+func writeClientCA(out io.Writer) error {
+	ca, err := clientCA(out, KubeletKubeconfig, BootstrapKubeconfig)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(KubeletClientCA), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(KubeletClientCA, ca, 0o644)
+}
+
+// clientCA is the cluster CA of the kubelet's kubeconfig once it has
+// joined, else of its join data. A kubeconfig that names none (emptied
+// by a power cut before it reached the disk: the kubelet then bootstraps
+// again) counts as none, and says so on out.
+func clientCA(out io.Writer, kubeconfig, join string) ([]byte, error) {
+	ca, err := caOf(kubeconfig)
+	if err == nil {
+		return ca, nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		fmt.Fprintf(out, "machinist: init: %v; taking the join data's\n", err)
+	}
+	return caOf(join)
+}
+
+// caOf is the cluster CA the kubeconfig at path names.
+func caOf(path string) ([]byte, error) {
+	if _, err := os.Stat(path); err != nil {
+		return nil, err
 	}
 	cfg, err := clientcmd.LoadFromFile(path)
 	if err != nil {
-		return fmt.Errorf("the kubelet's cluster CA: %w", err)
+		return nil, fmt.Errorf("the kubelet's cluster CA: %w", err)
 	}
 	for _, c := range cfg.Clusters {
 		ca := c.CertificateAuthorityData
 		if len(ca) == 0 && c.CertificateAuthority != "" {
 			if ca, err = os.ReadFile(c.CertificateAuthority); err != nil {
-				return fmt.Errorf("the kubelet's cluster CA: %w", err)
+				return nil, fmt.Errorf("the kubelet's cluster CA: %w", err)
 			}
 		}
-		if len(ca) == 0 {
-			continue
+		if len(ca) != 0 {
+			return ca, nil
 		}
-		if err := os.MkdirAll(filepath.Dir(KubeletClientCA), 0o755); err != nil {
-			return err
-		}
-		return os.WriteFile(KubeletClientCA, ca, 0o644)
 	}
-	return fmt.Errorf("the kubelet's cluster CA: %s names none", path)
+	return nil, fmt.Errorf("the kubelet's cluster CA: %s names none", path)
 }
 
 // isKubelet reports whether init's arguments make a real node.
