@@ -119,6 +119,27 @@ func (f *fleet) operate(m machinistv1.Machine, typ machinistv1.OperationType, op
 	return m
 }
 
+// rebootCheck is a MachineHealthCheck of the Machines of labels that
+// reboots, one at a time, each whose Node has been Ready=Unknown for
+// unknownFor.
+func rebootCheck(ns, name string, labels map[string]string, unknownFor time.Duration) *machinistv1.MachineHealthCheck {
+	return &machinistv1.MachineHealthCheck{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: machinistv1.MachineHealthCheckSpec{
+			Selector:           machinistv1.LabelSelector{MatchLabels: labels},
+			NodeStartupTimeout: &metav1.Duration{Duration: 10 * time.Minute},
+			UnhealthyNodeConditions: []machinistv1.UnhealthyNodeCondition{
+				{Type: "Ready", Status: "Unknown", Timeout: metav1.Duration{Duration: unknownFor}},
+			},
+			MaxUnhealthy: ptr.To(intstr.FromString("100%")),
+			Remediation: machinistv1.Remediation{
+				Ladder:      []machinistv1.Rung{{Action: machinistv1.RemediateReboot, Timeout: &metav1.Duration{Duration: 5 * time.Minute}}},
+				MaxInFlight: ptr.To(intstr.FromInt32(1)),
+			},
+		},
+	}
+}
+
 // TestAMachineDeploymentOfVMs runs three VMs under the controllers: a
 // rolling upgrade, an in-place update, a soft and a hard reboot, a repair
 // that gives a fresh disk, a kill -9 of QEMU healed by the health check,
@@ -158,21 +179,7 @@ func TestAMachineDeploymentOfVMs(t *testing.T) {
 	}
 	g.Expect(env.Client.Create(ctx, class)).To(Succeed())
 	labels := map[string]string{"pool": "vms"}
-	check := &machinistv1.MachineHealthCheck{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vms"},
-		Spec: machinistv1.MachineHealthCheckSpec{
-			Selector:           machinistv1.LabelSelector{MatchLabels: labels},
-			NodeStartupTimeout: &metav1.Duration{Duration: 10 * time.Minute},
-			UnhealthyNodeConditions: []machinistv1.UnhealthyNodeCondition{
-				{Type: "Ready", Status: "Unknown", Timeout: metav1.Duration{Duration: 5 * time.Second}},
-			},
-			MaxUnhealthy: ptr.To(intstr.FromString("100%")),
-			Remediation: machinistv1.Remediation{
-				Ladder:      []machinistv1.Rung{{Action: machinistv1.RemediateReboot, Timeout: &metav1.Duration{Duration: 5 * time.Minute}}},
-				MaxInFlight: ptr.To(intstr.FromInt32(1)),
-			},
-		},
-	}
+	check := rebootCheck(ns, "vms", labels, 5*time.Second)
 	g.Expect(env.Client.Create(ctx, check)).To(Succeed())
 	md := &machinistv1.MachineDeployment{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vms"},

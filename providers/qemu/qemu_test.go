@@ -42,7 +42,7 @@ var (
 func TestMain(m *testing.M) {
 	// A VM under emulation on a busy host may renew its Lease late: the
 	// node lifecycle controller gives it a Lease duration and more.
-	opts := testenv.Options{ControllerManager: true, Scheduler: true, NodeMonitorGracePeriod: 15 * time.Second}
+	opts := testenv.Options{ControllerManager: true, Scheduler: true, Workloads: true, NodeMonitorGracePeriod: 15 * time.Second}
 	os.Exit(testenv.RunWithOptions(m, opts, func(e *testenv.Env) (func(), error) {
 		env = e
 		clientset = kubernetes.NewForConfigOrDie(e.Config)
