@@ -83,6 +83,18 @@ authorization:
   mode: Webhook
 `, guest.ContainerdSocket, guest.KubeletClientCA)
 
+// kubeletConfigWith is kubeletConfig with the Node's Lease duration,
+// when set: the kubelet renews its Lease every quarter of it, so that
+// the node lifecycle controller's grace, set for the provider's Lease
+// (make run's is 20 s), is not outlasted by one late renewal of
+// Kubernetes' default 10 s.
+func kubeletConfigWith(leaseSeconds int32) string {
+	if leaseSeconds <= 0 {
+		return kubeletConfig
+	}
+	return kubeletConfig + fmt.Sprintf("nodeLeaseDurationSeconds: %d\n", leaseSeconds)
+}
+
 // cniConfig is the pods' network: a bridge on the node with its own
 // addresses. Pods reach each other on their node; the VM's user-mode net
 // reaches no further.
@@ -152,7 +164,7 @@ func (n *NodeFiles) files() ([]nodeFile, error) {
 	}
 	return append(out,
 		nodeFile{path: guest.ContainerdConfig, data: []byte(containerdConfig), mode: 0o644},
-		nodeFile{path: guest.KubeletConfig, data: []byte(kubeletConfig), mode: 0o644},
+		nodeFile{path: guest.KubeletConfig, data: []byte(kubeletConfigWith(n.leaseSeconds)), mode: 0o644},
 		nodeFile{path: filepath.Join(guest.CNIConfDir, "10-machinist.conflist"), data: []byte(cniConfig), mode: 0o644},
 		// The user-mode net's DNS; nothing answers beyond it.
 		nodeFile{path: "/etc/resolv.conf", data: []byte("nameserver 10.0.2.3\n"), mode: 0o644},

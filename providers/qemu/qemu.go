@@ -118,7 +118,9 @@ type Options struct {
 	// ProbeTimeout bounds the KVM probe boot; zero means 15 s.
 	ProbeTimeout time.Duration
 	// LeaseDurationSeconds and RenewInterval are the Nodes' Lease
-	// duration and renewal period; zero means the agent's defaults.
+	// duration and renewal period; zero means the agent's defaults. A
+	// real node's kubelet takes LeaseDurationSeconds (zero: Kubernetes'
+	// 40) and renews at a quarter of it, as kubelets do.
 	LeaseDurationSeconds int32
 	RenewInterval        time.Duration
 	// StopTimeout is how long a VM has to end once asked before its QEMU
@@ -135,6 +137,17 @@ type Options struct {
 	Node *NodeFiles
 }
 
+// nodeFiles is a copy of o.Node (the caller's may serve another
+// provider) whose kubelet takes o's Lease duration, or nil.
+func (o Options) nodeFiles() *NodeFiles {
+	if o.Node == nil {
+		return nil
+	}
+	node := *o.Node
+	node.leaseSeconds = o.LeaseDurationSeconds
+	return &node
+}
+
 // NodeFiles are the files of a real node's guest (Spec.Guest
 // GuestKubelet), built from the project's pinned modules.
 type NodeFiles struct {
@@ -144,6 +157,10 @@ type NodeFiles struct {
 	// Images holds OCI image archives (*.tar) imported into each VM's
 	// containerd at boot: the pod sandbox's and any a user adds.
 	Images string
+
+	// leaseSeconds is the kubelet's nodeLeaseDurationSeconds: the
+	// provider's LeaseDurationSeconds, set by New.
+	leaseSeconds int32
 }
 
 // The guests a class may boot (Spec.Guest).
@@ -211,6 +228,7 @@ func New(opts Options) (*process.Provider, error) {
 	if opts.Log.GetSink() == nil {
 		opts.Log = logr.Discard()
 	}
+	opts.Node = opts.nodeFiles()
 	return process.New(process.Options{
 		StateDir:       opts.StateDir,
 		StopTimeout:    opts.StopTimeout,

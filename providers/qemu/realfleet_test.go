@@ -50,10 +50,9 @@ func TestAMachineDeploymentOfRealNodes(t *testing.T) {
 		})).To(Succeed())
 	}
 	labels := map[string]string{"pool": "real"}
-	// A kubelet renews its Lease every 10 s, and the Node goes Unknown
-	// 15 s (the package's grace) after a renewal: one renewal late under
-	// emulation would be a dead node within 5 s. 30 s outlasts the next.
-	g.Expect(env.Client.Create(ctx, rebootCheck(ns, "real", labels, 30*time.Second))).To(Succeed())
+	// A Node goes Unknown 15 s (the package's grace) after its kubelet's
+	// last renewal; 15 s more outlasts a VM stalled under emulation.
+	g.Expect(env.Client.Create(ctx, rebootCheck(ns, "real", labels, 15*time.Second))).To(Succeed())
 	md := &machinistv1.MachineDeployment{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "real"},
 		Spec: machinistv1.MachineDeploymentSpec{

@@ -393,6 +393,9 @@ func startRealNodes(t *testing.T, opts manager.Options) (*process.Provider, stri
 		GuestBinary: guestBinary,
 		Log:         zap.New(zap.WriteTo(testWriter{t})),
 		Node:        qemu.NodeDir(nodeDir),
+		// The kubelets renew every 2.5 s, well inside the package's 15 s
+		// grace (Kubernetes' 40 s Lease renews every 10 s).
+		LeaseDurationSeconds: leaseSeconds,
 	})
 	g.Expect(err).NotTo(HaveOccurred())
 	registry := providers.NewRegistry()
