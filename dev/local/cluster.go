@@ -19,6 +19,7 @@ import (
 	"github.com/machinist-dev/machinist/clusters/joinable"
 	"github.com/machinist-dev/machinist/dev/kubecontrollermanager"
 	"github.com/machinist-dev/machinist/dev/kubescheduler"
+	"github.com/machinist-dev/machinist/internal/freeport"
 	"github.com/machinist-dev/machinist/internal/orphans"
 	"github.com/machinist-dev/machinist/internal/pki"
 )
@@ -256,12 +257,8 @@ func serving(apiserver *envtest.APIServer, dir, name string) error {
 func keptPort(path, what, why string) (int, error) {
 	raw, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		port, err := freeport.Loopback()
 		if err != nil {
-			return 0, err
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		if err := l.Close(); err != nil {
 			return 0, err
 		}
 		return port, os.WriteFile(path, []byte(strconv.Itoa(port)+"\n"), 0o600)

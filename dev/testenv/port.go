@@ -1,18 +1,18 @@
 package testenv
 
 import (
-	"net"
 	"testing"
+
+	"github.com/machinist-dev/machinist/internal/freeport"
 )
 
 // FreePort is a TCP port on the loopback interface that nobody listens on
 // now, for a process a test starts.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Loopback()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port
+	return port
 }

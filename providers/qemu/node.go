@@ -13,6 +13,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/machinist-dev/machinist/internal/freeport"
 	"github.com/machinist-dev/machinist/providers/qemu/guest"
 )
 
@@ -195,12 +196,8 @@ func kubeletPort(dir string) (int, error) {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return 0, err
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Loopback()
 	if err != nil {
-		return 0, err
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	if err := l.Close(); err != nil {
 		return 0, err
 	}
 	return port, os.WriteFile(path, []byte(strconv.Itoa(port)+"\n"), 0o644)
