@@ -2,9 +2,11 @@ package qemu_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -65,6 +67,81 @@ func (f *fleet) node(g Gomega, m machinistv1.Machine) *corev1.Node {
 	return n
 }
 
+// state is a line for each of the fleet's Machines, with its Node's
+// Ready condition, each pod of its namespace and the namespace's last
+// events: what a failed wait needs to say, instead of whole objects.
+func (f *fleet) state() string {
+	var b strings.Builder
+	var ms machinistv1.MachineList
+	if err := env.Client.List(f.ctx, &ms, client.InNamespace(f.md.Namespace)); err != nil {
+		return err.Error()
+	}
+	for _, m := range ms.Items {
+		fmt.Fprintf(&b, "machine %s: %s, class %s", m.Name, m.Status.Phase, m.Spec.ClassRef.Name)
+		if r := m.Status.Remediation; r != nil {
+			fmt.Fprintf(&b, ", remediation %s (%s)", r.Phase, r.Action)
+		}
+		for _, c := range m.Status.Conditions {
+			if c.Status != metav1.ConditionTrue {
+				fmt.Fprintf(&b, ", %s=%s %s", c.Type, c.Status, c.Reason)
+			}
+		}
+		if m.Status.NodeRef != nil {
+			n, err := clientset.CoreV1().Nodes().Get(f.ctx, m.Status.NodeRef.Name, metav1.GetOptions{})
+			if err != nil {
+				fmt.Fprintf(&b, ", node %s: %v", m.Status.NodeRef.Name, err)
+				n = &corev1.Node{}
+			}
+			for _, c := range n.Status.Conditions {
+				if c.Type == corev1.NodeReady {
+					fmt.Fprintf(&b, ", node %s Ready=%s since %s, boot %s", n.Name, c.Status,
+						c.LastTransitionTime.Format(time.TimeOnly), n.Status.NodeInfo.BootID)
+				}
+			}
+		}
+		b.WriteString("\n")
+	}
+	pods, err := clientset.CoreV1().Pods(f.md.Namespace).List(f.ctx, metav1.ListOptions{})
+	if err != nil {
+		return b.String() + err.Error()
+	}
+	for _, p := range pods.Items {
+		fmt.Fprintf(&b, "pod %s on %q: %s", p.Name, p.Spec.NodeName, p.Status.Phase)
+		if p.DeletionTimestamp != nil {
+			b.WriteString(", deleting")
+		}
+		for _, c := range p.Status.ContainerStatuses {
+			if w := c.State.Waiting; w != nil {
+				fmt.Fprintf(&b, ", waiting: %s %s", w.Reason, w.Message)
+			}
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Status != corev1.ConditionTrue {
+				fmt.Fprintf(&b, ", %s=%s %s", c.Type, c.Status, c.Message)
+			}
+		}
+		b.WriteString("\n")
+	}
+	events, err := clientset.CoreV1().Events(f.md.Namespace).List(f.ctx, metav1.ListOptions{})
+	if err != nil {
+		return b.String() + err.Error()
+	}
+	// Events recorded through events.k8s.io have an event time and no
+	// last timestamp.
+	at := func(e corev1.Event) time.Time {
+		if e.LastTimestamp.IsZero() {
+			return e.EventTime.Time
+		}
+		return e.LastTimestamp.Time
+	}
+	slices.SortFunc(events.Items, func(a, b corev1.Event) int { return at(a).Compare(at(b)) })
+	for _, e := range events.Items[max(0, len(events.Items)-15):] {
+		fmt.Fprintf(&b, "event %s %s %s/%s: %s %s\n", at(e).Format(time.TimeOnly), e.Type,
+			e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, e.Message)
+	}
+	return b.String()
+}
+
 // settled waits until the MachineDeployment has its replicas, all of
 // the current template, on Ready Nodes, each Machine Running and
 // healthy, and returns the Machines with their Nodes.
@@ -77,7 +154,7 @@ func (f *fleet) settled(timeout time.Duration) ([]machinistv1.Machine, []*corev1
 		g.Expect(env.Client.Get(f.ctx, client.ObjectKeyFromObject(f.md), md)).To(Succeed())
 		g.Expect(md.Status.ObservedGeneration).To(Equal(md.Generation))
 		g.Expect(md.Status.UpdatedReplicas).To(Equal(*md.Spec.Replicas))
-		g.Expect(md.Status.ReadyReplicas).To(Equal(*md.Spec.Replicas))
+		g.Expect(md.Status.ReadyReplicas).To(Equal(*md.Spec.Replicas), f.state)
 		ms = f.machines(g)
 		g.Expect(ms).To(HaveLen(int(*md.Spec.Replicas)))
 		ns = ns[:0]
