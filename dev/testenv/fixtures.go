@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -77,6 +78,33 @@ func ListMachines(ctx context.Context, c client.Reader, ns string, opts ...clien
 	}
 	slices.SortFunc(list.Items, func(a, b machinistv1.Machine) int { return cmp.Compare(a.Name, b.Name) })
 	return list.Items, nil
+}
+
+// DescribeMachines says, a line each, where the Machines stand: name,
+// version, class, phase, a deletion, the operation and remediation in
+// progress, and each condition that is not True with its reason and
+// message (a Failed Machine's failure among them). It is for failure
+// messages; each line begins with a newline and an indent.
+func DescribeMachines(ms []machinistv1.Machine) string {
+	var b strings.Builder
+	for _, m := range ms {
+		fmt.Fprintf(&b, "\n  %s %s %s %s", m.Name, m.Spec.Version, m.Spec.ClassRef.Name, m.Status.Phase)
+		if !m.DeletionTimestamp.IsZero() {
+			b.WriteString(" (deleting)")
+		}
+		if op := m.Status.Operation; op != nil {
+			fmt.Fprintf(&b, " op %s %s %s", op.Type, op.ID, op.State)
+		}
+		if r := m.Status.Remediation; r != nil {
+			fmt.Fprintf(&b, " remediation %s %s", r.Action, r.Phase)
+		}
+		for _, c := range m.Status.Conditions {
+			if c.Status != metav1.ConditionTrue {
+				fmt.Fprintf(&b, " %s=%s %s: %s;", c.Type, c.Status, c.Reason, c.Message)
+			}
+		}
+	}
+	return b.String()
 }
 
 // Machines lists the Machines of ns that match opts, sorted by name, and

@@ -43,21 +43,9 @@ type fleet struct {
 
 // machines lists the fleet's Machines by name.
 func (f *fleet) machines(g Gomega) []machinistv1.Machine {
-	var list machinistv1.MachineList
-	g.Expect(env.Client.List(f.ctx, &list, client.InNamespace(f.md.Namespace),
-		client.MatchingLabels(f.md.Spec.Selector.MatchLabels))).To(Succeed())
-	slices.SortFunc(list.Items, func(a, b machinistv1.Machine) int { return compare(a.Name, b.Name) })
-	return list.Items
-}
-
-func compare(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
+	ms, err := testenv.ListMachines(f.ctx, env.Client, f.md.Namespace, client.MatchingLabels(f.md.Spec.Selector.MatchLabels))
+	g.Expect(err).NotTo(HaveOccurred())
+	return ms
 }
 
 func (f *fleet) node(g Gomega, m machinistv1.Machine) *corev1.Node {
@@ -67,39 +55,33 @@ func (f *fleet) node(g Gomega, m machinistv1.Machine) *corev1.Node {
 	return n
 }
 
-// state is a line for each of the fleet's Machines, with its Node's
-// Ready condition, each pod of its namespace and the namespace's last
-// events: what a failed wait needs to say, instead of whole objects.
+// state says where the fleet's namespace stands, a line each: its
+// Machines (testenv.DescribeMachines), their Nodes' Ready conditions and
+// boots, its pods and its last events; what a failed wait needs to say,
+// instead of whole objects.
 func (f *fleet) state() string {
-	var b strings.Builder
-	var ms machinistv1.MachineList
-	if err := env.Client.List(f.ctx, &ms, client.InNamespace(f.md.Namespace)); err != nil {
+	ms, err := testenv.ListMachines(f.ctx, env.Client, f.md.Namespace)
+	if err != nil {
 		return err.Error()
 	}
-	for _, m := range ms.Items {
-		fmt.Fprintf(&b, "machine %s: %s, class %s", m.Name, m.Status.Phase, m.Spec.ClassRef.Name)
-		if r := m.Status.Remediation; r != nil {
-			fmt.Fprintf(&b, ", remediation %s (%s)", r.Phase, r.Action)
+	var b strings.Builder
+	b.WriteString(testenv.DescribeMachines(ms))
+	b.WriteString("\n")
+	for _, m := range ms {
+		if m.Status.NodeRef == nil {
+			continue
 		}
-		for _, c := range m.Status.Conditions {
-			if c.Status != metav1.ConditionTrue {
-				fmt.Fprintf(&b, ", %s=%s %s", c.Type, c.Status, c.Reason)
+		n, err := clientset.CoreV1().Nodes().Get(f.ctx, m.Status.NodeRef.Name, metav1.GetOptions{})
+		if err != nil {
+			fmt.Fprintf(&b, "node %s: %v\n", m.Status.NodeRef.Name, err)
+			continue
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				fmt.Fprintf(&b, "node %s Ready=%s since %s, boot %s\n", n.Name, c.Status,
+					c.LastTransitionTime.Format(time.TimeOnly), n.Status.NodeInfo.BootID)
 			}
 		}
-		if m.Status.NodeRef != nil {
-			n, err := clientset.CoreV1().Nodes().Get(f.ctx, m.Status.NodeRef.Name, metav1.GetOptions{})
-			if err != nil {
-				fmt.Fprintf(&b, ", node %s: %v", m.Status.NodeRef.Name, err)
-				n = &corev1.Node{}
-			}
-			for _, c := range n.Status.Conditions {
-				if c.Type == corev1.NodeReady {
-					fmt.Fprintf(&b, ", node %s Ready=%s since %s, boot %s", n.Name, c.Status,
-						c.LastTransitionTime.Format(time.TimeOnly), n.Status.NodeInfo.BootID)
-				}
-			}
-		}
-		b.WriteString("\n")
 	}
 	pods, err := clientset.CoreV1().Pods(f.md.Namespace).List(f.ctx, metav1.ListOptions{})
 	if err != nil {

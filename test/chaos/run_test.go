@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -223,22 +222,4 @@ func objects(list client.ObjectList) []client.Object {
 		}
 	}
 	return out
-}
-
-// describe summarises Machines for a failure message.
-func describe(ms []machinistv1.Machine) string {
-	var b strings.Builder
-	for _, m := range ms {
-		fmt.Fprintf(&b, "\n  %s %s", m.Name, m.Status.Phase)
-		if m.DeletionTimestamp != nil {
-			b.WriteString(" (deleting)")
-		}
-		if op := m.Status.Operation; op != nil {
-			fmt.Fprintf(&b, " op %s %s", op.ID, op.State)
-		}
-		if _, message := m.Status.Failure(); message != "" {
-			fmt.Fprintf(&b, " failure: %s", message)
-		}
-	}
-	return b.String()
 }

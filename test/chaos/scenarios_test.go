@@ -264,7 +264,7 @@ func (r *run) sets() string {
 	for _, rep := range r.replicas {
 		b.WriteString(rep.queues())
 	}
-	return b.String() + describe(r.machineList())
+	return b.String() + testenv.DescribeMachines(r.machineList())
 }
 
 func (r *run) machineList() []machinistv1.Machine {
@@ -294,11 +294,11 @@ func (r *run) setSettled(replicas int32) error {
 
 func allRunning(ms []machinistv1.Machine, want int) error {
 	if len(ms) != want {
-		return fmt.Errorf("%d Machines, want %d:%s", len(ms), want, describe(ms))
+		return fmt.Errorf("%d Machines, want %d:%s", len(ms), want, testenv.DescribeMachines(ms))
 	}
 	for _, m := range ms {
 		if m.Status.Phase != machinistv1.MachineRunning || m.DeletionTimestamp != nil {
-			return fmt.Errorf("not all Running:%s", describe(ms))
+			return fmt.Errorf("not all Running:%s", testenv.DescribeMachines(ms))
 		}
 	}
 	return nil

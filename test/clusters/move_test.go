@@ -453,19 +453,7 @@ func describe(t *testing.T, c client.Reader, ns string) string {
 	if err != nil {
 		return err.Error()
 	}
-	var b strings.Builder
-	for _, m := range ms {
-		fmt.Fprintf(&b, "\n  %s %s %s", m.Name, m.Spec.Version, m.Status.Phase)
-		if !m.DeletionTimestamp.IsZero() {
-			b.WriteString(" (deleting)")
-		}
-		for _, c := range m.Status.Conditions {
-			if c.Status != metav1.ConditionTrue {
-				fmt.Fprintf(&b, " %s=%s %s: %s;", c.Type, c.Status, c.Reason, c.Message)
-			}
-		}
-	}
-	return b.String()
+	return testenv.DescribeMachines(ms)
 }
 
 // pause sets or removes the paused annotation of m in the source cluster,
