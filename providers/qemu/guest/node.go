@@ -96,11 +96,15 @@ func runNode(out io.Writer, kubeletArgs []string, stop <-chan os.Signal) error {
 	}
 	kubelet := &service{name: "the kubelet", argv: append([]string{filepath.Join(BinDir, "kubelet")}, kubeletArgs...),
 		then: func(out io.Writer) { stopPods(out, ContainerdSocket) }}
-	err := await(ContainerdSocket)
-	if err != nil {
-		err = fmt.Errorf("containerd: %w", err)
-	} else if err = importImages(out); err == nil {
-		var stopped bool
+	stopped, err := awaitServing(containerd, ContainerdSocket, exits, stop)
+	if stopped {
+		containerd.stop(out)
+		return nil
+	}
+	if err == nil {
+		err = importImages(out)
+	}
+	if err == nil {
 		if stopped, err = joinAfresh(out, kubeletArgs, stop); stopped {
 			containerd.stop(out)
 			return nil

@@ -62,6 +62,33 @@ func (s *service) stopped(out io.Writer) {
 	}
 }
 
+// awaitServing waits until s, just started with exits, serves at path
+// (a socket it makes once it is ready), for as long as it takes while s
+// runs, as a service manager waits for a daemon to say it is ready. A
+// fixed bound here was a bound on the host's load: containerd, under
+// emulation on a 2-core host shared with other VMs, has taken more than
+// 10 s to make its socket, and the machine then powered off for good
+// while its Machine waited for a Node. How long a machine may take to
+// join is its Machine's provisioning timeout and its health check's
+// startup timeout, which heal it; not init's. An exit of s before that
+// is an error. It reports whether stop came meanwhile.
+func awaitServing(s *service, path string, exits <-chan *service, stop <-chan os.Signal) (stopped bool, err error) {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return false, nil
+		}
+		select {
+		case <-stop:
+			return true, nil
+		case dead := <-exits:
+			return false, fmt.Errorf("%s exited before it served at %s: %v", dead.name, path, dead.err)
+		case <-tick.C:
+		}
+	}
+}
+
 // supervise restarts each of the started services that exits, two
 // seconds later, as a service manager restarts a kubelet that died,
 // until stop; then it stops them, the last started first. exits is the

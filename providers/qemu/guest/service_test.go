@@ -158,3 +158,51 @@ func TestAContainersGraceIsItsPodsUpToTheBound(t *testing.T) {
 		}
 	}
 }
+
+// TestInitWaitsForASlowDaemonAsLongAsItRuns: containerd under emulation
+// on a loaded host has taken more than 10 s to make its socket, and init
+// gave up at 10 s and powered the machine off for good. It waits while
+// the daemon runs; the daemon's exit before it serves is an error that
+// names it, and a stop ends the wait.
+func TestInitWaitsForASlowDaemonAsLongAsItRuns(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name, script string
+		stop         bool
+		want         string // "" when it serves
+	}{
+		{name: "slow", script: "sleep 12; touch $0; exec sleep 60"},
+		{name: "dies", script: "exit 3", want: "dies exited before it served at "},
+		{name: "stopped", script: "exec sleep 60", stop: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			socket := filepath.Join(t.TempDir(), "sock")
+			exits := make(chan *service, 1)
+			s := &service{name: c.name, argv: []string{"sh", "-c", c.script, socket}}
+			if err := s.start(io.Discard, exits); err != nil {
+				t.Fatal(err)
+			}
+			defer s.stop(io.Discard)
+			stop := make(chan os.Signal, 1)
+			if c.stop {
+				stop <- os.Interrupt
+			}
+			start := time.Now()
+			stopped, err := awaitServing(s, socket, exits, stop)
+			switch {
+			case stopped != c.stop:
+				t.Fatalf("stopped = %v, want %v", stopped, c.stop)
+			case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+				t.Fatalf("err = %v, want one saying %q", err, c.want)
+			case c.want == "" && err != nil:
+				t.Fatal(err)
+			}
+			if c.name == "slow" {
+				if _, err := os.Stat(socket); err != nil {
+					t.Fatalf("returned after %s before the daemon served: %v", time.Since(start), err)
+				}
+			}
+		})
+	}
+}
