@@ -67,21 +67,25 @@ func (f *fleet) state() string {
 	var b strings.Builder
 	b.WriteString(testenv.DescribeMachines(ms))
 	b.WriteString("\n")
-	for _, m := range ms {
-		if m.Status.NodeRef == nil {
+	// Every Node of the namespace's VMs, those no Machine has found too.
+	nodes, err := clientset.CoreV1().Nodes().List(f.ctx, metav1.ListOptions{})
+	if err != nil {
+		return b.String() + err.Error()
+	}
+	for _, n := range nodes.Items {
+		if !strings.HasPrefix(n.Spec.ProviderID, "qemu:///"+f.md.Namespace+"/") {
 			continue
 		}
-		n, err := clientset.CoreV1().Nodes().Get(f.ctx, m.Status.NodeRef.Name, metav1.GetOptions{})
-		if err != nil {
-			fmt.Fprintf(&b, "node %s: %v\n", m.Status.NodeRef.Name, err)
-			continue
-		}
+		fmt.Fprintf(&b, "node %s boot %s", n.Name, n.Status.NodeInfo.BootID)
 		for _, c := range n.Status.Conditions {
 			if c.Type == corev1.NodeReady {
-				fmt.Fprintf(&b, "node %s Ready=%s since %s, boot %s\n", n.Name, c.Status,
-					c.LastTransitionTime.Format(time.TimeOnly), n.Status.NodeInfo.BootID)
+				fmt.Fprintf(&b, ", Ready=%s since %s: %s", c.Status, c.LastTransitionTime.Format(time.TimeOnly), c.Message)
 			}
 		}
+		for _, t := range n.Spec.Taints {
+			fmt.Fprintf(&b, ", taint %s:%s", t.Key, t.Effect)
+		}
+		b.WriteString("\n")
 	}
 	pods, err := clientset.CoreV1().Pods(f.md.Namespace).List(f.ctx, metav1.ListOptions{})
 	if err != nil {
@@ -135,17 +139,20 @@ func (f *fleet) settled(timeout time.Duration) ([]machinistv1.Machine, []*corev1
 		md := &machinistv1.MachineDeployment{}
 		g.Expect(env.Client.Get(f.ctx, client.ObjectKeyFromObject(f.md), md)).To(Succeed())
 		g.Expect(md.Status.ObservedGeneration).To(Equal(md.Generation))
-		g.Expect(md.Status.UpdatedReplicas).To(Equal(*md.Spec.Replicas))
+		g.Expect(md.Status.UpdatedReplicas).To(Equal(*md.Spec.Replicas), f.state)
 		g.Expect(md.Status.ReadyReplicas).To(Equal(*md.Spec.Replicas), f.state)
 		ms = f.machines(g)
-		g.Expect(ms).To(HaveLen(int(*md.Spec.Replicas)))
+		// The count, not the list: a failed wait says f.state, not every
+		// field of every Machine.
+		g.Expect(len(ms)).To(Equal(int(*md.Spec.Replicas)), f.state)
 		ns = ns[:0]
 		for _, m := range ms {
-			g.Expect(m.Status.Phase).To(Equal(machinistv1.MachineRunning), m.Name)
-			g.Expect(m.Spec.Version).To(Equal(md.Spec.Template.Spec.Version), m.Name)
-			g.Expect(meta.IsStatusConditionTrue(m.Status.Conditions, machinistv1.ConditionNodeHealthy)).To(BeTrue(), m.Name)
+			about := func() string { return m.Name + "\n" + f.state() }
+			g.Expect(m.Status.Phase).To(Equal(machinistv1.MachineRunning), about)
+			g.Expect(m.Spec.Version).To(Equal(md.Spec.Template.Spec.Version), about)
+			g.Expect(meta.IsStatusConditionTrue(m.Status.Conditions, machinistv1.ConditionNodeHealthy)).To(BeTrue(), about)
 			n := f.node(g, m)
-			g.Expect(n.Status.NodeInfo.KubeletVersion).To(Equal(m.Spec.Version), m.Name)
+			g.Expect(n.Status.NodeInfo.KubeletVersion).To(Equal(m.Spec.Version), about)
 			ns = append(ns, n)
 		}
 	}).WithTimeout(timeout).WithPolling(2 * time.Second).Should(Succeed())

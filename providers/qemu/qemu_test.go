@@ -5,8 +5,10 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/pem"
+	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -87,7 +89,8 @@ func (w testWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// showConsoles logs every VM's console when the test failed.
+// showConsoles logs a digest of every VM's console (digest) when the
+// test failed.
 func showConsoles(t *testing.T, dir string) {
 	t.Cleanup(func() {
 		if !t.Failed() {
@@ -96,10 +99,44 @@ func showConsoles(t *testing.T, dir string) {
 		logs, _ := filepath.Glob(filepath.Join(dir, "*", "*.log*"))
 		for _, l := range logs {
 			b, _ := os.ReadFile(l)
-			t.Logf("%s:\n%s", l, b)
+			t.Logf("%s:\n%s", l, digest(string(b)))
 		}
 	})
 }
+
+// digest is what a console says that a failure needs: a real node's
+// console runs to thousands of lines of containerd and the kubelet, and
+// CI keeps only a part of a test's output. It is every line of init's
+// and the kernel's that tells a boot, a stop or a fault, the last errors
+// of the daemons, and the last lines.
+func digest(console string) string {
+	lines := strings.Split(strings.TrimRight(console, "\n"), "\n")
+	if len(lines) <= 60 {
+		return console
+	}
+	var told, errs []string
+	for _, l := range lines {
+		switch {
+		case strings.Contains(l, "machinist: "), kernelNews.MatchString(l):
+			told = append(told, l)
+		case daemonError.MatchString(l):
+			errs = append(errs, l)
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "(%d lines; init's and the kernel's news:)\n", len(lines))
+	b.WriteString(strings.Join(told[max(0, len(told)-40):], "\n"))
+	fmt.Fprintf(&b, "\n(the last of %d errors:)\n", len(errs))
+	b.WriteString(strings.Join(errs[max(0, len(errs)-15):], "\n"))
+	b.WriteString("\n(the last lines:)\n")
+	b.WriteString(strings.Join(lines[len(lines)-15:], "\n"))
+	return b.String()
+}
+
+var (
+	kernelNews  = regexp.MustCompile(`\] (reboot: |Kernel panic|Out of memory|oom-kill|clocksource|tsc: |EXT4-fs error|I/O error)`)
+	daemonError = regexp.MustCompile(`^E\d{4} |ERRO|level=error|"level":"error"`)
+)
 
 func machine(name string) *machinistv1.Machine {
 	return &machinistv1.Machine{
