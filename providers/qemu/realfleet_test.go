@@ -152,7 +152,7 @@ func TestAMachineDeploymentOfRealNodes(t *testing.T) {
 			c := meta.FindStatusCondition(m.Status.Conditions, machinistv1.ConditionDrained)
 			return c != nil && c.Reason == machinistv1.ReasonPodDisruptionBudget
 		})
-		g.Expect(i).NotTo(Equal(-1), "no drain held by the budget")
+		g.Expect(i).NotTo(Equal(-1), func() string { return "no drain held by the budget\n" + f.state() })
 		held = ms[i]
 	}).WithTimeout(realWait).WithPolling(time.Second).Should(Succeed())
 	g.Expect(held.Spec.ClassRef.Name).To(Equal("real-a"))
@@ -204,10 +204,10 @@ func TestAMachineDeploymentOfRealNodes(t *testing.T) {
 	g.Eventually(func(g Gomega) {
 		var m machinistv1.Machine
 		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(&victim), &m)).To(Succeed())
-		g.Expect(m.Status.Remediation).NotTo(BeNil())
-		g.Expect(m.Status.Remediation.Phase).To(Equal(machinistv1.RemediationRecovered))
-		g.Expect(f.node(g, m).Status.NodeInfo.BootID).NotTo(Equal(before.Status.NodeInfo.BootID))
-		g.Expect(meta.IsStatusConditionTrue(m.Status.Conditions, machinistv1.ConditionNodeHealthy)).To(BeTrue())
+		g.Expect(m.Status.Remediation).NotTo(BeNil(), f.state)
+		g.Expect(m.Status.Remediation.Phase).To(Equal(machinistv1.RemediationRecovered), f.state)
+		g.Expect(f.node(g, m).Status.NodeInfo.BootID).NotTo(Equal(before.Status.NodeInfo.BootID), f.state)
+		g.Expect(meta.IsStatusConditionTrue(m.Status.Conditions, machinistv1.ConditionNodeHealthy)).To(BeTrue(), f.state)
 	}).WithTimeout(realWait).WithPolling(time.Second).Should(Succeed())
 	// The pod of the dead boot was deleted at once (no kubelet was left
 	// to say it ended), and its replacement runs on the new boot: the
@@ -230,7 +230,7 @@ func TestAMachineDeploymentOfRealNodes(t *testing.T) {
 	all := f.machines(g)
 	g.Expect(env.Client.Delete(ctx, md)).To(Succeed())
 	g.Eventually(func(g Gomega) {
-		g.Expect(f.machines(g)).To(BeEmpty())
+		g.Expect(len(f.machines(g))).To(BeZero(), f.state)
 		for _, m := range all {
 			_, err := clientset.CoreV1().Nodes().Get(ctx, m.Status.NodeRef.Name, metav1.GetOptions{})
 			g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "the Node of %s", m.Name)
