@@ -73,7 +73,7 @@ func (f *fleet) state() string {
 		return b.String() + err.Error()
 	}
 	for _, n := range nodes.Items {
-		if !strings.HasPrefix(n.Spec.ProviderID, "qemu:///"+f.md.Namespace+"/") {
+		if ns, _, _, err := providers.ParseProviderID(qemu.Name, n.Spec.ProviderID); err != nil || ns != f.md.Namespace {
 			continue
 		}
 		fmt.Fprintf(&b, "node %s boot %s", n.Name, n.Status.NodeInfo.BootID)

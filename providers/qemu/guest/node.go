@@ -96,24 +96,19 @@ func runNode(out io.Writer, kubeletArgs []string, stop <-chan os.Signal) error {
 	}
 	kubelet := &service{name: "the kubelet", argv: append([]string{filepath.Join(BinDir, "kubelet")}, kubeletArgs...),
 		then: func(out io.Writer) { stopPods(out, ContainerdSocket) }}
+	// Each step only while the ones before went well and no stop came; a
+	// stop ends init in order, as supervise's does.
 	stopped, err := awaitServing(containerd, ContainerdSocket, exits, stop)
-	if stopped {
-		containerd.stop(out)
-		return nil
-	}
-	if err == nil {
+	if err == nil && !stopped {
 		err = importImages(out)
 	}
-	if err == nil {
-		if stopped, err = joinAfresh(out, kubeletArgs, stop); stopped {
-			containerd.stop(out)
-			return nil
-		}
-		if err == nil {
-			err = kubelet.start(out, exits)
-		}
+	if err == nil && !stopped {
+		stopped, err = joinAfresh(out, kubeletArgs, stop)
 	}
-	if err != nil {
+	if err == nil && !stopped {
+		err = kubelet.start(out, exits)
+	}
+	if err != nil || stopped {
 		containerd.stop(out)
 		return err
 	}
