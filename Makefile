@@ -86,7 +86,7 @@ controlplane: ## Build the pinned etcd, kube-apiserver, kube-controller-manager,
 	bash hack/controlplane/build.sh
 
 .PHONY: node
-node: controlplane ## Build what a real node's VM holds into bin/node/: the pinned kubelet, containerd, runc, the CNI plugins and the images it imports (skipped when already built).
+node: controlplane ## Build what a real node's VM holds into bin/node/: the pinned kubelet (and the minor before it, in kubelets/), containerd, runc, the CNI plugins and the images it imports (skipped when already built).
 	bash hack/node/build.sh
 
 .PHONY: qemu

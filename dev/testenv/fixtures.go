@@ -17,8 +17,14 @@ import (
 	machinistv1 "github.com/machinist-dev/machinist/api/v1beta1"
 )
 
-// Version is the Kubernetes version of the fixtures' Machines.
+// Version is the Kubernetes version of the fixtures' Machines, the
+// control plane's (hack/controlplane).
 const Version = "v1.37.2"
+
+// PreviousVersion is the kubelet of the minor before Version's, which
+// make node builds beside Version's into kubelets/ (hack/node/kubelet-v1.36):
+// a real node made at it can be updated in place to Version.
+const PreviousVersion = "v1.36.3"
 
 // Template is a Machine template of class at version, labelled pool=pool.
 func Template(pool, class, version string) machinistv1.MachineTemplateSpec {

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds what a real node's guest holds into bin/node/ (or $MACHINIST_BIN/node):
-# the pinned kubelet (from hack/controlplane's k8s.io/kubernetes), containerd,
+# the pinned kubelet (from hack/controlplane's k8s.io/kubernetes) and, in
+# kubelets/, the kubelet of the minor before it (hack/node/kubelet-v1.36), which
+# a real node is updated in place from, containerd,
 # its runc shim, ctr and runc (from this module), the CNI plugins, and the
 # images every node imports at boot (hack/nodeimages). Nothing is downloaded
 # at run time: the Go module proxy serves the sources. A stamp of the pins
@@ -17,21 +19,29 @@ exec 9>"$bin/.lock"
 flock 9
 
 cp=$root/hack/controlplane
-stamp=$(cat "$here/build.sh" "$here/go.mod" "$here/go.sum" "$cp/go.mod" "$cp/go.sum" "$root"/hack/nodeimages/*.go "$root"/hack/nodeimages/*/*.go | sha256sum | cut -d' ' -f1)
+prev=$here/kubelet-v1.36
+stamp=$(cat "$here/build.sh" "$here/go.mod" "$here/go.sum" "$cp/go.mod" "$cp/go.sum" "$prev/go.mod" "$prev/go.sum" "$root"/hack/nodeimages/*.go "$root"/hack/nodeimages/*/*.go | sha256sum | cut -d' ' -f1)
 if [[ "$(cat "$bin/.stamp" 2>/dev/null)" == "$stamp" ]]; then
 	exit 0
 fi
 echo "building the kubelet, containerd, runc and the CNI plugins into $bin (the first time takes a few minutes)" >&2
 
-k8s_version=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" { print $3 }' "$cp/go.mod")
-minor=${k8s_version#v1.}
-minor=${minor%%.*}
-ldflags="-s -w"
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-	ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
-done
-# Static binaries: the guest holds no C library.
-(cd "$cp" && CGO_ENABLED=0 go build -ldflags "$ldflags" -o "$bin/" k8s.io/kubernetes/cmd/kubelet)
+# kubelet builds the kubelet of the module in $1 into $2, stamped with the
+# version that module requires, as `kubelet --version` and its Node report.
+kubelet() {
+	local v minor ldflags="-s -w"
+	v=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" { print $3 }' "$1/go.mod")
+	minor=${v#v1.}
+	minor=${minor%%.*}
+	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+		ldflags+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+	done
+	# Static binaries: the guest holds no C library.
+	(cd "$1" && CGO_ENABLED=0 go build -ldflags "$ldflags" -o "${2/@/$v}" k8s.io/kubernetes/cmd/kubelet)
+}
+kubelet "$cp" "$bin/"
+mkdir -p "$bin/kubelets"
+kubelet "$prev" "$bin/kubelets/kubelet-@"
 (cd "$here" && CGO_ENABLED=0 go build -ldflags "-s -w" -tags "no_btrfs no_devmapper no_zfs" -o "$bin/" \
 	github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
 	github.com/containerd/containerd/v2/cmd/ctr)

@@ -25,7 +25,7 @@ func TestAgentsAreGivenOnlyResourceNamesAndQuantities(t *testing.T) {
 		"a prefix": "EXAMPLE.com/gpu",
 	} {
 		c := corev1.ResourceList{name: resource.MustParse("1")}
-		if err := h.Check(nil, c); err == nil {
+		if err := h.Check(nil, c, ""); err == nil {
 			t.Errorf("%s: Check accepted %v", what, c)
 		}
 		dir := t.TempDir()
@@ -36,12 +36,12 @@ func TestAgentsAreGivenOnlyResourceNamesAndQuantities(t *testing.T) {
 			t.Errorf("%s: Command made %v before it refused", what, entries)
 		}
 	}
-	if err := h.Check(nil, corev1.ResourceList{"cpu": resource.MustParse("-1")}); err == nil {
+	if err := h.Check(nil, corev1.ResourceList{"cpu": resource.MustParse("-1")}, ""); err == nil {
 		t.Error("Check accepted a negative cpu")
 	}
 
 	c := corev1.ResourceList{"memory": resource.MustParse("0.5Gi"), "cpu": resource.MustParse("1.5"), "nvidia.com/gpu": resource.MustParse("1e0")}
-	if err := h.Check(nil, c); err != nil {
+	if err := h.Check(nil, c, ""); err != nil {
 		t.Fatal(err)
 	}
 	want := "--capacity=cpu=1500m,memory=512Mi,nvidia.com/gpu=1"

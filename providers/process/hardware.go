@@ -39,9 +39,10 @@ type Hardware interface {
 	// scheme of its providerIDs.
 	Name() string
 	// Check says why a machine of the class's provider spec (JSON, empty
-	// for none) and Node capacity could never boot, nil if it can: Create
-	// asks before it makes anything, and fails permanently.
-	Check(spec json.RawMessage, capacity corev1.ResourceList) error
+	// for none), Node capacity and node version could never boot, nil if
+	// it can: Create asks before it makes anything, and Update before it
+	// halts the machine, and each fails permanently.
+	Check(spec json.RawMessage, capacity corev1.ResourceList, version string) error
 	// Command is the process of one boot of b. Output it sets is closed
 	// by the Provider once the process has started. An error wrapped with
 	// providers.Permanent is a machine that cannot boot as asked, such as
@@ -131,9 +132,9 @@ var _ Hardware = agents{}
 
 func (agents) Name() string { return Name }
 
-// Check accepts every spec, which an agent does not read, and a capacity
-// CapacityFlag can write.
-func (agents) Check(_ json.RawMessage, capacity corev1.ResourceList) error {
+// Check accepts every spec, which an agent does not read, every version,
+// which it reports as told, and a capacity CapacityFlag can write.
+func (agents) Check(_ json.RawMessage, capacity corev1.ResourceList, _ string) error {
 	_, err := CapacityFlag(capacity)
 	return err
 }

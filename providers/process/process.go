@@ -580,7 +580,7 @@ func (p *Provider) Create(ctx context.Context, mach *machinistv1.Machine, class 
 	}
 	// Before anything is made: a machine that could never boot leaves
 	// nothing behind to take over.
-	if err := p.hw.Check(spec, capacity); err != nil {
+	if err := p.hw.Check(spec, capacity, mach.Spec.Version); err != nil {
 		return "", providers.Permanent(err)
 	}
 	id := providers.ProviderID(p.hw.Name(), mach)
@@ -946,6 +946,13 @@ func (p *Provider) restart(ctx context.Context, providerID string, op providers.
 	}
 	if op.ID != "" && m.st.LastOperation == op.ID {
 		return nil
+	}
+	if op.Version != "" {
+		// Before the halt: a version the machine cannot boot would leave
+		// it off.
+		if err := p.hw.Check(m.st.Spec, m.st.Capacity, op.Version); err != nil {
+			return providers.Permanent(p.errorf("updating %s: %w", providerID, err))
+		}
 	}
 	if wipe {
 		// Before the repair is pending: whoever finishes it finds the join

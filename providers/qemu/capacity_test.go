@@ -80,7 +80,7 @@ func TestOnlyResourceNamesAndQuantitiesReachTheKernelCommandLine(t *testing.T) {
 		"a good name beside a bad one":          quantities("cpu", "2", "memory --x", "1Gi"),
 		"a quote, which the kernel also splits": quantities(`a"b`, "1"),
 	} {
-		if err := h.Check(spec, c); err == nil {
+		if err := h.Check(spec, c, ""); err == nil {
 			t.Errorf("%s: Check accepted %v", what, c)
 		}
 		cmd, err := h.Command(boot(c))
@@ -93,7 +93,7 @@ func TestOnlyResourceNamesAndQuantitiesReachTheKernelCommandLine(t *testing.T) {
 	}
 
 	c := quantities("cpu", "1.5", "nvidia.com/gpu", "1", "hugepages-2Mi", "1024Mi", "example.com/Fast_NIC.v2", "1e3", "pods", "0")
-	if err := h.Check(spec, c); err != nil {
+	if err := h.Check(spec, c, ""); err != nil {
 		t.Fatal(err)
 	}
 	cmd, err := h.Command(boot(c))

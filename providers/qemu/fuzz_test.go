@@ -67,7 +67,7 @@ func FuzzCapacity(f *testing.F) {
 			return
 		}
 		capacity := corev1.ResourceList{corev1.ResourceName(name): q}
-		err = h.Check(raw, capacity)
+		err = h.Check(raw, capacity, "")
 		valid := len(validation.IsQualifiedName(name)) == 0 && q.Sign() >= 0
 		if valid != (err == nil) {
 			t.Fatalf("capacity %q=%q: a resource name %v, and Check said %v", name, quantity, valid, err)

@@ -201,6 +201,12 @@ func (r initramfs) build(dir string) (string, error) {
 		}
 	}
 	prefix := "initramfs-" + kind + "-"
+	if r.node != nil && r.node.kubelet != "" {
+		// Each kubelet's images apart: a build for one version must not
+		// prune another's that a VM is about to boot.
+		sum := sha256.Sum256([]byte(r.node.kubelet))
+		prefix += hex.EncodeToString(sum[:4]) + "-"
+	}
 	path := filepath.Join(dir, prefix+hex.EncodeToString(h.Sum(nil))[:16]+".cpio.gz")
 	if _, err := os.Stat(path); err == nil {
 		return path, nil

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -121,13 +122,71 @@ const cniConfig = `{
 `
 
 // NodeDir is the NodeFiles of a directory as make node fills it: the
-// binaries in it, the CNI plugins in cni/, the images in images/. Empty
-// means none.
+// binaries in it, the CNI plugins in cni/, the images in images/, the
+// kubelets of other versions in kubelets/. Empty means none.
 func NodeDir(dir string) *NodeFiles {
 	if dir == "" {
 		return nil
 	}
-	return &NodeFiles{Bin: dir, CNIBin: filepath.Join(dir, "cni"), Images: filepath.Join(dir, "images")}
+	return &NodeFiles{Bin: dir, CNIBin: filepath.Join(dir, "cni"), Images: filepath.Join(dir, "images"),
+		Kubelets: filepath.Join(dir, "kubelets")}
+}
+
+// withKubelet is a copy of n whose initramfs holds the kubelet at path.
+func (n *NodeFiles) withKubelet(path string) *NodeFiles {
+	c := *n
+	c.kubelet = path
+	return &c
+}
+
+// kubelets are n's kubelets by the version each one's --version prints:
+// Bin's, then those in Kubelets (a missing directory holds none). Of two
+// of one version, the first is kept. A file in Kubelets that is no
+// kubelet is left out and said why in skipped, so that it costs the
+// Machines that ask for another version nothing.
+func (n *NodeFiles) kubelets() (found map[string]string, skipped []error, err error) {
+	v, err := kubeletVersion(filepath.Join(n.Bin, "kubelet"))
+	if err != nil {
+		return nil, nil, err
+	}
+	found = map[string]string{v: filepath.Join(n.Bin, "kubelet")}
+	if n.Kubelets == "" {
+		return found, nil, nil
+	}
+	entries, err := os.ReadDir(n.Kubelets)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, fmt.Errorf("qemu: the real node's kubelets: %w", err)
+	}
+	for _, e := range entries {
+		p := filepath.Join(n.Kubelets, e.Name())
+		// Links followed: a user may link a kubelet kept elsewhere.
+		if info, err := os.Stat(p); err != nil || !info.Mode().IsRegular() {
+			continue
+		}
+		v, err := kubeletVersion(p)
+		if err != nil {
+			skipped = append(skipped, err)
+			continue
+		}
+		if _, ok := found[v]; !ok {
+			found[v] = p
+		}
+	}
+	return found, skipped, nil
+}
+
+// kubeletVersion is the version a kubelet binary is, as its --version
+// prints it.
+func kubeletVersion(path string) (string, error) {
+	out, err := exec.Command(path, "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("qemu: a real node's kubelet, %s --version: %w", path, err)
+	}
+	v, ok := strings.CutPrefix(strings.TrimSpace(string(out)), "Kubernetes ")
+	if !ok || !strings.HasPrefix(v, "v") || strings.ContainsAny(v, " \n") {
+		return "", fmt.Errorf("qemu: a real node's kubelet, %s --version printed %q, not Kubernetes vX.Y.Z", path, out)
+	}
+	return v, nil
 }
 
 // nodeFile is one file of a real node's initramfs: its path there, and
@@ -145,7 +204,11 @@ type nodeFile struct {
 func (n *NodeFiles) files() ([]nodeFile, error) {
 	var out []nodeFile
 	for _, b := range nodeBinaries {
-		out = append(out, nodeFile{path: filepath.Join(guest.BinDir, b), src: filepath.Join(n.Bin, b), mode: 0o755})
+		src := filepath.Join(n.Bin, b)
+		if b == "kubelet" && n.kubelet != "" {
+			src = n.kubelet
+		}
+		out = append(out, nodeFile{path: filepath.Join(guest.BinDir, b), src: src, mode: 0o755})
 	}
 	for _, p := range cniPlugins {
 		out = append(out, nodeFile{path: filepath.Join(guest.CNIBinDir, p), src: filepath.Join(n.CNIBin, p), mode: 0o755})

@@ -52,6 +52,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -157,6 +158,14 @@ type NodeFiles struct {
 	// Images holds OCI image archives (*.tar) imported into each VM's
 	// containerd at boot: the pod sandbox's and any a user adds.
 	Images string
+	// Kubelets, when set, holds kubelets of other versions than Bin's,
+	// each a static binary (any name): a Machine of one of their
+	// versions boots it, and an update in place boots the new one.
+	Kubelets string
+
+	// kubelet, when set, is the kubelet an initramfs holds instead of
+	// Bin's (withKubelet).
+	kubelet string
 
 	// leaseSeconds is the kubelet's nodeLeaseDurationSeconds: the
 	// provider's LeaseDurationSeconds, set by New.
@@ -249,8 +258,8 @@ type vms struct {
 	mu     sync.Mutex
 	initrd map[string]string // by Spec.Guest
 	accel  string
-	// kubelet is the version of the real node's kubelet, once read.
-	kubelet string
+	// kubelets are the real node's kubelets by version, once read.
+	kubelets map[string]string
 }
 
 var _ process.Hardware = (*vms)(nil)
@@ -258,9 +267,9 @@ var _ process.Hardware = (*vms)(nil)
 func (*vms) Name() string { return Name }
 
 // Check refuses a provider spec it does not know, a capacity the kernel
-// command line cannot carry (capacityArg), or a VM too small for its
-// guest binary.
-func (h *vms) Check(raw json.RawMessage, capacity corev1.ResourceList) error {
+// command line cannot carry (capacityArg), a VM too small for its guest
+// binary, or a real node of a version whose kubelet it was not given.
+func (h *vms) Check(raw json.RawMessage, capacity corev1.ResourceList, version string) error {
 	spec, err := parseSpec(raw)
 	if err != nil {
 		return err
@@ -268,62 +277,67 @@ func (h *vms) Check(raw json.RawMessage, capacity corev1.ResourceList) error {
 	if _, err := capacityArg(capacity, spec); err != nil {
 		return fmt.Errorf("qemu: %w", err)
 	}
-	if spec.Guest == GuestKubelet && h.opts.Node == nil {
-		return fmt.Errorf("qemu: the class asks for a %s guest, and this provider was started without its files: give it --qemu-node-dir with what make node builds", GuestKubelet)
+	if spec.Guest == GuestKubelet {
+		if h.opts.Node == nil {
+			return fmt.Errorf("qemu: the class asks for a %s guest, and this provider was started without its files: give it --qemu-node-dir with what make node builds", GuestKubelet)
+		}
+		// A real node runs the kubelet of its version, whatever the
+		// Machine asks: a Node that never reports the Machine's version
+		// would hold its create or its update for good.
+		if _, err := h.kubeletFor(version); err != nil {
+			return err
+		}
 	}
 	return h.fits(spec)
 }
 
-// prepare builds the initramfs and picks the accelerator, once they are
-// built and picked; a failure (a full disk, say) is the caller's to retry.
-func (h *vms) prepare(kind string) (initrd, accel string, err error) {
+// prepare builds the initramfs of the guest kind (and, for a real node,
+// of the kubelet at path kubelet) and picks the accelerator, once they
+// are built and picked; a failure (a full disk, say) is the caller's to
+// retry.
+func (h *vms) prepare(kind, kubelet string) (initrd, accel string, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.initrd == nil {
 		h.initrd = map[string]string{}
 	}
+	key := kind + "\x00" + kubelet
 	// Built again if its file went: another provider's build over the
 	// same state directory prunes the images of other binaries.
-	if _, err := os.Stat(h.initrd[kind]); h.initrd[kind] == "" || err != nil {
+	if _, err := os.Stat(h.initrd[key]); h.initrd[key] == "" || err != nil {
 		r := initramfs{kernel: h.opts.Kernel, binary: h.opts.GuestBinary,
 			osImage: "Machinist guest (Linux " + h.opts.Kernel.Version + ")"}
 		if kind == GuestKubelet {
-			r.node = h.opts.Node
+			r.node = h.opts.Node.withKubelet(kubelet)
 		}
 		path, err := r.build(filepath.Join(h.opts.StateDir, "boot"))
 		if err != nil {
 			return "", "", fmt.Errorf("building the initramfs: %w", err)
 		}
-		h.initrd[kind] = path
+		h.initrd[key] = path
 	}
 	if h.accel == "" {
-		h.accel = h.chooseAccel(h.initrd[kind])
+		h.accel = h.chooseAccel(h.initrd[key])
 	}
-	return h.initrd[kind], h.accel, nil
+	return h.initrd[key], h.accel, nil
 }
 
 func (h *vms) Command(b process.Boot) (*exec.Cmd, error) {
 	// Checked at Create; checked again, for the guest binary may have
 	// been replaced by one that does not fit since, and a machine made
 	// before capacities were checked may have one that is not written.
-	if err := h.Check(b.Spec, b.Capacity); err != nil {
+	if err := h.Check(b.Spec, b.Capacity, b.Version); err != nil {
 		return nil, providers.Permanent(err)
 	}
 	spec, _ := parseSpec(b.Spec)
+	var kubelet string
 	if spec.Guest == GuestKubelet {
-		// A real node runs the kubelet it was given, whatever the
-		// Machine asks: a Node that never reports the Machine's version
-		// would hold its create or its update for good.
-		have, err := h.kubeletVersion()
-		if err != nil {
-			return nil, err
-		}
-		if b.Version != have {
-			return nil, providers.Permanent(fmt.Errorf("qemu: a real node runs the kubelet of --qemu-node-dir, %s, and the Machine asks for %s: "+
-				"give the Machine (or its set's template) version %s, or give the provider the files of a kubelet of %s", have, b.Version, have, b.Version))
+		var err error
+		if kubelet, err = h.kubeletFor(b.Version); err != nil {
+			return nil, providers.Permanent(err)
 		}
 	}
-	initrd, accel, err := h.prepare(spec.Guest)
+	initrd, accel, err := h.prepare(spec.Guest, kubelet)
 	if err != nil {
 		return nil, err
 	}
@@ -431,24 +445,30 @@ func (h *vms) args(b process.Boot, spec Spec, initrd, accel string) ([]string, e
 	}, nil
 }
 
-// kubeletVersion is the version of the real node's kubelet, as
-// `kubelet --version` prints it.
-func (h *vms) kubeletVersion() (string, error) {
+// kubeletFor is the path of the real node's kubelet of version: the one
+// in NodeFiles.Bin or one in NodeFiles.Kubelets, as each one's
+// `kubelet --version` says. The versions are read once, and again when
+// one is asked for that was not there, so that a kubelet added while the
+// provider runs is found.
+func (h *vms) kubeletFor(version string) (string, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.kubelet != "" {
-		return h.kubelet, nil
+	if path, ok := h.kubelets[version]; ok {
+		return path, nil
 	}
-	out, err := exec.Command(filepath.Join(h.opts.Node.Bin, "kubelet"), "--version").Output()
+	found, skipped, err := h.opts.Node.kubelets()
 	if err != nil {
-		return "", fmt.Errorf("qemu: the real node's kubelet --version: %w", err)
+		return "", err
 	}
-	v, ok := strings.CutPrefix(strings.TrimSpace(string(out)), "Kubernetes ")
-	if !ok || !strings.HasPrefix(v, "v") {
-		return "", providers.Permanent(fmt.Errorf("qemu: the real node's kubelet --version printed %q, not Kubernetes vX.Y.Z", out))
+	h.kubelets = found
+	if path, ok := found[version]; ok {
+		return path, nil
 	}
-	h.kubelet = v
-	return v, nil
+	have := slices.Sorted(maps.Keys(found))
+	err = fmt.Errorf("qemu: a real node runs a kubelet of --qemu-node-dir (it holds %s), and the Machine asks for %q: "+
+		"give the Machine (or its set's template) one of those versions, or put a static kubelet of %[2]q in %s",
+		strings.Join(have, ", "), version, h.opts.Node.Kubelets)
+	return "", errors.Join(append([]error{err}, skipped...)...)
 }
 
 // kubeletArgs are a real node's init arguments: the kubelet's flags. It

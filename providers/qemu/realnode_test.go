@@ -59,7 +59,7 @@ const markerImage = "machinist.dev/marker:1"
 
 // TestARealNodeUnderTheControllers boots the real node's guest for a
 // Machine under the controllers: Kubernetes' own kubelet with containerd,
-// in a VM under TCG. The kubelet joins by its own TLS bootstrap (one CSR
+// in a VM under TCG, of the minor before the control plane's. The kubelet joins by its own TLS bootstrap (one CSR
 // of the kubelet's signer, approved by kube-controller-manager) and
 // registers the Node under the Machine's name and providerID; the Machine
 // controller gives the Node the provider's address, the host's loopback
@@ -69,8 +69,10 @@ const markerImage = "machinist.dev/marker:1"
 // pull); kube-apiserver reaches the kubelet for the pod's logs and an
 // exec; a soft reboot gives the pod its grace and a hard one none; the
 // pod's delete stops its container with SIGTERM; a repair joins again by
-// a new CSR and registers the Node afresh; and the Machine's delete
-// leaves no VM and no file.
+// a new CSR and registers the Node afresh; an update in place boots the
+// kubelet of the next minor on the same Node and disk (one of a version
+// the provider has no kubelet of is refused, and the machine runs on);
+// and the Machine's delete leaves no VM and no file.
 func TestARealNodeUnderTheControllers(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
@@ -85,7 +87,7 @@ func TestARealNodeUnderTheControllers(t *testing.T) {
 	g.Expect(env.Client.Create(ctx, class)).To(Succeed())
 	m := &machinistv1.Machine{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "real"},
-		Spec:       machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: class.Name}, Version: "v1.37.2"},
+		Spec:       machinistv1.MachineSpec{ClassRef: machinistv1.ClassReference{Name: class.Name}, Version: testenv.PreviousVersion},
 	}
 	start := time.Now()
 	g.Expect(env.Client.Create(ctx, m)).To(Succeed())
@@ -99,7 +101,7 @@ func TestARealNodeUnderTheControllers(t *testing.T) {
 	n, err := clientset.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(n.Spec.ProviderID).To(Equal(id))
-	g.Expect(n.Status.NodeInfo.KubeletVersion).To(Equal("v1.37.2"))
+	g.Expect(n.Status.NodeInfo.KubeletVersion).To(Equal(testenv.PreviousVersion))
 	g.Expect(n.Status.NodeInfo.ContainerRuntimeVersion).To(HavePrefix("containerd://2.4.2"))
 	g.Expect(n.Status.NodeInfo.KernelVersion).To(Equal(strings.TrimPrefix(filepath.Base(qemuKernel(t)), "vmlinuz-")))
 	// The kubelet's own bootstrap: one CSR of the kubelet's client
@@ -265,6 +267,45 @@ func TestARealNodeUnderTheControllers(t *testing.T) {
 	}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed())
 	g.Expect(csrs(g, name)).To(Equal(2), "one CSR for each disk")
 
+	// An update to a version whose kubelet the provider was not given is
+	// refused before the machine is stopped: it runs on, as it was.
+	g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(m), m)).To(Succeed())
+	err = p.Update(ctx, id, providers.Operation{ID: "unknown-version", Version: "v1.38.0"})
+	g.Expect(err).To(MatchError(ContainSubstring(`the Machine asks for "v1.38.0"`)))
+	g.Expect(providers.IsPermanent(err)).To(BeTrue())
+	inst, err = p.Describe(ctx, id)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(inst.Power).To(Equal(providers.PowerOn))
+	g.Expect(inst.BootID).To(Equal(n.Status.NodeInfo.BootID))
+
+	// An update in place boots the new version's kubelet on the same
+	// disk: the same Node, with its credentials, now of the new version.
+	before = n
+	updated := time.Now()
+	g.Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(m), m); err != nil {
+			return err
+		}
+		m.Spec.Version = testenv.Version
+		return env.Client.Update(ctx, m)
+	})).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		g.Expect(env.Client.Get(ctx, client.ObjectKeyFromObject(m), m)).To(Succeed())
+		g.Expect(m.Status.Operation).NotTo(BeNil())
+		g.Expect(m.Status.Operation.Type).To(Equal(machinistv1.OperationUpdate))
+		g.Expect(m.Status.Operation.State).NotTo(Equal(machinistv1.OperationFailed), m.Status.Operation.Message)
+		g.Expect(m.Status.Operation.State).To(Equal(machinistv1.OperationSucceeded))
+		n, err = clientset.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(n.Status.NodeInfo.KubeletVersion).To(Equal(testenv.Version))
+		g.Expect(nodes.Ready(n)).To(BeTrue())
+	}).WithTimeout(realWait).WithPolling(time.Second).Should(Succeed())
+	t.Logf("the update in place to the kubelet of %s took %s", testenv.Version, time.Since(updated).Round(100*time.Millisecond))
+	g.Expect(n.UID).To(Equal(before.UID), "the same Node")
+	g.Expect(n.Status.NodeInfo.BootID).NotTo(Equal(before.Status.NodeInfo.BootID))
+	g.Expect(n.Status.NodeInfo.MachineID).To(Equal(before.Status.NodeInfo.MachineID), "the same disk")
+	g.Expect(csrs(g, name)).To(Equal(2), "no new join: the kubelet kept its credentials")
+
 	// The Machine's delete leaves no VM, no file and no Node.
 	g.Expect(env.Client.Delete(ctx, m)).To(Succeed())
 	g.Eventually(func(g Gomega) {
@@ -363,15 +404,23 @@ func TestARealNodeNeedsItsFiles(t *testing.T) {
 	_, err = p.Create(context.Background(), machine("other"), class(`{"guest":"kubelets"}`), env.JoinData(t))
 	g.Expect(err).To(MatchError(ContainSubstring(`guest "kubelets"`)))
 
-	// A real node runs the kubelet of its files: a Machine of another
+	// A real node runs a kubelet of its files: a Machine of another
 	// version is refused for good, rather than left waiting for a Node
-	// that never reports it, and no VM is left.
-	withFiles, err := qemu.New(qemu.Options{StateDir: t.TempDir(), GuestBinary: guestBinary, Node: qemu.NodeDir(nodeDir)})
+	// that never reports it, and no VM is left. A file among the other
+	// kubelets that is none is named, and costs the rest nothing.
+	kubelets := t.TempDir()
+	g.Expect(os.Symlink(filepath.Join(nodeDir, "kubelets", "kubelet-"+testenv.PreviousVersion), filepath.Join(kubelets, "old"))).To(Succeed())
+	g.Expect(os.WriteFile(filepath.Join(kubelets, "junk"), []byte("#!/bin/sh\necho hello\n"), 0o755)).To(Succeed())
+	files := qemu.NodeDir(nodeDir)
+	files.Kubelets = kubelets
+	withFiles, err := qemu.New(qemu.Options{StateDir: t.TempDir(), GuestBinary: guestBinary, Node: files})
 	g.Expect(err).NotTo(HaveOccurred())
 	newer := machine("newer")
 	newer.Spec.Version = "v1.38.0"
 	id, err := withFiles.Create(context.Background(), newer, class(`{"memory":"1536Mi","guest":"kubelet"}`), env.JoinData(t))
-	g.Expect(err).To(MatchError(ContainSubstring("runs the kubelet of --qemu-node-dir, v1.37.2, and the Machine asks for v1.38.0")))
+	g.Expect(err).To(MatchError(And(
+		ContainSubstring(`(it holds `+testenv.PreviousVersion+", "+testenv.Version+`), and the Machine asks for "v1.38.0"`),
+		ContainSubstring(filepath.Join(kubelets, "junk")+` --version printed "hello\n"`))))
 	g.Expect(providers.IsPermanent(err)).To(BeTrue())
 	if id != "" {
 		g.Expect(vms(id)).To(BeEmpty())

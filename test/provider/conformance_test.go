@@ -63,6 +63,28 @@ func TestQEMUConforms(t *testing.T) {
 	noNodesLeft(t, "conformance-qemu")
 }
 
+// TestQEMURealNodesConform runs the suite against real nodes: VMs that
+// boot Kubernetes' kubelet with containerd, of the minor before the
+// control plane's. Their joins are the kubelet's own CSRs, and the update
+// check boots the control plane's kubelet in place of the old one.
+func TestQEMURealNodesConform(t *testing.T) {
+	t.Parallel()
+	nodeDir, err := testenv.EnsureNode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	flags := append([]string{"--qemu-state-dir", t.TempDir(), "--qemu-exit-with-parent", "--qemu-node-dir", nodeDir}, leaseFlags...)
+	p := serveOutOfProcess(t, "qemu", flags...)
+	cfg := config(p.Endpoint, "conformance-real")
+	cfg.Logs = func() ([]byte, error) { return []byte(p.Output()), nil }
+	cfg.ProviderSpec = []byte(`{"cpus":1,"memory":"1Gi","guest":"kubelet"}`)
+	cfg.TransientProviderSpec = nil
+	cfg.Version, cfg.UpdateVersion = testenv.PreviousVersion, testenv.Version
+	cfg.Timeout = 4 * time.Minute
+	conformance.Test(t, cfg)
+	noNodesLeft(t, "conformance-real")
+}
+
 func TestCommandPassesForInmemory(t *testing.T) {
 	t.Parallel()
 	p := serveOutOfProcess(t, inmemory.Name, leaseFlags...)
