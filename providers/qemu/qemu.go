@@ -277,10 +277,13 @@ func (h *vms) Check(raw json.RawMessage, capacity corev1.ResourceList, version s
 	if _, err := capacityArg(capacity, spec); err != nil {
 		return fmt.Errorf("qemu: %w", err)
 	}
+	if spec.Guest == GuestKubelet && h.opts.Node == nil {
+		return fmt.Errorf("qemu: the class asks for a %s guest, and this provider was started without its files: give it --qemu-node-dir with what make node builds", GuestKubelet)
+	}
+	if err := h.fits(spec); err != nil {
+		return err
+	}
 	if spec.Guest == GuestKubelet {
-		if h.opts.Node == nil {
-			return fmt.Errorf("qemu: the class asks for a %s guest, and this provider was started without its files: give it --qemu-node-dir with what make node builds", GuestKubelet)
-		}
 		// A real node runs the kubelet of its version, whatever the
 		// Machine asks: a Node that never reports the Machine's version
 		// would hold its create or its update for good.
@@ -288,7 +291,7 @@ func (h *vms) Check(raw json.RawMessage, capacity corev1.ResourceList, version s
 			return err
 		}
 	}
-	return h.fits(spec)
+	return nil
 }
 
 // prepare builds the initramfs of the guest kind (and, for a real node,
@@ -301,7 +304,10 @@ func (h *vms) prepare(kind, kubelet string) (initrd, accel string, err error) {
 	if h.initrd == nil {
 		h.initrd = map[string]string{}
 	}
-	key := kind + "\x00" + kubelet
+	key := kind
+	if kubelet != "" {
+		key += "\x00" + kubelet
+	}
 	// Built again if its file went: another provider's build over the
 	// same state directory prunes the images of other binaries.
 	if _, err := os.Stat(h.initrd[key]); h.initrd[key] == "" || err != nil {
