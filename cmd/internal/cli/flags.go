@@ -21,7 +21,7 @@ func AddQEMUFlags(fs *pflag.FlagSet, o *qemu.Options) {
 	fs.StringVar(&o.StateDir, "qemu-state-dir", "", "the qemu provider's state directory: one directory per VM, with its disk, console log and QMP socket")
 	fs.StringVar(&o.GuestBinary, "qemu-guest-binary", "", "the static machinist binary each VM runs as its init; empty means this one")
 	fs.StringVar(&o.Accel, "qemu-accel", "", "kvm or tcg; empty means KVM if a probe boot under it succeeds, else TCG")
-	fs.Var(nodeDir{o}, "qemu-node-dir", "what make node builds (bin/node): the kubelet, containerd, runc, the CNI plugins and the images of a real node's guest, which a class asks for with providerSpec guest: kubelet; empty means no class may")
+	fs.Var(nodeDir{o}, "qemu-node-dir", "what make node builds (bin/node): the kubelet, containerd, runc, the CNI plugins and the images of a real node's guest, which a class asks for with providerSpec guest: kubelet, and in kubelets/ the kubelets of other versions; empty means no class may")
 }
 
 // nodeDir is --qemu-node-dir: it sets the Options' Node files.
