@@ -947,12 +947,18 @@ func (p *Provider) restart(ctx context.Context, providerID string, op providers.
 	if op.ID != "" && m.st.LastOperation == op.ID {
 		return nil
 	}
+	// Before the halt: a machine that could not boot again (an update's
+	// version whose files the hardware lacks, or its own version's files
+	// gone since it booted) is left running, not off.
+	verb, version := "rebooting", m.st.Version
+	if wipe {
+		verb = "repairing"
+	}
 	if op.Version != "" {
-		// Before the halt: a version the machine cannot boot would leave
-		// it off.
-		if err := p.hw.Check(m.st.Spec, m.st.Capacity, op.Version); err != nil {
-			return providers.Permanent(p.errorf("updating %s: %w", providerID, err))
-		}
+		verb, version = "updating", op.Version
+	}
+	if err := p.hw.Check(m.st.Spec, m.st.Capacity, version); err != nil {
+		return providers.Permanent(fmt.Errorf("%s %s: %w", verb, providerID, err))
 	}
 	if wipe {
 		// Before the repair is pending: whoever finishes it finds the join
