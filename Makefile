@@ -101,7 +101,7 @@ lint: ## Check formatting (gofmt), run go vet, and lint the provider protocol (b
 	$(BUF) lint
 
 .PHONY: test
-test: controlplane qemu lint ## Run every test against a real etcd and kube-apiserver.
+test: controlplane qemu node lint ## Run every test against a real etcd and kube-apiserver.
 	go test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 # make chaos: CHAOS_RUNS seeds per scenario of each chaos test, from
