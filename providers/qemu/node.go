@@ -1,6 +1,7 @@
 package qemu
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -11,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -175,10 +177,19 @@ func (n *NodeFiles) kubelets() (found map[string]string, skipped []error, err er
 	return found, skipped, nil
 }
 
+// kubeletVersionTimeout bounds a kubelet's --version: a file that never
+// answers must not hold every real node's boot. A variable for tests.
+var kubeletVersionTimeout = 30 * time.Second
+
 // kubeletVersion is the version a kubelet binary is, as its --version
 // prints it.
 func kubeletVersion(path string) (string, error) {
-	out, err := exec.Command(path, "--version").Output()
+	ctx, cancel := context.WithTimeout(context.Background(), kubeletVersionTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, path, "--version")
+	// A child the file left behind may hold its output open.
+	cmd.WaitDelay = time.Second
+	out, err := cmd.Output()
 	if err != nil {
 		return "", fmt.Errorf("qemu: a real node's kubelet, %s --version: %w", path, err)
 	}

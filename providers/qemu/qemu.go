@@ -256,7 +256,7 @@ type vms struct {
 	// succeeds in settling it and kept for the Provider's life: the
 	// initramfs and the accelerator.
 	mu     sync.Mutex
-	initrd map[string]string // by Spec.Guest
+	initrd map[string]string // by Spec.Guest and a real node's kubelet
 	accel  string
 	// kubelets are the real node's kubelets by version, once read.
 	kubelets map[string]string

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/machinist-dev/machinist/providers"
 	"github.com/machinist-dev/machinist/providers/process"
@@ -125,5 +126,24 @@ func TestTheNewestKernelIsTheHighestVersion(t *testing.T) {
 		if !olderVersion(c.older, c.newer) || olderVersion(c.newer, c.older) {
 			t.Errorf("%s should be older than %s", c.older, c.newer)
 		}
+	}
+}
+
+// A file among the kubelets that never answers its --version is given
+// up on, with the file named, rather than holding every real node's boot.
+func TestAKubeletThatNeverAnswersIsGivenUpOn(t *testing.T) {
+	defer func(d time.Duration) { kubeletVersionTimeout = d }(kubeletVersionTimeout)
+	kubeletVersionTimeout = 500 * time.Millisecond
+	path := filepath.Join(t.TempDir(), "stuck")
+	if err := os.WriteFile(path, []byte("#!/bin/sh\nsleep 60\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	_, err := kubeletVersion(path)
+	if err == nil || !strings.Contains(err.Error(), path) {
+		t.Errorf("got %v, want an error naming %s", err, path)
+	}
+	if took := time.Since(began); took > 10*time.Second {
+		t.Errorf("gave up after %v, want about the timeout and the wait for its output", took)
 	}
 }
