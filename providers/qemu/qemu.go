@@ -455,25 +455,33 @@ func (h *vms) args(b process.Boot, spec Spec, initrd, accel string) ([]string, e
 // in NodeFiles.Bin or one in NodeFiles.Kubelets, as each one's
 // `kubelet --version` says. The versions are read once, and again when
 // one is asked for that was not there, so that a kubelet added while the
-// provider runs is found.
+// provider runs is found. They are read outside h.mu: a file slow to
+// answer holds no other boot.
 func (h *vms) kubeletFor(version string) (string, error) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	if path, ok := h.kubelets[version]; ok {
+	path, ok := h.kubelets[version]
+	h.mu.Unlock()
+	if ok {
 		return path, nil
 	}
 	found, skipped, err := h.opts.Node.kubelets()
 	if err != nil {
 		return "", err
 	}
+	h.mu.Lock()
 	h.kubelets = found
+	h.mu.Unlock()
 	if path, ok := found[version]; ok {
 		return path, nil
+	}
+	where := "a directory of kubelets given to the provider (NodeFiles.Kubelets)"
+	if h.opts.Node.Kubelets != "" {
+		where = h.opts.Node.Kubelets
 	}
 	have := slices.Sorted(maps.Keys(found))
 	err = fmt.Errorf("qemu: a real node runs a kubelet of --qemu-node-dir (it holds %s), and the Machine asks for %q: "+
 		"give the Machine (or its set's template) one of those versions, or put a static kubelet of %[2]q in %s",
-		strings.Join(have, ", "), version, h.opts.Node.Kubelets)
+		strings.Join(have, ", "), version, where)
 	return "", errors.Join(append([]error{err}, skipped...)...)
 }
 

@@ -147,3 +147,57 @@ func TestAKubeletThatNeverAnswersIsGivenUpOn(t *testing.T) {
 		t.Errorf("gave up after %v, want about the timeout and the wait for its output", took)
 	}
 }
+
+// fakeKubelet writes an executable at path that prints what a kubelet
+// of version prints for --version.
+func fakeKubelet(t *testing.T, path, version string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte("#!/bin/sh\necho Kubernetes "+version+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The kubelets are found by what they print, Bin's first; a version not
+// seen is looked for again, so a kubelet added later is found; and a
+// version none is of is refused naming those there are, the files that
+// are no kubelet, and where to add one.
+func TestKubeletsAreFoundByTheirVersion(t *testing.T) {
+	dir := t.TempDir()
+	node := NodeDir(dir)
+	if err := os.Mkdir(node.Kubelets, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fakeKubelet(t, filepath.Join(dir, "kubelet"), "v1.37.2")
+	fakeKubelet(t, filepath.Join(node.Kubelets, "old"), "v1.36.3")
+	// Of the same version as Bin's: Bin's is kept.
+	fakeKubelet(t, filepath.Join(node.Kubelets, "same"), "v1.37.2")
+	if err := os.WriteFile(filepath.Join(node.Kubelets, "junk"), []byte("#!/bin/sh\necho hello\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h := &vms{opts: Options{Node: node}}
+	for version, want := range map[string]string{
+		"v1.37.2": filepath.Join(dir, "kubelet"),
+		"v1.36.3": filepath.Join(node.Kubelets, "old"),
+	} {
+		if got, err := h.kubeletFor(version); err != nil || got != want {
+			t.Errorf("%s: got %q, %v; want %q", version, got, err, want)
+		}
+	}
+	_, err := h.kubeletFor("v1.38.0")
+	for _, want := range []string{`(it holds v1.36.3, v1.37.2), and the Machine asks for "v1.38.0"`, "in " + node.Kubelets,
+		filepath.Join(node.Kubelets, "junk") + ` --version printed "hello\n"`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("v1.38.0: got %v, want an error saying %q", err, want)
+		}
+	}
+	fakeKubelet(t, filepath.Join(node.Kubelets, "new"), "v1.38.0")
+	if got, err := h.kubeletFor("v1.38.0"); err != nil || got != filepath.Join(node.Kubelets, "new") {
+		t.Errorf("v1.38.0 once added: got %q, %v", got, err)
+	}
+	// Without a directory of other kubelets, Bin's alone, and the error
+	// says what to give.
+	h = &vms{opts: Options{Node: &NodeFiles{Bin: dir}}}
+	if _, err := h.kubeletFor("v1.36.3"); err == nil || !strings.Contains(err.Error(), "(it holds v1.37.2)") || !strings.Contains(err.Error(), "NodeFiles.Kubelets") {
+		t.Errorf("no kubelets directory: got %v", err)
+	}
+}
