@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -77,15 +78,26 @@ const (
 // it when the test ends, showing the agents' logs if the test failed.
 func newProvider(t *testing.T, dir string) (*process.Provider, string) {
 	t.Helper()
+	return newProviderOf(t, dir, nil)
+}
+
+// newProviderOf is newProvider with the Hardware that hw makes of the
+// agents' own; nil keeps theirs.
+func newProviderOf(t *testing.T, dir string, hw func(process.Hardware) process.Hardware) (*process.Provider, string) {
+	t.Helper()
 	if dir == "" {
 		dir = t.TempDir()
 	}
-	p, err := process.New(process.Options{
+	opts := process.Options{
 		AgentBinary:          agentBinary,
 		StateDir:             dir,
 		LeaseDurationSeconds: leaseSeconds,
 		RenewInterval:        renew,
-	})
+	}
+	if hw != nil {
+		opts.Hardware = hw(process.AgentHardware(opts))
+	}
+	p, err := process.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -441,6 +453,83 @@ func TestUpdateRunsTheNewVersionOnTheSameNode(t *testing.T) {
 	next, _ := newProvider(t, dir)
 	g.Expect(next.Exists(ctx, id)).To(BeTrue())
 	g.Expect(booted(t, next, id, after.Status.NodeInfo.BootID).Status.NodeInfo.KubeletVersion).To(Equal("v1.38.0"))
+}
+
+// lacking is Hardware that lacks the files of some versions, as a qemu
+// provider whose kubelet of a version was removed from its directory.
+type lacking struct {
+	process.Hardware
+	mu      sync.Mutex
+	without map[string]bool
+}
+
+func (h *lacking) Check(spec json.RawMessage, capacity corev1.ResourceList, version string) error {
+	h.mu.Lock()
+	gone := h.without[version]
+	h.mu.Unlock()
+	if gone {
+		return fmt.Errorf("no files of version %s here", version)
+	}
+	return h.Hardware.Check(spec, capacity, version)
+}
+
+func (h *lacking) set(version string, gone bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.without[version] = gone
+}
+
+// A machine whose own version's files went after it booted is refused a
+// reboot and a repair before they halt it, and so is an update to a
+// version without files: each fails permanently, names what it was and
+// why, and leaves the machine running as it was, with nothing pending.
+// Once the files are back, the same operation reboots it.
+func TestARestartThatCouldNotBootAgainLeavesTheMachineRunning(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	hw := &lacking{without: map[string]bool{}}
+	p, dir := newProviderOf(t, "", func(agents process.Hardware) process.Hardware {
+		hw.Hardware = agents
+		return hw
+	})
+	id, err := p.Create(ctx, machine("files"), nil, join(t))
+	g.Expect(err).NotTo(HaveOccurred())
+	before := booted(t, p, id, "")
+	pid, err := p.PID(id)
+	g.Expect(err).NotTo(HaveOccurred())
+
+	hw.set("v1.37.2", true)
+	hw.set("v1.38.0", true)
+	for _, c := range []struct {
+		verb string
+		do   func() error
+	}{
+		{"rebooting", func() error { return p.Reboot(ctx, id, providers.Operation{ID: "reboot-1"}) }},
+		{"rebooting", func() error { return p.Reboot(ctx, id, providers.Operation{ID: "reboot-2", Hard: true}) }},
+		{"repairing", func() error { return p.Repair(ctx, id, providers.Operation{ID: "repair-1", Join: join(t)}) }},
+		{"updating", func() error { return p.Update(ctx, id, providers.Operation{ID: "update-1", Version: "v1.38.0"}) }},
+	} {
+		err := c.do()
+		g.Expect(providers.IsPermanent(err)).To(BeTrue(), "%s: %v", c.verb, err)
+		g.Expect(err).To(MatchError(And(ContainSubstring(c.verb+" "+id), ContainSubstring("no files of version"))))
+		g.Expect(p.PID(id)).To(Equal(pid), "%s: the machine halted", c.verb)
+		g.Expect(gone(pid)).To(BeFalse(), "%s: the machine halted", c.verb)
+		g.Expect(p.Restarts(id)).To(Equal(0))
+		g.Expect(p.BootID(id)).To(Equal(before.Status.NodeInfo.BootID))
+		st := readStateFile(t, machineDir(t, dir, "files"))
+		g.Expect(st).NotTo(HaveKey("pending"), "%s: left pending", c.verb)
+		g.Expect(st).NotTo(HaveKey("lastOperation"), "%s: recorded done", c.verb)
+		g.Expect(st).To(HaveKeyWithValue("version", "v1.37.2"))
+	}
+	g.Expect(ready(node(g, p, id))).To(BeTrue())
+
+	// The files back, the operation refused is carried out.
+	hw.set("v1.37.2", false)
+	g.Expect(p.Reboot(ctx, id, providers.Operation{ID: "reboot-1"})).To(Succeed())
+	after := booted(t, p, id, before.Status.NodeInfo.BootID)
+	g.Expect(after.UID).To(Equal(before.UID))
+	g.Expect(gone(pid)).To(BeTrue())
+	g.Expect(p.Restarts(id)).To(Equal(1))
 }
 
 func TestRepairWipesAndReRegisters(t *testing.T) {
