@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -177,6 +178,36 @@ func (n *NodeFiles) kubelets() (found map[string]string, skipped []error, err er
 	return found, skipped, nil
 }
 
+// kubeletsStamp is what n's kubelets are on disk, read without running
+// them: each file's path, size, modification time and inode, links
+// followed. Files that have not changed have the same stamp.
+func (n *NodeFiles) kubeletsStamp() string {
+	var b strings.Builder
+	add := func(path string) {
+		info, err := os.Stat(path)
+		if err != nil {
+			fmt.Fprintf(&b, "%s\x00%v\n", path, err)
+			return
+		}
+		var ino uint64
+		if st, ok := info.Sys().(*syscall.Stat_t); ok {
+			ino = st.Ino
+		}
+		fmt.Fprintf(&b, "%s\x00%d\x00%d\x00%d\n", path, info.Size(), info.ModTime().UnixNano(), ino)
+	}
+	add(filepath.Join(n.Bin, "kubelet"))
+	if n.Kubelets != "" {
+		entries, err := os.ReadDir(n.Kubelets)
+		if err != nil {
+			fmt.Fprintf(&b, "%s\x00%v\n", n.Kubelets, err)
+		}
+		for _, e := range entries {
+			add(filepath.Join(n.Kubelets, e.Name()))
+		}
+	}
+	return b.String()
+}
+
 // kubeletVersionTimeout bounds a kubelet's --version: a file that never
 // answers must not hold every real node's boot. A variable for tests.
 var kubeletVersionTimeout = 30 * time.Second
@@ -195,6 +226,11 @@ func kubeletVersion(path string) (string, error) {
 	}
 	v, ok := strings.CutPrefix(strings.TrimSpace(string(out)), "Kubernetes ")
 	if !ok || !strings.HasPrefix(v, "v") || strings.ContainsAny(v, " \n") {
+		// Only its start: the error reaches Machines' status, and a file
+		// that is no kubelet may print anything.
+		if len(out) > 64 {
+			out = append(out[:64:64], "..."...)
+		}
 		return "", fmt.Errorf("qemu: a real node's kubelet, %s --version printed %q, not Kubernetes vX.Y.Z", path, out)
 	}
 	return v, nil

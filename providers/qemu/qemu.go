@@ -258,8 +258,12 @@ type vms struct {
 	mu     sync.Mutex
 	initrd map[string]string // by Spec.Guest and a real node's kubelet
 	accel  string
-	// kubelets are the real node's kubelets by version, once read.
+	// kubelets are the real node's kubelets by version, as last read,
+	// with the files that were none (skipped) and what the files were
+	// then (stamp, NodeFiles.kubeletsStamp).
 	kubelets map[string]string
+	skipped  []error
+	stamp    string
 }
 
 var _ process.Hardware = (*vms)(nil)
@@ -270,28 +274,34 @@ func (*vms) Name() string { return Name }
 // command line cannot carry (capacityArg), a VM too small for its guest
 // binary, or a real node of a version whose kubelet it was not given.
 func (h *vms) Check(raw json.RawMessage, capacity corev1.ResourceList, version string) error {
-	spec, err := parseSpec(raw)
-	if err != nil {
-		return err
+	_, _, err := h.check(raw, capacity, version)
+	return err
+}
+
+// check is Check, which also says the spec and, for a real node, the
+// path of the kubelet of version it boots.
+func (h *vms) check(raw json.RawMessage, capacity corev1.ResourceList, version string) (spec Spec, kubelet string, err error) {
+	if spec, err = parseSpec(raw); err != nil {
+		return spec, "", err
 	}
 	if _, err := capacityArg(capacity, spec); err != nil {
-		return fmt.Errorf("qemu: %w", err)
+		return spec, "", fmt.Errorf("qemu: %w", err)
 	}
 	if spec.Guest == GuestKubelet && h.opts.Node == nil {
-		return fmt.Errorf("qemu: the class asks for a %s guest, and this provider was started without its files: give it --qemu-node-dir with what make node builds", GuestKubelet)
+		return spec, "", fmt.Errorf("qemu: the class asks for a %s guest, and this provider was started without its files: give it --qemu-node-dir with what make node builds", GuestKubelet)
 	}
 	if err := h.fits(spec); err != nil {
-		return err
+		return spec, "", err
 	}
 	if spec.Guest == GuestKubelet {
 		// A real node runs the kubelet of its version, whatever the
 		// Machine asks: a Node that never reports the Machine's version
 		// would hold its create or its update for good.
-		if _, err := h.kubeletFor(version); err != nil {
-			return err
+		if kubelet, err = h.kubeletFor(version); err != nil {
+			return spec, "", err
 		}
 	}
-	return nil
+	return spec, kubelet, nil
 }
 
 // prepare builds the initramfs of the guest kind (and, for a real node,
@@ -332,16 +342,9 @@ func (h *vms) Command(b process.Boot) (*exec.Cmd, error) {
 	// Checked at Create; checked again, for the guest binary may have
 	// been replaced by one that does not fit since, and a machine made
 	// before capacities were checked may have one that is not written.
-	if err := h.Check(b.Spec, b.Capacity, b.Version); err != nil {
+	spec, kubelet, err := h.check(b.Spec, b.Capacity, b.Version)
+	if err != nil {
 		return nil, providers.Permanent(err)
-	}
-	spec, _ := parseSpec(b.Spec)
-	var kubelet string
-	if spec.Guest == GuestKubelet {
-		var err error
-		if kubelet, err = h.kubeletFor(b.Version); err != nil {
-			return nil, providers.Permanent(err)
-		}
 	}
 	initrd, accel, err := h.prepare(spec.Guest, kubelet)
 	if err != nil {
@@ -453,24 +456,27 @@ func (h *vms) args(b process.Boot, spec Spec, initrd, accel string) ([]string, e
 
 // kubeletFor is the path of the real node's kubelet of version: the one
 // in NodeFiles.Bin or one in NodeFiles.Kubelets, as each one's
-// `kubelet --version` says. The versions are read once, and again when
-// one is asked for that was not there, so that a kubelet added while the
-// provider runs is found. They are read outside h.mu: a file slow to
+// `kubelet --version` says. The files are run again only once they have
+// changed (a kubelet added, replaced or removed): a Machine of any
+// version, which anyone who may create one can ask for, costs a look at
+// the files, never a process. They are run outside h.mu: a file slow to
 // answer holds no other boot.
 func (h *vms) kubeletFor(version string) (string, error) {
+	// Taken before the files are run: one changed meanwhile is run
+	// again next time.
+	stamp := h.opts.Node.kubeletsStamp()
 	h.mu.Lock()
-	path, ok := h.kubelets[version]
+	found, skipped, read := h.kubelets, h.skipped, h.kubelets != nil && h.stamp == stamp
 	h.mu.Unlock()
-	if ok {
-		return path, nil
+	if !read {
+		var err error
+		if found, skipped, err = h.opts.Node.kubelets(); err != nil {
+			return "", err
+		}
+		h.mu.Lock()
+		h.kubelets, h.skipped, h.stamp = found, skipped, stamp
+		h.mu.Unlock()
 	}
-	found, skipped, err := h.opts.Node.kubelets()
-	if err != nil {
-		return "", err
-	}
-	h.mu.Lock()
-	h.kubelets = found
-	h.mu.Unlock()
 	if path, ok := found[version]; ok {
 		return path, nil
 	}
@@ -479,7 +485,7 @@ func (h *vms) kubeletFor(version string) (string, error) {
 		where = h.opts.Node.Kubelets
 	}
 	have := slices.Sorted(maps.Keys(found))
-	err = fmt.Errorf("qemu: a real node runs a kubelet of --qemu-node-dir (it holds %s), and the Machine asks for %q: "+
+	err := fmt.Errorf("qemu: a real node runs a kubelet of --qemu-node-dir (it holds %s), and the Machine asks for %q: "+
 		"give the Machine (or its set's template) one of those versions, or put a static kubelet of %[2]q in %s",
 		strings.Join(have, ", "), version, where)
 	return "", errors.Join(append([]error{err}, skipped...)...)

@@ -149,29 +149,37 @@ func TestAKubeletThatNeverAnswersIsGivenUpOn(t *testing.T) {
 }
 
 // fakeKubelet writes an executable at path that prints what a kubelet
-// of version prints for --version.
-func fakeKubelet(t *testing.T, path, version string) {
+// of version prints for --version, and adds a line to runs each time.
+func fakeKubelet(t *testing.T, runs, path, version string) {
 	t.Helper()
-	if err := os.WriteFile(path, []byte("#!/bin/sh\necho Kubernetes "+version+"\n"), 0o755); err != nil {
+	script := "#!/bin/sh\necho >> " + runs + "\necho Kubernetes " + version + "\n"
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// The kubelets are found by what they print, Bin's first; a version not
-// seen is looked for again, so a kubelet added later is found; and a
-// version none is of is refused naming those there are, the files that
-// are no kubelet, and where to add one.
+// The kubelets are found by what they print, Bin's first; a version none
+// is of is refused naming those there are, the files that are no
+// kubelet, and where to add one; the files are run again only once they
+// changed, so that asking for versions that are not there runs nothing,
+// and a kubelet added or replaced later is found.
 func TestKubeletsAreFoundByTheirVersion(t *testing.T) {
 	dir := t.TempDir()
+	runs := filepath.Join(t.TempDir(), "runs")
+	ran := func() int {
+		b, _ := os.ReadFile(runs)
+		return strings.Count(string(b), "\n")
+	}
 	node := NodeDir(dir)
 	if err := os.Mkdir(node.Kubelets, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	fakeKubelet(t, filepath.Join(dir, "kubelet"), "v1.37.2")
-	fakeKubelet(t, filepath.Join(node.Kubelets, "old"), "v1.36.3")
+	fakeKubelet(t, runs, filepath.Join(dir, "kubelet"), "v1.37.2")
+	fakeKubelet(t, runs, filepath.Join(node.Kubelets, "old"), "v1.36.3")
 	// Of the same version as Bin's: Bin's is kept.
-	fakeKubelet(t, filepath.Join(node.Kubelets, "same"), "v1.37.2")
-	if err := os.WriteFile(filepath.Join(node.Kubelets, "junk"), []byte("#!/bin/sh\necho hello\n"), 0o755); err != nil {
+	fakeKubelet(t, runs, filepath.Join(node.Kubelets, "same"), "v1.37.2")
+	// No kubelet, and a long answer: only its start is said.
+	if err := os.WriteFile(filepath.Join(node.Kubelets, "junk"), []byte("#!/bin/sh\necho hello; yes | head -c 100000\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	h := &vms{opts: Options{Node: node}}
@@ -183,21 +191,38 @@ func TestKubeletsAreFoundByTheirVersion(t *testing.T) {
 			t.Errorf("%s: got %q, %v; want %q", version, got, err, want)
 		}
 	}
-	_, err := h.kubeletFor("v1.38.0")
-	for _, want := range []string{`(it holds v1.36.3, v1.37.2), and the Machine asks for "v1.38.0"`, "in " + node.Kubelets,
-		filepath.Join(node.Kubelets, "junk") + ` --version printed "hello\n"`} {
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("v1.38.0: got %v, want an error saying %q", err, want)
+	if n := ran(); n != 3 {
+		t.Errorf("the three kubelets ran %d times for two lookups, want once each", n)
+	}
+	for range 5 {
+		_, err := h.kubeletFor("v1.38.0")
+		for _, want := range []string{`(it holds v1.36.3, v1.37.2), and the Machine asks for "v1.38.0"`, "in " + node.Kubelets,
+			filepath.Join(node.Kubelets, "junk") + ` --version printed "hello\ny\ny`} {
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("v1.38.0: got %v, want an error saying %q", err, want)
+			}
+		}
+		if err != nil && len(err.Error()) > 1000 {
+			t.Errorf("v1.38.0: an error of %d bytes: %.200s...", len(err.Error()), err)
 		}
 	}
-	fakeKubelet(t, filepath.Join(node.Kubelets, "new"), "v1.38.0")
+	if n := ran(); n != 3 {
+		t.Errorf("the kubelets ran %d times, want 3: a version that is not there ran them again though none changed", n)
+	}
+	fakeKubelet(t, runs, filepath.Join(node.Kubelets, "new"), "v1.38.0")
 	if got, err := h.kubeletFor("v1.38.0"); err != nil || got != filepath.Join(node.Kubelets, "new") {
 		t.Errorf("v1.38.0 once added: got %q, %v", got, err)
+	}
+	// Bin's kubelet replaced by another version: the new one is what it
+	// is, though the version asked for was known.
+	fakeKubelet(t, runs, filepath.Join(dir, "kubelet"), "v1.39.0")
+	if got, err := h.kubeletFor("v1.37.2"); err != nil || got != filepath.Join(node.Kubelets, "same") {
+		t.Errorf("v1.37.2 once Bin's kubelet is v1.39.0: got %q, %v; want the other of v1.37.2", got, err)
 	}
 	// Without a directory of other kubelets, Bin's alone, and the error
 	// says what to give.
 	h = &vms{opts: Options{Node: &NodeFiles{Bin: dir}}}
-	if _, err := h.kubeletFor("v1.36.3"); err == nil || !strings.Contains(err.Error(), "(it holds v1.37.2)") || !strings.Contains(err.Error(), "NodeFiles.Kubelets") {
+	if _, err := h.kubeletFor("v1.36.3"); err == nil || !strings.Contains(err.Error(), "(it holds v1.39.0)") || !strings.Contains(err.Error(), "NodeFiles.Kubelets") {
 		t.Errorf("no kubelets directory: got %v", err)
 	}
 }
